@@ -1,0 +1,152 @@
+"""The planning problem: every number the planner needs, in bytes, ms and bytes/s.
+
+`PlanningProblem` is the one input of the window evaluator, the MILP, the heuristics, the bounds
+and the event simulator. It is built from a `ModelSpec`, a `HardwareSpec` and the run config by
+`lazytrain.spec.costs.build_problem`; tests build tiny ones by hand. It knows nothing of torch or
+of a solver. The meaning of every field is fixed by `docs/execution_model.md`.
+
+Index legend: block j = 0..L-1 maps boundary j to boundary j+1; boundary i = 0..L.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class PlanningProblem:
+    """Per-micro-batch costs and capacities for one (model, hardware, run config).
+
+    Per-block tuples have length L (= `num_blocks`); `boundary_bytes` has length L+1.
+
+    Raises:
+        ValueError: on a length mismatch, a negative cost or a non-positive bandwidth, naming
+            the field.
+    """
+
+    name: str = "problem"
+    """Human-readable label (model @ hardware), used in plan provenance and messages."""
+
+    fwd_ms: tuple[float, ...]
+    """F[j]: block forward without autograd, ms."""
+    fwd_grad_ms: tuple[float, ...]
+    """Fg[j]: block forward with autograd (the re-forward before backward), ms."""
+    bwd_ms: tuple[float, ...]
+    """B[j]: block backward, ms."""
+    weight_bytes: tuple[int, ...]
+    """P[j]: compute-dtype weight bytes streamed H2D per load of block j."""
+    grad_bytes: tuple[int, ...]
+    """G[j]: gradient bytes drained D2H after block j's backward."""
+    internal_bytes: tuple[int, ...]
+    """I[j]: autograd-saved activations of block j, excluding its input boundary, bytes."""
+    boundary_bytes: tuple[int, ...]
+    """A[i]: boundary activation bytes, i = 0..L ([micro_batch, seq, hidden] in compute dtype)."""
+    params_per_block: tuple[int, ...]
+    """Parameter count of each block (host state and the 8-bit option scale with it)."""
+    ends_params: int = 0
+    """Parameters outside the blocks (embedding, final norm, untied head)."""
+
+    embed_ms: float = 0.0
+    """Embedding forward (also the cost of re-embedding boundary 0 in backward), ms."""
+    head_ms: float = 0.0
+    """Final norm + LM head + loss, forward and backward (the `turn` window's compute), ms."""
+    const_ms: float = 0.0
+    """Per optimizer step constant (exposed optimizer tail, bookkeeping), ms."""
+    ends_grad_bytes: int = 0
+    """Embedding/head gradient bytes drained in `post`."""
+
+    h2d_bytes_per_s: float
+    """Host-to-device bandwidth, bytes/s."""
+    d2h_bytes_per_s: float
+    """Device-to-host bandwidth, bytes/s."""
+    duplex_bytes_per_s: float
+    """Cap on H2D + D2H moving at once, bytes/s."""
+    nvme_read_bytes_per_s: float
+    """NVMe read bandwidth (through the engine's path), bytes/s."""
+    nvme_write_bytes_per_s: float
+    """NVMe write bandwidth, bytes/s."""
+    copies_overlap_compute: bool = True
+    """True on a GPU (copy engines run beside compute: window = max of channels); False on CPU
+    (channels contend for the cores: window = compute + sum of channel times)."""
+
+    hbm_bytes: int
+    """HBM budget for everything on the device (after the safety margin), bytes."""
+    fixed_hbm_bytes: int = 0
+    """Weight double buffers, gradient buffer, resident ends, block and head workspace, bytes."""
+    dram_bytes: int
+    """Host DRAM budget, bytes."""
+    nvme_bytes: int = 0
+    """NVMe scratch budget for checkpoints, bytes (0: no NVMe tier)."""
+    nvme_staging_bytes: int = 0
+    """DRAM bounce pool used by the NVMe tier, bytes (constant)."""
+    host_bytes_per_param: float = 16.0
+    """Host bytes per parameter for master weights + grads + Adam moments (fp32 master: 16;
+    MegaTrain bf16 master: 12). Source: DESIGN.md section 2, runtime/optim.py row."""
+    host_bytes_per_param_q8: float = 10.0
+    """Host bytes per parameter for a block whose Adam moments are 8-bit (fp32 master 4 + fp32
+    grad 4 + 2 x 1 B moments; block-wise scales are negligible)."""
+    q8_penalty_ms_per_gparam: float = 1.0
+    """Objective penalty for 8-bit states, ms per 1e9 parameters (keeps q8 for when DRAM needs it)."""
+
+    drain_windows: int = 4
+    """H_d: windows a D2H offload may spread over, starting at the boundary's production."""
+    prefetch_windows: int = 4
+    """H_p: windows before use in which an H2D prefetch may run."""
+    nvme_lead_windows: int = 4
+    """H_n: extra windows of lead for NVMe writes and reads."""
+    k_max: int = 64
+    """Longest segment (number of blocks between consecutive materialized boundaries)."""
+    allow_keep: bool = True
+    """Whether keep-internals is offered to the planner."""
+    allow_q8: bool = False
+    """Whether the 8-bit optimizer-state option is offered to the planner."""
+
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (the windows repeat per micro-batch)."""
+    tokens_per_micro_batch: int = 1
+    """micro_batch * seq_len, tokens (model TFLOPS and tokens/s)."""
+    model_flops_per_micro_batch: float = 0.0
+    """6 * N * tokens (model FLOPs, the number papers quote), FLOP."""
+    hardware_flops_per_micro_batch_base: float = 0.0
+    """FLOPs actually executed with no recompute (incl. attention); recompute adds to it, FLOP."""
+    block_fwd_flops: tuple[float, ...] = field(default=())
+    """Forward FLOPs of each block (for hardware TFLOPS with recompute); empty: unknown."""
+
+    provenance: dict = field(default_factory=dict)
+    """Plan provenance fields (model, model_config_sha256, hardware, seq_len, ...)."""
+
+    def __post_init__(self) -> None:
+        L = len(self.fwd_ms)
+        if L < 1:
+            raise ValueError("fwd_ms must have one entry per block; got none")
+        for name in ("fwd_grad_ms", "bwd_ms", "weight_bytes", "grad_bytes", "internal_bytes",
+                     "params_per_block"):
+            if len(getattr(self, name)) != L:
+                raise ValueError(f"{name} must have {L} entries (one per block); "
+                                 f"got {len(getattr(self, name))}")
+        if len(self.boundary_bytes) != L + 1:
+            raise ValueError(f"boundary_bytes must have {L + 1} entries (boundaries 0..L); "
+                             f"got {len(self.boundary_bytes)}")
+        for name in ("fwd_ms", "fwd_grad_ms", "bwd_ms", "weight_bytes", "grad_bytes",
+                     "internal_bytes", "boundary_bytes"):
+            if any(v < 0 for v in getattr(self, name)):
+                raise ValueError(f"{name} must be >= 0 everywhere")
+        for name in ("h2d_bytes_per_s", "d2h_bytes_per_s", "duplex_bytes_per_s",
+                     "nvme_read_bytes_per_s", "nvme_write_bytes_per_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0; got {getattr(self, name)}")
+        for name in ("drain_windows", "prefetch_windows", "k_max", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        if self.nvme_lead_windows < 0:
+            raise ValueError(f"nvme_lead_windows must be >= 0; got {self.nvme_lead_windows}")
+
+    @property
+    def num_blocks(self) -> int:
+        """L, the number of transformer blocks."""
+        return len(self.fwd_ms)
+
+    def replace(self, **changes) -> "PlanningProblem":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
