@@ -1,0 +1,32 @@
+"""Shared fixtures: the path to `../shared` (real data and configs), never copied into the repo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _find_shared() -> Path | None:
+    # CI clones the repo as `main/` with `shared/` beside it; developers have the same layout.
+    for candidate in (REPO_ROOT.parent / "shared", REPO_ROOT / "shared"):
+        if (candidate / "DESIGN.md").exists() or (candidate / "models").is_dir():
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """`../shared` beside the checkout; skips the test with a reason when it is absent."""
+    found = _find_shared()
+    if found is None:
+        pytest.skip("../shared (real HF configs and datasets) is not beside this checkout")
+    return found
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository root (for shipped configs under configs/)."""
+    return REPO_ROOT
