@@ -1,0 +1,179 @@
+"""Build a `ModelAdapter` from an HF config or a local HF model directory, and save one back.
+
+Owns: building the module skeleton (on the meta device for real checkpoints), filling the
+host parameter store from (sharded) safetensors tensor by tensor so host memory holds one
+copy of the model, and writing the store back in the same sharded layout with an index json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lazytrain.models.adapter import LAYOUTS, ModelAdapter, _get
+from lazytrain.runtime.params import HostParams
+
+SHARD_BYTES = 2 * 1024**3
+"""Largest safetensors shard written by `save_hf_dir`, bytes (HF's default is 5 GB)."""
+
+
+def _store_for(model: nn.Module, *, master_dtype: str) -> HostParams:
+    """An empty host store with the layout of `model`'s blocks and ends."""
+    layout = LAYOUTS[model.config.model_type]
+    layers = list(_get(model, layout.layers))
+    block_shapes = [{n: tuple(p.shape) for n, p in layer.named_parameters()} for layer in layers]
+    prefixes = [f"{layout.layers}.{j}." for j in range(len(layers))]
+    block_ids = {id(p) for layer in layers for p in layer.parameters()}
+    ends = {n: tuple(p.shape) for n, p in model.named_parameters() if id(p) not in block_ids}
+    return HostParams(block_shapes, prefixes, ends, master_dtype=master_dtype)
+
+
+def _to_meta(model: nn.Module, layout) -> None:
+    """Drop the module's own weights (the store holds them); rotary buffers stay real."""
+    for path in (layout.embed, layout.layers, layout.norm, layout.head):
+        _get(model, path).to("meta")
+
+
+def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: str = "fp32",
+                             seed: int | None = None) -> ModelAdapter:
+    """Random-init model from an HF config (tests, tiny models), weights moved into the store.
+
+    Args:
+        hf_config: `transformers.PretrainedConfig` of a supported decoder-only family.
+        dtype: compute dtype name ("fp32"|"bf16"); the master copy is always `master_dtype`.
+        seed: torch seed for the initialization (None: current RNG).
+    """
+    from transformers import AutoModelForCausalLM
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    return adapter_from_model(model, master_dtype=master_dtype)
+
+
+def adapter_from_model(model: nn.Module, *, master_dtype: str = "fp32") -> ModelAdapter:
+    """Move an instantiated HF model's weights into a new host store (the model becomes a
+    meta-device skeleton) and wrap it."""
+    store = _store_for(model, master_dtype=master_dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            group, local = store.locate(name)
+            group.master_views[local].copy_(p.detach())
+    _to_meta(model, LAYOUTS[model.config.model_type])
+    return ModelAdapter(model, store)
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / n for n in names]
+    single = model_dir / "model.safetensors"
+    if single.exists():
+        return [single]
+    raise FileNotFoundError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
+
+
+def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
+                          master_dtype: str = "fp32") -> ModelAdapter:
+    """Load a local HF model directory block by block into the host store.
+
+    The skeleton is built on the meta device; each safetensors tensor is read and copied
+    straight into its slot of the fp32 master buffers, so host memory peaks at one model copy
+    plus one tensor.
+
+    Raises:
+        FileNotFoundError: no safetensors weights in the directory.
+        KeyError: a tensor in the files that the model does not have, or a missing one.
+    """
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+    model_dir = Path(model_dir)
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    layout = LAYOUTS[config.model_type]
+    rotary = _get(model, layout.rotary)
+    parent_path, _, attr = layout.rotary.rpartition(".")
+    setattr(_get(model, parent_path), attr, type(rotary)(config=config, device="cpu"))
+    store = _store_for(model, master_dtype=master_dtype)
+    seen = set()
+    tied_head = f"{layout.head}.weight"
+    for path in _weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                if getattr(config, "tie_word_embeddings", False) and name == tied_head:
+                    continue  # the tied head is the embedding
+                group, local = store.locate(name)
+                group.master_views[local].copy_(f.get_tensor(name))
+                seen.add(name)
+    missing = set(store.named_master()) - seen
+    if missing:
+        raise KeyError(f"{model_dir}: weights missing for {sorted(missing)[:5]}")
+    return ModelAdapter(model, store)
+
+
+def save_hf_dir(adapter_or_state_dict, model_dir: str | Path, *, dtype: torch.dtype | None = None,
+                shard_bytes: int = SHARD_BYTES) -> Path:
+    """Write weights as HF sharded safetensors (+ index json, + config.json for an adapter).
+
+    Each file is written to a temporary name and renamed (atomic per file).
+
+    Args:
+        adapter_or_state_dict: a `ModelAdapter` (its fp32 master weights) or a name->tensor dict.
+        model_dir: target directory (created).
+        dtype: save dtype (None: as stored).
+        shard_bytes: largest shard, bytes.
+
+    Returns:
+        model_dir as a Path.
+    """
+    from safetensors.torch import save_file
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    if isinstance(adapter_or_state_dict, ModelAdapter):
+        tensors = adapter_or_state_dict.params.named_master()
+        adapter_or_state_dict.config.save_pretrained(model_dir)
+    else:
+        tensors = dict(adapter_or_state_dict)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * (t.element_size() if dtype is None else dtype.itemsize)
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    n = len(shards)
+    weight_map, total = {}, 0
+    for k, shard in enumerate(shards):
+        fname = "model.safetensors" if n == 1 else f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        # clone: views of one flat buffer share storage, which safetensors refuses
+        out = {name: (t if dtype is None else t.to(dtype)).detach().clone().contiguous()
+               for name, t in shard.items()}
+        _atomic(model_dir / fname, lambda p, out=out: save_file(out, str(p),
+                                                                  metadata={"format": "pt"}))
+        for name, t in out.items():
+            weight_map[name] = fname
+            total += t.numel() * t.element_size()
+    if n > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        _atomic(model_dir / "model.safetensors.index.json",
+                lambda p: p.write_text(json.dumps(index, indent=2)))
+    return model_dir
+
+
+def _atomic(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,188 @@
+"""Host parameter store: fp32 master weights and fp32 gradient accumulators, one region per group.
+
+Owns the host copy of every trainable weight. A *group* is one transformer block, or the
+"ends" (embedding, final norm, untied LM head). Each group has one contiguous fp32 master
+buffer and one contiguous fp32 gradient buffer; the parameters are views into them, so the
+optimizer runs over one flat tensor per block and a block's gradient arrives as one flat copy.
+Parameters that received no gradient in a step hold zeros in their slice of the flat gradient
+(the flat layout makes "shifted" gradients impossible: offsets are fixed at construction).
+
+Also owns the bounded staging pool that converts master weights to the compute dtype for H2D
+(pinned on CUDA, 2-3 buffers of the largest block; never a pinned copy of the whole model).
+
+Knows nothing about plans, tiers or model families.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+MASTER_DTYPES = {"fp32": torch.float32}
+"""Implemented master dtypes (train.master_dtype)."""
+
+
+def check_master_dtype(master_dtype: str) -> torch.dtype:
+    """Map `train.master_dtype` to a torch dtype.
+
+    Raises:
+        ValueError: "bf16" (MegaTrain's 12 B/param layout is not implemented yet) or unknown.
+    """
+    if master_dtype == "bf16":
+        raise ValueError("train.master_dtype: bf16 is not implemented by the engine yet; use fp32")
+    if master_dtype not in MASTER_DTYPES:
+        raise ValueError(f"train.master_dtype: unknown value {master_dtype!r}; use fp32")
+    return MASTER_DTYPES[master_dtype]
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Slot:
+    """Where one parameter lives inside its group's flat buffer."""
+
+    name: str
+    """Local name inside the group (e.g. "self_attn.q_proj.weight")."""
+    shape: tuple[int, ...]
+    offset: int
+    """Element offset in the flat buffer."""
+    numel: int
+
+
+class ParamGroup:
+    """One block's (or the ends') flat fp32 master and gradient buffers.
+
+    Args:
+        name: "block3" or "ends".
+        prefix: HF name prefix of the group's parameters ("model.layers.3." or "").
+        shapes: local parameter name -> shape, in module order.
+        dtype: master dtype (fp32).
+    """
+
+    def __init__(self, name: str, prefix: str, shapes: dict[str, tuple[int, ...]], *,
+                 dtype: torch.dtype = torch.float32) -> None:
+        self.name = name
+        self.prefix = prefix
+        slots, offset = [], 0
+        for local, shape in shapes.items():
+            numel = math.prod(shape)
+            slots.append(Slot(name=local, shape=tuple(shape), offset=offset, numel=numel))
+            offset += numel
+        self.slots: tuple[Slot, ...] = tuple(slots)
+        self.numel = offset
+        self.master = torch.zeros(offset, dtype=dtype)
+        self.grad = torch.zeros(offset, dtype=dtype)
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Local name -> view of `flat` (any buffer with this group's layout) in its shape."""
+        return {s.name: flat[s.offset:s.offset + s.numel].view(s.shape) for s in self.slots}
+
+    @property
+    def master_views(self) -> dict[str, torch.Tensor]:
+        return self.views(self.master)
+
+    @property
+    def grad_views(self) -> dict[str, torch.Tensor]:
+        return self.views(self.grad)
+
+    def accumulate_grad(self, flat_grad: torch.Tensor | None, *, first: bool) -> None:
+        """Add one backward's flat gradient (host, fp32 or compute dtype) into the accumulator.
+
+        Args:
+            flat_grad: [numel] gradient of the group, or None when no parameter of the group
+                was used (the accumulator then gets zeros).
+            first: True for the first contribution of the step: overwrite instead of add.
+        """
+        if flat_grad is None:
+            if first:
+                self.grad.zero_()
+            return
+        if first:
+            self.grad.copy_(flat_grad)
+        else:
+            self.grad.add_(flat_grad)
+
+
+class HostParams:
+    """All groups of one model: `blocks[j]` and `ends`.
+
+    Args:
+        block_shapes: per block, local name -> shape.
+        block_prefixes: per block, HF name prefix.
+        ends_shapes: HF name -> shape of the embedding, final norm and untied head.
+        master_dtype: "fp32" (bf16 raises, see `check_master_dtype`).
+    """
+
+    def __init__(self, block_shapes: list[dict[str, tuple[int, ...]]], block_prefixes: list[str],
+                 ends_shapes: dict[str, tuple[int, ...]], *, master_dtype: str = "fp32") -> None:
+        dtype = check_master_dtype(master_dtype)
+        self.blocks = [ParamGroup(f"block{j}", p, s, dtype=dtype)
+                       for j, (s, p) in enumerate(zip(block_shapes, block_prefixes))]
+        self.ends = ParamGroup("ends", "", ends_shapes, dtype=dtype)
+
+    @property
+    def groups(self) -> list[ParamGroup]:
+        return [*self.blocks, self.ends]
+
+    def named_master(self) -> dict[str, torch.Tensor]:
+        """HF name -> fp32 master view (every trainable parameter once; tied head omitted)."""
+        return {g.prefix + n: t for g in self.groups for n, t in g.master_views.items()}
+
+    def named_grads(self) -> dict[str, torch.Tensor]:
+        """HF name -> fp32 accumulated gradient view."""
+        return {g.prefix + n: t for g in self.groups for n, t in g.grad_views.items()}
+
+    def locate(self, hf_name: str) -> tuple[ParamGroup, str]:
+        """The group and local name holding HF parameter `hf_name`.
+
+        Raises:
+            KeyError: not a parameter of this store.
+        """
+        for g in self.blocks:
+            if g.prefix and hf_name.startswith(g.prefix):
+                local = hf_name[len(g.prefix):]
+                if any(s.name == local for s in g.slots):
+                    return g, local
+        if any(s.name == hf_name for s in self.ends.slots):
+            return self.ends, hf_name
+        raise KeyError(f"{hf_name!r} is not a parameter of this model")
+
+    def max_block_numel(self) -> int:
+        return max(g.numel for g in self.blocks)
+
+    def total_numel(self) -> int:
+        return sum(g.numel for g in self.groups)
+
+
+class StagingPool:
+    """A bounded ring of compute-dtype host buffers used as H2D sources.
+
+    On CUDA the buffers are pinned (page-locked) so the copy is asynchronous; a buffer is
+    handed out again only after the event recorded for its last copy has completed (a
+    source buffer is never reused before its copy completes). On CPU the pool is not used:
+    the "device" copy is made directly from the master buffer.
+
+    Args:
+        numel: elements per buffer (the largest group).
+        dtype: compute dtype.
+        count: number of buffers (2-3: double buffering plus one recompute load).
+        pin: page-lock the buffers (CUDA only; pin_memory raises on CPU-only torch).
+    """
+
+    def __init__(self, numel: int, dtype: torch.dtype, *, count: int = 3, pin: bool) -> None:
+        self.buffers = [torch.empty(numel, dtype=dtype, pin_memory=pin) for _ in range(count)]
+        self.events: list[object | None] = [None] * count
+        self._next = 0
+
+    def acquire(self) -> tuple[int, torch.Tensor]:
+        """Next buffer in the ring, after waiting for its previous copy (sync point)."""
+        k = self._next
+        self._next = (k + 1) % len(self.buffers)
+        if self.events[k] is not None:
+            self.events[k].synchronize()  # the previous H2D from this buffer must be done
+            self.events[k] = None
+        return k, self.buffers[k]
+
+    def mark_in_flight(self, k: int, event) -> None:
+        """Record the event of the copy reading buffer k."""
+        self.events[k] = event
