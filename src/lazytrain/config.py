@@ -1,0 +1,529 @@
+"""The run config: YAML in, frozen dataclasses out (DESIGN.md "Run config", STYLE.md section 4).
+
+One dataclass per section (`model`, `hardware`, `data`, `train`, `planner`, `runtime`), composed
+by `RunConfig`. Every part of the program receives only its own section. The defaults are the
+embedded default job: fine-tune SmolLM2-135M-Instruct on the built-in arithmetic data, on this
+CPU, in <= 5 minutes on 2 cores.
+
+Loading (`load_config`) is: YAML -> plain dict -> `--set section.key=value` overrides applied to
+the dict -> unknown keys rejected (dotted path + closest valid key) -> values checked against
+each field's type (the key and the expected type named) -> dataclasses built, whose
+`__post_init__` checks ranges ("planner.time_limit_s must be > 0; got -1").
+
+Sizes are GB (1e9 bytes, as in hardware.json) and bandwidths GB/s in the YAML; the spec layer
+converts them to int bytes and bytes/s. This module imports neither torch nor a solver.
+
+Model path resolution: a relative `model.config_path` is resolved when the YAML is loaded, in
+this order: the YAML file's directory, the current directory, then a `shared/` tree next to or
+above the repository or the current directory (for `../shared/models/...`, the reference inputs
+that the repository must not copy). The first existing file or directory wins and is stored as
+an absolute path (so the resolved config saved with a run or plan is unambiguous). A value that
+resolves to nothing (e.g. the built-in name `smollm2-135m-instruct`) is kept as written and
+resolved by name later (`lazytrain.spec.model.BUILTIN_CONFIGS` for planning; the model loader
+for weights).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import os
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+Dtype = Literal["bf16", "fp32"]
+
+
+def _check(cond: bool, key: str, rule: str, value: Any) -> None:
+    """Raise `ValueError("<key> must be <rule>; got <value>")` unless `cond`."""
+    if not cond:
+        raise ValueError(f"{key} must be {rule}; got {value!r}")
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class ModelConfig:
+    """`model:` which network is trained or planned."""
+
+    config_path: str = "smollm2-135m-instruct"
+    """HF `config.json` file, HF model directory, or a built-in name (`smollm2-135m-instruct`,
+    the default job's model). Relative paths resolve against the YAML file's directory first
+    (module docstring)."""
+    name: str = ""
+    """Label in reports and plan provenance; empty: derived from the config file name."""
+    dtype: Dtype = "fp32"
+    """Dtype of the weights as loaded and saved (checkpoint files). fp32 by default: the default
+    job runs on CPU in fp32; real-scale configs use bf16, the released checkpoints' dtype."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.config_path), "model.config_path", "a non-empty path or name",
+               self.config_path)
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class HardwareConfig:
+    """`hardware:` a preset (or a saved spec file) plus optional overrides of its figures."""
+
+    preset: str = "cpu"
+    """Preset name (`lazytrain.spec.hardware.PRESETS`: h100-sxm, h100-pcie, h800-sxm, h800-pcie,
+    h200, a100-80gb, rtx-3090, rtx-4090, h800-paper, cpu) or a JSON/YAML hardware file. Default
+    cpu: the embedded default job runs on this CPU."""
+    hbm_gb: float | None = None
+    """Override: device memory, GB. None keeps the preset's value."""
+    dram_gb: float | None = None
+    """Override: host DRAM budget for the trainer, GB. None keeps the preset's value."""
+    nvme_gb: float | None = None
+    """Override: NVMe scratch budget for checkpoints, GB (0 disables the nvme tier)."""
+    h2d_gb_per_s: float | None = None
+    """Override: host-to-device bandwidth, GB/s."""
+    d2h_gb_per_s: float | None = None
+    """Override: device-to-host bandwidth, GB/s."""
+    duplex_gb_per_s: float | None = None
+    """Override: cap on H2D + D2H running at once, GB/s."""
+    nvme_read_gb_per_s: float | None = None
+    """Override: NVMe read bandwidth through the engine's path, GB/s."""
+    nvme_write_gb_per_s: float | None = None
+    """Override: NVMe write bandwidth, GB/s."""
+    peak_tflops: float | None = None
+    """Override: peak matmul throughput in the compute dtype, TFLOP/s."""
+    matmul_efficiency: float | None = None
+    """Override: achieved fraction of peak for block matmuls, in (0, 1]."""
+    hbm_reserve_fraction: float = 0.05
+    """Fraction of device memory held back from the plan (CUDA context, allocator
+    fragmentation), in [0, 0.5). 5%: about 4 GB of 80 GB, the usual context + cache slack."""
+    profile_path: str = ""
+    """Measured profile (JSON, `lazytrain profile` writes it; schema in `lazytrain.spec.costs`):
+    its per-block-kind times and bandwidths replace the analytic ones. Empty: analytic costs."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.preset), "hardware.preset", "a preset name or a file path", self.preset)
+        for key in ("hbm_gb", "dram_gb", "h2d_gb_per_s", "d2h_gb_per_s", "duplex_gb_per_s",
+                    "nvme_read_gb_per_s", "nvme_write_gb_per_s", "peak_tflops"):
+            value = getattr(self, key)
+            _check(value is None or value > 0, f"hardware.{key}", "> 0 (or null)", value)
+        _check(self.nvme_gb is None or self.nvme_gb >= 0, "hardware.nvme_gb", ">= 0 (or null)",
+               self.nvme_gb)
+        eff = self.matmul_efficiency
+        _check(eff is None or 0 < eff <= 1, "hardware.matmul_efficiency", "in (0, 1]", eff)
+        _check(0 <= self.hbm_reserve_fraction < 0.5, "hardware.hbm_reserve_fraction",
+               "in [0, 0.5)", self.hbm_reserve_fraction)
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class DataConfig:
+    """`data:` what is trained on and how samples become fixed-length sequences."""
+
+    path: str = "embedded:arithmetic"
+    """Dataset file (JSON/JSONL), a registry entry name (with `registry_path`), or
+    `embedded:arithmetic`: the project's own generated arithmetic word problems (no download;
+    the default job)."""
+    format: Literal["auto", "alpaca", "sharegpt", "messages", "gsm8k", "metamathqa",
+                    "arithmetic"] = "auto"
+    """Sample schema; `auto` detects it from the first record's keys."""
+    registry_path: str = ""
+    """LlamaFactory-style `dataset_info.json`; when set, `path` names an entry in it."""
+    seq_len: int = 256
+    """Tokens per sequence (padded or packed to this length), >= 8. 256 keeps the default job
+    under 5 minutes on 2 cores (issue 3)."""
+    packing: bool = False
+    """Pack several samples per sequence (per-sequence position ids, no cross-attention)."""
+    eval_path: str = ""
+    """Held-out evaluation file; empty: the last `num_eval` samples of `path` are held out."""
+    num_eval: int = 16
+    """Held-out prompts evaluated before and after training, >= 0 (16: fits the 5-minute job)."""
+    overlong: Literal["truncate", "skip"] = "truncate"
+    """What to do with a sample longer than `seq_len` (counted in the run summary)."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.path), "data.path", "a file, registry name or embedded:<name>",
+               self.path)
+        _check(self.seq_len >= 8, "data.seq_len", ">= 8", self.seq_len)
+        _check(self.num_eval >= 0, "data.num_eval", ">= 0", self.num_eval)
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class TrainConfig:
+    """`train:` the optimisation: batch shape, schedule, precision, run directory."""
+
+    micro_batch: int = 4
+    """Sequences per micro-batch, >= 1 (4: the default job's 5-minute budget)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step, >= 1."""
+    steps: int = 12
+    """Optimizer steps, >= 1. 12 x (4 x 256 tokens) at ~11 s per fp32 step on 2 cores fits the
+    5-minute default job with evaluation."""
+    lr: float = 1e-4
+    """Peak learning rate, > 0 (1e-4: a common full fine-tuning rate for small models)."""
+    warmup_steps: int = 2
+    """Linear warmup steps from 0 to `lr`, >= 0."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """LR schedule after warmup."""
+    min_lr_ratio: float = 0.1
+    """Final LR of the cosine schedule as a fraction of `lr`, in [0, 1]."""
+    clip_grad_norm: float = 1.0
+    """Global gradient-norm clip; 0 disables clipping (then each block steps as soon as its
+    gradients arrive)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay, >= 0 (0: the usual fine-tuning default)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1, in [0, 1)."""
+    adam_beta2: float = 0.999
+    """AdamW beta2, in [0, 1) (torch's default)."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon, > 0 (torch's default)."""
+    seed: int = 0
+    """Seed for initialisation, data order and dropout; the same seed repeats a run."""
+    run_dir: str = "runs/default"
+    """Directory for metrics.jsonl, summary.json, checkpoints and the resolved config."""
+    eval_every: int = 0
+    """Evaluate every N steps, >= 0; 0: only before and after training."""
+    save_every: int = 0
+    """Save a checkpoint every N steps, >= 0; 0: only at the end (and on SIGTERM)."""
+    master_dtype: Dtype = "fp32"
+    """Host master weights and gradients: fp32 (16 B/param with fp32 Adam moments) or bf16
+    (MegaTrain-style, 12 B/param). fp32 by default: exact, and small models fit."""
+    compute_dtype: Dtype = "fp32"
+    """Dtype of the streamed weights, activations and device compute. fp32 on CPU (bf16 matmul
+    is very slow on AVX2); bf16 on GPUs."""
+
+    def __post_init__(self) -> None:
+        for key in ("micro_batch", "grad_accum", "steps"):
+            _check(getattr(self, key) >= 1, f"train.{key}", ">= 1", getattr(self, key))
+        for key in ("warmup_steps", "eval_every", "save_every"):
+            _check(getattr(self, key) >= 0, f"train.{key}", ">= 0", getattr(self, key))
+        _check(self.lr > 0, "train.lr", "> 0", self.lr)
+        _check(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio", "in [0, 1]", self.min_lr_ratio)
+        _check(self.clip_grad_norm >= 0, "train.clip_grad_norm", ">= 0 (0 = off)",
+               self.clip_grad_norm)
+        _check(self.weight_decay >= 0, "train.weight_decay", ">= 0", self.weight_decay)
+        for key in ("adam_beta1", "adam_beta2"):
+            _check(0 <= getattr(self, key) < 1, f"train.{key}", "in [0, 1)", getattr(self, key))
+        _check(self.adam_eps > 0, "train.adam_eps", "> 0", self.adam_eps)
+        _check(bool(self.run_dir), "train.run_dir", "a non-empty directory", self.run_dir)
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class PlannerConfig:
+    """`planner:` how the activation placement plan is chosen."""
+
+    policy: Literal["milp", "heuristic", "megatrain", "ideal"] = "milp"
+    """milp (LazyTrain), heuristic (uniform-K + greedy + local search), megatrain (every
+    `megatrain_k`-th boundary in HBM, the rest recomputed) or ideal (infinite-HBM bound)."""
+    backend: Literal["scip", "highs"] = "highs"
+    """MILP solver. highs by default (pending the planner benchmark, which decides)."""
+    time_limit_s: float = 10.0
+    """Solver wall-clock limit, s, > 0; the incumbent is returned on time-out (10 s: the
+    64-block target of issue 2)."""
+    gap: float = 0.005
+    """Relative optimality gap at which the solver stops, in [0, 1) (0.5%: issue 2's target)."""
+    k_max: int = 16
+    """Longest segment (blocks between consecutive materialized boundaries), >= 1. 16 bounds
+    the MILP to O(16 L) segment variables; a longer segment recomputes >= 16 blocks, which
+    costs more than offloading a boundary on every preset."""
+    megatrain_k: int = 4
+    """K of the MegaTrain rule (policy megatrain and the comparison baseline), >= 1."""
+    drain_windows: int = 4
+    """H_d: windows a D2H offload may spread over from the boundary's production, >= 1."""
+    prefetch_windows: int = 4
+    """H_p: windows before use in which an H2D prefetch may run, >= 1."""
+    nvme_lead_windows: int = 4
+    """H_n: extra windows of lead for NVMe writes and reads, >= 0."""
+    allow_keep: bool = True
+    """Offer keep-internals (no re-forward for a block whose graph and weights stay in HBM)."""
+    allow_q8: bool = False
+    """Offer per-block 8-bit Adam moments to relieve DRAM (off until the optimizer has them)."""
+    threads: int = 1
+    """Solver threads, >= 1 (1: deterministic plans)."""
+    seed: int = 0
+    """Solver random seed (same input, same plan)."""
+
+    def __post_init__(self) -> None:
+        _check(self.time_limit_s > 0, "planner.time_limit_s", "> 0", self.time_limit_s)
+        _check(0 <= self.gap < 1, "planner.gap", "in [0, 1)", self.gap)
+        for key in ("k_max", "megatrain_k", "drain_windows", "prefetch_windows", "threads"):
+            _check(getattr(self, key) >= 1, f"planner.{key}", ">= 1", getattr(self, key))
+        _check(self.nvme_lead_windows >= 0, "planner.nvme_lead_windows", ">= 0",
+               self.nvme_lead_windows)
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class RuntimeConfig:
+    """`runtime:` where and how the streaming engine runs."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: cuda when available, else cpu. Chosen once at start-up."""
+    nvme_dir: str = ""
+    """Directory for nvme-tier checkpoint files; empty: `<run_dir>/nvme` (a warning is printed
+    when it is on tmpfs)."""
+    io_threads: int = 2
+    """Worker threads for NVMe reads/writes, >= 1."""
+    threads: int = 0
+    """torch intra-op threads, >= 0; 0: torch's default (all cores)."""
+    head_chunk_tokens: int = 1024
+    """Tokens per chunk of the LM head + loss, >= 1: the [chunk, vocab] logits are the head's
+    HBM workspace (1024 x 248320 x 8 B = 2 GB for Qwen3.5-27B)."""
+
+    def __post_init__(self) -> None:
+        _check(self.io_threads >= 1, "runtime.io_threads", ">= 1", self.io_threads)
+        _check(self.threads >= 0, "runtime.threads", ">= 0", self.threads)
+        _check(self.head_chunk_tokens >= 1, "runtime.head_chunk_tokens", ">= 1",
+               self.head_chunk_tokens)
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class RunConfig:
+    """A whole run: one field per YAML section."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The `model:` section."""
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    """The `hardware:` section."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The `data:` section."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The `train:` section."""
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    """The `planner:` section."""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """The `runtime:` section."""
+
+    def to_dict(self) -> dict:
+        """Plain nested dict (YAML/JSON-serialisable), `{section: {key: value}}`."""
+        return dataclasses.asdict(self)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "hardware": HardwareConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "planner": PlannerConfig,
+    "runtime": RuntimeConfig,
+}
+"""Section name -> dataclass, in YAML order."""
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> RunConfig:
+    """Read a run config YAML, apply `section.key=value` overrides, validate.
+
+    Args:
+        path: YAML file; None gives the embedded default job (all defaults).
+        overrides: strings `section.key=value` (the `--set` flag), applied in order before
+            validation; the value is parsed as YAML (`train.lr=3e-4`, `hardware.hbm_gb=40`).
+
+    Returns:
+        The validated, frozen `RunConfig`; a relative `model.config_path` resolved as the module
+        docstring says.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        ValueError: unknown key (dotted path and closest valid key named), malformed override,
+            or a value out of range (`train.lr must be > 0; got -1`).
+        TypeError: a value of the wrong type (key and expected type named).
+    """
+    raw: dict = {}
+    base_dir = None
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise TypeError(f"{path}: top level must be a mapping of sections; "
+                            f"got {type(loaded).__name__}")
+        raw = loaded or {}
+        base_dir = path.resolve().parent
+    raw = apply_overrides_to_dict(raw, overrides)
+    cfg = config_from_dict(raw)
+    resolved = resolve_model_path(cfg.model.config_path, base_dir=base_dir)
+    if resolved != cfg.model.config_path:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, config_path=resolved))
+    return cfg
+
+
+def apply_overrides(cfg: RunConfig, overrides: typing.Sequence[str]) -> RunConfig:
+    """A copy of `cfg` with `section.key=value` overrides applied and validated again."""
+    return config_from_dict(apply_overrides_to_dict(cfg.to_dict(), overrides))
+
+
+def apply_overrides_to_dict(raw: dict, overrides: typing.Sequence[str]) -> dict:
+    """Apply `section.key=value` strings to a nested dict (a new dict; `raw` is not changed).
+
+    Raises:
+        ValueError: an override without `=` or not of the form `section.key`.
+    """
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like section.key=value")
+        dotted, text = item.split("=", 1)
+        parts = dotted.strip().split(".")
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"override key {dotted!r} must be section.key "
+                             f"(e.g. train.lr=3e-4)")
+        section, key = parts
+        out.setdefault(section, {})
+        if not isinstance(out[section], dict):
+            raise TypeError(f"{section} must be a mapping; got {out[section]!r}")
+        out[section][key] = yaml.safe_load(text) if text.strip() else ""
+    return out
+
+
+def config_from_dict(raw: dict) -> RunConfig:
+    """Build a validated `RunConfig` from `{section: {key: value}}` (missing = default).
+
+    Raises:
+        ValueError: unknown section or key (closest valid one named), or a range violation.
+        TypeError: a value of the wrong type.
+    """
+    sections = {}
+    for name, value in raw.items():
+        if name not in SECTIONS:
+            raise ValueError(_unknown(name, list(SECTIONS)))
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise TypeError(f"{name} must be a mapping of keys; got {value!r}")
+        sections[name] = _build_section(name, SECTIONS[name], value)
+    return RunConfig(**sections)
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> Path:
+    """Write `cfg` as YAML atomically (temp file in the same directory + rename).
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of a config dataclass (empty string if none).
+
+    Used by the test that every field is documented and by CLI help.
+    """
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:] + [None]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            doc = ""
+            if (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                doc = nxt.value.value.strip()
+            docs[node.target.id] = doc
+    return docs
+
+
+def resolve_model_path(config_path: str, *, base_dir: Path | None = None) -> str:
+    """Resolve a relative `model.config_path` to an absolute existing path, else keep it.
+
+    Candidates, in order: `base_dir / p` (the YAML's directory), `cwd / p`, and, when `p` has a
+    `shared` component, its tail under `shared/` next to or above the repository root (the
+    parent of the YAML's `configs/` directory) and the current directory.
+
+    Returns:
+        The first existing candidate as an absolute path string, or `config_path` unchanged
+        (absolute paths, built-in names, paths that do not exist here).
+    """
+    p = Path(config_path).expanduser()
+    if p.is_absolute():
+        return str(p)
+    candidates = []
+    if base_dir is not None:
+        candidates.append(base_dir / p)
+    candidates.append(Path.cwd() / p)
+    parts = p.parts
+    if "shared" in parts:
+        tail = Path(*parts[len(parts) - parts[::-1].index("shared"):])
+        roots = [Path.cwd()]
+        if base_dir is not None:
+            roots = [base_dir.parent, base_dir] + roots
+        for root in roots:
+            candidates += [root / "shared" / tail, root.parent / "shared" / tail]
+    for cand in candidates:
+        if cand.exists():
+            return str(cand.resolve())
+    return config_path
+
+
+# ---------------------------------------------------------------------------------------------
+# Type checking of YAML values against the dataclass annotations.
+
+
+def _build_section(section: str, cls: type, values: dict):
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in names:
+            raise ValueError(_unknown(f"{section}.{key}", [f"{section}.{n}" for n in names]))
+        kwargs[key] = _coerce(f"{section}.{key}", hints[key], value)
+    return cls(**kwargs)
+
+
+def _unknown(dotted: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(dotted, valid, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(valid)}"
+    return f"unknown config key {dotted}; {hint}"
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    """Check (and minimally convert) one value against its annotation.
+
+    Ints are accepted for floats; numeric strings are accepted for floats because PyYAML reads
+    `1e-4` (no dot) as a string. Nothing else is converted.
+    """
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(key, inner[0], value)
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{key} must be one of {', '.join(map(str, args))}; got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"{key} must be a bool (true/false); got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{key} must be an int; got {value!r} ({type(value).__name__})")
+        return value
+    if tp is float:
+        if isinstance(value, bool):
+            raise TypeError(f"{key} must be a float; got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise TypeError(f"{key} must be a float; got {value!r} ({type(value).__name__})")
+    if tp is str:
+        if not isinstance(value, str):
+            raise TypeError(f"{key} must be a string; got {value!r} ({type(value).__name__})")
+        return value
+    raise TypeError(f"{key}: unsupported annotation {tp!r}")  # internal: a new field type
