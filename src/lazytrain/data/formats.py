@@ -1,0 +1,207 @@
+"""Dataset formats: read JSON / JSONL records and turn them into chat `Example`s.
+
+Owns the column conventions of the supported formats and the final-answer rules used by exact
+match. Knows nothing about tokenizers, sequence length or batches (that is `tokenize.py` and
+`batching.py`).
+
+Formats (plain dict registry `FORMATS`, read top to bottom):
+
+| name         | required columns         | optional          | source of the convention        |
+|--------------|--------------------------|-------------------|---------------------------------|
+| `alpaca`     | `instruction`, `output`  | `input`, `system` | tatsu-lab/stanford_alpaca       |
+| `gsm8k`      | `question`, `answer`     |                   | openai/grade-school-math        |
+| `metamathqa` | `query`, `response`      |                   | meta-math/MetaMathQA            |
+
+`auto` picks the first format whose required columns are all present in the first record.
+Every format becomes a list of `Message`s (user prompt, assistant response with `train=True`),
+so multi-turn formats (sharegpt/openai `messages`, issue 5) slot in as one more converter.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Message:
+    """One chat turn."""
+
+    role: str
+    """"system", "user" or "assistant"."""
+    content: str
+    """The turn's text, without any template markup."""
+    train: bool = False
+    """True when this turn's tokens count in the loss (assistant turns); prompt turns are masked."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Example:
+    """One training or evaluation sample, format-independent."""
+
+    messages: tuple[Message, ...]
+    """The conversation; turns with `train=True` are the targets."""
+    answer: str | None = None
+    """Normalized final answer for exact match (GSM8K `#### n`, MetaMathQA `The answer is:`),
+    or None when the format has no checkable answer (alpaca)."""
+
+    @property
+    def prompt_messages(self) -> tuple[Message, ...]:
+        """The turns before the last trained turn: what generation is conditioned on."""
+        last = max(i for i, m in enumerate(self.messages) if m.train)
+        return self.messages[:last]
+
+
+_CALCULATOR_RE = re.compile(r"<<[^<>]*>>")
+_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def normalize_answer(text: str) -> str:
+    """Canonical form of a final answer: no `$`, thousands commas, trailing `.` or spaces;
+    numbers as the shortest decimal string ("72.0" -> "72")."""
+    text = text.strip().replace("$", "").replace(",", "").rstrip(".").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def extract_final_answer(text: str) -> str | None:
+    """Final answer of a worked solution, normalized; None when there is none.
+
+    Rules, first that applies: the text after the last `####` (GSM8K); after the last
+    `The answer is:` (MetaMathQA); otherwise the last number in the text (so a model that has
+    not learned the `####` convention yet can still be scored).
+    """
+    for marker in ("####", "The answer is:"):
+        if marker in text:
+            tail = text.rsplit(marker, 1)[1].strip().splitlines()
+            return normalize_answer(tail[0]) if tail and tail[0].strip() else None
+    numbers = _NUMBER_RE.findall(text)
+    return normalize_answer(numbers[-1]) if numbers else None
+
+
+def _single_turn(prompt: str, response: str, *, system: str | None = None,
+                 answer: str | None = None) -> Example:
+    messages = [] if not system else [Message(role="system", content=system)]
+    messages.append(Message(role="user", content=prompt))
+    messages.append(Message(role="assistant", content=response, train=True))
+    return Example(messages=tuple(messages), answer=answer)
+
+
+def _alpaca(row: Mapping) -> Example:
+    prompt = row["instruction"].strip()
+    if str(row.get("input") or "").strip():
+        prompt = f"{prompt}\n\n{row['input'].strip()}"
+    return _single_turn(prompt, row["output"].strip(), system=row.get("system") or None)
+
+
+def _gsm8k(row: Mapping) -> Example:
+    # The `<<48/2=24>>` calculator annotations are tool calls, not text a model should learn.
+    response = _CALCULATOR_RE.sub("", row["answer"]).strip()
+    return _single_turn(row["question"].strip(), response,
+                        answer=extract_final_answer(row["answer"]))
+
+
+def _metamathqa(row: Mapping) -> Example:
+    response = row["response"].strip()
+    return _single_turn(row["query"].strip(), response, answer=extract_final_answer(response))
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class FormatSpec:
+    """How one file format maps to `Example`s."""
+
+    required: tuple[str, ...]
+    """Columns every record must have (non-null strings)."""
+    convert: Callable[[Mapping], Example]
+    """Record -> Example, called after the columns were checked."""
+
+
+FORMATS: dict[str, FormatSpec] = {
+    "alpaca": FormatSpec(required=("instruction", "output"), convert=_alpaca),
+    "gsm8k": FormatSpec(required=("question", "answer"), convert=_gsm8k),
+    "metamathqa": FormatSpec(required=("query", "response"), convert=_metamathqa),
+}
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Records of a `.json` (a list of objects) or `.jsonl` (one object per line) file.
+
+    Raises:
+        FileNotFoundError: when `path` does not exist.
+        ValueError: on malformed JSON (naming the line for JSONL), a top level that is not a
+            list of objects, or a file with no records.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data.path: {path} does not exist; give a .json or .jsonl file")
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise ValueError(f"data.path: {path} is empty; it needs at least one record")
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"data.path: {path} is not valid JSON ({exc})") from None
+    else:
+        records = []
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"data.path: {path} line {lineno} is not valid JSON "
+                                 f"({exc.msg})") from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ValueError(f"data.path: {path} must hold a list of JSON objects (records)")
+    if not records:
+        raise ValueError(f"data.path: {path} has no records; it needs at least one")
+    return records
+
+
+def detect_format(record: Mapping, *, path: str | Path = "<data>") -> str:
+    """The first format in `FORMATS` whose required columns all appear in `record`.
+
+    Raises:
+        ValueError: when no format matches, listing the record's columns and each format's.
+    """
+    for name, spec in FORMATS.items():
+        if all(col in record for col in spec.required):
+            return name
+    known = "; ".join(f"{n}: {', '.join(s.required)}" for n, s in FORMATS.items())
+    raise ValueError(f"data.format: cannot detect the format of {path} from columns "
+                     f"{sorted(record)}; known formats ({known}); set data.format")
+
+
+def load_examples(path: str | Path, fmt: str = "auto") -> list[Example]:
+    """Read `path` and convert every record with format `fmt` ("auto" = detect).
+
+    Raises:
+        ValueError: unknown format; a record missing a required column or with a non-string
+            value there (naming the record index, the column and the columns it has); see also
+            `read_records`.
+    """
+    records = read_records(path)
+    if fmt == "auto":
+        fmt = detect_format(records[0], path=path)
+    if fmt not in FORMATS:
+        raise ValueError(f"data.format: unknown format {fmt!r}; choose one of "
+                         f"{['auto', *FORMATS]}")
+    spec = FORMATS[fmt]
+    examples = []
+    for index, record in enumerate(records):
+        for col in spec.required:
+            if not isinstance(record.get(col), str):
+                problem = "is missing" if col not in record else "is not a string"
+                raise ValueError(f"data.path: {path} record {index}: column {col!r} {problem} "
+                                 f"(format {fmt!r} needs {list(spec.required)}; the record has "
+                                 f"{sorted(record)})")
+        examples.append(spec.convert(record))
+    return examples
