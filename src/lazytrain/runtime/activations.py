@@ -1,0 +1,546 @@
+"""The checkpoint store: where each block-boundary activation lives during one training step.
+
+Owns the boundary tensors of the tiers hbm, dram, nvme and recompute (the segment's recompute
+cache, held in HBM), the byte ranges moved by each plan transfer (d2h, nvme_write, nvme_read,
+h2d), the window barrier that releases drained HBM copies, and the byte accounting per tier
+(current and peak per window) that the runtime contract checks against the plan's
+``hbm_checkpoint_bytes``. It does not decide anything: the engine calls ``put``/``transfer``/
+``get``/``release`` exactly as the Plan says (docs/execution_model.md). It knows nothing about
+blocks, weights or autograd, and nothing about files beyond ``runtime/nvme.py``'s interface.
+
+Device path: chosen once at construction from ``device.type``. CPU (``"cpu"``): the hbm tier is
+device memory under a byte budget, the dram tier is separate host tensors, copies are
+synchronous. CUDA: host buffers are pinned, from a bounded pool; d2h and h2d run on their own
+streams, ordered by events.
+
+Accounting keys (bytes): ``hbm`` (hbm-tier and recompute-cache tensors, offloaded boundaries
+until their HBM copy is released, prefetched device buffers from the first h2d fraction on; this
+is the quantity the plan's ``hbm_checkpoint_bytes`` bounds), ``dram`` (host copies of dram-tier
+boundaries, logical size), ``dram_staging`` (host bounce buffers of nvme-tier boundaries,
+padded to 4 KiB), ``nvme`` (file sizes, padded to 4 KiB).
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lazytrain.runtime.errors import (
+    CheckpointNotResidentError,
+    HbmBudgetExceeded,
+    TransferOrderError,
+    boundary_label,
+)
+from lazytrain.runtime.nvme import IoEvent, Key, NvmeIO, align_down, align_up, aligned_empty
+
+STORE_TIERS = ("hbm", "dram", "nvme", "recompute")
+"""Tier vocabulary of Plan JSON v1 (same strings as ``lazytrain.planner.plan.TIERS``)."""
+
+TRANSFER_ORDER = ("d2h", "nvme_write", "nvme_read", "h2d")
+"""Transfer kinds in the order the engine must issue them within one window: a kind reads the
+bytes the previous kind delivered, and the plan allows both in the same window."""
+
+ACCOUNTING_KEYS = ("hbm", "dram", "dram_staging", "nvme")
+
+_KINDS_BY_TIER = {"hbm": (), "recompute": (), "dram": ("d2h", "h2d"), "nvme": TRANSFER_ORDER}
+
+_FRACTION_TOL = 1e-6
+"""Cumulative fractions within this of 1 count as complete (plans store floats)."""
+
+
+class HostBufferPool:
+    """Reusable 4 KiB-aligned host buffers, pinned on CUDA, with an optional byte cap.
+
+    Buffers are recycled by exact size (boundaries of one model have few distinct sizes), so
+    steady-state steps allocate nothing.
+
+    Args:
+        pin: allocate page-locked memory (CUDA path).
+        capacity_bytes: cap on allocated bytes (in use + cached); None = unbounded.
+    """
+
+    def __init__(self, *, pin: bool, capacity_bytes: int | None = None) -> None:
+        self.pin = pin
+        self.capacity_bytes = capacity_bytes
+        self.allocated_bytes = 0
+        self._free: dict[int, list[torch.Tensor]] = {}
+
+    def acquire(self, nbytes: int) -> torch.Tensor:
+        """An aligned ``uint8`` buffer [nbytes] (contents undefined).
+
+        Raises:
+            MemoryError: allocating would exceed ``capacity_bytes`` even after dropping every
+                cached buffer.
+        """
+        cached = self._free.get(nbytes)
+        if cached:
+            return cached.pop()
+        if self.capacity_bytes is not None and self.allocated_bytes + nbytes > self.capacity_bytes:
+            self._drop_cached()
+            if self.allocated_bytes + nbytes > self.capacity_bytes:
+                raise MemoryError(
+                    f"host buffer pool: {nbytes} more bytes would exceed its cap of "
+                    f"{self.capacity_bytes} bytes ({self.allocated_bytes} in use)"
+                )
+        self.allocated_bytes += nbytes
+        return aligned_empty(nbytes, pin=self.pin)
+
+    def release(self, buffer: torch.Tensor) -> None:
+        """Return a buffer. The caller guarantees no copy still reads or writes it."""
+        self._free.setdefault(buffer.numel(), []).append(buffer)
+
+    def _drop_cached(self) -> None:
+        for size, buffers in self._free.items():
+            self.allocated_bytes -= size * len(buffers)
+        self._free.clear()
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One stored boundary of one micro-batch (internal, mutable)."""
+
+    key: Key
+    tier: str
+    shape: torch.Size
+    dtype: torch.dtype
+    nbytes: int
+    src: torch.Tensor | None  # the tensor as put: the HBM copy (offloaded tiers: until drained)
+    host: torch.Tensor | None = None  # uint8 [align_up(nbytes)], aligned; dram copy or staging
+    dev: torch.Tensor | None = None  # uint8 [nbytes] on the device: the prefetched copy
+    file_bytes: int = 0  # NVMe bytes accounted (padded file size), from the first write on
+    read_started: bool = False
+    cum: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TRANSFER_ORDER, 0.0))
+    # End offset (bytes) issued per kind; nvme kinds in file coordinates (4 KiB-aligned).
+    done: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRANSFER_ORDER, 0))
+    d2h_event: object | None = None  # torch.cuda.Event of the last d2h copy (CUDA path)
+    h2d_event: object | None = None
+    write_futures: list = field(default_factory=list)
+    read_futures: list = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return boundary_label(*self.key)
+
+    @property
+    def padded_bytes(self) -> int:
+        return align_up(self.nbytes)
+
+    def flat_bytes(self) -> torch.Tensor:
+        """The put tensor as ``uint8`` [nbytes] (a view, no copy)."""
+        return self.src.detach().reshape(-1).view(torch.uint8)
+
+
+class CheckpointStore:
+    """Boundary activations in the tiers hbm / dram / nvme / recompute, moved as the plan says.
+
+    Call protocol per window (docs/execution_model.md): ``begin_window(name)``; ``put`` the
+    boundaries whose holding interval starts here; ``transfer`` every plan transfer of the window
+    in TRANSFER_ORDER; ``get`` the boundaries the window consumes; ``release`` those whose holding
+    interval ends here; ``end_window()``. ``put`` outside a window counts from the next one.
+
+    Args:
+        device: where the hbm tier lives; ``device.type`` "cpu" or "cuda" picks the path once.
+        nvme_dir: directory for the nvme tier's files (created if missing; warns on tmpfs).
+        io_threads: NVMe worker threads.
+        hbm_limits: window name -> the plan's ``hbm_checkpoint_bytes``; every put/transfer and
+            window start checks the held HBM bytes against it (HbmBudgetExceeded).
+        fault_hook: passed to NvmeIO (tests: a ``FaultInjector``).
+        direct: O_DIRECT policy for NvmeIO (None probes, False forces buffered I/O).
+        chunk_bytes: NVMe request size (bytes); None = nvme.CHUNK_BYTES.
+        host_pool_bytes: cap on host buffer bytes (dram copies + staging); None = unbounded.
+
+    Files are removed on ``release``, ``close``, leaving a ``with`` block (also by an exception
+    or Ctrl-C), and at interpreter exit.
+    """
+
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        nvme_dir: Path,
+        io_threads: int = 2,
+        hbm_limits: dict[str, int] | None = None,
+        fault_hook: Callable[[IoEvent], None] | None = None,
+        direct: bool | None = None,
+        chunk_bytes: int | None = None,
+        host_pool_bytes: int | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"runtime.device must be cpu or cuda; got {self.device}")
+        self._cuda = self.device.type == "cuda"
+        io_kwargs = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
+        self.io = NvmeIO(nvme_dir, io_threads=io_threads, direct=direct, fault_hook=fault_hook, **io_kwargs)
+        self._pool = HostBufferPool(pin=self._cuda, capacity_bytes=host_pool_bytes)
+        if self._cuda:
+            self._d2h_stream = torch.cuda.Stream(self.device)
+            self._h2d_stream = torch.cuda.Stream(self.device)
+        self._limits = dict(hbm_limits or {})
+        self._entries: dict[Key, _Entry] = {}
+        self._current = dict.fromkeys(ACCOUNTING_KEYS, 0)
+        self._peaks: dict[str, dict[str, int]] = {}
+        self._moved: dict[str, dict[str, int]] = {}
+        self._window: str | None = None
+        self._window_keys: set[Key] = set()
+        self._window_futures: list = []
+        self._window_events: list = []
+        self._closed = False
+        atexit.register(self.close)
+
+    # ---- windows -------------------------------------------------------------------------
+
+    def begin_window(self, name: str) -> None:
+        """Open window ``name``; its peaks start at the bytes held now.
+
+        Raises:
+            RuntimeError: a window is already open.
+            HbmBudgetExceeded: the bytes carried into the window exceed its limit.
+        """
+        if self._window is not None:
+            raise RuntimeError(f"begin_window({name!r}) while window {self._window} is open")
+        self._window = name
+        self._moved.setdefault(name, dict.fromkeys(TRANSFER_ORDER, 0))
+        peaks = self._peaks.setdefault(name, dict.fromkeys(ACCOUNTING_KEYS, 0))
+        for tier, held in self._current.items():
+            peaks[tier] = max(peaks[tier], held)
+        self._check_hbm("at window start")
+
+    def end_window(self) -> None:
+        """Window barrier: wait for every transfer issued in the window, then release buffers.
+
+        Ordering rule (the store's one guarantee against use-after-free races): a buffer is
+        released or handed back to the pool only after every copy that reads or writes it has
+        completed. Here: NVMe futures are waited for; on CUDA the compute stream waits on every
+        d2h/h2d event of the window, and host buffers are released only after a host-side
+        ``synchronize`` of their last copy (the pool may hand them to another stream). Then:
+        an offloaded boundary whose d2h is complete drops its HBM copy; an nvme boundary whose
+        write is complete (and not yet being read) drops its staging buffer and closes its file;
+        a boundary whose h2d is complete drops its host buffer.
+
+        Raises:
+            CheckpointIOError: an NVMe request of the window failed (after all have finished).
+        """
+        if self._window is None:
+            raise RuntimeError("end_window() without begin_window()")
+        try:
+            self.io.wait(self._window_futures)
+            if self._cuda:
+                compute = torch.cuda.current_stream(self.device)
+                for event in self._window_events:
+                    compute.wait_event(event)  # sync point: later compute sees finished copies
+            for key in self._window_keys:
+                if key in self._entries:
+                    self._settle(self._entries[key])
+        finally:
+            self._window = None
+            self._window_keys = set()
+            self._window_futures = []
+            self._window_events = []
+
+    def _settle(self, e: _Entry) -> None:
+        """Release what the completed copies of ``e`` no longer need (see ``end_window``)."""
+        if e.tier in ("dram", "nvme") and e.src is not None and e.done["d2h"] == e.nbytes:
+            e.src = None  # drained: the compute stream already waits on the d2h event
+            self._count("hbm", -e.nbytes)
+        write_done = e.done["nvme_write"] == e.padded_bytes
+        if e.tier == "nvme" and write_done and e.host is not None and not e.read_started:
+            self.io.finish_write(e.key)
+            self._release_host(e)
+        if e.host is not None and e.done["h2d"] == e.nbytes:
+            if e.tier == "nvme":
+                self.io.finish_read(e.key)
+            self._release_host(e)
+
+    # ---- boundaries ----------------------------------------------------------------------
+
+    def put(self, boundary: int, tensor: torch.Tensor, tier: str, *, micro_batch: int = 0) -> None:
+        """Store boundary ``boundary``'s tensor (kept by reference; do not modify it afterwards).
+
+        Args:
+            boundary: boundary index i (0..L).
+            tensor: contiguous device tensor, e.g. [batch, seq, hidden] bf16/fp32.
+            tier: "hbm", "dram", "nvme" or "recompute" (all start in HBM).
+            micro_batch: micro-batch index.
+
+        Raises:
+            ValueError: unknown tier, tensor on another device or not contiguous, already stored.
+            HbmBudgetExceeded: the window's HBM limit is exceeded.
+        """
+        if tier not in STORE_TIERS:
+            raise ValueError(f"tier must be one of {STORE_TIERS}; got {tier!r}")
+        key = (boundary, micro_batch)
+        label = boundary_label(*key)
+        if key in self._entries:
+            raise ValueError(f"{label} is already stored; release it first")
+        if tensor.device.type != self.device.type:
+            raise ValueError(f"{label}: tensor on {tensor.device}, store on {self.device}")
+        if not tensor.is_contiguous():
+            raise ValueError(f"{label}: tensor must be contiguous (the store moves flat byte ranges)")
+        nbytes = tensor.numel() * tensor.element_size()
+        self._entries[key] = _Entry(key=key, tier=tier, shape=tensor.shape, dtype=tensor.dtype,
+                                    nbytes=nbytes, src=tensor)
+        self._count("hbm", nbytes)
+        if self._window is not None:
+            self._window_keys.add(key)
+            self._check_hbm(f"put {label}")
+
+    def transfer(self, boundary: int, kind: str, fraction: float, *, micro_batch: int = 0) -> None:
+        """Issue one plan transfer: ``fraction`` of the boundary's bytes, in the open window.
+
+        Fractions of one (boundary, kind) accumulate; the k-th call moves the flattened byte
+        range [round(cum_before * n), round(cum_after * n)) (the last one ends at n). NVMe
+        ranges are rounded to 4 KiB (writes down, reads up; the last write covers the padded
+        file), and a kind never moves bytes its source kind has not delivered yet: what it
+        cannot move now moves with its next fraction.
+
+        Raises:
+            ValueError: unknown kind, kind not valid for the tier, fractions summing past 1.
+            TransferOrderError: no open window, unknown boundary, or the last fraction of a kind
+                issued before its source kind completed.
+            CheckpointIOError: opening the boundary's file failed (missing file, disk full).
+            HbmBudgetExceeded: the window's HBM limit is exceeded (first h2d allocates).
+        """
+        key = (boundary, micro_batch)
+        label = boundary_label(*key)
+        if self._window is None:
+            raise TransferOrderError(f"{label}: {kind} issued outside a window", boundary=boundary,
+                                     micro_batch=micro_batch)
+        if key not in self._entries:
+            raise TransferOrderError(f"{label}: {kind} of a boundary that is not stored",
+                                     boundary=boundary, micro_batch=micro_batch)
+        e = self._entries[key]
+        if kind not in _KINDS_BY_TIER[e.tier]:
+            raise ValueError(f"{label}: transfer kind {kind!r} is not valid for tier {e.tier!r}")
+        if not fraction > 0:
+            raise ValueError(f"{label}: {kind} fraction must be > 0; got {fraction}")
+        e.cum[kind] += fraction
+        if e.cum[kind] > 1 + _FRACTION_TOL:
+            raise ValueError(f"{label}: {kind} fractions sum to {e.cum[kind]:.6f} > 1")
+        final = e.cum[kind] >= 1 - _FRACTION_TOL
+        target = e.nbytes if final else round(e.cum[kind] * e.nbytes)
+        before = e.done[kind]
+        {"d2h": self._d2h, "nvme_write": self._nvme_write, "nvme_read": self._nvme_read,
+         "h2d": self._h2d}[kind](e, target, final)
+        self._moved[self._window][kind] += e.done[kind] - before
+        self._window_keys.add(key)
+        self._check_hbm(f"{kind} of {label}")
+
+    def get(self, boundary: int, *, micro_batch: int = 0) -> torch.Tensor:
+        """The boundary's device tensor, with its original shape and dtype.
+
+        Raises:
+            CheckpointNotResidentError: not stored, or an offloaded boundary whose h2d fractions
+                do not cover all its bytes yet (never returns partial data).
+        """
+        key = (boundary, micro_batch)
+        e = self._entries.get(key)
+        if e is None:
+            raise CheckpointNotResidentError(f"{boundary_label(*key)} is not in the checkpoint store",
+                                             boundary=boundary, micro_batch=micro_batch)
+        if e.tier in ("hbm", "recompute"):
+            return e.src
+        if e.dev is None or e.done["h2d"] < e.nbytes:
+            raise CheckpointNotResidentError(
+                f"{e.label} (tier {e.tier}) is not resident in HBM: h2d moved {e.done['h2d']} of "
+                f"{e.nbytes} bytes (h2d fractions issued: {e.cum['h2d']:.3f}); the plan must "
+                "prefetch it completely before the window that uses it",
+                boundary=boundary, micro_batch=micro_batch)
+        if self._cuda and e.h2d_event is not None:
+            torch.cuda.current_stream(self.device).wait_event(e.h2d_event)
+        return e.dev.view(e.dtype).view(e.shape)
+
+    def release(self, boundary: int, *, micro_batch: int = 0) -> None:
+        """Drop the boundary: its HBM, host and device buffers and its file.
+
+        Waits for the boundary's copies and NVMe requests first (their errors are ignored here;
+        ``end_window`` reports them), so no buffer is freed under a running copy.
+        """
+        e = self._entries.pop((boundary, micro_batch), None)
+        if e is None:
+            raise ValueError(f"{boundary_label(boundary, micro_batch)} is not stored")
+        for fut in e.write_futures + e.read_futures:
+            fut.exception()
+        if self._cuda:
+            for event in (e.d2h_event, e.h2d_event):
+                if event is not None:
+                    event.synchronize()
+        if e.src is not None:
+            self._count("hbm", -e.nbytes)
+        if e.dev is not None:
+            self._count("hbm", -e.nbytes)
+        if e.host is not None:
+            self._release_host(e)
+        if e.file_bytes:
+            self._count("nvme", -e.file_bytes)
+        self.io.remove(e.key)
+
+    # ---- accounting ----------------------------------------------------------------------
+
+    def bytes_by_tier(self) -> dict[str, int]:
+        """Bytes held now per accounting key (hbm, dram, dram_staging, nvme)."""
+        return dict(self._current)
+
+    def peak_by_window(self) -> dict[str, dict[str, int]]:
+        """Peak bytes per accounting key in each window entered since the last reset."""
+        return {w: dict(p) for w, p in self._peaks.items()}
+
+    def bytes_moved_by_window(self) -> dict[str, dict[str, int]]:
+        """Bytes moved per transfer kind in each window (NVMe kinds include 4 KiB padding)."""
+        return {w: dict(m) for w, m in self._moved.items()}
+
+    def reset_peaks(self) -> None:
+        """Forget peaks and moved bytes (e.g. between steps); an open window restarts at now."""
+        self._peaks.clear()
+        self._moved.clear()
+        if self._window is not None:
+            self._peaks[self._window] = dict(self._current)
+            self._moved[self._window] = dict.fromkeys(TRANSFER_ORDER, 0)
+
+    def stored(self) -> list[Key]:
+        """(boundary, micro_batch) of every stored boundary."""
+        return list(self._entries)
+
+    # ---- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release every boundary, delete every file, stop the I/O threads. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        for key in list(self._entries):
+            self.release(key[0], micro_batch=key[1])
+        self.io.close()
+
+    def __enter__(self) -> CheckpointStore:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # ---- copies ----------------------------------------------------------------------------
+
+    def _d2h(self, e: _Entry, target: int, final: bool) -> None:
+        if e.host is None:
+            self._acquire_host(e)
+        start = e.done["d2h"]
+        if self._cuda:
+            with torch.cuda.stream(self._d2h_stream):
+                # Order after the compute that produced the tensor.
+                self._d2h_stream.wait_stream(torch.cuda.current_stream(self.device))
+                e.host[start:target].copy_(e.flat_bytes()[start:target], non_blocking=True)
+                e.d2h_event = self._record(self._d2h_stream)
+        else:
+            e.host[start:target].copy_(e.flat_bytes()[start:target])
+        e.done["d2h"] = target
+
+    def _nvme_write(self, e: _Entry, target: int, final: bool) -> None:
+        available = e.done["d2h"]
+        if final and available < e.nbytes:
+            raise TransferOrderError(
+                f"{e.label}: last nvme_write fraction before d2h completed ({available} of "
+                f"{e.nbytes} bytes in DRAM)", boundary=e.key[0], micro_batch=e.key[1])
+        end = e.padded_bytes if final else align_down(min(target, available))
+        start = e.done["nvme_write"]
+        if end <= start:
+            return
+        if not e.file_bytes:
+            e.file_bytes = e.padded_bytes  # the padded file, counted from its creation
+            self._count("nvme", e.file_bytes)
+        event = e.d2h_event
+        wait_for = event.synchronize if event is not None else None  # bytes final in DRAM
+        futures = self.io.write(e.key, e.host[start:end], start, wait_for=wait_for)
+        e.write_futures += futures
+        self._window_futures += futures
+        e.done["nvme_write"] = end
+
+    def _nvme_read(self, e: _Entry, target: int, final: bool) -> None:
+        written = e.done["nvme_write"]
+        if final and written < e.padded_bytes:
+            raise TransferOrderError(
+                f"{e.label}: last nvme_read fraction before nvme_write completed ({written} of "
+                f"{e.padded_bytes} bytes written)", boundary=e.key[0], micro_batch=e.key[1])
+        end = e.padded_bytes if final else min(align_up(target), written)
+        start = e.done["nvme_read"]
+        if end <= start:
+            return
+        self.io.wait(e.write_futures)  # read only bytes already on disk
+        if e.host is None:
+            self._acquire_host(e)
+        e.read_started = True
+        futures = self.io.read(e.key, e.host[start:end], start)
+        e.read_futures += futures
+        self._window_futures += futures
+        e.done["nvme_read"] = end
+
+    def _h2d(self, e: _Entry, target: int, final: bool) -> None:
+        available = e.done["d2h"] if e.tier == "dram" else min(e.done["nvme_read"], e.nbytes)
+        if final and available < e.nbytes:
+            source = "d2h" if e.tier == "dram" else "nvme_read"
+            raise TransferOrderError(
+                f"{e.label}: last h2d fraction before {source} completed ({available} of "
+                f"{e.nbytes} bytes in DRAM)", boundary=e.key[0], micro_batch=e.key[1])
+        end = min(target, available)
+        start = e.done["h2d"]
+        if end <= start:
+            return
+        if e.tier == "nvme":
+            self.io.wait(e.read_futures)  # sync point: bytes read back before they are sent
+        if e.dev is None:
+            e.dev = torch.empty(e.nbytes, dtype=torch.uint8, device=self.device)
+            self._count("hbm", e.nbytes)  # prefetched copy counts from its first fraction
+        if self._cuda:
+            with torch.cuda.stream(self._h2d_stream):
+                # Order after the device buffer's allocation and the d2h that filled the host copy.
+                self._h2d_stream.wait_stream(torch.cuda.current_stream(self.device))
+                if e.d2h_event is not None:
+                    self._h2d_stream.wait_event(e.d2h_event)
+                e.dev[start:end].copy_(e.host[start:end], non_blocking=True)
+                e.dev.record_stream(self._h2d_stream)
+                e.h2d_event = self._record(self._h2d_stream)
+        else:
+            e.dev[start:end].copy_(e.host[start:end])
+        e.done["h2d"] = end
+
+    def _record(self, stream) -> object:
+        event = torch.cuda.Event()
+        event.record(stream)
+        self._window_events.append(event)
+        return event
+
+    # ---- buffers and counters ------------------------------------------------------------
+
+    def _acquire_host(self, e: _Entry) -> None:
+        e.host = self._pool.acquire(e.padded_bytes)
+        e.host[e.nbytes:].zero_()  # deterministic file padding
+        self._count(*self._host_account(e))
+
+    def _release_host(self, e: _Entry) -> None:
+        """Hand ``e.host`` back to the pool; callers guarantee its copies have completed."""
+        if self._cuda and e.h2d_event is not None:
+            e.h2d_event.synchronize()  # the pool may give the buffer to another stream
+        tier, nbytes = self._host_account(e)
+        self._count(tier, -nbytes)
+        self._pool.release(e.host)
+        e.host = None
+
+    @staticmethod
+    def _host_account(e: _Entry) -> tuple[str, int]:
+        return ("dram", e.nbytes) if e.tier == "dram" else ("dram_staging", e.padded_bytes)
+
+    def _count(self, tier: str, delta: int) -> None:
+        self._current[tier] += delta
+        if self._window is not None:
+            peaks = self._peaks[self._window]
+            peaks[tier] = max(peaks[tier], self._current[tier])
+
+    def _check_hbm(self, context: str) -> None:
+        limit = self._limits.get(self._window)
+        held = self._current["hbm"]
+        if limit is not None and held > limit:
+            raise HbmBudgetExceeded(window=self._window, held_bytes=held, limit_bytes=limit,
+                                    detail=context)

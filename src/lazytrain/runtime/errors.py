@@ -1,0 +1,100 @@
+"""Exceptions raised by the runtime's checkpoint store and NVMe tier.
+
+Owns the error types only; knows nothing about plans or tensors. Each error carries the fields a
+caller needs to react (boundary, micro-batch, path, window) and a message that names them, so a
+failed step reads like "boundary 7 (micro-batch 0): NVMe write to /x/ckpt_b7_m0.bin failed: No
+space left on device".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def boundary_label(boundary: int, micro_batch: int) -> str:
+    """The prefix every store error starts with, e.g. ``"boundary 7 (micro-batch 0)"``."""
+    return f"boundary {boundary} (micro-batch {micro_batch})"
+
+
+class CheckpointIOError(OSError):
+    """An NVMe-tier file operation failed: disk full, short read/write, missing file, ...
+
+    Attributes:
+        boundary: boundary index i (0..L) whose checkpoint file failed.
+        micro_batch: micro-batch index of that checkpoint.
+        path: the file.
+        errno: the underlying errno (e.g. ``errno.ENOSPC``), or None for a short read/write.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        boundary: int,
+        path: Path | str,
+        micro_batch: int = 0,
+        errno_code: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.boundary = boundary
+        self.micro_batch = micro_batch
+        self.path = Path(path)
+        self.errno = errno_code
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class HbmBudgetExceeded(AssertionError):
+    """The store holds more HBM bytes in a window than the plan's ``hbm_checkpoint_bytes``.
+
+    An internal invariant (the engine executes a validated plan), hence an AssertionError.
+
+    Attributes:
+        window: window name, e.g. ``"b3"``.
+        held_bytes: HBM bytes the store holds at the moment of the check (bytes).
+        limit_bytes: the plan's ``hbm_checkpoint_bytes`` for that window (bytes).
+    """
+
+    def __init__(self, *, window: str, held_bytes: int, limit_bytes: int, detail: str = "") -> None:
+        msg = (
+            f"window {window}: checkpoint store holds {held_bytes} HBM bytes, over the plan's "
+            f"hbm_checkpoint_bytes {limit_bytes} by {held_bytes - limit_bytes}"
+        )
+        super().__init__(msg + (f" ({detail})" if detail else ""))
+        self.window = window
+        self.held_bytes = held_bytes
+        self.limit_bytes = limit_bytes
+
+
+class CheckpointNotResidentError(RuntimeError):
+    """``get()`` was called for a boundary that is not fully resident in HBM.
+
+    Typically the plan (or the engine) forgot a prefetch: the h2d fractions issued so far do not
+    cover the boundary's bytes. The store never returns partial data.
+
+    Attributes:
+        boundary: boundary index.
+        micro_batch: micro-batch index.
+    """
+
+    def __init__(self, message: str, *, boundary: int, micro_batch: int = 0) -> None:
+        super().__init__(message)
+        self.boundary = boundary
+        self.micro_batch = micro_batch
+
+
+class TransferOrderError(RuntimeError):
+    """A transfer was issued whose source bytes are not there yet (e.g. the last nvme_write
+    fraction before the d2h completed, h2d of a boundary that was never read back), or outside
+    a window.
+
+    Attributes:
+        boundary: boundary index.
+        micro_batch: micro-batch index.
+    """
+
+    def __init__(self, message: str, *, boundary: int, micro_batch: int = 0) -> None:
+        super().__init__(message)
+        self.boundary = boundary
+        self.micro_batch = micro_batch

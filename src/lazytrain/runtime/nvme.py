@@ -1,0 +1,452 @@
+"""Asynchronous file I/O for the NVMe tier of the checkpoint store.
+
+Owns: one file per (boundary, micro-batch) under a directory, written and read in aligned chunks
+by a small thread pool, with ``O_DIRECT`` where the filesystem allows it (probed once per
+directory) and buffered ``os.pwrite``/``os.preadv`` otherwise; 4 KiB-aligned host buffers; the
+mapping of every failure (ENOSPC, short read/write, missing file) to ``CheckpointIOError`` naming
+the boundary and the path; the tmpfs warning; a fault-injection hook for tests.
+
+Knows nothing about tiers, plans, windows or devices: it moves bytes between 4 KiB-aligned CPU
+``uint8`` tensors and files. ``runtime/activations.py`` decides what moves when.
+
+Why O_DIRECT: checkpoint files are written once and read once; going through the page cache
+would double the DRAM they use (the very resource the NVMe tier relieves) and make throughput
+measure memory bandwidth instead of the drive. O_DIRECT requires the buffer address, the file
+offset and the length to be multiples of the logical block size; 4 KiB covers every current NVMe
+drive. The torch CPU allocator aligns to 64 B only, hence ``aligned_empty``.
+
+Durability: the files are scratch that lives for one training step and is read back by the same
+process, so nothing is fsync'ed (a crash loses the step anyway; see ``CheckpointStore`` for the
+cleanup of files on exit).
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import functools
+import os
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lazytrain.runtime.errors import CheckpointIOError, boundary_label
+
+ALIGN_BYTES = 4096
+"""Alignment of O_DIRECT buffers, offsets and lengths (bytes): the 4 KiB logical block size of
+NVMe drives formatted for performance; a multiple of the 512 B minimum."""
+
+CHUNK_BYTES = 4 * 1024 * 1024
+"""Size of one I/O request (bytes). 4 MiB is large enough to reach sequential NVMe throughput
+and small enough that a few threads keep several requests in flight."""
+
+RAM_FILESYSTEMS = ("tmpfs", "ramfs")
+"""Filesystem types that live in RAM: an NVMe tier there would really be a DRAM tier."""
+
+Key = tuple[int, int]
+"""(boundary, micro_batch) identifying one checkpoint file."""
+
+
+def align_up(nbytes: int) -> int:
+    """Smallest multiple of ALIGN_BYTES >= nbytes."""
+    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def align_down(nbytes: int) -> int:
+    """Largest multiple of ALIGN_BYTES <= nbytes."""
+    return nbytes // ALIGN_BYTES * ALIGN_BYTES
+
+
+def aligned_empty(nbytes: int, *, pin: bool = False) -> torch.Tensor:
+    """A CPU ``uint8`` tensor of ``nbytes`` whose first byte is ALIGN_BYTES-aligned.
+
+    torch's CPU allocator aligns to 64 B only, so this allocates ALIGN_BYTES extra bytes and
+    slices from the first aligned address (the slice keeps the whole allocation alive).
+
+    Args:
+        nbytes: length of the returned tensor (bytes).
+        pin: allocate page-locked memory (CUDA path only; raises on a CPU-only torch).
+
+    Returns:
+        ``uint8`` tensor [nbytes], contiguous, ``data_ptr() % ALIGN_BYTES == 0``.
+    """
+    raw = torch.empty(nbytes + ALIGN_BYTES, dtype=torch.uint8, pin_memory=pin)
+    shift = (-raw.data_ptr()) % ALIGN_BYTES
+    return raw[shift : shift + nbytes]
+
+
+def filesystem_type(path: Path | str, *, mounts_path: Path | str = "/proc/mounts") -> str | None:
+    """Type of the filesystem holding ``path`` ("ext4", "tmpfs", ...), from the mount table.
+
+    The mount point is the longest entry of ``mounts_path`` that is a prefix of the resolved
+    path. Returns None when the table cannot be read (non-Linux).
+    """
+    try:
+        lines = Path(mounts_path).read_text().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, best_type = "", None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        # /proc/mounts escapes space, tab, newline and backslash as octal (\040 ...).
+        mount = fields[1].encode().decode("unicode_escape")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, best_type = mount, fields[2]
+    return best_type
+
+
+def warn_if_ram_filesystem(directory: Path, *, mounts_path: Path | str = "/proc/mounts") -> bool:
+    """Warn (RuntimeWarning) when ``directory`` is on tmpfs/ramfs; returns whether it warned."""
+    fs = filesystem_type(directory, mounts_path=mounts_path)
+    if fs in RAM_FILESYSTEMS:
+        warnings.warn(
+            f"runtime.nvme_dir {directory} is on {fs}, which lives in RAM: the NVMe tier would "
+            "use DRAM, not a drive. Point runtime.nvme_dir at a directory on an NVMe drive.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return True
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_o_direct(real_dir: str) -> bool:
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    path = os.path.join(real_dir, f".lazytrain-odirect-probe-{os.getpid()}-{threading.get_ident()}")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    try:
+        return os.pwrite(fd, aligned_empty(ALIGN_BYTES).numpy(), 0) == ALIGN_BYTES
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def supports_o_direct(directory: Path | str) -> bool:
+    """Whether files in ``directory`` accept aligned O_DIRECT writes (probed once per directory).
+
+    The probe creates, writes 4 KiB to and removes one hidden file.
+    """
+    return _probe_o_direct(os.path.realpath(directory))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IoEvent:
+    """What NvmeIO is about to do; passed to the fault hook before every open and chunk.
+
+    Attributes:
+        op: "open_write", "open_read", "write" or "read".
+        boundary: boundary index.
+        micro_batch: micro-batch index.
+        path: the checkpoint file.
+        offset: file offset of the chunk (bytes; 0 for opens).
+        nbytes: chunk length (bytes; 0 for opens).
+    """
+
+    op: str
+    boundary: int
+    micro_batch: int
+    path: Path
+    offset: int = 0
+    nbytes: int = 0
+
+
+class FaultInjector:
+    """Scripted NVMe faults for tests: pass one as ``fault_hook`` to NvmeIO / CheckpointStore.
+
+    Each ``*_next_*`` fault fires once, on the first matching event (optionally only for one
+    boundary); the faults are real where possible (the file is really truncated or deleted, so
+    the store's own detection is what raises), and simulated where not (ENOSPC is raised as the
+    OSError ``os.pwrite`` would raise).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._once: list[tuple[str, int | None, Callable[[IoEvent], None]]] = []
+        self._read_delay_ms: dict[int | None, float] = {}
+
+    def fail_next_write(self, *, boundary: int | None = None, errno_code: int = errno_mod.ENOSPC) -> None:
+        """The next chunk write fails with ``OSError(errno_code)`` (default ENOSPC)."""
+
+        def fail(event: IoEvent) -> None:
+            raise OSError(errno_code, os.strerror(errno_code), str(event.path))
+
+        self._add("write", boundary, fail)
+
+    def truncate_next_read(self, *, boundary: int | None = None) -> None:
+        """Before the next chunk read, truncate the file to the middle of that chunk."""
+
+        def truncate(event: IoEvent) -> None:
+            os.truncate(event.path, event.offset + event.nbytes // 2)
+
+        self._add("read", boundary, truncate)
+
+    def delete_before_next_read(self, *, boundary: int | None = None) -> None:
+        """Delete the file just before it is next opened for reading."""
+        self._add("open_read", boundary, lambda event: os.unlink(event.path))
+
+    def delay_reads(self, ms: float, *, boundary: int | None = None) -> None:
+        """Sleep ``ms`` milliseconds before every chunk read (of ``boundary``, or of all)."""
+        with self._lock:
+            self._read_delay_ms[boundary] = ms
+
+    def _add(self, op: str, boundary: int | None, action: Callable[[IoEvent], None]) -> None:
+        with self._lock:
+            self._once.append((op, boundary, action))
+
+    def __call__(self, event: IoEvent) -> None:
+        with self._lock:
+            delay_ms = self._read_delay_ms.get(event.boundary, self._read_delay_ms.get(None, 0.0))
+            action = None
+            for n, (op, boundary, act) in enumerate(self._once):
+                if op == event.op and boundary in (None, event.boundary):
+                    action = act
+                    del self._once[n]
+                    break
+        if event.op == "read" and delay_ms > 0:
+            threading.Event().wait(delay_ms / 1000.0)
+        if action is not None:
+            action(event)
+
+
+class NvmeIO:
+    """Chunked asynchronous reads and writes of checkpoint files, one per (boundary, micro-batch).
+
+    Buffers are CPU ``uint8`` tensors; with O_DIRECT, their address, length and file offset must be
+    multiples of ALIGN_BYTES (use ``aligned_empty`` and pad lengths with ``align_up``). Every
+    failure surfaces as ``CheckpointIOError`` from the returned futures (or from the call itself
+    when opening the file fails).
+
+    Args:
+        directory: where the files go; created if missing. Warns when it is on tmpfs/ramfs.
+        io_threads: worker threads (requests in flight).
+        chunk_bytes: size of one request (bytes, multiple of ALIGN_BYTES).
+        direct: True forces O_DIRECT (ValueError if the filesystem refuses it), False forces
+            buffered I/O, None (default) probes the directory once.
+        fault_hook: called with an ``IoEvent`` before every open and chunk (tests); may raise
+            OSError or act on the file.
+    """
+
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        io_threads: int = 2,
+        chunk_bytes: int = CHUNK_BYTES,
+        direct: bool | None = None,
+        fault_hook: Callable[[IoEvent], None] | None = None,
+    ) -> None:
+        if io_threads < 1:
+            raise ValueError(f"runtime.io_threads must be >= 1; got {io_threads}")
+        if chunk_bytes <= 0 or chunk_bytes % ALIGN_BYTES:
+            raise ValueError(f"chunk_bytes must be a positive multiple of {ALIGN_BYTES}; got {chunk_bytes}")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        warn_if_ram_filesystem(self.directory)
+        probed = supports_o_direct(self.directory)
+        if direct and not probed:
+            raise ValueError(
+                f"O_DIRECT was requested but {self.directory} does not support it; "
+                "pass direct=None to fall back to buffered I/O"
+            )
+        self.direct = probed if direct is None else direct
+        self.chunk_bytes = chunk_bytes
+        self._hook = fault_hook
+        self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="lazytrain-nvme")
+        self._write_fds: dict[Key, int] = {}
+        self._read_fds: dict[Key, int] = {}
+        self._files: dict[Key, Path] = {}
+        self._pending: dict[Key, list[Future]] = {}
+        self._closed = False
+
+    def path_for(self, key: Key) -> Path:
+        """The file of (boundary, micro_batch): ``directory/ckpt_b{boundary}_m{micro_batch}.bin``."""
+        boundary, micro_batch = key
+        return self.directory / f"ckpt_b{boundary}_m{micro_batch}.bin"
+
+    def write(
+        self,
+        key: Key,
+        buffer: torch.Tensor,
+        offset: int,
+        *,
+        wait_for: Callable[[], None] | None = None,
+    ) -> list[Future]:
+        """Write ``buffer`` to the key's file at ``offset``, asynchronously, in chunks.
+
+        The first write of a key creates (truncates) its file. ``wait_for`` runs in the worker
+        before each chunk (e.g. a CUDA event's ``synchronize``): the source bytes must be final
+        before they are read from the buffer. The caller keeps ``buffer`` alive and unmodified
+        until every returned future is done.
+
+        Args:
+            key: (boundary, micro_batch).
+            buffer: CPU ``uint8`` tensor [n]; n and offset multiples of ALIGN_BYTES under O_DIRECT.
+            offset: file offset (bytes).
+            wait_for: optional callable run before each chunk.
+
+        Returns:
+            One future per chunk; each raises CheckpointIOError on failure.
+
+        Raises:
+            CheckpointIOError: the file cannot be created.
+        """
+        fd = self._write_fds.get(key)
+        if fd is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.direct else 0)
+            fd = self._open(key, "open_write", flags)
+            self._write_fds[key] = fd
+        return self._submit(key, "write", fd, buffer, offset, wait_for)
+
+    def read(self, key: Key, buffer: torch.Tensor, offset: int) -> list[Future]:
+        """Read ``buffer.numel()`` bytes of the key's file at ``offset`` into ``buffer``.
+
+        Same alignment rules and future semantics as ``write``. A file shorter than the request
+        gives a CheckpointIOError ("short read") from the chunk's future.
+
+        Raises:
+            CheckpointIOError: the file is missing or cannot be opened.
+        """
+        fd = self._read_fds.get(key)
+        if fd is None:
+            fd = self._open(key, "open_read", os.O_RDONLY | (os.O_DIRECT if self.direct else 0))
+            self._read_fds[key] = fd
+        return self._submit(key, "read", fd, buffer, offset, None)
+
+    def finish_write(self, key: Key) -> None:
+        """Close the key's write descriptor after its writes completed (the file stays)."""
+        self.wait(self._pending.pop(key, []))
+        fd = self._write_fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+
+    def finish_read(self, key: Key) -> None:
+        """Close the key's read descriptor after its reads completed (the file stays)."""
+        self.wait(self._pending.pop(key, []))
+        fd = self._read_fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+
+    def remove(self, key: Key) -> None:
+        """Wait for the key's pending requests (errors ignored), close its fds, delete its file."""
+        for fut in self._pending.pop(key, []):
+            fut.exception()
+        for fds in (self._write_fds, self._read_fds):
+            fd = fds.pop(key, None)
+            if fd is not None:
+                os.close(fd)
+        path = self._files.pop(key, None)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def files(self) -> list[Path]:
+        """Files this instance created and has not removed yet."""
+        return list(self._files.values())
+
+    @staticmethod
+    def wait(futures: Sequence[Future]) -> None:
+        """Wait for every future, then raise the first failure (so no request still runs)."""
+        errors = [f.exception() for f in futures]
+        for err in errors:
+            if err is not None:
+                raise err
+
+    def close(self) -> None:
+        """Wait for pending requests, delete every file, stop the workers. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for key in list(self._files) + list(self._pending):
+            self.remove(key)
+        self._pool.shutdown(wait=True)
+
+    def _open(self, key: Key, op: str, flags: int) -> int:
+        path = self.path_for(key)
+        try:
+            self._call_hook(IoEvent(op=op, boundary=key[0], micro_batch=key[1], path=path))
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            verb = "create" if op == "open_write" else "open"
+            raise self._error(key, f"{verb} {path}", exc.strerror or str(exc), exc.errno) from exc
+        self._files[key] = path
+        return fd
+
+    def _submit(
+        self,
+        key: Key,
+        op: str,
+        fd: int,
+        buffer: torch.Tensor,
+        offset: int,
+        wait_for: Callable[[], None] | None,
+    ) -> list[Future]:
+        if self._closed:
+            raise RuntimeError("NvmeIO is closed")
+        if buffer.dtype != torch.uint8 or buffer.device.type != "cpu" or not buffer.is_contiguous():
+            raise TypeError("NVMe buffers must be contiguous CPU uint8 tensors")
+        nbytes = buffer.numel()
+        if self.direct and (offset % ALIGN_BYTES or nbytes % ALIGN_BYTES or buffer.data_ptr() % ALIGN_BYTES):
+            raise ValueError(
+                f"O_DIRECT needs {ALIGN_BYTES}-aligned offset, length and address; got offset "
+                f"{offset}, length {nbytes}, address {buffer.data_ptr():#x}"
+            )
+        view = buffer.numpy()  # shares memory; os.pwrite/preadv use the buffer without a copy
+        job = self._write_chunk if op == "write" else self._read_chunk
+        futures = []
+        for start in range(0, nbytes, self.chunk_bytes):
+            chunk = memoryview(view[start : start + self.chunk_bytes])
+            futures.append(self._pool.submit(job, key, fd, chunk, offset + start, wait_for))
+        self._pending.setdefault(key, []).extend(futures)
+        return futures
+
+    def _write_chunk(self, key: Key, fd: int, chunk: memoryview, offset: int, wait_for) -> None:
+        path = self.path_for(key)
+        try:
+            if wait_for is not None:
+                wait_for()
+            self._call_hook(IoEvent(op="write", boundary=key[0], micro_batch=key[1], path=path,
+                                    offset=offset, nbytes=len(chunk)))
+            done = os.pwrite(fd, chunk, offset)
+        except OSError as exc:
+            raise self._error(key, f"write to {path}", exc.strerror or str(exc), exc.errno) from exc
+        if done != len(chunk):
+            raise self._error(key, f"write to {path}", f"short write: {done} of {len(chunk)} bytes at offset {offset}")
+
+    def _read_chunk(self, key: Key, fd: int, chunk: memoryview, offset: int, wait_for) -> None:
+        path = self.path_for(key)
+        try:
+            self._call_hook(IoEvent(op="read", boundary=key[0], micro_batch=key[1], path=path,
+                                    offset=offset, nbytes=len(chunk)))
+            done = os.preadv(fd, [chunk], offset)
+        except OSError as exc:
+            raise self._error(key, f"read from {path}", exc.strerror or str(exc), exc.errno) from exc
+        if done != len(chunk):
+            # A regular file returns fewer bytes than asked only at end of file: it was truncated.
+            raise self._error(key, f"read from {path}", f"short read: {done} of {len(chunk)} bytes at offset {offset}")
+
+    def _call_hook(self, event: IoEvent) -> None:
+        if self._hook is not None:
+            self._hook(event)
+
+    def _error(self, key: Key, what: str, reason: str, errno_code: int | None = None) -> CheckpointIOError:
+        boundary, micro_batch = key
+        return CheckpointIOError(
+            f"{boundary_label(boundary, micro_batch)}: NVMe {what} failed: {reason}",
+            boundary=boundary,
+            micro_batch=micro_batch,
+            path=self.path_for(key),
+            errno_code=errno_code,
+        )
