@@ -1,0 +1,762 @@
+"""The placement MILP: one formulation of docs/execution_model.md, solved by SCIP or HiGHS.
+
+Knows the execution model's equations (the same ones `planner/evaluate.py` implements) and
+nothing of torch; talks to solvers only through `solvers.LinearModel` / `solvers.solve`.
+
+Index legend
+    j      block 0..L-1 (maps boundary j to boundary j+1)
+    i, k   boundary 0..L (A[L] always hbm; boundary 0 "recompute" = re-embedded in backward)
+    o, w   window ord 0..2L: f_j -> j, turn -> L, b_j -> 2L - j (names f{j}, turn, b{j})
+    s, e   segment ends: consecutive segment starts, 0 <= s < e <= L, e - s <= K
+    use(e) = 2L - e + 1, the ord of b_{e-1}, where segment (s, e)'s start is first needed
+
+Parameters (units inside the model: ms and GB; converted once in `scale_inputs`)
+    F[j], Fg[j], B[j]      forward, forward with autograd, backward, ms
+    P[j], G[j], I[j], A[i] weights, gradients, internals, boundary bytes, GB
+    bw_h2d, bw_d2h, bw_x, bw_nr, bw_nw   bandwidths, GB/ms (bw_x: H2D + D2H duplex cap)
+    embed, head            embedding (also re-embed) and head compute, ms
+    M_hbm = hbm - fixed_hbm; M_dram = dram - staging - host states (all 16/12 B/param);
+    M_nvme, GB;  Q[j] = params[j] * (bpp - bpp_q8) / 1e9 (8-bit saving), GB
+    H_d, H_p, H_n          drain / prefetch / NVMe-lead horizons (windows), `plan.legal_ords`
+
+Variables (MilpVars; code name = DESIGN symbol)
+    seg[s,e]  in {0,1}  x: s and e consecutive segment starts
+    mat[i]    in {0,1}  z: boundary i materialized, 0 < i < L
+    hbm[i], dram[i], nvme[i] in {0,1}  tier of boundary i < L (none: recompute)
+    emb[e]    in [0,1]  boundary 0 is re-embedded for first segment (0, e) (integral given seg)
+    keep[j]   in {0,1}  y: block j keeps its internals and weights until b_j (if allow_keep)
+    q8[j]     in {0,1}  block j's Adam moments are 8-bit (if allow_q8)
+    d2h[i,o], h2d[i,o], nvw[i,o], nvr[i,o] in [0,1]  fraction of A[i] moved in window o; only
+              for ords legal for some allowed segment end e (nvw/nvr only with an NVMe budget)
+    t[o] >= 0                    window time, ms
+    slack_hbm[o], slack_host["dram"|"nvme"] >= 0   capacity shortfall, GB
+
+Window loads (linear; seg-terms sum over segments (s, j+1) ending at b_j):
+    comp[f_j] = F[j] + (Fg[j] - F[j]) keep[j];  comp[turn] = head
+    comp[b_j] = B[j] + Fg[j] (1 - keep[j]) + sum_s seg[s,j+1] sum_{k=s}^{j-1} F[k]
+                + embed * emb[j+1]
+    H2D[f_j] = P[j+1];  H2D[turn] = P[L-1] (1 - keep[L-1])
+    H2D[b_j] = P[j-1] (1 - keep[j-1]) + sum_s seg[s,j+1] sum_{k=s}^{j-1} P[k] + sum_i A[i] h2d[i,b_j]
+    D2H[o] = G[j+1] (o = b_j, j+1 < L) + sum_i A[i] d2h[i,o];  NR[o], NW[o] = sum_i A[i] nvr/nvw
+
+Objective (ms): min  ga * (pre + sum_o t[o] + post) + const      = step_ms of the evaluator
+                   + SLACK_PENALTY * (sum slack)  + sum_j q8_penalty[j] q8[j]  + tie-breakers
+
+Constraint families (function that adds them)
+    1. path           sum_e seg[0,e] = 1; sum_s seg[s,i] = mat[i] = sum_e seg[i,e];
+                      sum_s seg[s,L] = 1                                    add_path
+    2. tiers          hbm[i]+dram[i]+nvme[i] = mat[i] (0<i<L);
+                      hbm[0]+dram[0]+nvme[0] + sum_e emb[e] = 1; emb[e] <= seg[0,e]   add_tiers
+    3. keep           keep[j] <= mat[j+1]                                   add_keep
+    4. totals         sum_o d2h = sum_o h2d = dram+nvme; sum_o nvw = sum_o nvr = nvme
+                                                                            add_transfer_totals
+    5. legality       x[i,o] <= sum_{e: o legal for (i,e)} seg[i,e]         add_transfer_legality
+    6. precedence     cum nvw <= cum d2h; cum nvr <= cum nvw; cum h2d <= cum d2h;
+                      cum h2d <= cum nvr + dram[i]                          add_precedence
+    7. window time    GPU: t >= comp, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/bw_x, NR/bw_nr, NW/bw_nw
+                      CPU: t >= comp + H2D/bw_h2d + D2H/bw_d2h + NR/bw_nr + NW/bw_nw
+                                                                            add_window_time
+    8. HBM            held[o] + keep terms - slack_hbm[o] <= M_hbm  for all o  add_hbm_capacity
+    9. DRAM           sum A[i] dram[i] - sum Q[j] q8[j] - slack <= M_dram  add_dram_capacity
+   10. NVMe           sum A[i] nvme[i] - slack <= M_nvme                    add_nvme_capacity
+
+held[o] is the contract's holding intervals in fractional form: hbm i for i <= o <= 2L-i
+(A[L] at turn); offloaded i: A[i] sum_{o' >= o} d2h[i,o'] (not yet drained, o >= i) plus
+A[i] sum_{o' <= o} h2d[i,o'] (already prefetched, o <= 2L-i); the recompute cache at b_j:
+sum_{s <= j < e} seg[s,e] sum_{k=s+1}^{j} A[k] + A[0] sum_{e > j} emb[e]; keep j:
+(I[j] + P[j]) keep[j] for j <= o <= 2L-j. No big-M anywhere.
+
+Source: DESIGN.md section 3; docs/execution_model.md; ../shared/PLANNER_NOTES.md section 6.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from lazytrain.planner.plan import (
+    Bounds, Plan, SolveRecord, Transfer, legal_ords, window_name, window_ord,
+)
+from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.solvers import INF, LinearModel, SolveResult, solve
+
+GB = 1e9
+"""Bytes per GB (DESIGN: GB means 1e9 bytes)."""
+BINARY_TOL = 1e-4
+"""A binary's solver value must be within this of 0 or 1; extraction rounds at 0.5."""
+FRACTION_EPS = 1e-7
+"""Transfer fractions below this are dropped at extraction (then each kind is renormalized)."""
+SLACK_TOL_GB = 1e-6
+"""A capacity slack above this (1 kB) means the budget cannot be met: PlanInfeasibleError."""
+SLACK_PENALTY_STEPS = 10.0
+"""Slack penalty: a shortfall the size of the smallest boundary costs this many step-computes
+(sum of all compute), far more than any plan can save with it; ms per GB is derived in
+`scale_inputs`."""
+TIE_REL = 1e-8
+"""Tie-breaker unit as a fraction of the step's compute (sum of F, Fg, B, head): well below any
+solver gap (>= 1e-6) and below the test tolerance; the sum over all tie terms stays < 1e-6 of
+the step. Tie-breakers: dram costs 1 unit, nvme 2, both times (1 + i/L) (late boundaries stay in
+HBM, early ones go furthest); d2h/nvw prefer early windows and h2d/nvr late ones."""
+KINDS = {"d2h": "d2h", "h2d": "h2d", "nvw": "nvme_write", "nvr": "nvme_read"}
+"""MilpVars transfer family -> Plan transfer kind."""
+
+
+class PlanInfeasibleError(ValueError):
+    """A capacity budget cannot be met by any plan the model allows.
+
+    Fields: `budget` ("HBM" | "DRAM" | "NVMe"), `window` (window name, None for DRAM/NVMe which
+    hold for the whole step), `shortfall_bytes`.
+    """
+
+    def __init__(self, *, budget: str, window: str | None, shortfall_bytes: float) -> None:
+        self.budget, self.window, self.shortfall_bytes = budget, window, shortfall_bytes
+        where = f"at window {window}" if window else "for the whole step"
+        super().__init__(f"{budget} short by {shortfall_bytes / GB:.2f} GB {where}: no plan fits "
+                         f"the {budget} budget; raise it or shrink micro_batch / seq_len")
+
+
+def row_name(family: str, *idx) -> str:
+    """`family[idx,...]`, the one naming scheme for rows and variables (e.g. hbm_cap[b17])."""
+    return f"{family}[{','.join(str(x) for x in idx)}]"
+
+
+# ---------------------------------------------------------------------------------------------
+# Scaled inputs
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Scaled:
+    """The problem in model units: ms, GB and GB/ms (see the module docstring's legend)."""
+
+    L: int
+    F: tuple[float, ...]
+    Fg: tuple[float, ...]
+    B: tuple[float, ...]
+    P: tuple[float, ...]
+    G: tuple[float, ...]
+    I: tuple[float, ...]  # noqa: E741
+    A: tuple[float, ...]
+    bw_h2d: float
+    bw_d2h: float
+    bw_x: float
+    bw_nr: float
+    bw_nw: float
+    embed: float
+    head: float
+    overlap: bool
+    grad_accum: int
+    step_const_ms: float
+    """ga * (pre + post) + const_ms, ms."""
+    hbm_cap: float
+    dram_cap: float
+    nvme_cap: float
+    q8_saving: tuple[float, ...]
+    q8_penalty: tuple[float, ...]
+    horizons: dict
+    k_max: int
+    allow_keep: bool
+    allow_q8: bool
+    has_nvme: bool
+    tie_ms: float
+    slack_penalty: float
+    """ms per GB of capacity shortfall."""
+
+
+def scale_inputs(problem: PlanningProblem) -> Scaled:
+    """Convert bytes to GB and bytes/s to GB/ms (the only unit conversion of the model)."""
+    p, L = problem, problem.num_blocks
+    gb = lambda xs: tuple(x / GB for x in xs)  # noqa: E731
+    per_ms = lambda bps: bps / GB / 1e3  # noqa: E731
+    pre = p.embed_ms + p.weight_bytes[0] / p.h2d_bytes_per_s * 1e3
+    post = (p.grad_bytes[0] + p.ends_grad_bytes) / p.d2h_bytes_per_s * 1e3
+    states = p.host_bytes_per_param * (sum(p.params_per_block) + p.ends_params)
+    compute = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
+    ref_ms = max(compute, 1e-3)
+    a_min = min((a for a in p.boundary_bytes if a > 0), default=GB) / GB
+    return Scaled(
+        L=L, F=tuple(p.fwd_ms), Fg=tuple(p.fwd_grad_ms), B=tuple(p.bwd_ms),
+        P=gb(p.weight_bytes), G=gb(p.grad_bytes), I=gb(p.internal_bytes), A=gb(p.boundary_bytes),
+        bw_h2d=per_ms(p.h2d_bytes_per_s), bw_d2h=per_ms(p.d2h_bytes_per_s),
+        bw_x=per_ms(p.duplex_bytes_per_s), bw_nr=per_ms(p.nvme_read_bytes_per_s),
+        bw_nw=per_ms(p.nvme_write_bytes_per_s), embed=p.embed_ms, head=p.head_ms,
+        overlap=p.copies_overlap_compute, grad_accum=p.grad_accum,
+        step_const_ms=p.grad_accum * (pre + post) + p.const_ms,
+        hbm_cap=(p.hbm_bytes - p.fixed_hbm_bytes) / GB,
+        dram_cap=(p.dram_bytes - p.nvme_staging_bytes - states) / GB,
+        nvme_cap=p.nvme_bytes / GB,
+        q8_saving=tuple(n * (p.host_bytes_per_param - p.host_bytes_per_param_q8) / GB
+                        for n in p.params_per_block),
+        q8_penalty=tuple(n / 1e9 * p.q8_penalty_ms_per_gparam for n in p.params_per_block),
+        horizons={"drain_windows": p.drain_windows, "prefetch_windows": p.prefetch_windows,
+                  "nvme_lead_windows": p.nvme_lead_windows},
+        k_max=p.k_max, allow_keep=p.allow_keep, allow_q8=p.allow_q8, has_nvme=p.nvme_bytes > 0,
+        tie_ms=TIE_REL * ref_ms, slack_penalty=SLACK_PENALTY_STEPS * ref_ms / a_min)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variables
+
+
+@dataclass(kw_only=True, slots=True)
+class MilpVars:
+    """Column indices of every variable family (see the module docstring)."""
+
+    seg: dict[tuple[int, int], int] = field(default_factory=dict)
+    mat: dict[int, int] = field(default_factory=dict)
+    hbm: dict[int, int] = field(default_factory=dict)
+    dram: dict[int, int] = field(default_factory=dict)
+    nvme: dict[int, int] = field(default_factory=dict)
+    emb: dict[int, int] = field(default_factory=dict)
+    keep: dict[int, int] = field(default_factory=dict)
+    q8: dict[int, int] = field(default_factory=dict)
+    d2h: dict[tuple[int, int], int] = field(default_factory=dict)
+    h2d: dict[tuple[int, int], int] = field(default_factory=dict)
+    nvw: dict[tuple[int, int], int] = field(default_factory=dict)
+    nvr: dict[tuple[int, int], int] = field(default_factory=dict)
+    t: dict[int, int] = field(default_factory=dict)
+    slack_hbm: dict[int, int] = field(default_factory=dict)
+    slack_host: dict[str, int] = field(default_factory=dict)
+    legal_ends: dict[tuple[str, int, int], tuple[int, ...]] = field(default_factory=dict)
+    """(family, i, o) -> segment ends e for which window o is legal (not a variable)."""
+
+    def transfer(self, family: str) -> dict[tuple[int, int], int]:
+        return getattr(self, family)
+
+    def ords(self, family: str, i: int) -> list[int]:
+        """Sorted window ords of boundary i's variables in a transfer family."""
+        return sorted(o for (b, o) in self.transfer(family) if b == i)
+
+
+def add_variables(m: LinearModel, p: Scaled, *, relax: bool = False) -> MilpVars:
+    """Create every variable family (only legal transfer windows) with its objective terms."""
+    L, v, binary = p.L, MilpVars(), not relax
+    for s in range(L):
+        for e in range(s + 1, min(L, s + p.k_max) + 1):
+            v.seg[s, e] = m.add_var(row_name("seg", s, e), ub=1, integer=binary)
+    for i in range(1, L):
+        v.mat[i] = m.add_var(row_name("mat", i), ub=1, integer=binary)
+    tiers = [("hbm", v.hbm, 0.0), ("dram", v.dram, 1.0)] + ([("nvme", v.nvme, 2.0)]
+                                                            if p.has_nvme else [])
+    for i in range(L):
+        for name, fam, tie in tiers:
+            fam[i] = m.add_var(row_name(name, i), ub=1, integer=binary,
+                               obj=p.tie_ms * tie * (1 + i / L))
+    for (s, e) in v.seg:
+        if s == 0:
+            v.emb[e] = m.add_var(row_name("emb", e), ub=1)
+    for j in range(L) if p.allow_keep else ():
+        v.keep[j] = m.add_var(row_name("keep", j), ub=1, integer=binary)
+    for j in range(L) if p.allow_q8 else ():
+        v.q8[j] = m.add_var(row_name("q8", j), ub=1, integer=binary, obj=p.q8_penalty[j])
+    families = ("d2h", "h2d", "nvw", "nvr") if p.has_nvme else ("d2h", "h2d")
+    for fam in families:
+        late = fam in ("h2d", "nvr")
+        for i in range(L):
+            ends: dict[int, list[int]] = {}
+            for e in range(i + 1, min(L, i + p.k_max) + 1):
+                for o in legal_ords(KINDS[fam], i, e, L, **p.horizons):
+                    ends.setdefault(o, []).append(e)
+            for o in sorted(ends):
+                pos = (2 * L - o) if late else (o - i)
+                v.transfer(fam)[i, o] = m.add_var(row_name(fam, i, window_name(o, L)), ub=1,
+                                                  obj=p.tie_ms * pos / (2 * L))
+                v.legal_ends[fam, i, o] = tuple(ends[o])
+    for o in range(2 * L + 1):
+        v.t[o] = m.add_var(row_name("t", window_name(o, L)), obj=p.grad_accum)
+        v.slack_hbm[o] = m.add_var(row_name("slack_hbm", window_name(o, L)),
+                                   obj=p.slack_penalty)
+    for budget in ("dram", "nvme"):
+        v.slack_host[budget] = m.add_var(row_name("slack", budget), obj=p.slack_penalty)
+    m.obj_offset = p.step_const_ms
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# Constraint families
+
+
+def add_path(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """sum_e seg[0,e] = 1;  sum_s seg[s,i] = mat[i] = sum_e seg[i,e] (0<i<L);  sum_s seg[s,L] = 1.
+
+    The chosen segments form one path 0 -> L through the materialized boundaries (its LP is a
+    shortest path, integral on its own). Dimensionless. Source: DESIGN.md section 3 (x[s,e]).
+    """
+    L = p.L
+    m.add_row(row_name("path_out", 0), {v.seg[s, e]: 1 for (s, e) in v.seg if s == 0}, lb=1, ub=1)
+    for i in range(1, L):
+        into = {v.seg[s, e]: 1.0 for (s, e) in v.seg if e == i}
+        out = {v.seg[s, e]: 1.0 for (s, e) in v.seg if s == i}
+        m.add_row(row_name("path_in", i), {**into, v.mat[i]: -1.0}, lb=0, ub=0)
+        m.add_row(row_name("path_out", i), {**out, v.mat[i]: -1.0}, lb=0, ub=0)
+    m.add_row(row_name("path_in", L), {v.seg[s, e]: 1 for (s, e) in v.seg if e == L}, lb=1, ub=1)
+
+
+def add_tiers(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """hbm[i] + dram[i] + nvme[i] = mat[i];  boundary 0: tiers + sum_e emb[e] = 1, emb <= seg[0,e].
+
+    Every materialized boundary lives in exactly one tier; boundary 0 (always a segment start)
+    is stored or re-embedded for its first segment. Dimensionless. Source: DESIGN.md section 3.
+    """
+    for i in v.hbm:
+        coeffs = {fam[i]: 1.0 for fam in (v.hbm, v.dram, v.nvme) if i in fam}
+        if i == 0:
+            m.add_row(row_name("tier", 0), {**coeffs, **{x: 1.0 for x in v.emb.values()}},
+                      lb=1, ub=1)
+        else:
+            m.add_row(row_name("tier", i), {**coeffs, v.mat[i]: -1.0}, lb=0, ub=0)
+    for e, x in v.emb.items():
+        m.add_row(row_name("emb_seg", e), {x: 1.0, v.seg[0, e]: -1.0}, ub=0)
+
+
+def add_keep(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """keep[j] <= mat[j+1]  for j + 1 < L.
+
+    A kept block ends its segment, so it is never recomputed (docs/execution_model.md,
+    "Decisions in a Plan"). Dimensionless.
+    """
+    for j, x in v.keep.items():
+        if j + 1 < p.L:
+            m.add_row(row_name("keep_end", j), {x: 1.0, v.mat[j + 1]: -1.0}, ub=0)
+
+
+def add_transfer_totals(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """sum_o d2h[i,o] = sum_o h2d[i,o] = dram[i] + nvme[i];  sum_o nvw = sum_o nvr = nvme[i].
+
+    An offloaded checkpoint leaves HBM and comes back completely; an NVMe one is also written
+    and read back completely. Fractions of A[i]. Source: docs/execution_model.md, "Transfers".
+    """
+    for fam in ("d2h", "h2d", "nvw", "nvr"):
+        for i in range(p.L):
+            coeffs = {v.transfer(fam)[i, o]: 1.0 for o in v.ords(fam, i)}
+            tiers = (v.dram, v.nvme) if fam in ("d2h", "h2d") else (v.nvme,)
+            for tier in tiers:
+                if i in tier:
+                    coeffs[tier[i]] = -1.0
+            if len(coeffs) > 0 and (fam in ("d2h", "h2d") or i in v.nvme):
+                m.add_row(row_name(f"{fam}_total", i), coeffs, lb=0, ub=0)
+
+
+def add_transfer_legality(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """x[i,o] <= sum_{e : o in legal_ords(kind, i, e)} seg[i,e]  for x in d2h, h2d, nvw, nvr.
+
+    A transfer may run in window o only if the segment that boundary i starts ends where o is
+    legal (reads/prefetches depend on the use window b_{e-1}). Rows are added only where some
+    allowed end forbids o (elsewhere the totals bound x). Fractions. Source: plan.legal_ords.
+    """
+    all_ends = {i: [e for (s, e) in v.seg if s == i] for i in range(p.L)}
+    for (fam, i, o), ends in v.legal_ends.items():
+        if len(ends) < len(all_ends[i]):
+            coeffs = {v.transfer(fam)[i, o]: 1.0, **{v.seg[i, e]: -1.0 for e in ends}}
+            m.add_row(row_name(f"{fam}_legal", i, window_name(o, p.L)), coeffs, ub=0)
+
+
+def add_precedence(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """cum_o nvw <= cum_o d2h;  cum nvr <= cum nvw;  cum h2d <= cum d2h;  cum h2d <= cum nvr + dram.
+
+    cum_o x = sum_{o' <= o} x[i,o'] (same window allowed: transfers are chunked). The dram[i]
+    term switches the NVMe-read rule off for DRAM checkpoints. Rows only at ords of the later
+    kind before the earlier kind's last ord (later rows follow from the totals). Fractions.
+    Source: docs/execution_model.md, "Transfers and their legal windows" (precedence column).
+    """
+    rules = [("nvw", "d2h", False), ("nvr", "nvw", False), ("h2d", "d2h", False),
+             ("h2d", "nvr", True)]
+    for later, earlier, plus_dram in rules:
+        for i in range(p.L):
+            lo_ords, hi_ords = v.ords(later, i), v.ords(earlier, i)
+            if not lo_ords or (plus_dram and i not in v.nvme):
+                continue
+            last = hi_ords[-1] if hi_ords else -1
+            for o in lo_ords:
+                if o >= last:
+                    break
+                coeffs = {v.transfer(later)[i, q]: 1.0 for q in lo_ords if q <= o}
+                for q in hi_ords:
+                    if q <= o:
+                        coeffs[v.transfer(earlier)[i, q]] = -1.0
+                if plus_dram:
+                    coeffs[v.dram[i]] = -1.0
+                m.add_row(row_name(f"{later}_after_{earlier}", i, window_name(o, p.L)), coeffs,
+                          ub=0)
+
+
+def add_window_time(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """t[o] >= max(comp, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/bw_x, NR/bw_nr, NW/bw_nw)  (GPU);
+    t[o] >= comp + H2D/bw_h2d + D2H/bw_d2h + NR/bw_nr + NW/bw_nw  (CPU)  for all o.
+
+    The window epigraph: a window lasts as long as its slowest channel when copies overlap
+    compute, and the sum of all when they contend for the cores. ms (loads in GB / GB per ms).
+    Source: docs/execution_model.md, "Window time"; DESIGN.md section 3.
+    """
+    for o in range(2 * p.L + 1):
+        comp, h2d, d2h, nr, nw = window_loads(v, p, o)
+        if p.overlap:
+            terms = [(comp, 1.0), (h2d, 1 / p.bw_h2d), (d2h, 1 / p.bw_d2h),
+                     (_lin_sum(h2d, d2h), 1 / p.bw_x), (nr, 1 / p.bw_nr), (nw, 1 / p.bw_nw)]
+            names = ("comp", "h2d", "d2h", "duplex", "nvr", "nvw")
+        else:
+            terms = [(_lin_sum(comp, _lin_scale(h2d, 1 / p.bw_h2d), _lin_scale(d2h, 1 / p.bw_d2h),
+                               _lin_scale(nr, 1 / p.bw_nr), _lin_scale(nw, 1 / p.bw_nw)), 1.0)]
+            names = ("sum",)
+        for name, (lin, k) in zip(names, terms):
+            coeffs, const = lin
+            if not coeffs and const == 0.0:
+                continue
+            row = {v.t[o]: 1.0, **{x: -c * k for x, c in coeffs.items()}}
+            m.add_row(row_name(f"time_{name}", window_name(o, p.L)), row, lb=const * k)
+
+
+def add_hbm_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """held[o] + sum_{j <= o <= 2L-j} (I[j] + P[j]) keep[j] - slack_hbm[o] <= M_hbm  for all o.
+
+    Checkpoint-store bytes (the contract's holding intervals in fractional drain/prefetch form,
+    see the module docstring) plus kept internals and resident weights must fit beside the fixed
+    working set in every window. GB. Source: docs/execution_model.md, "HBM capacity".
+    """
+    for o in range(2 * p.L + 1):
+        coeffs, const = hbm_held(v, p, o)
+        coeffs[v.slack_hbm[o]] = -1.0
+        m.add_row(row_name("hbm_cap", window_name(o, p.L)), coeffs, ub=p.hbm_cap - const)
+
+
+def add_dram_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """sum_i A[i] dram[i] - sum_j Q[j] q8[j] - slack_host[dram] <= M_dram.
+
+    DRAM checkpoints fit beside the host optimizer states (8-bit moments free Q[j]) and the NVMe
+    staging pool. GB. Source: docs/execution_model.md, "DRAM and NVMe capacity".
+    """
+    coeffs = {x: p.A[i] for i, x in v.dram.items()}
+    coeffs.update({x: -p.q8_saving[j] for j, x in v.q8.items()})
+    coeffs[v.slack_host["dram"]] = -1.0
+    m.add_row(row_name("dram_cap", "step"), coeffs, ub=p.dram_cap)
+
+
+def add_nvme_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """sum_i A[i] nvme[i] - slack_host[nvme] <= M_nvme.
+
+    NVMe checkpoints fit the scratch budget. GB. Source: docs/execution_model.md.
+    """
+    coeffs = {x: p.A[i] for i, x in v.nvme.items()}
+    coeffs[v.slack_host["nvme"]] = -1.0
+    m.add_row(row_name("nvme_cap", "step"), coeffs, ub=p.nvme_cap)
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear expressions of one window: ({column: coef}, constant)
+
+Lin = tuple[dict[int, float], float]
+
+
+def _lin_sum(*lins: Lin) -> Lin:
+    coeffs: dict[int, float] = {}
+    for c, _ in lins:
+        for x, a in c.items():
+            coeffs[x] = coeffs.get(x, 0.0) + a
+    return coeffs, sum(k for _, k in lins)
+
+
+def _lin_scale(lin: Lin, k: float) -> Lin:
+    return {x: a * k for x, a in lin[0].items()}, lin[1] * k
+
+
+def window_loads(v: MilpVars, p: Scaled, o: int) -> tuple[Lin, Lin, Lin, Lin, Lin]:
+    """(compute ms, H2D GB, D2H GB, NVMe read GB, NVMe write GB) of window o (module docstring)."""
+    L = p.L
+    comp: dict[int, float] = {}
+    h2d: dict[int, float] = {}
+    d2h: dict[int, float] = {}
+    if o < L:
+        j = o
+        c0, h0, d0 = p.F[j], (p.P[j + 1] if j + 1 < L else 0.0), 0.0
+        if j in v.keep:
+            comp[v.keep[j]] = p.Fg[j] - p.F[j]
+    elif o == L:
+        c0, h0, d0 = p.head, p.P[L - 1], 0.0
+        if L - 1 in v.keep:
+            h2d[v.keep[L - 1]] = -p.P[L - 1]
+    else:
+        j = 2 * L - o
+        c0, h0 = p.B[j] + p.Fg[j], (p.P[j - 1] if j >= 1 else 0.0)
+        d0 = p.G[j + 1] if j + 1 < L else 0.0
+        if j in v.keep:
+            comp[v.keep[j]] = -p.Fg[j]
+        if j >= 1 and j - 1 in v.keep:
+            h2d[v.keep[j - 1]] = -p.P[j - 1]
+        for (s, e), x in v.seg.items():
+            if e == j + 1 and e - s >= 2:
+                comp[x] = sum(p.F[s:j])
+                h2d[x] = sum(p.P[s:j])
+        if j + 1 in v.emb and p.embed:
+            comp[v.emb[j + 1]] = p.embed
+    for (i, q), x in v.h2d.items():
+        if q == o:
+            h2d[x] = h2d.get(x, 0.0) + p.A[i]
+    for (i, q), x in v.d2h.items():
+        if q == o:
+            d2h[x] = p.A[i]
+    nr = {x: p.A[i] for (i, q), x in v.nvr.items() if q == o}
+    nw = {x: p.A[i] for (i, q), x in v.nvw.items() if q == o}
+    return (comp, c0), (h2d, h0), (d2h, d0), (nr, 0.0), (nw, 0.0)
+
+
+def hbm_held(v: MilpVars, p: Scaled, o: int) -> Lin:
+    """Checkpoint-store bytes plus keep terms held in window o, GB (module docstring, held[o])."""
+    L, A = p.L, p.A
+    coeffs: dict[int, float] = {}
+    const = A[L] if o == L else 0.0
+
+    def add(x: int, a: float) -> None:
+        if a:
+            coeffs[x] = coeffs.get(x, 0.0) + a
+
+    for i, x in v.hbm.items():
+        if i <= o <= 2 * L - i:
+            add(x, A[i])
+    for (i, q), x in v.d2h.items():
+        if i <= o <= q:
+            add(x, A[i])
+    for (i, q), x in v.h2d.items():
+        if q <= o <= 2 * L - i:
+            add(x, A[i])
+    if o > L:
+        j = 2 * L - o
+        for (s, e), x in v.seg.items():
+            if s < j < e:
+                add(x, sum(A[s + 1:j + 1]))
+        for e, x in v.emb.items():
+            if e > j:
+                add(x, A[0])
+    for j, x in v.keep.items():
+        if j <= o <= 2 * L - j:
+            add(x, p.I[j] + p.P[j])
+    return coeffs, const
+
+
+# ---------------------------------------------------------------------------------------------
+# Model assembly
+
+
+@dataclass(kw_only=True, slots=True)
+class Milp:
+    """A built model: the problem, its scaled inputs, the recorded model and the variables."""
+
+    problem: PlanningProblem
+    p: Scaled
+    model: LinearModel
+    v: MilpVars
+
+    def step_ms(self, x: list[float]) -> float:
+        """The evaluator's step time of an assignment: ga * sum_o t[o] + ga*(pre+post) + const."""
+        return self.p.step_const_ms + self.p.grad_accum * math.fsum(x[c] for c in self.v.t.values())
+
+    def binaries(self) -> list[int]:
+        return [c for c in range(self.model.num_vars) if self.model.var_integer[c]]
+
+
+def build_milp(problem: PlanningProblem, *, relax: bool = False,
+               tie_breakers: bool = True, q8_penalty: bool = True) -> Milp:
+    """Build the placement model (families in the module docstring's order).
+
+    Args:
+        problem: the planning problem.
+        relax: create binaries as continuous [0, 1] (the LP relaxation).
+        tie_breakers: add the TIE_REL position-dependent costs (off for bounds and brute force).
+        q8_penalty: charge 8-bit states in the objective (off for the step-time LP bound).
+    """
+    p = scale_inputs(problem)
+    if not tie_breakers:
+        p = _replace(p, tie_ms=0.0)
+    if not q8_penalty:
+        p = _replace(p, q8_penalty=tuple(0.0 for _ in p.q8_penalty))
+    m = LinearModel()
+    v = add_variables(m, p, relax=relax)
+    add_path(m, v=v, p=p)
+    add_tiers(m, v=v, p=p)
+    add_keep(m, v=v, p=p)
+    add_transfer_totals(m, v=v, p=p)
+    add_transfer_legality(m, v=v, p=p)
+    add_precedence(m, v=v, p=p)
+    add_window_time(m, v=v, p=p)
+    add_hbm_capacity(m, v=v, p=p)
+    add_dram_capacity(m, v=v, p=p)
+    add_nvme_capacity(m, v=v, p=p)
+    return Milp(problem=problem, p=p, model=m, v=v)
+
+
+def _replace(p: Scaled, **changes) -> Scaled:
+    import dataclasses
+    return dataclasses.replace(p, **changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Warm start, extraction, solve
+
+
+def start_from_plan(milp: Milp, plan: Plan) -> list[float] | None:
+    """A full assignment (incl. transfer fractions, t[o] and slacks) reproducing `plan`.
+
+    Binaries and fractions come from the plan; t[o] and the slacks take the least value their
+    rows allow (their minimal epigraph values). Returns None when the plan cannot be expressed
+    in this model (a segment longer than k_max, a transfer outside the modelled windows, keep
+    or q8 not offered) or the assignment breaks a row by more than 1e-6.
+    """
+    v, L = milp.v, milp.p.L
+    x = [0.0] * milp.model.num_vars
+    try:
+        for s, e in plan.segments():
+            x[v.seg[s, e]] = 1.0
+            if s > 0:
+                x[v.mat[s]] = 1.0
+        for i, tier in enumerate(plan.tiers[:L]):
+            if tier == "recompute":
+                if i == 0:
+                    x[v.emb[plan.segment_end_of(0)]] = 1.0
+            else:
+                x[getattr(v, tier)[i]] = 1.0
+        for j in plan.keep_internals:
+            x[v.keep[j]] = 1.0
+        for j in plan.q8_blocks:
+            x[v.q8[j]] = 1.0
+        family = {kind: fam for fam, kind in KINDS.items()}
+        for tr in plan.transfers:
+            x[v.transfer(family[tr.kind])[tr.boundary, window_ord(tr.window, L)]] += tr.fraction
+    except KeyError:
+        return None
+    _complete_epigraph(milp, x)
+    worst, _ = milp.model.max_violation(x)
+    return x if worst <= 1e-6 else None
+
+
+def _complete_epigraph(milp: Milp, x: list[float]) -> None:
+    """Set every t[o] and slack to the least value its rows allow, given all other columns."""
+    m = milp.model
+    epi = set(milp.v.t.values()) | set(milp.v.slack_hbm.values()) | set(
+        milp.v.slack_host.values())
+    for c in epi:
+        x[c] = m.var_lb[c]
+    for r in range(m.num_rows):
+        row = m.row_coeffs[r]
+        cols = [c for c in row if c in epi]
+        if len(cols) != 1:
+            continue
+        c = cols[0]
+        a = row[c]
+        rest = math.fsum(k * x[q] for q, k in row.items() if q != c)
+        bound = (m.row_lb[r] - rest) / a if a > 0 else (m.row_ub[r] - rest) / a
+        if math.isfinite(bound):
+            x[c] = max(x[c], bound)
+
+
+def _on(val: float, name: str) -> bool:
+    """Round a binary's solver value (BINARY_TOL) to a bool."""
+    if min(abs(val), abs(val - 1.0)) > BINARY_TOL:
+        raise RuntimeError(f"solver value {val!r} of binary {name} is not within {BINARY_TOL} of "
+                           f"0 or 1")
+    return val > 0.5
+
+
+def check_slacks(milp: Milp, x: list[float]) -> None:
+    """Raise PlanInfeasibleError for the largest nonzero capacity slack (if any).
+
+    Raises:
+        PlanInfeasibleError: naming the budget (HBM/DRAM/NVMe), the window and the GB short.
+    """
+    short = [(x[c], "HBM", window_name(o, milp.p.L)) for o, c in milp.v.slack_hbm.items()]
+    short += [(x[milp.v.slack_host["dram"]], "DRAM", None),
+              (x[milp.v.slack_host["nvme"]], "NVMe", None)]
+    gb, budget, window = max(short, key=lambda s: s[0])
+    if gb > SLACK_TOL_GB:
+        raise PlanInfeasibleError(budget=budget, window=window, shortfall_bytes=gb * GB)
+
+
+def extract_decisions(milp: Milp, x: list[float]):
+    """Round binaries (BINARY_TOL), keep fractions >= FRACTION_EPS, renormalize -> Decisions."""
+    from lazytrain.planner.evaluate import Decisions
+
+    v, L = milp.v, milp.p.L
+    tiers = []
+    for i in range(L):
+        on = [name for name in ("hbm", "dram", "nvme")
+              if i in getattr(v, name) and _on(x[getattr(v, name)[i]], row_name(name, i))]
+        tiers.append(on[0] if on else "recompute")
+    tiers.append("hbm")
+    keep = tuple(j for j, c in v.keep.items() if _on(x[c], row_name("keep", j)))
+    q8 = tuple(j for j, c in v.q8.items() if _on(x[c], row_name("q8", j)))
+    starts = [0] + [i for i in range(1, L + 1) if tiers[i] != "recompute"]
+    end_of = {s: e for s, e in zip(starts[:-1], starts[1:])}
+    transfers = []
+    for fam, kind in KINDS.items():
+        need = ("dram", "nvme") if fam in ("d2h", "h2d") else ("nvme",)
+        for i in range(L):
+            if tiers[i] not in need:
+                continue
+            cells = [(o, x[v.transfer(fam)[i, o]]) for o in v.ords(fam, i)
+                     if end_of[i] in v.legal_ends[fam, i, o]]
+            cells = [(o, f) for o, f in cells if f >= FRACTION_EPS]
+            total = math.fsum(f for _, f in cells)
+            transfers += [Transfer(boundary=i, kind=kind, window=window_name(o, L),
+                                   fraction=f / total) for o, f in cells]
+    return Decisions(tiers=tuple(tiers), keep_internals=keep, q8_blocks=q8,
+                     transfers=tuple(transfers))
+
+
+def extract_plan(milp: Milp, x: list[float], *, solver: SolveRecord,
+                 bounds: Bounds | None = None) -> Plan:
+    """The Plan of a solver assignment (evaluated and validated by `evaluate.build_plan`).
+
+    Raises:
+        PlanInfeasibleError: a capacity slack is nonzero (names budget, window, GB short).
+        PlanValidationError: the extracted plan breaks the contract (a bug in this model).
+    """
+    from lazytrain.planner.evaluate import build_plan
+
+    check_slacks(milp, x)
+    return build_plan(milp.problem, extract_decisions(milp, x), solver=solver, bounds=bounds)
+
+
+def solve_milp(problem: PlanningProblem, *, backend: str = "highs", time_limit_s: float = 10.0,
+               gap: float = 0.005, threads: int = 1, seed: int = 0,
+               warm_start: Plan | None = None, bounds: Bounds | None = None) -> Plan:
+    """Solve the placement MILP and return its plan (the incumbent on a time-out).
+
+    Args:
+        problem: the planning problem.
+        backend: "highs" or "scip".
+        time_limit_s: solver wall-clock limit, s (model building is not counted).
+        gap: relative gap at which the search stops.
+        threads, seed: solver threads and random seed (defaults: deterministic).
+        warm_start: a plan to start from (usually `heuristics.heuristic_plan`); it is also the
+            answer when the solver finds no incumbent in time.
+        bounds: filled into the plan's `bounds` as given.
+
+    Returns:
+        Plan whose `solver` record holds backend, status ("optimal", "time_limit", or
+        "no_incumbent" when the warm start / heuristic is returned), solve_s, gap (objective
+        vs. the solver's dual bound), num_vars, num_rows.
+
+    Raises:
+        PlanInfeasibleError: a capacity budget cannot be met.
+        ValueError: unknown backend.
+    """
+    import dataclasses
+
+    milp = build_milp(problem)
+    start = start_from_plan(milp, warm_start) if warm_start is not None else None
+    res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=gap,
+                threads=threads, seed=seed, start=start)
+    record = solve_record(milp, res)
+    if res.values is None:
+        if res.status == "infeasible":
+            raise RuntimeError(f"{backend} reports the placement model infeasible; with capacity "
+                               f"slacks this is a model bug (rows {milp.model.num_rows})")
+        if warm_start is None:
+            from lazytrain.planner.heuristics import heuristic_plan
+            warm_start = heuristic_plan(problem)
+        return dataclasses.replace(warm_start, solver=dataclasses.replace(
+            record, status="no_incumbent"), bounds=bounds or warm_start.bounds)
+    return extract_plan(milp, res.values, solver=record, bounds=bounds)
+
+
+def solve_record(milp: Milp, res: SolveResult) -> SolveRecord:
+    """The Plan JSON `solver` object of one solve."""
+    return SolveRecord(backend=res.backend, status=res.status, solve_s=res.solve_s, gap=res.gap,
+                       num_vars=milp.model.num_vars, num_rows=milp.model.num_rows)

@@ -1,0 +1,291 @@
+"""Solver adapters: one recorded linear model, solved by SCIP (PySCIPOpt) or HiGHS (highspy).
+
+Owns `LinearModel` (the small model interface the MILP's constraint families write to: add a
+variable, add a row, objective terms, an offset) and `solve()`, which hands a recorded model to
+one backend and returns a `SolveResult` in the model's own variable order. The adapters hold
+no formulation logic: `planner/milp.py` writes the model once, and both backends read it
+(checkmate's two backends drifted into two models; recording once prevents that).
+
+Must not know: tiers, windows or plans. The solver packages are imported lazily inside the
+adapters, so importing this module loads neither (and `lazytrain.planner` never imports it).
+
+Statuses (`SolveResult.status`): "optimal" (proven within the requested gap), "time_limit"
+(stopped by the time limit; `values` holds the incumbent if one was found), "infeasible",
+"unbounded", "error" (anything else, with the backend's own status in `detail`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+INF = math.inf
+
+
+@dataclass(kw_only=True, slots=True)
+class LinearModel:
+    """A (mixed-integer) linear program in row form: min c.x + offset, row_lb <= A x <= row_ub.
+
+    Variables and rows are numbered in creation order; names are `family[idx]` strings chosen by
+    the caller (see `milp.row_name`). Coefficients are stored per row as {column: value}.
+    """
+
+    var_names: list[str] = field(default_factory=list)
+    var_lb: list[float] = field(default_factory=list)
+    var_ub: list[float] = field(default_factory=list)
+    var_integer: list[bool] = field(default_factory=list)
+    obj: list[float] = field(default_factory=list)
+    obj_offset: float = 0.0
+    row_names: list[str] = field(default_factory=list)
+    row_coeffs: list[dict[int, float]] = field(default_factory=list)
+    row_lb: list[float] = field(default_factory=list)
+    row_ub: list[float] = field(default_factory=list)
+
+    @property
+    def num_vars(self) -> int:
+        return len(self.var_names)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_names)
+
+    def add_var(self, name: str, *, lb: float = 0.0, ub: float = INF, obj: float = 0.0,
+                integer: bool = False) -> int:
+        """Add one column; returns its index."""
+        self.var_names.append(name)
+        self.var_lb.append(float(lb))
+        self.var_ub.append(float(ub))
+        self.var_integer.append(bool(integer))
+        self.obj.append(float(obj))
+        return len(self.var_names) - 1
+
+    def add_obj(self, var: int, coef: float) -> None:
+        """Add `coef` to the objective coefficient of `var`."""
+        self.obj[var] += float(coef)
+
+    def add_row(self, name: str, coeffs: dict[int, float], *, lb: float = -INF,
+                ub: float = INF) -> int:
+        """Add the row `lb <= sum coeffs[v] * x[v] <= ub`; zero coefficients are dropped."""
+        self.row_names.append(name)
+        self.row_coeffs.append({v: float(c) for v, c in coeffs.items() if c != 0.0})
+        self.row_lb.append(float(lb))
+        self.row_ub.append(float(ub))
+        return len(self.row_names) - 1
+
+    def objective_value(self, x: list[float]) -> float:
+        """c.x + offset for a full assignment."""
+        return self.obj_offset + math.fsum(c * v for c, v in zip(self.obj, x) if c)
+
+    def row_activity(self, r: int, x: list[float]) -> float:
+        return math.fsum(c * x[v] for v, c in self.row_coeffs[r].items())
+
+    def max_violation(self, x: list[float]) -> tuple[float, str]:
+        """Largest bound or row violation of an assignment, with the variable/row name."""
+        worst, where = 0.0, ""
+        for v, val in enumerate(x):
+            bad = max(self.var_lb[v] - val, val - self.var_ub[v], 0.0)
+            if self.var_integer[v]:
+                bad = max(bad, abs(val - round(val)))
+            if bad > worst:
+                worst, where = bad, self.var_names[v]
+        for r in range(self.num_rows):
+            a = self.row_activity(r, x)
+            bad = max(self.row_lb[r] - a, a - self.row_ub[r], 0.0)
+            if bad > worst:
+                worst, where = bad, self.row_names[r]
+        return worst, where
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class SolveResult:
+    """What a backend returned, in the model's variable order."""
+
+    backend: str
+    status: str
+    values: list[float] | None
+    """Incumbent (or LP optimum), one value per variable; None when no solution was found."""
+    objective: float | None
+    """c.x + offset of `values`."""
+    dual_bound: float | None
+    """The backend's proven lower bound on the objective (None if unknown)."""
+    solve_s: float
+    detail: str = ""
+
+    @property
+    def gap(self) -> float | None:
+        """(objective - dual_bound) / |dual_bound|, the DESIGN.md gap (plan / bound - 1)."""
+        if self.objective is None or self.dual_bound is None:
+            return None
+        if not math.isfinite(self.dual_bound) or self.dual_bound == 0.0:
+            return None
+        return max(0.0, (self.objective - self.dual_bound) / abs(self.dual_bound))
+
+
+BACKENDS = ("highs", "scip")
+
+
+def solve(model: LinearModel, *, backend: str = "highs", time_limit_s: float = 10.0,
+          gap: float = 0.005, threads: int = 1, seed: int = 0,
+          start: list[float] | None = None, relax: bool = False,
+          fixed: dict[int, float] | None = None) -> SolveResult:
+    """Solve `model` with one backend.
+
+    Args:
+        model: the recorded model (not modified).
+        backend: "highs" or "scip".
+        time_limit_s: wall-clock limit, s.
+        gap: relative gap at which the search stops (dimensionless).
+        threads: solver threads (1: deterministic).
+        seed: the solver's random seed (same seed + same model -> same answer).
+        start: a full assignment to try as the first incumbent (MIP start); ignored for LPs.
+        relax: drop integrality (the LP relaxation).
+        fixed: {column: value} bounds fixed for this solve only (brute-force checks, warm-start
+            completion).
+
+    Returns:
+        SolveResult (status as in the module docstring).
+
+    Raises:
+        ValueError: unknown backend.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"planner.backend must be one of {BACKENDS}; got {backend!r}")
+    adapter = _solve_highs if backend == "highs" else _solve_scip
+    return adapter(model, time_limit_s=time_limit_s, gap=gap, threads=threads, seed=seed,
+                   start=start, relax=relax, fixed=fixed or {})
+
+
+def _bounds(model: LinearModel, fixed: dict[int, float]) -> tuple[list[float], list[float]]:
+    lb, ub = list(model.var_lb), list(model.var_ub)
+    for v, val in fixed.items():
+        lb[v] = ub[v] = float(val)
+    return lb, ub
+
+
+# --- HiGHS ------------------------------------------------------------------------------------
+
+
+def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start, relax,
+                 fixed) -> SolveResult:
+    import highspy
+    import numpy as np
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", float(gap))
+    h.setOptionValue("threads", int(threads))
+    h.setOptionValue("random_seed", int(seed))
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = model.num_vars, model.num_rows
+    lb, ub = _bounds(model, fixed)
+    lp.col_cost_ = np.asarray(model.obj, dtype=np.float64)
+    lp.col_lower_ = np.asarray(lb, dtype=np.float64)
+    lp.col_upper_ = np.asarray(ub, dtype=np.float64)
+    lp.row_lower_ = np.asarray(model.row_lb, dtype=np.float64)
+    lp.row_upper_ = np.asarray(model.row_ub, dtype=np.float64)
+    lp.offset_ = float(model.obj_offset)
+    starts, index, value = [0], [], []
+    for coeffs in model.row_coeffs:
+        index.extend(coeffs.keys())
+        value.extend(coeffs.values())
+        starts.append(len(index))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = model.num_vars, model.num_rows
+    lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.asarray(value, dtype=np.float64)
+    is_mip = not relax and any(model.var_integer)
+    if is_mip:
+        lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
+                           for b in model.var_integer]
+    h.passModel(lp)
+    if is_mip and start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = [float(v) for v in start]
+        sol.value_valid = True
+        h.setSolution(sol)
+    t0 = time.perf_counter()
+    h.run()
+    solve_s = time.perf_counter() - t0
+    ms = h.getModelStatus()
+    name = h.modelStatusToString(ms).lower()
+    info = h.getInfo()
+    has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    values = list(h.getSolution().col_value) if has_sol else None
+    if "optimal" in name:
+        status = "optimal"
+    elif "time limit" in name:
+        status = "time_limit"
+    elif "infeasible" in name:
+        status = "infeasible"
+    elif "unbounded" in name:
+        status = "unbounded"
+    else:
+        status = "error"
+    objective = model.objective_value(values) if values is not None else None
+    if is_mip:
+        dual = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
+    else:
+        dual = objective if status == "optimal" else None
+    return SolveResult(backend="highs", status=status, values=values, objective=objective,
+                       dual_bound=dual, solve_s=solve_s, detail=name)
+
+
+# --- SCIP -------------------------------------------------------------------------------------
+
+
+def _solve_scip(model: LinearModel, *, time_limit_s, gap, threads, seed, start, relax,
+                fixed) -> SolveResult:
+    import pyscipopt
+
+    m = pyscipopt.Model()
+    m.hideOutput()
+    m.setParam("limits/time", float(time_limit_s))
+    m.setParam("limits/gap", float(gap))
+    m.setParam("randomization/randomseedshift", int(seed))
+    m.setParam("parallel/maxnthreads", int(threads))
+    lb, ub = _bounds(model, fixed)
+    is_mip = not relax and any(model.var_integer)
+    xs = []
+    for v in range(model.num_vars):
+        vtype = "I" if (is_mip and model.var_integer[v]) else "C"
+        xs.append(m.addVar(name=model.var_names[v], vtype=vtype,
+                           lb=None if lb[v] == -INF else lb[v],
+                           ub=None if ub[v] == INF else ub[v], obj=model.obj[v]))
+    if model.obj_offset:
+        m.addObjoffset(model.obj_offset)
+    for r in range(model.num_rows):
+        expr = pyscipopt.quicksum(c * xs[v] for v, c in model.row_coeffs[r].items())
+        lo, hi = model.row_lb[r], model.row_ub[r]
+        if lo == hi:
+            m.addCons(expr == lo, name=model.row_names[r])
+        elif lo == -INF:
+            m.addCons(expr <= hi, name=model.row_names[r])
+        elif hi == INF:
+            m.addCons(expr >= lo, name=model.row_names[r])
+        else:
+            m.addCons(pyscipopt.Expr() + lo <= expr, name=model.row_names[r] + "_lo")
+            m.addCons(expr <= hi, name=model.row_names[r] + "_hi")
+    if is_mip and start is not None:
+        sol = m.createSol()
+        for x, val in zip(xs, start):
+            m.setSolVal(sol, x, float(val))
+        m.addSol(sol, free=True)
+    t0 = time.perf_counter()
+    m.optimize()
+    solve_s = time.perf_counter() - t0
+    name = m.getStatus()
+    status = {"optimal": "optimal", "gaplimit": "optimal", "timelimit": "time_limit",
+              "infeasible": "infeasible", "unbounded": "unbounded"}.get(name, "error")
+    values = None
+    if m.getNSols() > 0:
+        best = m.getBestSol()
+        values = [m.getSolVal(best, x) for x in xs]
+    objective = model.objective_value(values) if values is not None else None
+    dual = m.getDualbound() if status != "infeasible" else None
+    if dual is not None and not math.isfinite(dual):
+        dual = None
+    return SolveResult(backend="scip", status=status, values=values, objective=objective,
+                       dual_bound=dual, solve_s=solve_s, detail=name)
