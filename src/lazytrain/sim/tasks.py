@@ -1,0 +1,251 @@
+"""Expand a Plan + PlanningProblem into the event simulator's task graph (one micro-batch).
+
+Owns the translation of docs/execution_model.md into tasks with explicit dependencies; it does
+not evaluate any window equation (that is `planner/evaluate.py`'s job, which this must not
+reuse: the simulator is the independent check). Windows: `pre`, f0..f{L-1}, `turn`,
+b{L-1}..b0, `post`.
+
+Tasks per window (issue order on each stream; the engine issues in this order):
+- `pre`: embedding forward (compute, embed_ms); block 0's weight load (h2d, P[0]).
+- `f{j}`: forward of block j (F[j], or Fg[j] when kept); load of block j+1's weights
+  (P[j+1], j+1 < L); the plan's transfers in the window, by kind d2h, nvme_write, nvme_read, h2d.
+- `turn`: head (head_ms); load of block L-1's weights for its backward unless resident.
+- `b{j}`: [re-embed when the segment starts at a recompute boundary 0]; recompute forwards
+  F[k], k = s..e-2, when block j = e-1 ends segment (s, e); Fg[j] unless kept; B[j]
+  (a kept block's B[j] is issued before the recompute: its graph is ready). h2d stream:
+  recompute weight loads P[k], then activation h2d chunks, then block j-1's weight load
+  (unless resident). d2h stream: block j+1's gradient drain, then activation d2h chunks.
+- `post`: drain of G[0] + the embedding/head gradients after B[0].
+
+Dependencies (reason strings appear in `compare` explanations):
+- "weight load before use": a compute task waits for the load of its block's weights.
+- "double-buffer reuse": a weight load takes a slot of the `weights` pool (size
+  `weight_buffers`), freed when every compute using those weights has ended. A resident block's
+  forward load frees its slot after the forward (its copy then lives outside the pool).
+- "boundary produced before offload", "d2h staged before nvme write", "checkpoint written before
+  read", "checkpoint read before h2d", "staged before h2d": a chunk covering bytes [a, b) of a
+  boundary waits for every source chunk starting below b (cumulative precedence).
+- "prefetch before its consumer": the first compute that reads an offloaded boundary waits for
+  all its h2d chunks.
+- "gradient drain after backward": drain of G[j] waits for B[j]; B[j] takes a `grads` pool slot
+  (size `grad_buffers`) freed by the drain.
+- boundaries flow along the compute stream (the producing forward / recompute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lazytrain.planner.plan import Plan, window_names
+from lazytrain.planner.problem import PlanningProblem
+from lazytrain.sim.events import TaskSpec
+
+_FRACTION_TOL = 1e-6
+"""Tolerance when matching cumulative byte ranges of transfer chunks (fraction of A[i])."""
+
+_SOURCE_KIND = {"nvme_write": "d2h", "nvme_read": "nvme_write"}
+_SOURCE_REASON = {"nvme_write": "d2h staged before nvme write",
+                  "nvme_read": "checkpoint written before read"}
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class TaskGraph:
+    """Tasks in issue order and the window names they index."""
+
+    tasks: tuple[TaskSpec, ...]
+    windows: tuple[str, ...]
+
+
+class _Builder:
+    """Collects tasks for one micro-batch; tracks producers of boundaries, loads and chunks."""
+
+    def __init__(self, problem: PlanningProblem, plan: Plan) -> None:
+        self.p = problem
+        self.plan = plan
+        self.L = plan.num_blocks
+        self.windows = ["pre", *window_names(self.L), "post"]
+        self.widx = {w: k for k, w in enumerate(self.windows)}
+        self.specs: list[dict] = []
+        self.produced: dict[int, int] = {}       # boundary -> forward task producing it
+        self.chunks: dict[tuple[int, str], list[tuple[float, float, int]]] = {}
+        self.users: dict[int, list[int]] = {}    # weight-load id -> compute ids using it
+        self.bwd: dict[int, int] = {}            # block -> B[j] task
+        self.drain_of: dict[int, int] = {}       # block -> its gradient drain task
+        self.open_loads: set[int] = set()        # loads whose slot still gains users
+
+    def add(self, name: str, stream: str, window: str, work: float, *,
+            deps: list[tuple[int | None, str]] = (), kind: str = "", block: int | None = None,
+            boundary: int | None = None, acquire: str | None = None) -> int:
+        tid = len(self.specs)
+        self.specs.append(dict(id=tid, name=name, stream=stream, window=self.widx[window],
+                               work=float(work), deps=tuple((d, r) for d, r in deps
+                                                            if d is not None),
+                               kind=kind, block=block, boundary=boundary, acquire=acquire))
+        return tid
+
+    def load(self, block: int, window: str, why: str) -> int:
+        """Weight load of `block` (h2d, P[block]) into a `weights` pool slot."""
+        tid = self.add(f"W{block} {why}", "h2d", window, self.p.weight_bytes[block],
+                       kind="weights", block=block, acquire="weights")
+        self.users[tid] = []
+        self.open_loads.add(tid)
+        return tid
+
+    def compute(self, name: str, window: str, ms: float, *, load: int | None,
+                deps: list[tuple[int | None, str]], kind: str, block: int | None,
+                acquire: str | None = None) -> int:
+        all_deps = list(deps) + ([(load, "weight load before use")] if load is not None else [])
+        tid = self.add(name, "compute", window, ms, deps=all_deps, kind=kind, block=block,
+                       acquire=acquire)
+        if load in self.open_loads:
+            self.users[load].append(tid)
+        return tid
+
+    def transfers(self, window: str) -> None:
+        """The plan's activation chunks issued in `window`, by kind, each with its sources."""
+        for kind in ("d2h", "nvme_write", "nvme_read", "h2d"):
+            for t in self.plan.transfers_in(window):
+                if t.kind == kind:
+                    self.chunk(t.boundary, kind, window, t.fraction)
+
+    def chunk(self, i: int, kind: str, window: str, fraction: float) -> int:
+        done = self.chunks.setdefault((i, kind), [])
+        lo = done[-1][1] if done else 0.0
+        hi = lo + fraction
+        if kind == "d2h":
+            deps = [(self.produced.get(i), "boundary produced before offload")]
+        else:
+            src = _SOURCE_KIND.get(kind) or ("d2h" if self.plan.tiers[i] == "dram" else "nvme_read")
+            why = _SOURCE_REASON.get(kind) or ("staged before h2d" if src == "d2h"
+                                               else "checkpoint read before h2d")
+            have = self.chunks.get((i, src), [])
+            if not have or have[-1][1] < hi - _FRACTION_TOL:
+                raise ValueError(f"boundary {i}: {kind} in window {window} moves bytes up to "
+                                 f"{hi:.3f} of A[{i}] before {src} has covered them; the plan "
+                                 f"breaks cumulative precedence (run Plan.validate())")
+            deps = [(tid, why) for a, _b, tid in have if a < hi - _FRACTION_TOL]
+        tid = self.add(f"A{i} {kind} {fraction:.2f}", kind, window,
+                       fraction * self.p.boundary_bytes[i], deps=deps, kind=kind, boundary=i)
+        done.append((lo, hi, tid))
+        return tid
+
+    def boundary_ready(self, i: int) -> list[tuple[int | None, str]]:
+        """Dependencies for reading boundary i in backward (hbm: producer; offloaded: h2d)."""
+        if self.plan.tiers[i] in ("dram", "nvme"):
+            return [(tid, "prefetch before its consumer")
+                    for _a, _b, tid in self.chunks.get((i, "h2d"), [])]
+        return [(self.produced.get(i), "boundary kept in hbm")]
+
+    def freeze(self) -> TaskGraph:
+        tasks = []
+        for s in self.specs:
+            hold = tuple(self.users.get(s["id"], ())) if s["kind"] == "weights" else ()
+            if s["kind"] == "bwd":
+                hold = (self.drain_of[s["block"]],)
+            tasks.append(TaskSpec(hold_until=hold, **s))
+        return TaskGraph(tasks=tuple(tasks), windows=tuple(self.windows))
+
+
+def build_tasks(problem: PlanningProblem, plan: Plan) -> TaskGraph:
+    """The task graph of one micro-batch of `plan` on `problem` (see the module docstring).
+
+    Raises:
+        ValueError: the plan and the problem have different block counts, or a transfer moves
+            bytes its source has not yet covered (names boundary and window).
+    """
+    if plan.num_blocks != problem.num_blocks:
+        raise ValueError(f"plan has {plan.num_blocks} blocks but the problem has "
+                         f"{problem.num_blocks}; re-plan for this model")
+    b = _Builder(problem, plan)
+    fwd_load = _forward(b)
+    bwd_load = _turn(b, fwd_load)
+    _backward(b, fwd_load, bwd_load)
+    return b.freeze()
+
+
+def _forward(b: _Builder) -> dict[int, int]:
+    """pre and f0..f{L-1}; returns block -> its forward weight-load task."""
+    p, L, keep = b.p, b.L, set(b.plan.keep_internals)
+    b.produced[0] = b.add("embed", "compute", "pre", p.embed_ms, kind="embed")
+    loads = {0: b.load(0, "pre", "fwd")}
+    for j in range(L):
+        w = f"f{j}"
+        kept = j in keep
+        b.produced[j + 1] = b.compute(
+            f"{'Fg' if kept else 'F'}{j}", w, p.fwd_grad_ms[j] if kept else p.fwd_ms[j],
+            load=loads[j], deps=[(b.produced[j], "boundary produced")],
+            kind="fwd_grad" if kept else "fwd", block=j)
+        # the forward was the last user of the buffer slot: a resident block's copy now lives
+        # outside the double buffer (its HBM is in the keep terms), so the slot is free again
+        b.open_loads.discard(loads[j])
+        if j + 1 < L:
+            loads[j + 1] = b.load(j + 1, w, "fwd")
+        b.transfers(w)
+    return loads
+
+
+def _turn(b: _Builder, fwd_load: dict[int, int]) -> dict[int, int]:
+    """The turn window; returns block -> the weight load its backward uses."""
+    p, L, resident = b.p, b.L, set(b.plan.resident_weights)
+    b.compute("head", "turn", p.head_ms, load=None,
+              deps=[(b.produced[L], "boundary produced")], kind="head", block=None)
+    loads = {}
+    if L - 1 in resident:
+        loads[L - 1] = fwd_load[L - 1]
+    else:
+        loads[L - 1] = b.load(L - 1, "turn", "bwd")
+    b.transfers("turn")
+    return loads
+
+
+def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> None:
+    """b{L-1}..b0 and post (see the module docstring for the order)."""
+    p, L, plan = b.p, b.L, b.plan
+    keep, resident = set(plan.keep_internals), set(plan.resident_weights)
+    ends = {e - 1: (s, e) for s, e in plan.segments()}
+    cache: dict[int, int] = {}   # boundary -> recompute task producing it (this segment)
+    for j in range(L - 1, -1, -1):
+        w = f"b{j}"
+        kept = j in keep
+        grad_dep = [(b.bwd.get(j + 1), "gradient flows from the later block")]
+        if kept:
+            _bwd(b, j, w, loads[j], deps=grad_dep)
+        if j in ends:
+            s, e = ends[j]
+            cache = _recompute(b, s, e, w)
+        if not kept:
+            inp = cache.get(j) if j in cache else None
+            in_deps = [(inp, "recomputed boundary")] if inp is not None else b.boundary_ready(j)
+            fg = b.compute(f"Fg{j}", w, p.fwd_grad_ms[j], load=loads[j], deps=in_deps,
+                           kind="fwd_grad", block=j)
+            _bwd(b, j, w, loads[j], deps=[(fg, "re-forward before backward"), *grad_dep])
+        if j + 1 <= L - 1:
+            b.drain_of[j + 1] = b.add(f"G{j + 1} drain", "d2h", w, p.grad_bytes[j + 1],
+                                      deps=[(b.bwd[j + 1], "gradient drain after backward")],
+                                      kind="grad", block=j + 1)
+        b.transfers(w)
+        if j >= 1:
+            loads[j - 1] = fwd_load[j - 1] if j - 1 in resident else b.load(j - 1, w, "bwd")
+    b.drain_of[0] = b.add("G0+ends drain", "d2h", "post", p.grad_bytes[0] + p.ends_grad_bytes,
+                          deps=[(b.bwd[0], "gradient drain after backward")], kind="grad",
+                          block=0)
+
+
+def _bwd(b: _Builder, j: int, w: str, load: int, *, deps: list) -> None:
+    b.bwd[j] = b.compute(f"B{j}", w, b.p.bwd_ms[j], load=load, deps=deps, kind="bwd", block=j,
+                         acquire="grads")
+
+
+def _recompute(b: _Builder, s: int, e: int, w: str) -> dict[int, int]:
+    """Re-embed (if needed) and re-forward blocks s..e-2 in window `w`; boundary -> task."""
+    p, plan = b.p, b.plan
+    cache: dict[int, int] = {}
+    if s == 0 and plan.tiers[0] == "recompute":
+        cache[0] = b.add("re-embed", "compute", w, p.embed_ms, kind="embed")
+    prev = [(cache[s], "recomputed boundary")] if s in cache else b.boundary_ready(s)
+    for k in range(s, e - 1):
+        ld = b.load(k, w, "recompute")
+        cache[k + 1] = b.compute(f"R{k}", w, p.fwd_ms[k], load=ld, deps=prev,
+                                 kind="recompute", block=k)
+        prev = [(cache[k + 1], "recomputed boundary")]
+    return cache
