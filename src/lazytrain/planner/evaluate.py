@@ -1,0 +1,520 @@
+"""The fluid window evaluator: step time, per-window work and memory of ANY plan.
+
+Implements the equations of `docs/execution_model.md` exactly (per-window compute, H2D, D2H and
+NVMe bytes; window time as max of channels on a GPU or sum of channels on a CPU; step time with
+the `pre`/`post` terms; HBM bytes held by the checkpoint store with the exact holding
+intervals; peak HBM with fixed and keep terms; DRAM and NVMe bytes). It also owns the simple
+transfer scheduler used by the heuristics and by tests (`schedule_transfers`), and
+`build_plan`, the one place a `Plan` is assembled from decisions.
+
+Pure Python; knows no solver and no torch. Index legend: block j = 0..L-1, boundary i = 0..L,
+window ord o = 0..2L (f{j} -> j, turn -> L, b{j} -> 2L - j).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lazytrain.planner.plan import (
+    OFFLOAD_TIERS, TIERS, TRANSFER_KINDS, Bounds, Plan, Predicted, SolveRecord, Transfer,
+    WindowRecord, legal_ords, use_ord, window_name, window_names, window_ord,
+)
+from lazytrain.planner.problem import PlanningProblem
+
+GB = 1e9
+"""Bytes per GB in messages (DESIGN: GB means 1e9 bytes)."""
+_EPS = 1e-9
+"""Fractions below this are dropped by the scheduler (dimensionless)."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Decisions:
+    """The discrete choices of a plan plus its transfer schedule (no predictions).
+
+    `resident_weights` defaults to `keep_internals`. Index tuples are stored sorted.
+    """
+
+    tiers: tuple[str, ...]
+    keep_internals: tuple[int, ...] = ()
+    resident_weights: tuple[int, ...] | None = None
+    q8_blocks: tuple[int, ...] = ()
+    transfers: tuple[Transfer, ...] = ()
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "tiers", tuple(self.tiers))
+        set_(self, "keep_internals", tuple(sorted(self.keep_internals)))
+        res = self.keep_internals if self.resident_weights is None else self.resident_weights
+        set_(self, "resident_weights", tuple(sorted(res)))
+        set_(self, "q8_blocks", tuple(sorted(self.q8_blocks)))
+        set_(self, "transfers", tuple(self.transfers))
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> "Decisions":
+        """The decisions a plan carries."""
+        return cls(tiers=plan.tiers, keep_internals=plan.keep_internals,
+                   resident_weights=plan.resident_weights, q8_blocks=plan.q8_blocks,
+                   transfers=plan.transfers)
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Evaluation:
+    """What the fluid model predicts for one plan (per micro-batch windows, per step totals)."""
+
+    windows: tuple[WindowRecord, ...]
+    step_ms: float
+    """grad_accum * micro_step_ms + const_ms."""
+    micro_step_ms: float
+    """pre_ms + sum of window times + post_ms."""
+    peak_hbm_bytes: float
+    hbm_by_window: tuple[float, ...]
+    """fixed + checkpoint + keep terms per window, in window order, bytes."""
+    dram_bytes: float
+    nvme_bytes: float
+    violations: tuple[str, ...]
+    """Capacity violations, e.g. "HBM short by 3.20 GB in window b17"."""
+    feasible: bool
+    hardware_flops: float
+    """FLOPs per step including recompute (0 when block_fwd_flops is unknown)."""
+    model_tflops: float
+    hardware_tflops: float
+    tokens_per_s: float
+    hbm_short_bytes: float = 0.0
+    dram_short_bytes: float = 0.0
+    nvme_short_bytes: float = 0.0
+
+    @property
+    def predicted(self) -> Predicted:
+        """The Plan JSON `predicted` object."""
+        return Predicted(step_ms=self.step_ms, model_tflops=self.model_tflops,
+                         hardware_tflops=self.hardware_tflops, tokens_per_s=self.tokens_per_s,
+                         peak_hbm_bytes=self.peak_hbm_bytes, dram_bytes=self.dram_bytes,
+                         nvme_bytes=self.nvme_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Structure helpers
+
+
+def check_tiers(problem: PlanningProblem, tiers) -> tuple[str, ...]:
+    """Tiers as a tuple after checking length, vocabulary and tier[L] == hbm.
+
+    Raises:
+        ValueError: naming the boundary.
+    """
+    L = problem.num_blocks
+    tiers = tuple(tiers)
+    if len(tiers) != L + 1:
+        raise ValueError(f"tiers must have {L + 1} entries (boundaries 0..{L}); got {len(tiers)}")
+    for i, t in enumerate(tiers):
+        if t not in TIERS:
+            raise ValueError(f"boundary {i}: tier {t!r} is not one of {TIERS}")
+    if tiers[L] != "hbm":
+        raise ValueError(f"boundary {L}: the last boundary must be hbm; got {tiers[L]!r}")
+    return tiers
+
+
+def segments_of(tiers) -> list[tuple[int, int]]:
+    """Segments (s, e) in forward order: boundary 0 plus every materialized boundary start one."""
+    starts = [0] + [i for i in range(1, len(tiers)) if tiers[i] != "recompute"]
+    return list(zip(starts[:-1], starts[1:]))
+
+
+def segment_ends(tiers) -> list[int]:
+    """e of the segment containing each boundary i < L (the next materialized boundary)."""
+    ends = [0] * (len(tiers) - 1)
+    for s, e in segments_of(tiers):
+        for k in range(s, e):
+            ends[k] = e
+    return ends
+
+
+def _ms(nbytes: float, bytes_per_s: float) -> float:
+    return nbytes / bytes_per_s * 1e3
+
+
+def window_time_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
+                   nw: float) -> float:
+    """Window time, ms: max of channels (GPU) or compute + sum of channels (CPU).
+
+    Source: docs/execution_model.md, "Per-window work", "Window time".
+    """
+    p = problem
+    if p.copies_overlap_compute:
+        return max(comp, _ms(h2d, p.h2d_bytes_per_s), _ms(d2h, p.d2h_bytes_per_s),
+                   _ms(h2d + d2h, p.duplex_bytes_per_s), _ms(nr, p.nvme_read_bytes_per_s),
+                   _ms(nw, p.nvme_write_bytes_per_s))
+    return (comp + _ms(h2d, p.h2d_bytes_per_s) + _ms(d2h, p.d2h_bytes_per_s)
+            + _ms(nr, p.nvme_read_bytes_per_s) + _ms(nw, p.nvme_write_bytes_per_s))
+
+
+def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_weights=None
+                ) -> tuple[list[float], list[float], list[float]]:
+    """Per-window compute (ms), H2D and D2H bytes before activation transfers, by ord.
+
+    f{j}: F[j] (Fg[j] if kept); H2D P[j+1].  turn: head_ms; H2D P[L-1] unless resident.
+    b{j}: B[j] + (Fg[j] unless kept) + segment recompute sum F[s..e-2] (+ embed_ms when s == 0
+    is recompute) when j = e-1; H2D P[j-1] unless resident + sum P[s..e-2]; D2H G[j+1].
+    """
+    p, L = problem, problem.num_blocks
+    keep = set(keep_internals)
+    resident = keep if resident_weights is None else set(resident_weights)
+    n = 2 * L + 1
+    comp, h2d, d2h = [0.0] * n, [0.0] * n, [0.0] * n
+    for j in range(L):
+        comp[j] = p.fwd_grad_ms[j] if j in keep else p.fwd_ms[j]
+        h2d[j] = float(p.weight_bytes[j + 1]) if j + 1 < L else 0.0
+        o = 2 * L - j
+        comp[o] = p.bwd_ms[j] + (0.0 if j in keep else p.fwd_grad_ms[j])
+        h2d[o] = float(p.weight_bytes[j - 1]) if j >= 1 and j - 1 not in resident else 0.0
+        d2h[o] = float(p.grad_bytes[j + 1]) if j + 1 <= L - 1 else 0.0
+    comp[L] = p.head_ms
+    h2d[L] = 0.0 if L - 1 in resident else float(p.weight_bytes[L - 1])
+    for s, e in segments_of(tiers):
+        o = 2 * L - (e - 1)
+        comp[o] += sum(p.fwd_ms[s:e - 1])
+        h2d[o] += float(sum(p.weight_bytes[s:e - 1]))
+        if s == 0 and tiers[0] == "recompute":
+            comp[o] += p.embed_ms
+    return comp, h2d, d2h
+
+
+def _by_boundary(transfers, L: int) -> dict[tuple[int, str], dict[int, float]]:
+    table: dict[tuple[int, str], dict[int, float]] = {}
+    for t in transfers:
+        cell = table.setdefault((t.boundary, t.kind), {})
+        o = window_ord(t.window, L)
+        cell[o] = cell.get(o, 0.0) + t.fraction
+    return table
+
+
+def checkpoint_bytes(problem: PlanningProblem, tiers, transfers) -> list[float]:
+    """Bytes of boundary tensors the store holds in HBM per window (exact holding intervals).
+
+    hbm i < L: [i, 2L-i]; boundary L: [L, L]; dram/nvme i: [i, last d2h] and
+    [first h2d, 2L-i] (one interval when they touch); recompute k > 0 in segment (s, e):
+    [use, 2L-k] with use = 2L-e+1; boundary 0 recompute: [use(0, e), 2L]. An offloaded boundary
+    without d2h (or h2d) is held from production to use (or from use to release).
+
+    Source: docs/execution_model.md, "HBM bytes held by the checkpoint store".
+    """
+    L, A = problem.num_blocks, problem.boundary_bytes
+    diff = [0.0] * (2 * L + 2)
+
+    def hold(lo: int, hi: int, nbytes: float) -> None:
+        if lo <= hi:
+            diff[lo] += nbytes
+            diff[hi + 1] -= nbytes
+
+    table = _by_boundary(transfers, L)
+    ends = segment_ends(tiers)
+    for i, tier in enumerate(tiers):
+        if i == L:
+            hold(L, L, A[L])
+        elif tier == "hbm":
+            hold(i, 2 * L - i, A[i])
+        elif tier in OFFLOAD_TIERS:
+            d, h = table.get((i, "d2h")), table.get((i, "h2d"))
+            last_d2h = max(d) if d else 2 * L - i
+            first_h2d = min(h) if h else use_ord(ends[i], L)
+            if first_h2d <= last_d2h + 1:
+                hold(i, 2 * L - i, A[i])
+            else:
+                hold(i, last_d2h, A[i])
+                hold(first_h2d, 2 * L - i, A[i])
+        else:  # recompute: the segment's recompute cache (boundary 0: re-embedded)
+            hold(use_ord(ends[i], L), 2 * L - i, A[i])
+    out, acc = [], 0.0
+    for o in range(2 * L + 1):
+        acc += diff[o]
+        out.append(acc)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> Evaluation:
+    """Evaluate a plan (or bare decisions) with the fluid window model.
+
+    Args:
+        problem: costs and capacities (one micro-batch; windows repeat grad_accum times).
+        decisions_or_plan: a `Decisions` or a `Plan` (its windows/predicted are ignored).
+
+    Returns:
+        Evaluation with per-window records, step time (ms), peak HBM/DRAM/NVMe bytes and the
+        capacity violations as strings naming the budget, the window and the shortfall in GB.
+
+    Raises:
+        ValueError: malformed tiers or a transfer naming an unknown window.
+
+    Source: docs/execution_model.md (all sections).
+    """
+    d = decisions_or_plan
+    if isinstance(d, Plan):
+        d = Decisions.from_plan(d)
+    p, L = problem, problem.num_blocks
+    tiers = check_tiers(p, d.tiers)
+    A = p.boundary_bytes
+    comp, h2d, d2h = fixed_loads(p, tiers, d.keep_internals, d.resident_weights)
+    nr, nw = [0.0] * (2 * L + 1), [0.0] * (2 * L + 1)
+    chan = {"h2d": h2d, "d2h": d2h, "nvme_read": nr, "nvme_write": nw}
+    for t in d.transfers:
+        chan[t.kind][window_ord(t.window, L)] += A[t.boundary] * t.fraction
+    held = checkpoint_bytes(p, tiers, d.transfers)
+    keep_add = [0.0] * (2 * L + 2)
+    for j in d.keep_internals:
+        keep_add[j] += p.internal_bytes[j]
+        keep_add[2 * L - j + 1] -= p.internal_bytes[j]
+    for j in d.resident_weights:
+        keep_add[j] += p.weight_bytes[j]
+        keep_add[2 * L - j + 1] -= p.weight_bytes[j]
+    windows, hbm, acc, total = [], [], 0.0, 0.0
+    for o, name in enumerate(window_names(L)):
+        t = window_time_ms(p, comp[o], h2d[o], d2h[o], nr[o], nw[o])
+        total += t
+        acc += keep_add[o]
+        hbm.append(p.fixed_hbm_bytes + held[o] + acc)
+        windows.append(WindowRecord(name=name, compute_ms=comp[o], h2d_bytes=h2d[o],
+                                    d2h_bytes=d2h[o], nvme_read_bytes=nr[o],
+                                    nvme_write_bytes=nw[o], time_ms=t, exposed_ms=t - comp[o],
+                                    hbm_checkpoint_bytes=held[o]))
+    pre = p.embed_ms + _ms(p.weight_bytes[0], p.h2d_bytes_per_s)
+    post = _ms(p.grad_bytes[0] + p.ends_grad_bytes, p.d2h_bytes_per_s)
+    micro = pre + total + post
+    step = p.grad_accum * micro + p.const_ms
+    return _finish(p, d, tiers, windows, hbm, micro, step)
+
+
+def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
+            step: float) -> Evaluation:
+    """Capacities, violations and throughput figures."""
+    A, L = p.boundary_bytes, p.num_blocks
+    q8 = set(d.q8_blocks)
+    states = sum(n * (p.host_bytes_per_param_q8 if j in q8 else p.host_bytes_per_param)
+                 for j, n in enumerate(p.params_per_block)) + p.ends_params * p.host_bytes_per_param
+    dram = sum(A[i] for i, t in enumerate(tiers) if t == "dram") + p.nvme_staging_bytes + states
+    nvme = float(sum(A[i] for i, t in enumerate(tiers) if t == "nvme"))
+    peak = max(hbm)
+    violations = []
+    worst = max(range(len(hbm)), key=hbm.__getitem__)
+    hbm_short = max(0.0, hbm[worst] - p.hbm_bytes)
+    if hbm_short > 0:
+        n_over = sum(1 for b in hbm if b > p.hbm_bytes)
+        violations.append(f"HBM short by {hbm_short / GB:.2f} GB in window {windows[worst].name}"
+                          f" (peak {hbm[worst] / GB:.2f} GB > budget {p.hbm_bytes / GB:.2f} GB;"
+                          f" {n_over} window(s) over)")
+    dram_short = max(0.0, dram - p.dram_bytes)
+    if dram_short > 0:
+        violations.append(f"DRAM short by {dram_short / GB:.2f} GB in every window (checkpoints "
+                          f"+ staging + optimizer states {dram / GB:.2f} GB > budget "
+                          f"{p.dram_bytes / GB:.2f} GB)")
+    nvme_short = max(0.0, nvme - p.nvme_bytes)
+    if nvme_short > 0:
+        violations.append(f"NVMe short by {nvme_short / GB:.2f} GB in every window "
+                          f"(checkpoints {nvme / GB:.2f} GB > budget {p.nvme_bytes / GB:.2f} GB)")
+    hw_flops = 0.0
+    if p.block_fwd_flops:
+        keep = set(d.keep_internals)
+        extra = sum(f for j, f in enumerate(p.block_fwd_flops) if j not in keep)
+        extra += sum(sum(p.block_fwd_flops[s:e - 1]) for s, e in segments_of(tiers))
+        hw_flops = (p.hardware_flops_per_micro_batch_base + extra) * p.grad_accum
+    step_s = step / 1e3
+    return Evaluation(
+        windows=tuple(windows), step_ms=step, micro_step_ms=micro, peak_hbm_bytes=peak,
+        hbm_by_window=tuple(hbm), dram_bytes=dram, nvme_bytes=nvme,
+        violations=tuple(violations), feasible=not violations, hardware_flops=hw_flops,
+        model_tflops=p.model_flops_per_micro_batch * p.grad_accum / step_s / 1e12,
+        hardware_tflops=hw_flops / step_s / 1e12,
+        tokens_per_s=p.tokens_per_micro_batch * p.grad_accum / step_s,
+        hbm_short_bytes=hbm_short, dram_short_bytes=dram_short, nvme_short_bytes=nvme_short)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan assembly
+
+
+def horizons_of(problem: PlanningProblem) -> dict:
+    """The transfer horizons as stored in plan provenance["horizons"]."""
+    return {"drain_windows": problem.drain_windows, "prefetch_windows": problem.prefetch_windows,
+            "nvme_lead_windows": problem.nvme_lead_windows}
+
+
+def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveRecord,
+               bounds: Bounds | None = None) -> Plan:
+    """Evaluate `decisions`, assemble the Plan (windows, predicted, provenance) and validate it.
+
+    Provenance is `problem.provenance` plus `horizons`, `k_max` and, when a capacity is
+    violated, `violations` (the plan is still returned; callers decide whether to raise).
+
+    Raises:
+        PlanValidationError: the decisions break the execution-model contract.
+    """
+    ev = evaluate(problem, decisions)
+    L = problem.num_blocks
+    kind_rank = {k: n for n, k in enumerate(TRANSFER_KINDS)}
+    transfers = tuple(sorted(decisions.transfers, key=lambda t: (
+        window_ord(t.window, L), t.boundary, kind_rank.get(t.kind, 9))))
+    prov = dict(problem.provenance)
+    prov.setdefault("model", problem.name)
+    prov["horizons"] = horizons_of(problem)
+    prov["k_max"] = problem.k_max
+    if ev.violations:
+        prov["violations"] = list(ev.violations)
+    plan = Plan(provenance=prov, tiers=tuple(decisions.tiers),
+                keep_internals=decisions.keep_internals,
+                resident_weights=tuple(decisions.resident_weights),
+                q8_blocks=decisions.q8_blocks, windows=ev.windows, transfers=transfers,
+                predicted=ev.predicted, solver=solver, bounds=bounds or Bounds())
+    return plan.validate()
+
+
+def decisions_from_tiers(problem: PlanningProblem, tiers, keep_internals=(), *,
+                         resident_weights=None, q8_blocks=()) -> Decisions:
+    """Decisions for a tier assignment with a legal transfer schedule (`schedule_transfers`).
+
+    Raises:
+        ValueError: malformed tiers, a kept block whose next boundary is recomputed, or no
+            legal schedule within the problem's horizons.
+    """
+    tiers = check_tiers(problem, tiers)
+    for j in keep_internals:
+        if not 0 <= j < problem.num_blocks or tiers[j + 1] == "recompute":
+            raise ValueError(f"block {j}: keep_internals needs a block index whose next boundary"
+                             f" ({j + 1}) is materialized")
+    transfers = schedule_transfers(problem, tiers, keep_internals,
+                                   resident_weights=resident_weights)
+    return Decisions(tiers=tiers, keep_internals=tuple(keep_internals),
+                     resident_weights=resident_weights, q8_blocks=tuple(q8_blocks),
+                     transfers=transfers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transfer scheduling
+
+
+class _Loads:
+    """Per-window compute (ms) and channel bytes while a schedule is being built."""
+
+    def __init__(self, problem: PlanningProblem, comp, h2d, d2h) -> None:
+        n = len(comp)
+        self.p, self.comp = problem, comp
+        self.chan = {"h2d": h2d, "d2h": d2h, "nvme_read": [0.0] * n, "nvme_write": [0.0] * n}
+
+    def time_ms(self, o: int, kind: str | None = None, extra: float = 0.0) -> float:
+        c = self.chan
+        loads = {k: c[k][o] for k in TRANSFER_KINDS}
+        if kind is not None:
+            loads[kind] += extra
+        return window_time_ms(self.p, self.comp[o], loads["h2d"], loads["d2h"],
+                              loads["nvme_read"], loads["nvme_write"])
+
+    def slack_bytes(self, kind: str, o: int) -> float:
+        """Bytes of `kind` that fit in window o without lengthening it (0 on a CPU)."""
+        p, c = self.p, self.chan
+        if not p.copies_overlap_compute:
+            return 0.0
+        t_s = self.time_ms(o) / 1e3
+        duplex = p.duplex_bytes_per_s * t_s - c["h2d"][o] - c["d2h"][o]
+        room = {"h2d": min(p.h2d_bytes_per_s * t_s - c["h2d"][o], duplex),
+                "d2h": min(p.d2h_bytes_per_s * t_s - c["d2h"][o], duplex),
+                "nvme_read": p.nvme_read_bytes_per_s * t_s - c["nvme_read"][o],
+                "nvme_write": p.nvme_write_bytes_per_s * t_s - c["nvme_write"][o]}[kind]
+        return max(0.0, room)
+
+    def fill(self, kind: str, nbytes: float, ords: list[int],
+             limit: dict[int, float] | None = None) -> dict[int, float]:
+        """Place fraction 1 of a transfer over `ords` (in preference order) and return it.
+
+        Phase 1 fills each window's slack in order; phase 2 puts what is left into the window
+        whose time grows least (ties: the earlier in `ords`). With `limit` (fractions of the
+        source transfer), the running sum in `ords` order never exceeds the limit's running
+        sum: cum nvme_write <= cum d2h going forward, tail nvme_read <= tail h2d going back.
+        """
+        lim_cum, acc = [], 0.0
+        for o in ords:
+            acc += limit.get(o, 0.0) if limit is not None else 0.0
+            lim_cum.append(acc if limit is not None else 1.0)
+        placed = [0.0] * len(ords)
+        rem, cum = 1.0, 0.0
+        for k, o in enumerate(ords):
+            room = min(rem, lim_cum[k] - cum)
+            x = min(room, self.slack_bytes(kind, o) / nbytes) if nbytes > 0 else room
+            if x > _EPS:
+                placed[k] += x
+                cum += x
+                rem -= x
+            if rem <= _EPS:
+                break
+        if rem > _EPS:
+            cums, acc = [], 0.0
+            for x in placed:
+                acc += x
+                cums.append(acc)
+            ok, k_best, best = True, None, None
+            for k in range(len(ords) - 1, -1, -1):  # feasible iff every later running sum fits
+                ok = ok and cums[k] + rem <= lim_cum[k] + 1e-12
+                if ok:
+                    cost = self.time_ms(ords[k], kind, rem * nbytes) - self.time_ms(ords[k])
+                    if best is None or cost <= best + 1e-12:
+                        k_best, best = k, cost
+            assert k_best is not None, "the last window always admits the remainder"
+            placed[k_best] += rem
+        out = {}
+        for k, x in enumerate(placed):
+            if x > _EPS:
+                out[ords[k]] = x
+                self.chan[kind][ords[k]] += x * nbytes
+        total = sum(out.values())
+        return {o: x / total for o, x in out.items()}
+
+
+def schedule_transfers(problem: PlanningProblem, tiers, keep_internals=(), *,
+                       resident_weights=None) -> tuple[Transfer, ...]:
+    """A legal transfer schedule for a tier assignment, within the problem's horizons.
+
+    Offloads in production order: d2h as soon as possible (filling window slack, else the
+    window that grows least), NVMe writes right behind the d2h. Prefetches by earliest deadline
+    first: h2d as late as possible, NVMe reads behind it (never later than the h2d they feed).
+    h2d starts only after the last d2h (dram) / last NVMe write (nvme), so precedence holds by
+    construction. On a CPU (no slack) everything lands in one window: d2h at production, h2d
+    just before use, which keeps HBM holding intervals shortest.
+
+    Raises:
+        ValueError: malformed tiers, or a transfer without any legal window.
+    """
+    p, L = problem, problem.num_blocks
+    tiers = check_tiers(p, tiers)
+    hz = horizons_of(p)
+    comp, h2d, d2h = fixed_loads(p, tiers, keep_internals, resident_weights)
+    loads = _Loads(p, comp, h2d, d2h)
+    ends = segment_ends(tiers)
+    offloaded = [i for i in range(L) if tiers[i] in OFFLOAD_TIERS]
+    sched: dict[tuple[int, str], dict[int, float]] = {}
+
+    def ords(kind: str, i: int, lo: int = 0) -> list[int]:
+        r = [o for o in legal_ords(kind, i, ends[i], L, **hz) if o >= lo]
+        if not r:
+            raise ValueError(f"boundary {i}: no legal window for its {kind} within the horizons"
+                             f" {hz} (segment ({i}, {ends[i]}), needed in b{ends[i] - 1})")
+        return r
+
+    for i in offloaded:
+        A = float(p.boundary_bytes[i])
+        sched[i, "d2h"] = loads.fill("d2h", A, ords("d2h", i))
+        if tiers[i] == "nvme":
+            sched[i, "nvme_write"] = loads.fill("nvme_write", A, ords("nvme_write", i),
+                                                sched[i, "d2h"])
+    for i in sorted(offloaded, key=lambda i: use_ord(ends[i], L)):
+        A = float(p.boundary_bytes[i])
+        if tiers[i] == "dram":
+            lo = max(sched[i, "d2h"])
+            sched[i, "h2d"] = loads.fill("h2d", A, ords("h2d", i, lo)[::-1])
+        else:
+            read_ords = ords("nvme_read", i, max(sched[i, "nvme_write"]))
+            sched[i, "h2d"] = loads.fill("h2d", A, ords("h2d", i, read_ords[0])[::-1])
+            sched[i, "nvme_read"] = loads.fill("nvme_read", A, read_ords[::-1],
+                                               sched[i, "h2d"])
+    return tuple(Transfer(boundary=i, kind=kind, window=window_name(o, L), fraction=x)
+                 for (i, kind), cell in sorted(sched.items()) for o, x in sorted(cell.items()))

@@ -1,0 +1,239 @@
+"""Fluid window evaluator against windows computed by hand (docs/execution_model.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+
+from lazytrain.planner.evaluate import (
+    Decisions, build_plan, checkpoint_bytes, decisions_from_tiers, evaluate, schedule_transfers,
+)
+from lazytrain.planner.plan import (
+    Plan, PlanValidationError, SolveRecord, Transfer, legal_ords, window_names, window_ord,
+)
+from lazytrain.planner.problem import PlanningProblem
+
+U = 10**7  # byte unit: 1 "u" = 1e7 bytes; bandwidth 1e4 u/s, so 100 u = 10 ms on H2D/D2H
+MANUAL = SolveRecord(backend="manual")
+
+
+def _problem(**kw) -> PlanningProblem:
+    """3 blocks. F=10, Fg=12, B=20 ms; P=200u (20 ms H2D), G=100u (10 ms D2H), A=50u (5 ms),
+    I=30u; duplex 1.5e4 u/s (bytes/15 ms); embed 1 ms, head 4 ms, const 3 ms; fixed HBM 1000u;
+    grad_accum 2."""
+    base = dict(
+        fwd_ms=(10.0,) * 3, fwd_grad_ms=(12.0,) * 3, bwd_ms=(20.0,) * 3,
+        weight_bytes=(200 * U,) * 3, grad_bytes=(100 * U,) * 3, internal_bytes=(30 * U,) * 3,
+        boundary_bytes=(50 * U,) * 4, params_per_block=(10**8,) * 3, ends_params=10**7,
+        embed_ms=1.0, head_ms=4.0, const_ms=3.0,
+        h2d_bytes_per_s=1e4 * U, d2h_bytes_per_s=1e4 * U, duplex_bytes_per_s=1.5e4 * U,
+        nvme_read_bytes_per_s=5e3 * U, nvme_write_bytes_per_s=5e3 * U,
+        hbm_bytes=2000 * U, fixed_hbm_bytes=1000 * U, dram_bytes=10**11, nvme_bytes=10**11,
+        nvme_staging_bytes=10 * U, host_bytes_per_param=12.0, host_bytes_per_param_q8=10.0,
+        drain_windows=2, prefetch_windows=2, nvme_lead_windows=1, grad_accum=2,
+        tokens_per_micro_batch=389, model_flops_per_micro_batch=389e9,
+        hardware_flops_per_micro_batch_base=1e12, block_fwd_flops=(1e11,) * 3,
+    )
+    base.update(kw)
+    return PlanningProblem(**base)
+
+
+def _t(boundary, kind, window, fraction=1.0):
+    return Transfer(boundary=boundary, kind=kind, window=window, fraction=fraction)
+
+
+# Boundary 0 recompute (re-embedded), boundary 1 dram (d2h in f1, h2d in turn), boundary 2
+# recomputed inside segment (1, 3) of length 2, boundary 3 hbm; block 2 keeps its internals.
+HAND = Decisions(tiers=("recompute", "dram", "recompute", "hbm"), keep_internals=(2,),
+                 transfers=(_t(1, "d2h", "f1"), _t(1, "h2d", "turn")))
+
+# Work per window (compute ms, H2D u, D2H u):
+#   f0:   F0 = 10;                 H2D P1 = 200
+#   f1:   F1 = 10;                 H2D P2 = 200;  D2H A1 = 50 (d2h)
+#   f2:   Fg2 = 12 (kept);         H2D none (j+1 = L)
+#   turn: head 4;                  H2D P2 skipped (resident) + A1 = 50 (h2d)
+#   b2:   B2 + recompute F1 = 30 (no Fg2: kept); H2D P1 + re-stream P1 = 400; D2H none
+#   b1:   B1 + Fg1 = 32;           H2D P0 = 200;  D2H G2 = 100
+#   b0:   B0 + Fg0 + embed = 33;   H2D none;      D2H G1 = 100
+COMPUTE = [10, 10, 12, 4, 30, 32, 33]
+H2D = [200, 200, 0, 50, 400, 200, 0]
+D2H = [0, 50, 0, 0, 0, 100, 100]
+# GPU: max(comp, h2d/10, d2h/10, (h2d+d2h)/15):
+#   f0 max(10, 20, 0, 13.3) = 20;  f1 max(10, 20, 5, 16.7) = 20;  f2 12;  turn max(4, 5, 3.3) = 5
+#   b2 max(30, 40, 0, 26.7) = 40;  b1 max(32, 20, 10, 20) = 32;   b0 max(33, 0, 10, 6.7) = 33
+GPU_TIMES = [20, 20, 12, 5, 40, 32, 33]  # sum 162
+# CPU: comp + h2d/10 + d2h/10: 30, 35, 12, 9, 70, 62, 43 (sum 261)
+CPU_TIMES = [30, 35, 12, 9, 70, 62, 43]
+# pre = embed 1 + P0/10 = 21; post = G0/10 = 10.
+
+
+def test_gpu_windows_match_hand_computation():
+    ev = evaluate(_problem(), HAND)
+    assert [w.name for w in ev.windows] == window_names(3)
+    assert [w.compute_ms for w in ev.windows] == pytest.approx(COMPUTE)
+    assert [w.h2d_bytes / U for w in ev.windows] == pytest.approx(H2D)
+    assert [w.d2h_bytes / U for w in ev.windows] == pytest.approx(D2H)
+    assert [w.time_ms for w in ev.windows] == pytest.approx(GPU_TIMES)
+    assert [w.exposed_ms for w in ev.windows] == pytest.approx(
+        [g - c for g, c in zip(GPU_TIMES, COMPUTE)])
+    assert ev.micro_step_ms == pytest.approx(21 + 162 + 10)      # 193
+    assert ev.step_ms == pytest.approx(2 * 193 + 3)              # 389
+
+
+def test_cpu_windows_add_channel_times_to_compute():
+    ev = evaluate(_problem(copies_overlap_compute=False), HAND)
+    assert [w.time_ms for w in ev.windows] == pytest.approx(CPU_TIMES)
+    assert ev.step_ms == pytest.approx(2 * (21 + 261 + 10) + 3)  # 587
+
+
+def test_checkpoint_bytes_follow_the_holding_intervals():
+    # boundary 0 recompute in (0,1): [use=6, 6]; boundary 1 dram: [1, 1] and [3, 5];
+    # boundary 2 recompute in (1,3): [use=4, 4]; boundary 3: [3, 3].
+    ev = evaluate(_problem(), HAND)
+    held = [w.hbm_checkpoint_bytes / U for w in ev.windows]
+    assert held == pytest.approx([0, 50, 0, 100, 100, 50, 50])
+    # peak = fixed 1000 + held + keep term (I2 + P2 = 230 over ords 2..4)
+    assert [b / U for b in ev.hbm_by_window] == pytest.approx(
+        [1000, 1050, 1230, 1330, 1330, 1050, 1050])
+    assert ev.peak_hbm_bytes == pytest.approx(1330 * U)
+
+
+def test_predicted_throughput_and_host_bytes():
+    ev = evaluate(_problem(), dataclasses.replace(HAND, q8_blocks=(0,)))
+    # step 0.389 s: model 389e9 * 2 / 0.389 s = 2 TFLOPS; tokens 389 * 2 / 0.389 = 2000/s;
+    # hardware: base 1e12 + re-forward of blocks 0, 1 (2e11) + segment recompute of block 1
+    # (1e11) = 1.3e12 per micro-batch, 2.6e12 per step -> 2.6 / 0.389 TFLOPS.
+    assert ev.model_tflops == pytest.approx(2.0)
+    assert ev.tokens_per_s == pytest.approx(2000.0)
+    assert ev.hardware_flops == pytest.approx(2.6e12)
+    assert ev.hardware_tflops == pytest.approx(2.6 / 0.389)
+    # DRAM: A1 50u + staging 10u + states 1e8 * (10 + 12 + 12) + 1e7 * 12 = 3.52e9
+    assert ev.dram_bytes == pytest.approx(60 * U + 3.4e9 + 1.2e8)
+    assert ev.nvme_bytes == 0
+
+
+def test_capacity_violations_name_budget_window_and_shortfall():
+    ev = evaluate(_problem(hbm_bytes=1300 * U, dram_bytes=3 * 10**9), HAND)
+    assert not ev.feasible
+    assert ev.violations[0].startswith("HBM short by 0.30 GB in window turn")
+    # DRAM need: 0.5 + 0.1 + 3.6 + 0.12 = 4.32 GB vs 3 GB
+    assert ev.violations[1].startswith("DRAM short by 1.32 GB")
+
+
+def test_nvme_boundary_loads_the_nvme_channels():
+    # boundary 0 nvme in segment (0, 3): use = 2*3 - 3 + 1 = 4 (b2).
+    # NVMe at 500 u/s. f0: NVMe write A0 = 50u -> 100 ms > F0 = 10, so t = 100.
+    # turn: NVMe read 50u = 100 ms, H2D P2 + A0 = 250u = 25 ms -> t = 100.
+    d = Decisions(tiers=("nvme", "recompute", "recompute", "hbm"),
+                  transfers=(_t(0, "d2h", "f0"), _t(0, "nvme_write", "f0"),
+                             _t(0, "nvme_read", "turn"), _t(0, "h2d", "turn")))
+    ev = evaluate(_problem(nvme_read_bytes_per_s=500 * U, nvme_write_bytes_per_s=500 * U), d)
+    w = {x.name: x for x in ev.windows}
+    assert w["f0"].nvme_write_bytes == 50 * U and w["turn"].nvme_read_bytes == 50 * U
+    assert w["f0"].time_ms == pytest.approx(100.0)
+    assert w["turn"].time_ms == pytest.approx(100.0)
+    assert ev.nvme_bytes == 50 * U
+    # b2 recomputes blocks 0 and 1 (F0 + F1 = 20) and re-streams P0 + P1 (400u) plus the usual
+    # P1 (200u): compute 20 + B2 + Fg2 = 52, H2D 600u = 60 ms -> 60.
+    assert w["b2"].compute_ms == pytest.approx(52.0)
+    assert w["b2"].time_ms == pytest.approx(60.0)
+
+
+def test_build_plan_round_trips_and_keeps_the_evaluation(tmp_path):
+    plan = build_plan(_problem(), HAND, solver=MANUAL)
+    assert plan.predicted.step_ms == pytest.approx(389.0)
+    assert plan.provenance["horizons"] == {"drain_windows": 2, "prefetch_windows": 2,
+                                           "nvme_lead_windows": 1}
+    again = Plan.load(plan.save(tmp_path / "plan.json"))
+    assert again == plan
+    assert evaluate(_problem(), again).step_ms == pytest.approx(389.0)
+
+
+def test_build_plan_rejects_a_plan_reading_an_unwritten_checkpoint():
+    # nvme_read in turn (ord 3) but the NVMe write runs in b2 (ord 4): nothing written by turn.
+    d = Decisions(tiers=("nvme", "recompute", "recompute", "hbm"),
+                  transfers=(_t(0, "d2h", "f0"), _t(0, "nvme_write", "f2"),
+                             _t(0, "nvme_read", "f1"), _t(0, "h2d", "turn")))
+    with pytest.raises(PlanValidationError, match=r"boundary 0: nvme_read in window f1 reads "
+                                                  r"1.00 of the checkpoint but only 0.00"):
+        build_plan(_problem(), d, solver=MANUAL)
+
+
+ALL_TIER_CASES = {
+    "all-hbm": ("hbm", "hbm", "hbm", "hbm"),
+    "all-dram": ("dram", "dram", "dram", "hbm"),
+    "all-nvme": ("nvme", "nvme", "nvme", "hbm"),
+    "one-segment": ("recompute", "recompute", "recompute", "hbm"),
+    "mixed": ("nvme", "dram", "recompute", "hbm"),
+    "mixed-2": ("dram", "recompute", "nvme", "hbm"),
+}
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+@pytest.mark.parametrize("horizon", [1, 3], ids=["h1", "h3"])
+@pytest.mark.parametrize("case", sorted(ALL_TIER_CASES))
+def test_scheduled_plans_validate_for_every_tier_mix(case, horizon, gpu):
+    p = _problem(drain_windows=horizon, prefetch_windows=horizon, nvme_lead_windows=horizon - 1,
+                 copies_overlap_compute=gpu)
+    tiers = ALL_TIER_CASES[case]
+    keep = (2,) if tiers[3] != "recompute" else ()
+    plan = build_plan(p, decisions_from_tiers(p, tiers, keep), solver=MANUAL)
+    assert plan.tiers == tiers and plan.keep_internals == keep == plan.resident_weights
+
+
+def test_every_tier_assignment_of_four_blocks_schedules_legally():
+    p = _problem(fwd_ms=(10.0,) * 4, fwd_grad_ms=(12.0,) * 4, bwd_ms=(20.0,) * 4,
+                 weight_bytes=(200 * U,) * 4, grad_bytes=(100 * U,) * 4,
+                 internal_bytes=(30 * U,) * 4, boundary_bytes=(50 * U,) * 5,
+                 params_per_block=(10**8,) * 4, block_fwd_flops=(1e11,) * 4,
+                 drain_windows=1, prefetch_windows=1, nvme_lead_windows=0)
+    for head in itertools.product(("hbm", "dram", "nvme", "recompute"), repeat=4):
+        build_plan(p, decisions_from_tiers(p, head + ("hbm",)), solver=MANUAL)
+
+
+def test_cpu_schedule_drains_at_production_and_prefetches_just_before_use():
+    p = _problem(copies_overlap_compute=False)
+    tr = schedule_transfers(p, ("dram", "nvme", "recompute", "hbm"))
+    # boundary 0: segment (0,1), use = 6 (b0); boundary 1: segment (1,3), use = 4 (b2).
+    got = {(t.boundary, t.kind): (t.window, t.fraction) for t in tr}
+    assert got == {(0, "d2h"): ("f0", 1.0), (0, "h2d"): ("b1", 1.0),
+                   (1, "d2h"): ("f1", 1.0), (1, "nvme_write"): ("f1", 1.0),
+                   (1, "nvme_read"): ("turn", 1.0), (1, "h2d"): ("turn", 1.0)}
+
+
+def test_gpu_schedule_spreads_a_slow_nvme_read_over_window_slack():
+    # boundary 0 nvme in segment (0, 3), use = 4 (b2); nvme_read legal in ords 1..3 with H_p = 2,
+    # H_n = 1; at 500 u/s a 50u read takes 100 ms, far more than any window's slack, so the
+    # scheduler spreads it (and never lets it trail the h2d it feeds: validate() checks).
+    p = _problem(nvme_read_bytes_per_s=500 * U)
+    tiers = ("nvme", "recompute", "recompute", "hbm")
+    tr = schedule_transfers(p, tiers)
+    build_plan(p, Decisions(tiers=tiers, transfers=tr), solver=MANUAL)
+    reads = [t for t in tr if t.kind == "nvme_read"]
+    assert len(reads) > 1
+    assert sum(t.fraction for t in reads) == pytest.approx(1.0)
+    hz = dict(drain_windows=2, prefetch_windows=2, nvme_lead_windows=1)
+    for t in tr:
+        assert window_ord(t.window, 3) in legal_ords(t.kind, t.boundary, 3, 3, **hz)
+
+
+def test_scheduler_rejects_malformed_tiers():
+    with pytest.raises(ValueError, match=r"boundary 3: the last boundary must be hbm"):
+        schedule_transfers(_problem(), ("hbm", "hbm", "hbm", "dram"))
+    with pytest.raises(ValueError, match=r"boundary 1: tier 'gpu'"):
+        decisions_from_tiers(_problem(), ("hbm", "gpu", "hbm", "hbm"))
+    with pytest.raises(ValueError, match=r"block 0: keep_internals"):
+        decisions_from_tiers(_problem(), ("hbm", "recompute", "hbm", "hbm"), (0,))
+
+
+def test_checkpoint_bytes_of_an_offload_spread_over_windows_use_the_last_drain():
+    # boundary 1 dram in segment (1, 2) (use = b1, ord 5): d2h split f1/f2 -> held [1, 2];
+    # h2d in b2 -> held [4, 5]; released in turn (ord 3).
+    p = _problem()
+    held = checkpoint_bytes(p, ("hbm", "dram", "hbm", "hbm"),
+                            (_t(1, "d2h", "f1", 0.5), _t(1, "d2h", "f2", 0.5),
+                             _t(1, "h2d", "b2")))
+    # boundary 0 hbm [0, 6]; 1: [1, 2] + [4, 5]; 2 hbm [2, 4]; 3 [3, 3]
+    assert [h / U for h in held] == pytest.approx([50, 100, 150, 150, 150, 100, 50])
