@@ -1,0 +1,58 @@
+"""Gantt PNG of a simulated plan and of measured window durations."""
+
+from __future__ import annotations
+
+import pytest
+
+from lazytrain.planner.plan import Plan, Transfer
+from lazytrain.planner.problem import PlanningProblem
+from lazytrain.report.gantt import (
+    Bar, bars_from_events, render_gantt, render_sim_gantt, spans_from_durations,
+)
+from lazytrain.sim import simulate
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _problem() -> PlanningProblem:
+    L = 2
+    return PlanningProblem(
+        fwd_ms=(1.0,) * L, fwd_grad_ms=(1.5,) * L, bwd_ms=(2.0,) * L, weight_bytes=(1000,) * L,
+        grad_bytes=(1000,) * L, internal_bytes=(0,) * L, boundary_bytes=(1000,) * (L + 1),
+        params_per_block=(1,) * L, embed_ms=0.5, head_ms=1.0, h2d_bytes_per_s=1e6,
+        d2h_bytes_per_s=1e6, duplex_bytes_per_s=2e6, nvme_read_bytes_per_s=1e6,
+        nvme_write_bytes_per_s=1e6, hbm_bytes=10**9, dram_bytes=10**9, nvme_bytes=10**9)
+
+
+def _nvme_plan() -> Plan:
+    t = [("d2h", "f0"), ("nvme_write", "f0"), ("nvme_read", "turn"), ("h2d", "b1")]
+    return Plan(tiers=("nvme", "hbm", "hbm"),
+                transfers=tuple(Transfer(boundary=0, kind=k, window=w, fraction=1.0)
+                                for k, w in t))
+
+
+def test_bars_cover_every_stream_the_plan_uses():
+    r = simulate(_problem(), _nvme_plan())
+    rows = {b.row for b in bars_from_events(r.events)}
+    assert rows == {"compute", "h2d", "d2h", "nvme_read", "nvme_write"}
+
+
+def test_sim_gantt_writes_a_png_atomically(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = render_sim_gantt(simulate(_problem(), _nvme_plan()), tmp_path / "plan.png",
+                           title="tiny nvme plan")
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]  # no temp file left behind
+
+
+def test_measured_windows_render_from_durations(tmp_path):
+    pytest.importorskip("matplotlib")
+    spans = spans_from_durations(["f0", "turn", "b0"], [2.0, 1.0, 3.5])
+    assert [(s.start_ms, s.end_ms) for s in spans] == [(0.0, 2.0), (2.0, 3.0), (3.0, 6.5)]
+    bars = [Bar(row="compute", start_ms=0.0, end_ms=6.0, kind="fwd", label="measured")]
+    assert render_gantt(tmp_path / "m.png", bars=bars, windows=spans).stat().st_size > 0
+
+
+def test_durations_and_names_must_pair_up():
+    with pytest.raises(ValueError, match="3 window names but 2 durations"):
+        spans_from_durations(["f0", "turn", "b0"], [1.0, 2.0])
