@@ -220,3 +220,52 @@ class GradDrain:
         """Finish every queued drain."""
         while self.pending:
             self._finish_oldest()
+
+
+class WindowMeter:
+    """Per-window wall time: CUDA events on the compute stream, or `time.perf_counter` on CPU.
+
+    Use `with meter.window("f3"):`; `times_ms()` resolves the events (sync point, call once per
+    step) and returns window name -> ms summed over micro-batches.
+    """
+
+    def __init__(self, streams: Streams) -> None:
+        self.streams = streams
+        self.records: list[tuple[str, object, object]] = []
+
+    def window(self, name: str):
+        return _MeterWindow(self, name)
+
+    def reset(self) -> None:
+        self.records.clear()
+
+    def times_ms(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, start, end in self.records:
+            if self.streams.is_cuda:
+                end.synchronize()
+                ms = start.elapsed_time(end)
+            else:
+                ms = (end - start) * 1e3
+            out[name] = out.get(name, 0.0) + ms
+        return out
+
+
+class _MeterWindow:
+    def __init__(self, meter: WindowMeter, name: str) -> None:
+        self.meter, self.name = meter, name
+
+    def _stamp(self):
+        if self.meter.streams.is_cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(self.meter.streams.compute)
+            return ev
+        import time
+        return time.perf_counter()
+
+    def __enter__(self):
+        self.start = self._stamp()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.meter.records.append((self.name, self.start, self._stamp()))

@@ -1,0 +1,428 @@
+"""The streaming engine: one training step that executes a Plan on a `ModelAdapter`.
+
+Owns the schedule of one step: forward over blocks, head and loss in sequence chunks, backward
+per segment in reverse (recompute, re-forward, backward), gradient drain to the host store, and
+handing per-block AdamW updates to the optimizer worker. It decides nothing: boundary tiers,
+segments, kept blocks, resident weights and every transfer's window come from the Plan
+(docs/execution_model.md is the contract). Every boundary byte moves through the
+`CheckpointStore`; weights and gradients move through `runtime.streams`.
+
+Windows per micro-batch: `pre` (embedding, block 0's weight load), f0..f{L-1}, turn,
+b{L-1}..b0, `post` (embedding backward, ends-gradient drain). Gradient accumulation repeats
+them per micro-batch; the loss is normalised by the label tokens of the whole step so that
+accumulation equals the big-batch gradient.
+
+Dropout: the RNG state (CPU and, on CUDA, the device generator) is saved before each block's
+forward and replayed, in a forked RNG, by the recompute and the re-forward, so both see the
+same masks as the forward; the global RNG advances exactly as in a plain forward.
+
+Legend: B = micro-batch, S = sequence length, H = hidden size, L = number of blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lazytrain.models.adapter import ModelAdapter, shift_labels, IGNORE_INDEX
+from lazytrain.planner.plan import Plan
+from lazytrain.runtime.activations import TRANSFER_ORDER, CheckpointStore
+from lazytrain.runtime.optim import BlockOptimizer, clip_scale, global_grad_norm
+from lazytrain.runtime.streams import DeviceWeights, GradDrain, Streams, WindowMeter
+
+COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+HEAD_CHUNK_TOKENS = 128
+"""Sequence positions per head/loss chunk: logits exist for [B, chunk, V] at a time."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class StepStats:
+    """What one `Engine.step` measured."""
+
+    loss: float
+    """Mean next-token loss over the step's label tokens."""
+    tokens: int
+    """Label tokens of the step (non-ignored positions), all micro-batches."""
+    step_s: float
+    """Wall time of the step, s (the optimizer tail overlaps the next step)."""
+    peak_bytes: dict[str, int] = field(default_factory=dict)
+    """Peak bytes per store accounting key over the step's windows."""
+    window_ms: dict[str, float] = field(default_factory=dict)
+    """Measured time per window, ms, summed over micro-batches."""
+    lr: float | None = None
+    grad_norm: float | None = None
+    """Global gradient norm before clipping (None when clipping is off)."""
+
+
+@dataclass(slots=True)
+class _MicroBatch:
+    """Per-micro-batch state computed once and reused by forward, recompute and backward."""
+
+    index: int
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    mask_inputs: dict = field(default_factory=dict)
+    """`attention_mask` [B, S] and `position_ids` [B, S] as given (None: absent)."""
+    kwargs: list[dict] = field(default_factory=list)
+    rng: dict[int, tuple] = field(default_factory=dict)
+    kept: dict[int, tuple] = field(default_factory=dict)
+    weights: dict[int, object] = field(default_factory=dict)
+
+
+class Engine:
+    """Executes a Plan, step by step, on one device.
+
+    Args:
+        adapter: the model (weights in `adapter.params`, fp32 master).
+        plan: the Plan; refused (PlanValidationError) if its provenance names another model,
+            and at the first step another seq_len or micro_batch.
+        device: "cpu" or "cuda" (chosen once; the CUDA path uses streams and pinned buffers).
+        nvme_dir: directory for the nvme tier's files.
+        compute_dtype: "fp32" or "bf16" (device copies and activations).
+        lr, betas, eps, weight_decay: AdamW (torch semantics); `step(lr=...)` overrides lr.
+        clip_grad_norm: max global grad norm, or None/0 for no clipping.
+        grad_accum: micro-batches per optimizer step (checked against each step's list).
+        seed: seeds torch's RNG once here (dropout, repeatable runs).
+        io_threads: NVMe worker threads of the checkpoint store.
+        model_config_sha256: provenance key to check (default: the adapter's).
+        store: an existing CheckpointStore (tests with fault hooks); default: a new one.
+    """
+
+    def __init__(self, adapter: ModelAdapter, plan: Plan, *, device: str = "cpu",
+                 nvme_dir: str | Path | None = None, compute_dtype: str = "fp32", lr: float = 1e-4,
+                 betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
+                 clip_grad_norm: float | None = None, grad_accum: int = 1, seed: int = 0,
+                 io_threads: int = 2, model_config_sha256: str | None = None,
+                 store: CheckpointStore | None = None) -> None:
+        if plan.num_blocks != adapter.num_blocks:
+            raise ValueError(f"plan has {plan.num_blocks} blocks, model has {adapter.num_blocks}")
+        plan.check_matches(model_config_sha256=model_config_sha256 or adapter.config_sha256)
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"train.compute_dtype: {compute_dtype!r}; use fp32 or bf16")
+        torch.manual_seed(seed)
+        self.adapter, self.plan, self.L = adapter, plan, plan.num_blocks
+        self.device = torch.device(device)
+        self.dtype = COMPUTE_DTYPES[compute_dtype]
+        self.params = adapter.params
+        self.streams = Streams(self.device)
+        self.weights = DeviceWeights(self.params, self.streams, self.dtype)
+        self.drain = GradDrain(self.streams, max(self.params.max_block_numel(),
+                                                 self.params.ends.numel))
+        self.meter = WindowMeter(self.streams)
+        self.store = store or CheckpointStore(
+            device=self.device, nvme_dir=Path(nvme_dir or "lazytrain_nvme"), io_threads=io_threads,
+            hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
+        self.optimizer = BlockOptimizer(self.params, lr=lr, betas=betas, eps=eps,
+                                        weight_decay=weight_decay)
+        self.lr = lr
+        self.clip = clip_grad_norm or None
+        self.grad_accum = grad_accum
+        self.resident = set(plan.resident_weights) | set(plan.keep_internals)
+        self.keep = set(plan.keep_internals)
+        self._checked_shape = False
+        self._ends_dev: torch.Tensor | None = None
+        self._ends_grad: torch.Tensor | None = None
+
+    # --- the step ------------------------------------------------------------------------------
+
+    def step(self, micro_batches: list[dict], lr: float | None = None) -> StepStats:
+        """One optimizer step over `micro_batches` (len == grad_accum).
+
+        Reads as: per micro-batch forward_blocks, head_and_loss, backward_segments; then
+        queue_optimizer. Updates run on the worker thread and overlap the next step's
+        forward (block j's next weight load waits for block j's update).
+        """
+        t0 = time.perf_counter()
+        lr = self.lr if lr is None else lr
+        early = self.clip is None  # without clipping a block steps once its grads are final
+        loss, tokens = self._run(micro_batches, step_lr=lr if early else None)
+        grad_norm = self.queue_optimizer(lr)
+        return self._stats(loss, tokens, time.perf_counter() - t0, lr, grad_norm)
+
+    def compute_gradients(self, micro_batches: list[dict]) -> float:
+        """Forward + backward only; fp32 gradients are left in the host store. Returns the loss."""
+        loss, _ = self._run(micro_batches, step_lr=None)
+        return loss
+
+    def _run(self, micro_batches: list[dict], *, step_lr: float | None) -> tuple[float, int]:
+        if len(micro_batches) != self.grad_accum:
+            raise ValueError(f"got {len(micro_batches)} micro-batches; grad_accum is "
+                             f"{self.grad_accum}")
+        self.store.reset_peaks()
+        self.meter.reset()
+        mbs = [self._prepare(m, b) for m, b in enumerate(micro_batches)]
+        tokens = int(sum((mb.targets != IGNORE_INDEX).sum() for mb in mbs))
+        self._load_ends()
+        loss = 0.0
+        for mb in mbs:
+            final = mb.index == len(mbs) - 1
+            h = self.forward_blocks(mb)
+            loss_mb, grad = self.head_and_loss(mb, h, tokens)
+            self.backward_segments(mb, grad, step_lr=step_lr if final else None)
+            loss += loss_mb
+        self.drain.flush()
+        return loss, tokens
+
+    def forward_blocks(self, mb: _MicroBatch) -> torch.Tensor:
+        """pre + f0..f{L-1}: returns boundary L [B, S, H] (not yet stored)."""
+        with self.meter.window("pre"):
+            h = self.embed(mb)
+            mb.kwargs = self.adapter.block_kwargs(mb.input_ids, h, **mb.mask_inputs)
+            mb.weights[0] = self.prefetch_weights(0)
+        for j in range(self.L):
+            with self.window(f"f{j}", mb):
+                if self.plan.is_materialized(j):
+                    self.store.put(j, h, self.plan.tiers[j], micro_batch=mb.index)  # produced
+                self.issue_transfers(f"f{j}", mb)
+                if j + 1 < self.L:
+                    mb.weights[j + 1] = self.prefetch_weights(j + 1)
+                h = self.run_forward(mb, j, h)
+                if j not in self.resident:
+                    self.weights.release(mb.weights.pop(j))
+        return h
+
+    def head_and_loss(self, mb: _MicroBatch, h: torch.Tensor, tokens: int
+                      ) -> tuple[float, torch.Tensor]:
+        """turn: final norm, LM head and loss in sequence chunks, and their backward.
+
+        Returns:
+            (this micro-batch's share of the step loss, d loss / d boundary L [B, S, H]).
+        """
+        L = self.L
+        with self.window("turn", mb):
+            self.store.put(L, h, "hbm", micro_batch=mb.index)
+            self.issue_transfers("turn", mb)
+            if L - 1 not in self.resident:
+                mb.weights[L - 1] = self.prefetch_weights(L - 1)
+            loss, grad = self.head_chunks(mb, self.store.get(L, micro_batch=mb.index), tokens)
+            self.store.release(L, micro_batch=mb.index)
+        return loss, grad
+
+    def backward_segments(self, mb: _MicroBatch, grad: torch.Tensor, *,
+                          step_lr: float | None) -> None:
+        """b{L-1}..b0 segment by segment (last first), then the embedding backward (post).
+
+        `step_lr` set: the last micro-batch of a step without clipping; each block's update is
+        queued as soon as its gradient is in the host accumulator.
+        """
+        for s, e in self.plan.segments_backward():
+            for j in range(e - 1, s - 1, -1):
+                with self.window(f"b{j}", mb):
+                    self.issue_transfers(f"b{j}", mb)
+                    if j >= 1 and j - 1 not in self.resident:
+                        mb.weights[j - 1] = self.prefetch_weights(j - 1)
+                    if j == e - 1:
+                        self.recompute_segment(mb, s, e)
+                    grad = self.backward_block(mb, j, grad, step_lr=step_lr)
+                    self.store.release(j, micro_batch=mb.index)
+                    self.weights.release(mb.weights.pop(j))
+        with self.meter.window("post"):
+            self.embed_backward(mb, grad)
+            on_done = None if step_lr is None else (lambda: self.optimizer.submit(
+                self.params.ends, lr=step_lr))
+            self.drain.drain(self.params.ends, self._ends_grad, first=mb.index == 0,
+                             on_done=on_done)
+
+    def queue_optimizer(self, lr: float) -> float | None:
+        """With clipping: the exact global norm is known now (every gradient is final), so
+        queue the ends and then blocks 0, 1, ... (the next step needs them in that order).
+        Without clipping the updates were queued during backward. Returns the norm or None."""
+        if self.clip is None:
+            return None
+        norm = global_grad_norm(self.params)
+        scale = clip_scale(norm, self.clip)
+        self.optimizer.submit(self.params.ends, lr=lr, grad_scale=scale)
+        for j in range(self.L):
+            self.optimizer.submit(self.params.blocks[j], lr=lr, grad_scale=scale)
+        return norm
+
+    # --- phase verbs ---------------------------------------------------------------------------
+
+    def prefetch_weights(self, j: int):
+        """Start block j's H2D after its pending optimizer update (sync point with the worker)."""
+        group = self.params.blocks[j]
+        self.optimizer.wait(group)
+        return self.weights.load(group, j, resident=j in self.resident)
+
+    def issue_transfers(self, window: str, mb: _MicroBatch) -> None:
+        """Every transfer the plan names for `window`, kinds in the store's required order."""
+        transfers = sorted(self.plan.transfers_in(window), key=lambda t: TRANSFER_ORDER.index(t.kind))
+        for t in transfers:
+            self.store.transfer(t.boundary, t.kind, t.fraction, micro_batch=mb.index)
+
+    def run_forward(self, mb: _MicroBatch, j: int, h: torch.Tensor) -> torch.Tensor:
+        """Block j's forward; a kept block runs with autograd and keeps its graph until b{j}."""
+        mb.rng[j] = self._rng_state()
+        flat = self.weights.ready(mb.weights[j])
+        if j not in self.keep:
+            with torch.no_grad():
+                return self._block(mb, j, h, flat)
+        x = h.detach().requires_grad_()
+        w = flat.detach().requires_grad_()
+        with torch.enable_grad():
+            out = self._block(mb, j, x, w)
+        mb.kept[j] = (x, out, w)
+        return out.detach()
+
+    def recompute_segment(self, mb: _MicroBatch, s: int, e: int) -> None:
+        """Blocks s..e-2 without autograd from boundary s; outputs go to the recompute cache."""
+        if s == 0 and self.plan.tiers[0] == "recompute":
+            self.store.put(0, self.embed(mb), "recompute", micro_batch=mb.index)  # re-embedded
+        h = self.store.get(s, micro_batch=mb.index)
+        for k in range(s, e - 1):
+            handle = mb.weights[k] if k in self.resident else self.prefetch_weights(k)
+            with torch.no_grad(), self._replay(mb.rng[k]):
+                h = self._block(mb, k, h, self.weights.ready(handle))
+            if k not in self.resident:
+                self.weights.release(handle)
+            self.store.put(k + 1, h, "recompute", micro_batch=mb.index)
+
+    def backward_block(self, mb: _MicroBatch, j: int, grad: torch.Tensor, *,
+                       step_lr: float | None) -> torch.Tensor:
+        """Re-forward block j with autograd (or use its kept graph), backward, drain its grads.
+
+        Returns:
+            d loss / d boundary j [B, S, H].
+        """
+        if j in mb.kept:
+            x, out, w = mb.kept.pop(j)
+        else:
+            x = self.store.get(j, micro_batch=mb.index).detach().requires_grad_()
+            w = self.weights.ready(mb.weights[j]).detach().requires_grad_()
+            with torch.enable_grad(), self._replay(mb.rng[j]):
+                out = self._block(mb, j, x, w)
+        grad_x, grad_w = torch.autograd.grad(out, (x, w), grad, allow_unused=True)
+        group = self.params.blocks[j]
+        on_done = None if step_lr is None else (lambda: self.optimizer.submit(group, lr=step_lr))
+        self.drain.drain(group, grad_w, first=mb.index == 0, on_done=on_done)
+        return grad_x
+
+    def head_chunks(self, mb: _MicroBatch, h: torch.Tensor, tokens: int
+                    ) -> tuple[float, torch.Tensor]:
+        """Loss and its gradient chunk by chunk; never materialises [B, S, V] logits."""
+        ends = self.params.ends
+        grad_h = torch.empty_like(h)
+        total = 0.0
+        for a in range(0, h.shape[1], HEAD_CHUNK_TOKENS):
+            b = min(h.shape[1], a + HEAD_CHUNK_TOKENS)
+            x = h[:, a:b].detach().requires_grad_()
+            w = self._ends_dev.detach().requires_grad_()
+            v = ends.views(w)
+            with torch.enable_grad():
+                loss = self.adapter.head_loss_sum(
+                    x, mb.targets[:, a:b], norm_weight=v[self._norm_name],
+                    head_weight=v[self.adapter.head_name]) / max(tokens, 1)
+            gx, gw = torch.autograd.grad(loss, (x, w))
+            grad_h[:, a:b] = gx
+            self._ends_grad.add_(gw)
+            total += float(loss.detach())
+        return total, grad_h
+
+    def embed(self, mb: _MicroBatch) -> torch.Tensor:
+        """Boundary 0: [B, S, H] embedding of the micro-batch's tokens (no autograd)."""
+        with torch.no_grad():
+            return self.adapter.embed(mb.input_ids, self._ends_view(self.adapter.embed_name))
+
+    def embed_backward(self, mb: _MicroBatch, grad: torch.Tensor) -> None:
+        """d loss / d embedding weight from d loss / d boundary 0, into the ends gradient."""
+        w = self._ends_dev.detach().requires_grad_()
+        with torch.enable_grad():
+            out = self.adapter.embed(mb.input_ids, self.params.ends.views(w)[self.adapter.embed_name])
+        (gw,) = torch.autograd.grad(out, (w,), grad)
+        self._ends_grad.add_(gw)
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    @contextmanager
+    def window(self, name: str, mb: _MicroBatch):
+        """One plan window: store barrier semantics + the meter."""
+        self.store.begin_window(name)
+        with self.meter.window(name):
+            yield
+            self.store.end_window()
+
+    def _block(self, mb: _MicroBatch, j: int, h: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        return self.adapter.forward_block(j, h, self.params.blocks[j].views(flat), mb.kwargs[j])
+
+    @property
+    def _norm_name(self) -> str:
+        return f"{self.adapter.layout.norm}.weight"
+
+    def _ends_view(self, name: str) -> torch.Tensor:
+        return self.params.ends.views(self._ends_dev)[name]
+
+    def _load_ends(self) -> None:
+        """Embedding, final norm and head: resident on the device for the whole step (after
+        their pending update), with a device fp32 gradient buffer per micro-batch."""
+        self.optimizer.wait(self.params.ends)
+        ends = self.params.ends
+        self._ends_dev = ends.master.to(device=self.device, dtype=self.dtype, copy=True)
+        self._ends_grad = torch.zeros(ends.numel, dtype=torch.float32, device=self.device)
+
+    def _prepare(self, m: int, batch: dict) -> _MicroBatch:
+        ids = batch["input_ids"].to(self.device)
+        if not self._checked_shape:
+            self.plan.check_matches(seq_len=ids.shape[1], micro_batch=ids.shape[0])
+            self._checked_shape = True
+        masks = {k: (None if batch.get(k) is None else batch[k].to(self.device))
+                 for k in ("attention_mask", "position_ids")}
+        return _MicroBatch(index=m, input_ids=ids, mask_inputs=masks,
+                           targets=shift_labels(batch["labels"]).to(self.device))
+
+    def _rng_state(self) -> tuple:
+        cuda = torch.cuda.get_rng_state(self.device) if self.streams.is_cuda else None
+        return torch.get_rng_state(), cuda
+
+    @contextmanager
+    def _replay(self, state: tuple):
+        """Run with the RNG as it was before the block's forward; restore it afterwards."""
+        devices = [self.device] if self.streams.is_cuda else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(state[0])
+            if state[1] is not None:
+                torch.cuda.set_rng_state(state[1], self.device)
+            yield
+
+    def _stats(self, loss: float, tokens: int, step_s: float, lr: float,
+               grad_norm: float | None) -> StepStats:
+        peaks: dict[str, int] = {}
+        for p in self.store.peak_by_window().values():
+            for k, v in p.items():
+                peaks[k] = max(peaks.get(k, 0), v)
+        return StepStats(loss=loss, tokens=tokens, step_s=step_s, peak_bytes=peaks,
+                         window_ms=self.meter.times_ms(), lr=lr, grad_norm=grad_norm)
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """HF parameter name -> accumulated fp32 gradient (views; tied head not repeated)."""
+        self.drain.flush()
+        return self.params.named_grads()
+
+    def named_parameters_fp32(self) -> dict[str, torch.Tensor]:
+        """HF parameter name -> fp32 master weight, after every queued update."""
+        self.optimizer.wait_all()
+        return self.params.named_master()
+
+    def state_dict(self) -> dict:
+        """Optimizer states (per group) and RNG states; weights are saved by `save_hf_dir`."""
+        rng = {"cpu": torch.get_rng_state()}
+        if self.streams.is_cuda:
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {"optimizer": self.optimizer.state_dict(), "rng": rng}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["cpu"])
+        if self.streams.is_cuda and "cuda" in state["rng"]:
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+
+    def close(self) -> None:
+        """Finish queued updates, stop the worker, remove NVMe files."""
+        self.optimizer.close()
+        self.store.close()
