@@ -1,0 +1,277 @@
+"""`lazytrain plan`: solve the activation placement for a run config and print the plan.
+
+Reads the run config (YAML + flags named after config keys + `--set section.key=value`),
+builds the PlanningProblem, plans with the chosen policy, and prints a table: boundaries per
+tier, recomputed blocks, keep-internals, predicted step time / model TFLOPS / tokens/s / peak
+HBM next to the MegaTrain rule and the bounds, the solver record, and the event simulator's
+check. `--out` writes the Plan JSON, `--gantt` the simulated timeline (both atomically, paths
+on stderr). Exit codes: 0 ok; 1 no plan fits the budgets; 2 bad usage or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+POLICIES = ("milp", "heuristic", "megatrain", "ideal")
+
+FLAG_KEYS = {
+    "model": "model.config_path",
+    "hardware": "hardware.preset",
+    "seq_len": "data.seq_len",
+    "micro_batch": "train.micro_batch",
+    "grad_accum": "train.grad_accum",
+    "policy": "planner.policy",
+    "backend": "planner.backend",
+    "time_limit_s": "planner.time_limit_s",
+    "gap": "planner.gap",
+    "k_max": "planner.k_max",
+    "megatrain_k": "planner.megatrain_k",
+}
+"""argparse dest -> the config key the flag sets (flags are named after config keys)."""
+
+EPILOG = """\
+examples:
+  lazytrain plan --config configs/qwen3.6-27b-h800.yaml --out plan.json --gantt plan.png
+  lazytrain plan --config configs/qwen3.6-27b-h800.yaml --policy heuristic --micro-batch 36
+  lazytrain plan --model ../shared/models/qwen3-8b.json --hardware h100-pcie --seq-len 4096 \\
+      --micro-batch 8 --set planner.time_limit_s=30 --json
+"""
+
+
+def add_config_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that set config keys (shared by `plan` and `simulate`)."""
+    p.add_argument("--config", metavar="FILE.yaml", help="run config YAML (default: built-in job)")
+    p.add_argument("--model", metavar="CONFIG_JSON", help="model.config_path: HF config.json, "
+                   "model dir or built-in name")
+    p.add_argument("--hardware", metavar="NAME_OR_FILE",
+                   help="hardware.preset: preset name (h800-paper, h100-sxm, cpu, ...) or file")
+    p.add_argument("--seq-len", type=int, metavar="N", help="data.seq_len, tokens")
+    p.add_argument("--micro-batch", type=int, metavar="N", help="train.micro_batch, sequences")
+    p.add_argument("--grad-accum", type=int, metavar="N", help="train.grad_accum, micro-batches")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override any config key (repeatable; named flags win over --set)")
+
+
+def register(subparsers) -> None:
+    """Add the `plan` subcommand."""
+    p = subparsers.add_parser(
+        "plan", help="choose where each block-boundary activation lives and print the plan",
+        description=__doc__.split("\n\n")[1], epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_flags(p)
+    p.add_argument("--policy", choices=POLICIES, help="planner.policy")
+    p.add_argument("--backend", choices=("scip", "highs"), help="planner.backend (MILP solver)")
+    p.add_argument("--time-limit-s", type=float, metavar="S", help="planner.time_limit_s")
+    p.add_argument("--gap", type=float, metavar="G", help="planner.gap (relative, 0.005 = 0.5%%)")
+    p.add_argument("--k-max", type=int, metavar="K", help="planner.k_max (longest segment)")
+    p.add_argument("--megatrain-k", type=int, metavar="K", help="planner.megatrain_k")
+    p.add_argument("--out", metavar="plan.json", help="write the Plan JSON here")
+    p.add_argument("--gantt", metavar="plan.png", help="write the simulated timeline as PNG")
+    p.add_argument("--json", action="store_true",
+                   help="print the plan JSON and the comparison instead of the table")
+    p.set_defaults(func=run)
+
+
+def config_overrides(args: argparse.Namespace) -> list[str]:
+    """`--set` strings followed by the named flags as `section.key=value` (flags win)."""
+    out = list(args.set)
+    for dest, key in FLAG_KEYS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            # JSON text is valid YAML: strings stay strings ("on", "1e3" are not reinterpreted)
+            out.append(f"{key}={json.dumps(value)}")
+    return out
+
+
+def load_problem(args: argparse.Namespace, *, base: dict | None = None):
+    """(RunConfig, PlanningProblem) from `--config` (or `base`, a resolved config dict) + flags.
+
+    Raises:
+        ValueError, TypeError, FileNotFoundError: bad config (main prints one line, exit 2).
+    """
+    from lazytrain.config import apply_overrides, config_from_dict, load_config
+    from lazytrain.planner.build import problem_from_config
+
+    overrides = config_overrides(args)
+    if args.config is None and base is not None:
+        cfg = apply_overrides(config_from_dict(base), overrides)
+    else:
+        cfg = load_config(args.config, overrides)
+    return cfg, problem_from_config(cfg)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, compare, print; write --out / --gantt. Returns the exit code."""
+    from lazytrain.planner.milp import PlanInfeasibleError
+    from lazytrain.planner.policy import plan_with_policy
+
+    cfg, problem = load_problem(args)
+    pc = cfg.planner
+    kw = dict(backend=pc.backend, time_limit_s=pc.time_limit_s, gap=pc.gap,
+              threads=pc.threads, seed=pc.seed, megatrain_k=pc.megatrain_k)
+    try:
+        plan = plan_with_policy(problem, pc.policy, **kw)
+    except PlanInfeasibleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    baseline = plan if pc.policy == "megatrain" else plan_with_policy(
+        problem, "megatrain", lp_bound=False, **kw)
+    report = build_report(problem, plan, baseline, policy=pc.policy, megatrain_k=pc.megatrain_k)
+    if args.json:
+        print(json.dumps({"plan": plan.to_dict(), "comparison": report}, indent=1))
+    else:
+        print(format_table(problem, plan, report))
+    write_outputs(problem, plan, out=args.out, gantt=args.gantt)
+    violations = plan.provenance.get("violations") or []
+    if violations and pc.policy != "ideal":
+        print(f"error: the {pc.policy} plan breaks a budget: {violations[0]}; raise the budget "
+              f"or shrink train.micro_batch / data.seq_len", file=sys.stderr)
+        return 1
+    return 0
+
+
+def write_outputs(problem, plan, *, out: str | None, gantt: str | None) -> None:
+    """Write the plan JSON and the Gantt PNG atomically; print their paths on stderr."""
+    if out:
+        print(f"wrote {plan.save(out)}", file=sys.stderr)
+    if gantt:
+        from lazytrain.report.gantt import render_sim_gantt
+        from lazytrain.sim import simulate
+
+        title = f"{problem.name}: simulated micro-batch"
+        print(f"wrote {render_sim_gantt(simulate(problem, plan), gantt, title=title)}",
+              file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Report (plain data for --json, table for humans)
+
+
+def throughput(problem, step_ms: float | None) -> dict:
+    """Model TFLOPS and tokens/s of a step time (None when unknown)."""
+    if not step_ms:
+        return {"step_ms": step_ms, "model_tflops": None, "tokens_per_s": None}
+    s = step_ms / 1e3
+    return {"step_ms": step_ms,
+            "model_tflops": problem.model_flops_per_micro_batch * problem.grad_accum / s / 1e12,
+            "tokens_per_s": problem.tokens_per_micro_batch * problem.grad_accum / s}
+
+
+def _row(problem, plan) -> dict:
+    pr = plan.predicted
+    row = throughput(problem, pr.step_ms if pr else None)
+    if pr:
+        row.update(model_tflops=pr.model_tflops, tokens_per_s=pr.tokens_per_s,
+                   peak_hbm_bytes=pr.peak_hbm_bytes)
+    return row
+
+
+def build_report(problem, plan, baseline, *, policy: str, megatrain_k: int) -> dict:
+    """Rows for the chosen policy, the MegaTrain rule and the bounds, plus the simulator check."""
+    from lazytrain.sim import compare, simulate
+
+    rows = {policy: _row(problem, plan)}
+    rows[f"megatrain (K={megatrain_k})"] = _row(problem, baseline)
+    b = plan.bounds
+    for label, value in (("ideal plan (bound)", b.ideal_step_ms), ("LP bound", b.lp_step_ms),
+                         ("roofline bound", b.roofline_step_ms)):
+        if value is not None:
+            rows[label] = throughput(problem, value)
+    ours, base = rows[policy]["step_ms"], rows[f"megatrain (K={megatrain_k})"]["step_ms"]
+    sim = simulate(problem, plan)
+    return {
+        "rows": rows,
+        "speedup_vs_megatrain": base / ours if ours and base else None,
+        "solver": None if plan.solver is None else _asdict(plan.solver),
+        "bounds": _asdict(b),
+        "simulator": {"step_ms": sim.step_ms, "disagreements": compare(problem, plan)},
+        "violations": list(plan.provenance.get("violations") or []),
+    }
+
+
+def _asdict(obj) -> dict:
+    from dataclasses import asdict
+
+    return asdict(obj)
+
+
+def ranges(indices) -> str:
+    """Compact index list: [0, 1, 2, 5, 7, 8] -> '0-2,5,7-8' ('-' when empty)."""
+    idx = sorted(indices)
+    if not idx:
+        return "-"
+    parts, lo, prev = [], idx[0], idx[0]
+    for i in idx[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(lo) if lo == prev else f"{lo}-{prev}")
+        if i is not None:
+            lo = prev = i
+    return ",".join(parts)
+
+
+def recomputed_blocks(plan) -> list[int]:
+    """Blocks re-run in backward before their segment's last block: s..e-2 of each segment."""
+    return [k for s, e in plan.segments() for k in range(s, e - 1)]
+
+
+def format_table(problem, plan, report: dict) -> str:
+    """The human-readable plan summary (stdout)."""
+    from lazytrain.planner.plan import TIERS
+
+    L, prov = plan.num_blocks, plan.provenance
+    lines = [f"plan for {prov.get('model', problem.name)} on {prov.get('hardware', '?')}: "
+             f"{L} blocks, seq {prov.get('seq_len', '?')}, micro-batch "
+             f"{prov.get('micro_batch', '?')}, grad-accum {problem.grad_accum}"]
+    s = report["solver"]
+    if s:
+        gap = "-" if s.get("gap") is None else f"{100 * s['gap']:.2f}%"
+        lines.append(f"solver: {s['backend']} ({s['status']}), {s['solve_s']:.2f} s, gap {gap}, "
+                     f"{s['num_vars']} vars, {s['num_rows']} rows")
+    lines.append("")
+    lines.append(f"boundaries ({L + 1}): " + "  ".join(
+        f"{t} {plan.tiers.count(t)}" for t in TIERS))
+    for t in TIERS:
+        lines.append(f"  {t:<10} {ranges(i for i, x in enumerate(plan.tiers) if x == t)}")
+    rec = recomputed_blocks(plan)
+    lines.append(f"recomputed blocks ({len(rec)}): {ranges(rec)}")
+    lines.append(f"keep-internals ({len(plan.keep_internals)}): {ranges(plan.keep_internals)}")
+    lines.append(f"resident weights ({len(plan.resident_weights)}): "
+                 f"{ranges(plan.resident_weights)}")
+    lines.append("")
+    lines += _perf_table(report)
+    lines += _check_lines(report)
+    return "\n".join(lines)
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _perf_table(report: dict) -> list[str]:
+    head = f"{'':<20} {'step ms':>12} {'model TFLOPS':>13} {'tokens/s':>11} {'peak HBM GB':>12}"
+    out = [head]
+    for label, r in report["rows"].items():
+        hbm = r.get("peak_hbm_bytes")
+        out.append(f"{label:<20} {_fmt(r['step_ms'], '12.1f')} {_fmt(r['model_tflops'], '13.1f')}"
+                   f" {_fmt(r['tokens_per_s'], '11.1f')} "
+                   f"{_fmt(None if hbm is None else hbm / 1e9, '12.2f')}")
+    return out
+
+
+def _check_lines(report: dict) -> list[str]:
+    out = [""]
+    if report["speedup_vs_megatrain"]:
+        out.append(f"speedup over the MegaTrain rule: {report['speedup_vs_megatrain']:.3f}x")
+    sim = report["simulator"]
+    n = len(sim["disagreements"])
+    out.append(f"event simulator: step {sim['step_ms']:.1f} ms; "
+               + ("agrees with the evaluator" if not n else f"{n} disagreement(s):"))
+    out += [f"  {d}" for d in sim["disagreements"][:8]]
+    if n > 8:
+        out.append(f"  ... {n - 8} more (lazytrain simulate plan.json)")
+    out += [f"violation: {v}" for v in report["violations"]]
+    return out

@@ -1,0 +1,106 @@
+"""`lazytrain simulate`: re-evaluate a saved plan with the fluid evaluator and the event simulator.
+
+The problem is rebuilt from the plan's provenance config (or `--config`), optionally on other
+hardware (`--hardware NAME_OR_FILE`), and both models are printed window by window with the
+simulator's explanation of each disagreement. Exit codes: 0 ok (disagreements are reported,
+not errors); 1 the plan does not fit this problem; 2 bad usage, config or plan file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from lazytrain.cli.plan import add_config_flags, load_problem
+
+EPILOG = """\
+examples:
+  lazytrain plan --config configs/qwen3.6-27b-h800.yaml --out plan.json
+  lazytrain simulate plan.json
+  lazytrain simulate plan.json --hardware h100-pcie --gantt h100.png
+"""
+
+
+def register(subparsers) -> None:
+    """Add the `simulate` subcommand."""
+    p = subparsers.add_parser(
+        "simulate", help="re-evaluate a plan with both the window evaluator and the event "
+        "simulator", description=__doc__.split("\n\n")[1], epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("plan", metavar="plan.json", help="a plan written by `lazytrain plan --out`")
+    add_config_flags(p)
+    p.add_argument("--weight-buffers", type=int, default=2, metavar="N",
+                   help="device weight buffers the simulated engine has (default 2)")
+    p.add_argument("--gantt", metavar="sim.png", help="write the simulated timeline as PNG")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the plan, rebuild the problem, print the comparison. Returns the exit code."""
+    from lazytrain.planner.evaluate import evaluate
+    from lazytrain.planner.plan import Plan
+    from lazytrain.sim import SimOptions, compare, simulate
+
+    plan = Plan.load(args.plan).validate()
+    base = plan.provenance.get("config")
+    if args.config is None and not base:
+        raise ValueError(f"{args.plan}: provenance has no config; pass --config FILE.yaml")
+    _cfg, problem = load_problem(args, base=base)
+    if problem.num_blocks != plan.num_blocks:
+        print(f"error: {args.plan}: plan has {plan.num_blocks} blocks but the model has "
+              f"{problem.num_blocks}; re-plan with `lazytrain plan`", file=sys.stderr)
+        return 1
+    opts = SimOptions(weight_buffers=args.weight_buffers)
+    ev, sim = evaluate(problem, plan), simulate(problem, plan, options=opts)
+    diffs = compare(problem, plan, options=opts)
+    if args.json:
+        print(json.dumps(_as_json(ev, sim, diffs), indent=1))
+    else:
+        print(format_comparison(problem, ev, sim, diffs))
+    if args.gantt:
+        from lazytrain.report.gantt import render_sim_gantt
+
+        print(f"wrote {render_sim_gantt(sim, args.gantt, title=problem.name)}", file=sys.stderr)
+    return 0
+
+
+def _as_json(ev, sim, diffs: list[str]) -> dict:
+    return {
+        "evaluator": {"step_ms": ev.step_ms, "feasible": ev.feasible,
+                      "violations": list(ev.violations)},
+        "simulator": {"step_ms": sim.step_ms},
+        "windows": [{"name": w.name, "evaluator_ms": w.time_ms,
+                     "simulator_ms": sim.window(w.name).time_ms,
+                     "evaluator_exposed_ms": w.exposed_ms,
+                     "simulator_exposed_ms": sim.window(w.name).exposed_ms,
+                     "simulator_exposed_by_channel": sim.window(w.name).exposed_by_channel}
+                    for w in ev.windows],
+        "disagreements": diffs,
+    }
+
+
+def format_comparison(problem, ev, sim, diffs: list[str]) -> str:
+    """Per-window table (both models, exposed time, the simulator's slowest channel) + totals."""
+    lines = [f"{problem.name}: {problem.num_blocks} blocks, "
+             f"{'GPU (copies overlap compute)' if problem.copies_overlap_compute else 'CPU'}",
+             f"{'window':<7} {'eval ms':>10} {'sim ms':>10} {'diff ms':>9} {'eval exp':>9} "
+             f"{'sim exp':>9}  sim exposed by"]
+    for w in ev.windows:
+        s = sim.window(w.name)
+        chan = ", ".join(f"{k} {v:.2f}" for k, v in s.exposed_by_channel.items() if v > 1e-6)
+        if s.stall_ms > 1e-6:
+            chan = f"compute stall {s.stall_ms:.2f}" + (f", {chan}" if chan else "")
+        lines.append(f"{w.name:<7} {w.time_ms:10.3f} {s.time_ms:10.3f} "
+                     f"{s.time_ms - w.time_ms:+9.3f} {w.exposed_ms:9.3f} {s.exposed_ms:9.3f}  "
+                     f"{chan or '-'}")
+    lines.append(f"{'step':<7} {ev.step_ms:10.3f} {sim.step_ms:10.3f} "
+                 f"{sim.step_ms - ev.step_ms:+9.3f}")
+    if ev.violations:
+        lines += [f"violation: {v}" for v in ev.violations]
+    lines.append("")
+    lines.append("agreement: the event simulator matches the evaluator" if not diffs
+                 else f"{len(diffs)} disagreement(s):")
+    lines += [f"  {d}" for d in diffs]
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""`lazytrain plan` and `lazytrain simulate`, run in-process on a tiny model config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lazytrain.cli.main import main
+from lazytrain.cli.plan import ranges
+
+pytest.importorskip("lazytrain.planner.build", reason="problem_from_config not in the tree yet")
+pytest.importorskip("lazytrain.planner.heuristics", reason="heuristics not in the tree yet")
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    """A run config YAML for a 4-block, hidden-64 Llama on h800-paper (planning only)."""
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY_LLAMA))
+    (tmp_path / "tiny.yaml").write_text(
+        "model:\n  config_path: tiny.json\n  dtype: bf16\n"
+        "hardware:\n  preset: h800-paper\n"
+        "data:\n  seq_len: 64\n"
+        "train:\n  micro_batch: 2\n  grad_accum: 1\n"
+        "planner:\n  time_limit_s: 5\n")
+    return tmp_path / "tiny.yaml"
+
+
+def test_ranges_compress_sorted_indices():
+    assert ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert ranges([]) == "-"
+
+
+def test_plan_prints_tiers_policy_megatrain_and_bounds(tiny_config, capsys):
+    assert main(["plan", "--config", str(tiny_config), "--policy", "heuristic"]) == 0
+    out = capsys.readouterr().out
+    assert "4 blocks, seq 64, micro-batch 2" in out
+    assert "boundaries (5): hbm" in out
+    for label in ("heuristic", "megatrain (K=4)", "roofline bound", "recomputed blocks",
+                  "keep-internals", "speedup over the MegaTrain rule", "event simulator"):
+        assert label in out, label
+
+
+def test_plan_milp_writes_plan_and_gantt_atomically(tiny_config, tmp_path, capsys):
+    pytest.importorskip("highspy")
+    out_json, png = tmp_path / "p.json", tmp_path / "p.png"
+    assert main(["plan", "--config", str(tiny_config), "--policy", "milp", "--backend", "highs",
+                 "--out", str(out_json), "--gantt", str(png)]) == 0
+    cap = capsys.readouterr()
+    assert "LP bound" in cap.out and "solver: highs" in cap.out
+    assert f"wrote {out_json}" in cap.err and f"wrote {png}" in cap.err
+    assert json.loads(out_json.read_text())["version"] == 1
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_plan_json_holds_plan_and_comparison(tiny_config, capsys):
+    assert main(["plan", "--config", str(tiny_config), "--policy", "megatrain", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [b["tier"] for b in doc["plan"]["boundaries"]][-1] == "hbm"
+    assert "megatrain (K=4)" in doc["comparison"]["rows"]
+    assert doc["comparison"]["speedup_vs_megatrain"] == pytest.approx(1.0)
+
+
+def test_flags_named_after_config_keys_override_the_yaml(tiny_config, capsys):
+    assert main(["plan", "--config", str(tiny_config), "--policy", "megatrain",
+                 "--seq-len", "128", "--micro-batch", "3", "--json"]) == 0
+    prov = json.loads(capsys.readouterr().out)["plan"]["provenance"]
+    assert (prov["seq_len"], prov["micro_batch"]) == (128, 3)
+
+
+def test_unknown_config_key_exits_2_with_one_line_naming_the_key(tiny_config, capsys):
+    assert main(["plan", "--config", str(tiny_config), "--set", "planner.polcy=milp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "planner.polcy" in err and "planner.policy" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_impossible_hbm_budget_exits_1_naming_the_budget(tiny_config, capsys):
+    pytest.importorskip("highspy")
+    code = main(["plan", "--config", str(tiny_config), "--policy", "milp",
+                 "--set", "hardware.hbm_gb=0.000001"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "HBM" in err
+
+
+def test_simulate_reevaluates_a_saved_plan_on_other_hardware(tiny_config, tmp_path, capsys):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--config", str(tiny_config), "--policy", "megatrain",
+                 "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(plan), "--config", str(tiny_config)]) == 0
+    same = capsys.readouterr().out
+    assert "window" in same and "\nstep " in same and "b0" in same
+    assert main(["simulate", str(plan), "--config", str(tiny_config),
+                 "--hardware", "h100-pcie", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["windows"]) == 2 * 4 + 1
+    assert doc["simulator"]["step_ms"] > 0
+
+
+@pytest.mark.slow
+def test_seed_config_plans_with_the_heuristic(repo_root, capsys):
+    seed = repo_root / "configs" / "qwen3.6-27b-h800.yaml"
+    if not seed.exists():
+        pytest.skip("configs/qwen3.6-27b-h800.yaml not in the tree yet")
+    assert main(["plan", "--config", str(seed), "--policy", "heuristic",
+                 "--time-limit-s", "2"]) in (0, 1)
+    assert "64 blocks" in capsys.readouterr().out
