@@ -11,10 +11,12 @@ Formats (plain dict registry `FORMATS`, read top to bottom):
 | `alpaca`     | `instruction`, `output`  | `input`, `system` | tatsu-lab/stanford_alpaca       |
 | `gsm8k`      | `question`, `answer`     |                   | openai/grade-school-math        |
 | `metamathqa` | `query`, `response`      |                   | meta-math/MetaMathQA            |
+| `messages`   | `messages` (role/content)|                   | OpenAI chat format              |
+| `sharegpt`   | `conversations` (from/value) |               | ShareGPT / LlamaFactory         |
 
 `auto` picks the first format whose required columns are all present in the first record.
 Every format becomes a list of `Message`s (user prompt, assistant response with `train=True`),
-so multi-turn formats (sharegpt/openai `messages`, issue 5) slot in as one more converter.
+and multi-turn formats train every assistant turn, not only the last.
 """
 
 from __future__ import annotations
@@ -112,12 +114,35 @@ def _metamathqa(row: Mapping) -> Example:
     return _single_turn(row["query"].strip(), response, answer=extract_final_answer(response))
 
 
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                   "system": "system"}
+
+
+def _turns(pairs: list[tuple[str, str]]) -> Example:
+    messages = tuple(Message(role=role, content=content, train=role == "assistant")
+                     for role, content in pairs)
+    if not any(m.train for m in messages):
+        raise ValueError("the conversation has no assistant turn to train on")
+    last = [m.content for m in messages if m.train][-1]
+    return Example(messages=messages, answer=None if "####" not in last
+                   else extract_final_answer(last))
+
+
+def _messages(row: Mapping) -> Example:
+    return _turns([(str(t["role"]), str(t["content"])) for t in row["messages"]])
+
+
+def _sharegpt(row: Mapping) -> Example:
+    return _turns([(_SHAREGPT_ROLES[str(t["from"])], str(t["value"]))
+                   for t in row["conversations"]])
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class FormatSpec:
     """How one file format maps to `Example`s."""
 
     required: tuple[str, ...]
-    """Columns every record must have (non-null strings)."""
+    """Columns every record must have (non-null)."""
     convert: Callable[[Mapping], Example]
     """Record -> Example, called after the columns were checked."""
 
@@ -126,6 +151,8 @@ FORMATS: dict[str, FormatSpec] = {
     "alpaca": FormatSpec(required=("instruction", "output"), convert=_alpaca),
     "gsm8k": FormatSpec(required=("question", "answer"), convert=_gsm8k),
     "metamathqa": FormatSpec(required=("query", "response"), convert=_metamathqa),
+    "messages": FormatSpec(required=("messages",), convert=_messages),
+    "sharegpt": FormatSpec(required=("conversations",), convert=_sharegpt),
 }
 
 
@@ -183,10 +210,21 @@ def detect_format(record: Mapping, *, path: str | Path = "<data>") -> str:
 def load_examples(path: str | Path, fmt: str = "auto") -> list[Example]:
     """Read `path` and convert every record with format `fmt` ("auto" = detect).
 
+    Same as `read_dataset(path, fmt)[0]`.
+    """
+    return read_dataset(path, fmt)[0]
+
+
+def read_dataset(path: str | Path, fmt: str = "auto") -> tuple[list[Example], str]:
+    """Read `path` and convert every record with format `fmt` ("auto" = detect).
+
+    Returns:
+        (examples, the format name used).
+
     Raises:
-        ValueError: unknown format; a record missing a required column or with a non-string
-            value there (naming the record index, the column and the columns it has); see also
-            `read_records`.
+        ValueError: unknown format; a record missing a required column, or with a value there
+            the format cannot read (naming the record index, the column and the columns it
+            has); see also `read_records`.
     """
     records = read_records(path)
     if fmt == "auto":
@@ -197,11 +235,14 @@ def load_examples(path: str | Path, fmt: str = "auto") -> list[Example]:
     spec = FORMATS[fmt]
     examples = []
     for index, record in enumerate(records):
+        where = f"data.path: {path} record {index}"
         for col in spec.required:
-            if not isinstance(record.get(col), str):
-                problem = "is missing" if col not in record else "is not a string"
-                raise ValueError(f"data.path: {path} record {index}: column {col!r} {problem} "
-                                 f"(format {fmt!r} needs {list(spec.required)}; the record has "
-                                 f"{sorted(record)})")
-        examples.append(spec.convert(record))
-    return examples
+            if record.get(col) is None:
+                raise ValueError(f"{where}: column {col!r} is missing (format {fmt!r} needs "
+                                 f"{list(spec.required)}; the record has {sorted(record)})")
+        try:
+            examples.append(spec.convert(record))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise ValueError(f"{where}: cannot read it as {fmt!r} ({type(exc).__name__}: "
+                             f"{exc})") from None
+    return examples, fmt

@@ -1,0 +1,142 @@
+"""Micro-batches: a deterministic, resumable stream of padded `[batch, seq_len]` tensors.
+
+Samples are encoded lazily as the stream reaches them (a 395K-row MetaMathQA file costs no
+start-up time), in an order that is a pure function of (seed, epoch), so the position
+`(epoch, cursor)` is the whole data state a checkpoint needs. Every batch is padded on the right
+to exactly `seq_len` (the plan was made for that shape); with causal attention and right
+padding, real tokens never attend to padding, and padding carries label -100.
+
+Packing (several samples per row with per-sequence position ids and isolated attention) is not
+implemented here yet: it needs the engine's attention path to honour per-sequence masks.
+TODO(#5): packing. Knows nothing about the model.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lazytrain.data.formats import Example
+from lazytrain.data.tokenize import IGNORE_INDEX, Encoded, encode
+
+
+@dataclass(kw_only=True, slots=True)
+class DataCounts:
+    """What happened to the samples the stream has drawn so far (for the run summary)."""
+
+    drawn: int = 0
+    """Samples read from the dataset (including skipped ones)."""
+    truncated: int = 0
+    """Samples longer than seq_len that were cut (overlong="truncate")."""
+    skipped: int = 0
+    """Samples dropped: longer than seq_len with overlong="skip", or no trained token left."""
+
+    def to_dict(self) -> dict[str, int]:
+        return {"drawn": self.drawn, "truncated": self.truncated, "skipped": self.skipped}
+
+
+def pad_batch(samples: list[Encoded], *, seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """Stack encodings into one right-padded micro-batch.
+
+    Returns:
+        `input_ids` [batch, seq_len] int64 (pad_id after each sample), `labels` [batch, seq_len]
+        int64 (IGNORE_INDEX on padding), `attention_mask` [batch, seq_len] int64 (1 = real).
+    """
+    batch = len(samples)
+    input_ids = torch.full((batch, seq_len), pad_id, dtype=torch.int64)
+    labels = torch.full((batch, seq_len), IGNORE_INDEX, dtype=torch.int64)
+    attention_mask = torch.zeros((batch, seq_len), dtype=torch.int64)
+    for row, sample in enumerate(samples):
+        n = len(sample.input_ids)
+        input_ids[row, :n] = torch.tensor(sample.input_ids, dtype=torch.int64)
+        labels[row, :n] = torch.tensor(sample.labels, dtype=torch.int64)
+        attention_mask[row, :n] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainStream:
+    """Endless micro-batches over `examples`, reshuffled each epoch, resumable bit for bit."""
+
+    examples: list[Example]
+    """The training set (not empty)."""
+    tokenizer: Any
+    """A fast HF tokenizer (see `tokenize.encode`)."""
+    micro_batch: int
+    """Samples per micro-batch, >= 1."""
+    seq_len: int
+    """Row length in tokens."""
+    pad_id: int
+    """Token id used for padding (its label is always IGNORE_INDEX)."""
+    seed: int
+    """Data-order seed (`train.seed`)."""
+    overlong: str = "truncate"
+    """"truncate" or "skip" (see `tokenize.encode`)."""
+    epoch: int = 0
+    """Current pass over the data."""
+    cursor: int = 0
+    """Next index into this epoch's order."""
+    counts: DataCounts = field(default_factory=DataCounts)
+    """Running counts of drawn / truncated / skipped samples."""
+    _order_cache: tuple[int, list[int]] | None = field(default=None, init=False, repr=False)
+
+    def _order(self, epoch: int) -> list[int]:
+        """This epoch's sample order (cached: a shuffle is O(n))."""
+        if self._order_cache is None or self._order_cache[0] != epoch:
+            # A string seed gives the same order on every platform and ignores global RNG state.
+            order = list(range(len(self.examples)))
+            random.Random(f"lazytrain-data-{self.seed}-{epoch}").shuffle(order)
+            self._order_cache = (epoch, order)
+        return self._order_cache[1]
+
+    def _next_sample(self) -> Encoded:
+        """The next usable encoding, advancing (epoch, cursor).
+
+        Raises:
+            ValueError: when a whole epoch yields no usable sample (all too long or empty).
+        """
+        misses = 0
+        while True:
+            if self.cursor >= len(self.examples):
+                self.epoch, self.cursor = self.epoch + 1, 0
+            index = self._order(self.epoch)[self.cursor]
+            self.cursor += 1
+            self.counts.drawn += 1
+            sample = encode(self.tokenizer, self.examples[index], seq_len=self.seq_len,
+                            overlong=self.overlong)
+            if sample is not None:
+                self.counts.truncated += int(sample.truncated)
+                return sample
+            self.counts.skipped += 1
+            misses += 1
+            if misses >= len(self.examples):
+                raise ValueError(f"data: no sample fits data.seq_len={self.seq_len} with "
+                                 f"data.overlong={self.overlong!r}; raise data.seq_len or use "
+                                 f"overlong=truncate")
+
+    def next_micro_batch(self) -> dict[str, torch.Tensor]:
+        """The next `[micro_batch, seq_len]` batch (see `pad_batch`)."""
+        samples = [self._next_sample() for _ in range(self.micro_batch)]
+        return pad_batch(samples, seq_len=self.seq_len, pad_id=self.pad_id)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position and counts; with the same examples and seed this restores the stream."""
+        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed,
+                "num_examples": len(self.examples), "counts": self.counts.to_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict()`.
+
+        Raises:
+            ValueError: when the dataset size or seed differs from the saved one (resuming on
+                different data would not continue the same run).
+        """
+        if state["num_examples"] != len(self.examples) or state["seed"] != self.seed:
+            raise ValueError(f"data: checkpoint was made on {state['num_examples']} samples with "
+                             f"seed {state['seed']}; this run has {len(self.examples)} samples "
+                             f"with seed {self.seed}; resume with the same data and train.seed")
+        self.epoch, self.cursor = state["epoch"], state["cursor"]
+        self.counts = DataCounts(**state["counts"])
