@@ -206,6 +206,9 @@ def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start,
         sol.col_value = [float(v) for v in start]
         sol.value_valid = True
         h.setSolution(sol)
+    # HiGHS keeps one process-wide thread scheduler; another instance with a different thread
+    # count makes run() fail with "scheduler already initialized", so reset it per solve.
+    highspy.Highs.resetGlobalScheduler(True)
     t0 = time.perf_counter()
     h.run()
     solve_s = time.perf_counter() - t0

@@ -1,0 +1,83 @@
+"""Reference step times for a planning problem: LP relaxation, roofline, ideal plan.
+
+Owns the three numbers in a Plan's `bounds` object (DESIGN.md section 3, "Bounds reported with
+every plan"):
+
+- `lp_bound_ms`: the placement MILP with every binary relaxed to [0, 1] and no tie-breakers or
+  8-bit penalty; a valid lower bound on the step time of every plan that fits the budgets
+  (the slack penalties are zero for such plans). The gap of a plan is plan / LP - 1.
+- `roofline_ms`: closed form, no solver: the windows' part of the step is at least the largest
+  mandatory channel total (compute without recompute, weight H2D, gradient D2H, their duplex
+  sum; on a CPU their sum), plus the constant pre/post/const terms.
+- `ideal_ms`: the evaluator's step time of the infinite-HBM plan (every boundary in HBM, every
+  block keeps its internals when keep is offered): the "% of ideal" headline, not a bound
+  in the strict sense (a kept block's forward runs with autograd).
+
+Knows no torch; the LP goes through `solvers.solve` (lazy solver imports).
+Source: ../shared/PLANNER_NOTES.md section 6.5.
+"""
+
+from __future__ import annotations
+
+from lazytrain.planner.plan import Bounds
+from lazytrain.planner.problem import PlanningProblem
+
+
+def lp_bound_ms(problem: PlanningProblem, *, backend: str = "highs",
+                time_limit_s: float = 60.0) -> float:
+    """Optimal value of the LP relaxation of the placement MILP, ms per step.
+
+    Raises:
+        RuntimeError: the LP did not solve to optimality.
+    """
+    from lazytrain.planner.milp import build_milp
+    from lazytrain.planner.solvers import solve
+
+    milp = build_milp(problem, relax=True, tie_breakers=False, q8_penalty=False)
+    res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=0.0, relax=True)
+    if res.status != "optimal" or res.objective is None:
+        raise RuntimeError(f"LP relaxation ended with status {res.status} ({res.detail})")
+    return res.objective
+
+
+def roofline_ms(problem: PlanningProblem) -> float:
+    """max(mandatory compute, H2D, D2H, duplex) over the windows + constant terms, ms per step.
+
+    Mandatory per micro-batch (window part): compute sum(Fg + B) + head with keep offered, else
+    sum(F + Fg + B) + head; H2D the forward weight loads P[1..L-1], plus the backward loads
+    P[0..L-1] when keep (resident weights) is not offered; D2H the gradients G[1..L-1]. GPU:
+    the max of compute and channel times; CPU: their sum. Step = ga * (pre + that + post) + const.
+    """
+    p, L = problem, problem.num_blocks
+    ms = lambda nbytes, bps: nbytes / bps * 1e3  # noqa: E731
+    if p.allow_keep:
+        comp = sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
+        h2d = float(sum(p.weight_bytes[1:]))
+    else:
+        comp = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
+        h2d = float(sum(p.weight_bytes[1:]) + sum(p.weight_bytes))
+    d2h = float(sum(p.grad_bytes[1:L]))
+    h2d_ms, d2h_ms = ms(h2d, p.h2d_bytes_per_s), ms(d2h, p.d2h_bytes_per_s)
+    if p.copies_overlap_compute:
+        windows = max(comp, h2d_ms, d2h_ms, ms(h2d + d2h, p.duplex_bytes_per_s))
+    else:
+        windows = comp + h2d_ms + d2h_ms
+    pre = p.embed_ms + ms(p.weight_bytes[0], p.h2d_bytes_per_s)
+    post = ms(p.grad_bytes[0] + p.ends_grad_bytes, p.d2h_bytes_per_s)
+    return p.grad_accum * (pre + windows + post) + p.const_ms
+
+
+def ideal_ms(problem: PlanningProblem) -> float:
+    """Evaluator step time of the infinite-HBM plan (all boundaries hbm, all blocks kept), ms."""
+    from lazytrain.planner.evaluate import Decisions, evaluate
+
+    L = problem.num_blocks
+    keep = tuple(range(L)) if problem.allow_keep else ()
+    return evaluate(problem, Decisions(tiers=("hbm",) * (L + 1), keep_internals=keep)).step_ms
+
+
+def compute_bounds(problem: PlanningProblem, *, lp: bool = True, backend: str = "highs"
+                   ) -> Bounds:
+    """All three reference step times (lp_step_ms None when `lp` is False), ms."""
+    return Bounds(lp_step_ms=lp_bound_ms(problem, backend=backend) if lp else None,
+                  roofline_step_ms=roofline_ms(problem), ideal_step_ms=ideal_ms(problem))

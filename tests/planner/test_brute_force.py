@@ -1,0 +1,143 @@
+"""Both MILP backends find the optimum of an exhaustive enumeration on problems of <= 4 blocks.
+
+The enumeration is independent of the solvers' search: it lists every discrete choice (tier of
+each boundary 0..L-1 among hbm/dram/nvme/recompute, where recompute of boundary 0 means
+re-embed; keep-internals of each block whose next boundary is materialized), fixes exactly those
+binaries in the model, and solves the remaining LP over the continuous transfer fractions and
+window times with HiGHS (capacity slacks fixed to 0, so a choice that cannot fit is skipped).
+The minimum over all choices is the true optimum of the model; each backend's plan, scored by
+the fluid evaluator, must match it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from lazytrain.planner.evaluate import evaluate
+from lazytrain.planner.milp import build_milp, solve_milp
+from lazytrain.planner.problem import PlanningProblem
+
+U = 10**7
+"""Byte unit of the fixtures: 1 u = 1e7 bytes; at 1e4 u/s, 100 u moves in 10 ms."""
+
+
+def tiny_problem(L: int = 4, **kw) -> PlanningProblem:
+    """Heterogeneous blocks so that optima are unique; HBM room 260 u beside 1000 u fixed;
+    DRAM room 200 u beside 12 B/param states (4.1e8 params = 492 u) and 10 u staging."""
+    F = (10.0, 14.0, 8.0, 12.0)[:L]
+    base = dict(
+        fwd_ms=F, fwd_grad_ms=tuple(f + 2 for f in F), bwd_ms=tuple(2 * f for f in F),
+        weight_bytes=(50 * U, 60 * U, 40 * U, 55 * U)[:L], grad_bytes=(50 * U,) * L,
+        internal_bytes=(150 * U, 120 * U, 60 * U, 30 * U)[:L],
+        boundary_bytes=(100 * U, 80 * U, 120 * U, 90 * U, 100 * U)[:L] + (100 * U,),
+        params_per_block=(10**8,) * L, ends_params=10**7 + (4 - L) * 10**8,
+        embed_ms=1.0, head_ms=4.0, const_ms=3.0,
+        h2d_bytes_per_s=1e4 * U, d2h_bytes_per_s=1e4 * U, duplex_bytes_per_s=1.5e4 * U,
+        nvme_read_bytes_per_s=5e3 * U, nvme_write_bytes_per_s=5e3 * U,
+        hbm_bytes=1260 * U, fixed_hbm_bytes=1000 * U, dram_bytes=702 * U, nvme_bytes=1000 * U,
+        nvme_staging_bytes=10 * U, host_bytes_per_param=12.0,
+        drain_windows=2, prefetch_windows=2, nvme_lead_windows=1, grad_accum=2,
+    )
+    base.update(kw)
+    return PlanningProblem(**base)
+
+
+SCENARIOS = {
+    # GPU, HBM room 280 u, DRAM for one checkpoint, NVMe for one: offload to both tiers,
+    # recompute and keep compete.
+    "gpu_tight_hbm": tiny_problem(hbm_bytes=1280 * U, dram_bytes=602 * U, nvme_bytes=100 * U),
+    # CPU: copies contend with compute (window = compute + channel times).
+    "cpu_contention": tiny_problem(copies_overlap_compute=False, hbm_bytes=1350 * U),
+    # No DRAM room left for checkpoints, a fast NVMe: the NVMe tier carries the offloads.
+    "nvme_favouring": tiny_problem(L=3, dram_bytes=502 * U, nvme_read_bytes_per_s=2e4 * U,
+                                   nvme_write_bytes_per_s=2e4 * U, hbm_bytes=1200 * U,
+                                   nvme_lead_windows=2),
+}
+
+
+def brute_force_optimum(problem: PlanningProblem) -> tuple[float, tuple]:
+    """min over every discrete choice of the LP over transfers (HiGHS), and its argmin."""
+    highspy = pytest.importorskip("highspy")
+    import numpy as np
+
+    milp = build_milp(problem, relax=True, tie_breakers=False)
+    m, v, L = milp.model, milp.v, problem.num_blocks
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    highspy.Highs.resetGlobalScheduler(True)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = m.num_vars, m.num_rows
+    lp.col_cost_ = np.array(m.obj)
+    lp.col_lower_, lp.col_upper_ = np.array(m.var_lb), np.array(m.var_ub)
+    lp.row_lower_, lp.row_upper_ = np.array(m.row_lb), np.array(m.row_ub)
+    lp.offset_ = m.obj_offset
+    starts = np.cumsum([0] + [len(r) for r in m.row_coeffs])
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = starts
+    lp.a_matrix_.index_ = np.array([c for r in m.row_coeffs for c in r], dtype=np.int32)
+    lp.a_matrix_.value_ = np.array([a for r in m.row_coeffs for a in r.values()])
+    h.passModel(lp)
+    fixed_cols = (list(v.seg.values()) + list(v.mat.values()) + list(v.hbm.values())
+                  + list(v.dram.values()) + list(v.nvme.values()) + list(v.emb.values())
+                  + list(v.keep.values()) + list(v.q8.values()) + list(v.slack_hbm.values())
+                  + list(v.slack_host.values()))
+    tiers_of = ("hbm", "dram", "nvme", "recompute") if problem.nvme_bytes else (
+        "hbm", "dram", "recompute")
+    best, arg = math.inf, None
+    for tiers in itertools.product(tiers_of, repeat=L):
+        tiers = tiers + ("hbm",)
+        starts_ = [0] + [i for i in range(1, L + 1) if tiers[i] != "recompute"]
+        segs = list(zip(starts_[:-1], starts_[1:]))
+        if any(e - s > problem.k_max for s, e in segs):
+            continue
+        keepable = [j for j in range(L) if tiers[j + 1] != "recompute"] \
+            if problem.allow_keep else []
+        for nkeep in range(len(keepable) + 1):
+            for keep in itertools.combinations(keepable, nkeep):
+                value = dict.fromkeys(fixed_cols, 0.0)
+                for s, e in segs:
+                    value[v.seg[s, e]] = 1.0
+                for i in range(1, L):
+                    value[v.mat[i]] = float(tiers[i] != "recompute")
+                for i in range(L):
+                    if tiers[i] != "recompute":
+                        value[getattr(v, tiers[i])[i]] = 1.0
+                if tiers[0] == "recompute":
+                    value[v.emb[segs[0][1]]] = 1.0
+                for j in keep:
+                    value[v.keep[j]] = 1.0
+                cols = np.array(list(value), dtype=np.int32)
+                vals = np.array(list(value.values()))
+                h.changeColsBounds(len(cols), cols, vals, vals)
+                h.run()
+                if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+                    obj = h.getInfo().objective_function_value
+                    if obj < best - 1e-9:
+                        best, arg = obj, (tiers, keep)
+    return best, arg
+
+
+@pytest.mark.parametrize("backend", ["highs", "scip"])
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_milp_matches_brute_force_on_tiny_problems(scenario, backend):
+    pytest.importorskip("pyscipopt" if backend == "scip" else "highspy")
+    problem = SCENARIOS[scenario]
+    best, arg = brute_force_optimum(problem)
+    assert math.isfinite(best), "every discrete choice was infeasible; the fixture is wrong"
+    plan = solve_milp(problem, backend=backend, gap=0.0, time_limit_s=30)
+    step = evaluate(problem, plan).step_ms
+    assert step == pytest.approx(best, rel=1e-6), (plan.tiers, plan.keep_internals, arg)
+
+
+def test_scenarios_exercise_offload_recompute_keep_and_nvme():
+    """The fixtures are not degenerate: their optima use the choices they are meant to test."""
+    pytest.importorskip("highspy")
+    used = {name: brute_force_optimum(p)[1] for name, p in SCENARIOS.items()}
+    gpu_tiers, gpu_keep = used["gpu_tight_hbm"]
+    assert {"dram", "nvme", "recompute"} <= set(gpu_tiers) and gpu_keep, used
+    assert "recompute" in used["cpu_contention"][0] and used["cpu_contention"][1], used
+    assert "nvme" in used["nvme_favouring"][0], used
