@@ -1,0 +1,308 @@
+"""`BlockCosts`: per-block times (ms) and sizes (bytes) for one micro-batch, analytic or measured.
+
+Symbols as in DESIGN.md section 3 and docs/execution_model.md: F (forward, no autograd),
+Fg (forward with autograd, the re-forward before backward), B (backward), P (weight bytes
+streamed H2D), G (gradient bytes drained D2H), A (boundary activation bytes), I (autograd-saved
+internal activations of a block, excluding its input boundary).
+
+Analytic model (`analytic_costs`), per block j and micro-batch of T = micro_batch * seq_len:
+- FLOPs: fwd = T * (2 * active_params + attention core) (`BlockSpec.fwd_flops_per_token`);
+  bwd = 2 x the matmul FLOPs + 2.5 x the attention-core FLOPs (FlashAttention-2's backward
+  recomputes the scores: arXiv 2307.08691 section 3.1); fwd_grad = 1.05 x fwd
+  (`FWD_GRAD_FACTOR`: saving activations costs memory traffic, not FLOPs; an estimate, replaced
+  by the measured profile).
+- time = FLOPs / (peak_flops * matmul_efficiency).
+- P = params x compute-dtype bytes; G = params x grad-dtype bytes (grads drain in the compute
+  dtype: bf16 with bf16 compute, fp32 with fp32); A = T x hidden x compute-dtype bytes;
+  I = T x (saved_elems_per_token x dtype bytes + saved_fp32_per_token x 4)
+  (`lazytrain.spec.model`: the tensors autograd saves in the HF implementation, roughly +-25%).
+- Head (the `turn` window): final norm + LM head + loss forward and backward in token chunks,
+  6 x T x vocab x hidden FLOPs. Embedding: a gather, 2 x A bytes at HBM bandwidth.
+
+Profile file (`profile_costs`; `lazytrain profile` writes it, issue 4), JSON:
+
+    {"version": 1,
+     "model_config_sha256": hex,          # optional; checked when present
+     "seq_len": int, "micro_batch": int, "compute_dtype": "bf16"|"fp32",
+     "block_kinds": {kind: {"fwd_ms": f, "fwd_grad_ms": f, "bwd_ms": f,
+                            "internal_bytes": int (optional), "workspace_bytes": int (optional)}},
+     "ends": {"embed_ms": f, "head_ms": f},                       # optional
+     "bandwidths": {"h2d_gb_per_s": f, "d2h_gb_per_s": f, "duplex_gb_per_s": f,
+                    "nvme_read_gb_per_s": f, "nvme_write_gb_per_s": f}}   # optional, any subset
+
+Kinds are `BlockSpec.kind` (dense, linear_attention, moe, ...); each block takes its kind's
+measured times. Sizes P, G, A stay analytic (they are exact).
+
+The MegaTrain-rule calibration of the h800-paper preset lives here too
+(`calibrate_matmul_efficiency`), because it needs the cost model; it is a closed form, not a fit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from lazytrain.spec.hardware import HardwareSpec, apply_overrides
+from lazytrain.spec.model import ModelSpec
+
+DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+"""Bytes per element of each compute dtype."""
+
+FWD_GRAD_FACTOR = 1.05
+"""Fg / F: forward with autograd vs without (saving activations; same FLOPs). An estimate."""
+BWD_MATMUL_FACTOR = 2.0
+"""Backward / forward FLOPs of a matmul (grad of input + grad of weight)."""
+BWD_ATTN_CORE_FACTOR = 2.5
+"""Backward / forward FLOPs of the attention core (FlashAttention-2, arXiv 2307.08691)."""
+HEAD_LOGITS_BYTES_PER_ELEM = 8
+"""HBM bytes per logit in a head chunk: bf16/fp32 logits + fp32 softmax + their gradient
+(the fp32-compute bound; bf16 compute uses less, kept as the safe figure)."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class BlockCosts:
+    """Costs of one block for one micro-batch."""
+
+    fwd_ms: float
+    """F: forward without autograd, ms."""
+    fwd_grad_ms: float
+    """Fg: forward with autograd, ms."""
+    bwd_ms: float
+    """B: backward, ms."""
+    weight_bytes: int
+    """P: compute-dtype weights streamed per load, bytes."""
+    grad_bytes: int
+    """G: gradients drained after the backward, bytes."""
+    boundary_bytes: int
+    """A of the block's input boundary ([micro_batch, seq, hidden], compute dtype), bytes."""
+    internal_bytes: int
+    """I: autograd-saved activations excluding the input boundary, bytes."""
+    fwd_flops: float
+    """Forward FLOPs (hardware FLOPs accounting of recompute), FLOP."""
+    bwd_flops: float
+    """Backward FLOPs, FLOP."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class ModelCosts:
+    """Per-block costs plus the ends (embedding, head) and the working-set sizes."""
+
+    blocks: tuple[BlockCosts, ...]
+    """One entry per block."""
+    boundary_bytes: tuple[int, ...]
+    """A[i], i = 0..L (all equal for a fixed-width residual stream), bytes."""
+    embed_ms: float
+    """Embedding forward (and re-embedding boundary 0), ms."""
+    head_ms: float
+    """Final norm + LM head + loss, forward and backward, ms."""
+    head_flops: float
+    """Head FLOPs (forward + backward), FLOP."""
+    ends_weight_bytes: int
+    """Embedding + final norm + untied head in the compute dtype, bytes."""
+    ends_grad_bytes: int
+    """Their gradients, bytes."""
+    block_workspace_bytes: int
+    """One block's autograd working set during its backward: max I + 3 x A (boundary grads
+    in/out and the largest transient), or the profile's measured workspace, bytes."""
+    head_workspace_bytes: int
+    """Chunked logits of the head: chunk_tokens x vocab x `HEAD_LOGITS_BYTES_PER_ELEM`, bytes."""
+    tokens: int
+    """micro_batch * seq_len."""
+    hardware: HardwareSpec
+    """The spec the times were computed for (with measured bandwidths for a profile)."""
+    source: str = "analytic"
+    """`analytic` or `profile:<path>`."""
+
+
+def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_batch: int,
+                   compute_dtype: str, head_chunk_tokens: int = 1024) -> ModelCosts:
+    """Analytic costs (module docstring) for one micro-batch.
+
+    Args:
+        model: the architecture.
+        hw: the machine (peak_flops, matmul_efficiency, hbm bandwidth).
+        seq_len: tokens per sequence.
+        micro_batch: sequences per micro-batch.
+        compute_dtype: "bf16" or "fp32" (weights streamed, activations, gradients drained).
+        head_chunk_tokens: tokens per LM-head chunk (sizes the head workspace).
+
+    Returns:
+        `ModelCosts` with `source="analytic"`.
+
+    Raises:
+        ValueError: unknown compute dtype or non-positive sizes.
+    """
+    if compute_dtype not in DTYPE_BYTES:
+        raise ValueError(f"compute_dtype must be one of {list(DTYPE_BYTES)}; got {compute_dtype!r}")
+    if seq_len < 1 or micro_batch < 1:
+        raise ValueError(f"seq_len and micro_batch must be >= 1; got {seq_len}, {micro_batch}")
+    b = DTYPE_BYTES[compute_dtype]
+    T = seq_len * micro_batch
+    ms_per_flop = 1e3 / hw.achieved_flops
+    A = T * model.hidden_size * b
+    blocks = []
+    for blk in model.blocks:
+        core = blk.core_attention_flops_per_token(seq_len) * T
+        fwd = blk.fwd_flops_per_token(seq_len) * T
+        bwd = BWD_MATMUL_FACTOR * (fwd - core) + BWD_ATTN_CORE_FACTOR * core
+        blocks.append(BlockCosts(
+            fwd_ms=fwd * ms_per_flop, fwd_grad_ms=FWD_GRAD_FACTOR * fwd * ms_per_flop,
+            bwd_ms=bwd * ms_per_flop, weight_bytes=blk.params * b, grad_bytes=blk.params * b,
+            boundary_bytes=A,
+            internal_bytes=T * (blk.saved_elems_per_token * b + blk.saved_fp32_per_token * 4),
+            fwd_flops=fwd, bwd_flops=bwd))
+    head_flops = 6.0 * T * model.head_matmul_params
+    return ModelCosts(
+        blocks=tuple(blocks), boundary_bytes=(A,) * (model.num_blocks + 1),
+        embed_ms=2 * A / hw.hbm_bandwidth_bytes_per_s * 1e3, head_ms=head_flops * ms_per_flop,
+        head_flops=head_flops, ends_weight_bytes=model.ends_params * b,
+        ends_grad_bytes=model.ends_params * b,
+        block_workspace_bytes=max(c.internal_bytes for c in blocks) + 3 * A,
+        head_workspace_bytes=min(head_chunk_tokens, T) * model.vocab_size
+        * HEAD_LOGITS_BYTES_PER_ELEM,
+        tokens=T, hardware=hw)
+
+
+def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpec, seq_len: int,
+                  micro_batch: int, compute_dtype: str, head_chunk_tokens: int = 1024
+                  ) -> ModelCosts:
+    """Costs from a measured profile (schema in the module docstring), expanded to blocks.
+
+    Sizes P, G, A come from the analytic model; times (and I / workspace when measured) from
+    the profile; measured bandwidths replace `hw`'s.
+
+    Raises:
+        FileNotFoundError: no profile file.
+        ValueError: the profile was measured for another seq_len / micro_batch / dtype / model,
+            or lacks a block kind this model has (named).
+    """
+    path = Path(profile_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"hardware.profile_path: profile not found: {path}")
+    prof = json.loads(path.read_text())
+    for key, want in (("seq_len", seq_len), ("micro_batch", micro_batch),
+                      ("compute_dtype", compute_dtype)):
+        if prof.get(key) != want:
+            raise ValueError(f"profile {path} was measured with {key}={prof.get(key)!r}, the run "
+                             f"uses {want!r}; re-run `lazytrain profile` for this config")
+    sha = prof.get("model_config_sha256")
+    if sha and sha != model.config_sha256:
+        raise ValueError(f"profile {path} was measured on another model "
+                         f"(config sha {sha[:12]} != {model.config_sha256[:12]})")
+    bw = {k: v for k, v in (prof.get("bandwidths") or {}).items() if v is not None}
+    hw = apply_overrides(hw, bw) if bw else hw
+    base = analytic_costs(model, hw, seq_len=seq_len, micro_batch=micro_batch,
+                          compute_dtype=compute_dtype, head_chunk_tokens=head_chunk_tokens)
+    kinds = prof.get("block_kinds") or {}
+    blocks, workspaces = [], []
+    for blk, c in zip(model.blocks, base.blocks):
+        if blk.kind not in kinds:
+            raise ValueError(f"profile {path} has no measurements for block kind "
+                             f"{blk.kind!r} (block {blk.index}); it has {sorted(kinds)}")
+        m = kinds[blk.kind]
+        blocks.append(BlockCosts(
+            fwd_ms=float(m["fwd_ms"]), fwd_grad_ms=float(m["fwd_grad_ms"]),
+            bwd_ms=float(m["bwd_ms"]), weight_bytes=c.weight_bytes, grad_bytes=c.grad_bytes,
+            boundary_bytes=c.boundary_bytes,
+            internal_bytes=int(m.get("internal_bytes", c.internal_bytes)),
+            fwd_flops=c.fwd_flops, bwd_flops=c.bwd_flops))
+        if "workspace_bytes" in m:
+            workspaces.append(int(m["workspace_bytes"]))
+    ends = prof.get("ends") or {}
+    A = base.boundary_bytes[0]
+    workspace = (max(workspaces) if workspaces
+                 else max(c.internal_bytes for c in blocks) + 3 * A)
+    return ModelCosts(
+        blocks=tuple(blocks), boundary_bytes=base.boundary_bytes,
+        embed_ms=float(ends.get("embed_ms", base.embed_ms)),
+        head_ms=float(ends.get("head_ms", base.head_ms)), head_flops=base.head_flops,
+        ends_weight_bytes=base.ends_weight_bytes, ends_grad_bytes=base.ends_grad_bytes,
+        block_workspace_bytes=workspace, head_workspace_bytes=base.head_workspace_bytes,
+        tokens=base.tokens, hardware=hw, source=f"profile:{path}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The MegaTrain rule in closed form (calibration of the h800-paper preset).
+
+
+def megatrain_windows(costs: ModelCosts, *, k: int = 4) -> list[tuple[str, float, float]]:
+    """(window, compute_ms, link_ms) of every window under the MegaTrain rule.
+
+    The rule: boundaries 0, k, 2k, ... and L in HBM, the rest recomputed; every block
+    re-forwarded with autograd in backward (no keep-internals); no activation transfers.
+    Window work follows docs/execution_model.md ("Per-window work"); link_ms is the slowest
+    copy channel (h2d, d2h, duplex), so a window is compute-bound iff link_ms <= compute_ms.
+    """
+    c, hw, L = costs.blocks, costs.hardware, len(costs.blocks)
+    mats = sorted(set(range(0, L, k)) | {L})
+    seg_end = {}  # block j -> the segment (s, e) it belongs to
+    for s, e in zip(mats, mats[1:]):
+        for j in range(s, e):
+            seg_end[j] = (s, e)
+
+    def link(h2d: float, d2h: float) -> float:
+        return max(h2d / hw.h2d_bytes_per_s, d2h / hw.d2h_bytes_per_s,
+                   (h2d + d2h) / hw.duplex_bytes_per_s) * 1e3
+
+    out = [(f"f{j}", c[j].fwd_ms, link(c[j + 1].weight_bytes if j + 1 < L else 0, 0))
+           for j in range(L)]
+    out.append(("turn", costs.head_ms, link(c[L - 1].weight_bytes, 0)))
+    for j in range(L - 1, -1, -1):
+        s, e = seg_end[j]
+        comp, h2d = c[j].bwd_ms + c[j].fwd_grad_ms, c[j - 1].weight_bytes if j >= 1 else 0
+        if j == e - 1:
+            comp += sum(c[m].fwd_ms for m in range(s, e - 1))
+            h2d += sum(c[m].weight_bytes for m in range(s, e - 1))
+        out.append((f"b{j}", comp, link(h2d, c[j + 1].grad_bytes if j + 1 < L else 0)))
+    return out
+
+
+def megatrain_step_ms(costs: ModelCosts, *, k: int = 4) -> float:
+    """Step time of one micro-batch under the MegaTrain rule, ms:
+    `pre + sum_w max(compute_w, link_w) + post` with `pre = embed_ms + P[0]/bw_h2d` and
+    `post = (G[0] + ends grads)/bw_d2h` (execution_model.md "Step time", copies overlapping)."""
+    hw = costs.hardware
+    pre = costs.embed_ms + costs.blocks[0].weight_bytes / hw.h2d_bytes_per_s * 1e3
+    post = (costs.blocks[0].grad_bytes + costs.ends_grad_bytes) / hw.d2h_bytes_per_s * 1e3
+    return pre + sum(max(comp, lk) for _, comp, lk in megatrain_windows(costs, k=k)) + post
+
+
+def calibrate_matmul_efficiency(model: ModelSpec, hw: HardwareSpec, *, seq_len: int,
+                                micro_batch: int, compute_dtype: str,
+                                target_model_tflops: float, k: int = 4) -> float:
+    """The matmul efficiency at which the MegaTrain rule predicts `target_model_tflops`.
+
+    Closed form for a compute-bound scenario: every window's time is its compute, which is
+    proportional to 1/eff, so `step_ms(eff) = C1 / eff + X` with C1 the compute ms at eff = 1
+    and X the pre/post link terms (independent of eff). The target step is
+    `6 * N * T / target`; hence `eff = C1 / (target_step_ms - X)`.
+    For the h800-paper preset: Qwen3.5-27B, seq 1024, micro-batch 72, bf16, target 176.9
+    TFLOPS, k = 4 (`H800_PAPER_MATMUL_EFFICIENCY`).
+
+    Raises:
+        ValueError: the scenario is not compute-bound at the resulting efficiency (the closed
+            form would not hold).
+    """
+    unit = analytic_costs(model, _with_eff(hw, 1.0), seq_len=seq_len, micro_batch=micro_batch,
+                          compute_dtype=compute_dtype)
+    windows = megatrain_windows(unit, k=k)
+    c1 = sum(comp for _, comp, _ in windows) + unit.embed_ms
+    x = megatrain_step_ms(unit, k=k) - sum(max(a, b) for _, a, b in windows) - unit.embed_ms
+    target_step_ms = model.model_flops_per_token * unit.tokens / (target_model_tflops * 1e12) * 1e3
+    # embed_ms is memory-bound (not scaled by eff); move it to X.
+    c1 -= unit.embed_ms
+    x += unit.embed_ms
+    eff = c1 / (target_step_ms - x)
+    at = analytic_costs(model, _with_eff(hw, eff), seq_len=seq_len, micro_batch=micro_batch,
+                        compute_dtype=compute_dtype)
+    slow = [w for w, comp, lk in megatrain_windows(at, k=k) if lk > comp]
+    if slow:
+        raise ValueError(f"scenario is link-bound in windows {slow[:5]} at efficiency {eff:.4f}; "
+                         f"the closed-form calibration does not apply")
+    return eff
+
+
+def _with_eff(hw: HardwareSpec, eff: float) -> HardwareSpec:
+    import dataclasses
+    return dataclasses.replace(hw, matmul_efficiency=eff)

@@ -1,0 +1,293 @@
+"""`HardwareSpec`: capacities, link bandwidths and compute rate of one training machine.
+
+Owns the presets (one per GPU in `../shared/hardware.json`, SXM and PCIe separately, the
+LazyTrain paper's `h800-paper`, and `cpu` for this machine), loading/saving a spec as JSON or
+YAML, and applying the run config's `hardware:` overrides. Knows nothing of models or plans.
+
+Units: bytes, bytes/s, FLOP/s (decimal GB = 1e9 bytes, as hardware.json). Figures come from
+`../shared/hardware.json` (vendor datasheets quoted there, and the measured host-link ranges
+posted by users); every preset says which figure it took and why.
+
+Host side of the GPU presets: unless the config overrides it, every GPU preset assumes the
+LazyTrain paper's host (arXiv 2608.11919, setup section): a 360 GB host-DRAM budget and
+2 x 7 TB NVMe measured at 2.83 GB/s read / 3.35 GB/s write through the trainer's path (the two
+drives together). A preset describes the GPU; the host is a planning assumption to override
+with `hardware.dram_gb`, `nvme_gb`, `nvme_read_gb_per_s`, `nvme_write_gb_per_s`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+GB = 1e9
+TFLOPS = 1e12
+
+PAPER_HOST = dict(dram_bytes=int(360 * GB), nvme_bytes=int(14_000 * GB),
+                  nvme_read_bytes_per_s=2.83 * GB, nvme_write_bytes_per_s=3.35 * GB)
+"""The LazyTrain paper's host (arXiv 2608.11919): 360 GB CPU budget, 2 x 7 TB NVMe at
+2.83 GB/s read and 3.35 GB/s write (measured, both drives)."""
+
+H800_PAPER_MATMUL_EFFICIENCY = 0.2728
+"""Calibrated ONCE by `lazytrain.spec.costs.calibrate_matmul_efficiency` on the seed scenario
+(see the h800-paper preset); never re-tuned. Also used by the other GPU presets (same kernels)."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class HardwareSpec:
+    """One machine as the planner sees it (one GPU, or this CPU)."""
+
+    name: str
+    """Preset name, or the preset with its overrides (`h800-paper+dram_gb=500`)."""
+    hbm_bytes: int
+    """Device memory, bytes (on `cpu`: the byte budget of the emulated device tier)."""
+    dram_bytes: int
+    """Host DRAM the trainer may use, bytes."""
+    nvme_bytes: int
+    """NVMe scratch for checkpoints, bytes (0: no nvme tier)."""
+    h2d_bytes_per_s: float
+    """Host-to-device copy bandwidth (pinned, copy engine), bytes/s."""
+    d2h_bytes_per_s: float
+    """Device-to-host copy bandwidth, bytes/s."""
+    duplex_bytes_per_s: float
+    """Cap on H2D + D2H when both run at once, bytes/s."""
+    nvme_read_bytes_per_s: float
+    """NVMe -> DRAM through the engine's path, bytes/s."""
+    nvme_write_bytes_per_s: float
+    """DRAM -> NVMe, bytes/s."""
+    peak_flops: float
+    """Peak dense matmul rate in the compute dtype the preset is for (bf16 on GPUs, fp32 on
+    `cpu`), FLOP/s."""
+    matmul_efficiency: float
+    """Achieved fraction of `peak_flops` for a block's work, in (0, 1]."""
+    copies_overlap_compute: bool = True
+    """True: copy engines run beside compute (GPU); False: copies and file I/O contend with
+    compute for the same cores (CPU)."""
+    hbm_bandwidth_bytes_per_s: float = 3350 * GB
+    """Device memory bandwidth, bytes/s (memory-bound steps: the embedding gather)."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("name", "copies_overlap_compute"):
+                continue
+            if f.name == "nvme_bytes":
+                ok = value >= 0
+            elif f.name == "matmul_efficiency":
+                ok = 0 < value <= 1
+            else:
+                ok = value > 0
+            if not ok:
+                raise ValueError(f"hardware {f.name} must be "
+                                 f"{'in (0, 1]' if f.name == 'matmul_efficiency' else '> 0'}"
+                                 f"; got {value!r} ({self.name})")
+
+    @property
+    def achieved_flops(self) -> float:
+        """`peak_flops * matmul_efficiency`, FLOP/s."""
+        return self.peak_flops * self.matmul_efficiency
+
+    def to_dict(self) -> dict:
+        """Plain dict (JSON/YAML-serialisable; bytes and bytes/s)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HardwareSpec":
+        """Inverse of `to_dict`.
+
+        Raises:
+            ValueError: an unknown or missing field (named).
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown hardware field(s) {unknown}; valid: {sorted(names)}")
+        try:
+            return cls(**d)
+        except TypeError as exc:
+            raise ValueError(f"hardware spec: {exc}") from None
+
+
+def _gpu(name: str, *, hbm_gb: float, bf16_tflops: float, h2d_gb: float, d2h_gb: float,
+         hbm_bw_gb: float) -> HardwareSpec:
+    """A GPU preset on the paper's host; duplex cap = 2 x the slower direction (Gen5 CE
+    bidirectional copies run at about the one-way rate each: ~51 GB/s each way on an RTX 5090,
+    hardware.json H100 host_link_notes)."""
+    return HardwareSpec(name=name, hbm_bytes=int(hbm_gb * GB), h2d_bytes_per_s=h2d_gb * GB,
+                        d2h_bytes_per_s=d2h_gb * GB,
+                        duplex_bytes_per_s=2 * min(h2d_gb, d2h_gb) * GB,
+                        peak_flops=bf16_tflops * TFLOPS,
+                        matmul_efficiency=H800_PAPER_MATMUL_EFFICIENCY,
+                        hbm_bandwidth_bytes_per_s=hbm_bw_gb * GB, **PAPER_HOST)
+
+
+# Host links: the LOW end of hardware.json's practical ranges (h2d_practical_gbs[0],
+# d2h_practical_gbs[0]): a plan that hides transfers at the low end also hides them at the
+# high end, and the low end is what SM copies and unlucky NUMA placement give.
+PRESETS: dict[str, HardwareSpec] = {
+    # H100-SXM5-80GB: 80 GB HBM3 3350 GB/s; BF16 dense 989.4 TFLOPS (NVIDIA whitepaper via
+    # glennklockwood.com/garden/processors/h100); H2D 35 / D2H 50 GB/s (nvbandwidth SM copies,
+    # github.com/NVIDIA/nvbandwidth/issues/24). Host: the paper's (module docstring).
+    "h100-sxm": _gpu("h100-sxm", hbm_gb=80, bf16_tflops=989.4, h2d_gb=35, d2h_gb=50,
+                     hbm_bw_gb=3350),
+    # H100-PCIe-80GB: 80 GB HBM2e 2000 GB/s; BF16 dense 756 TFLOPS (hpctech H100 datasheet
+    # table, sparse/2); H2D 35 / D2H 45 GB/s (hardware.json practical low ends). Paper host.
+    "h100-pcie": _gpu("h100-pcie", hbm_gb=80, bf16_tflops=756, h2d_gb=35, d2h_gb=45,
+                      hbm_bw_gb=2000),
+    # H800-SXM5-80GB: same GH100 compute and HBM as H100 SXM (aiwiki.ai/wiki/nvidia_h800);
+    # H2D 35 / D2H 50 GB/s (nvbandwidth issue 24 says H800 behaves like H100). Paper host.
+    "h800-sxm": _gpu("h800-sxm", hbm_gb=80, bf16_tflops=989.4, h2d_gb=35, d2h_gb=50,
+                     hbm_bw_gb=3350),
+    # H800-PCIe-80GB: assumed equal to H100 PCIe (hardware.json: high uncertainty); 756
+    # TFLOPS, H2D 35 / D2H 45 GB/s. Paper host.
+    "h800-pcie": _gpu("h800-pcie", hbm_gb=80, bf16_tflops=756, h2d_gb=35, d2h_gb=45,
+                      hbm_bw_gb=2000),
+    # H200-SXM-141GB: 141 GB HBM3e 4800 GB/s, BF16 dense 989.4 TFLOPS (itkb.uw.cz H200 vs B300
+    # page); H2D 35 / D2H 50 GB/s (PCIe Gen5 like H100). Paper host.
+    "h200": _gpu("h200", hbm_gb=141, bf16_tflops=989.4, h2d_gb=35, d2h_gb=50, hbm_bw_gb=4800),
+    # A100-SXM4-80GB: 80 GB HBM2e 2039 GB/s, BF16 dense 312 TFLOPS (A100 datasheet via
+    # glennklockwood.com); H2D 12 / D2H 13 GB/s (CUDA bandwidthTest posted for A100 SXM4, the
+    # low end of 12-25). Paper host.
+    "a100-80gb": _gpu("a100-80gb", hbm_gb=80, bf16_tflops=312, h2d_gb=12, d2h_gb=13,
+                      hbm_bw_gb=2039),
+    # RTX 3090: 24 GB GDDR6X 936 GB/s; BF16 with fp32 accumulate ~71 TFLOPS (half the
+    # fp16-accumulate rate; hardware.json, inferred); H2D/D2H 20 GB/s (Gen4 x16 low end). Host:
+    # the paper's.
+    "rtx-3090": _gpu("rtx-3090", hbm_gb=24, bf16_tflops=71, h2d_gb=20, d2h_gb=20,
+                     hbm_bw_gb=936),
+    # RTX 4090: 24 GB GDDR6X 1008 GB/s; BF16 fp32-accumulate 165.2 TFLOPS (gigagpu.com);
+    # H2D/D2H 20 GB/s (clpeak 20.9/20.1 GB/s, github.com/krrishnarraj/clpeak/issues/106). Host:
+    # the paper's.
+    "rtx-4090": _gpu("rtx-4090", hbm_gb=24, bf16_tflops=165.2, h2d_gb=20, d2h_gb=20,
+                     hbm_bw_gb=1008),
+    # h800-paper: the LazyTrain paper's machine (arXiv 2608.11919). 80 GB HBM; PCIe measured at
+    # 12 GB/s per direction by the paper, duplex cap 24 GB/s (both directions at full rate);
+    # 989 TFLOPS bf16 peak; host 360 GB DRAM, 2 x 7 TB NVMe 2.83 / 3.35 GB/s.
+    # matmul_efficiency = 0.2728 (closed form 0.27278, rounded), calibrated ONCE so that the MegaTrain rule (K = 4: every 4th
+    # boundary in HBM, the rest recomputed, every block re-forwarded in backward) predicts the
+    # paper's 176.9 model TFLOPS on the seed scenario: Qwen3.5-27B (configs/qwen3.6-27b-h800
+    # .yaml: 64 blocks, N = 26.896e9 params incl. embeddings), seq 1024 x micro-batch 72 =
+    # 73,728 tokens, bf16 compute, grad_accum 1. Inputs and arithmetic:
+    # `lazytrain.spec.costs.calibrate_matmul_efficiency` (closed form; the scenario is
+    # compute-bound under the rule, so step_ms = hardware FLOPs / (989e12 * eff) + the pre/post
+    # link terms; tests/spec/test_costs.py checks both the value and the compute-bound claim).
+    "h800-paper": HardwareSpec(
+        name="h800-paper", hbm_bytes=int(80 * GB), h2d_bytes_per_s=12 * GB,
+        d2h_bytes_per_s=12 * GB, duplex_bytes_per_s=24 * GB, peak_flops=989 * TFLOPS,
+        matmul_efficiency=H800_PAPER_MATMUL_EFFICIENCY, hbm_bandwidth_bytes_per_s=3350 * GB,
+        **PAPER_HOST),
+    # cpu: this 2-core AVX2 machine (AMD EPYC, 23 GB RAM). The "device" tier is an 8 GB budget
+    # of host memory; DRAM 16 GB of the 23 (the rest for the OS and other jobs); NVMe 50 GB of
+    # scratch. Copies are memcpy on the same cores (copies_overlap_compute False): 5 GB/s, a
+    # rough single-thread large-memcpy figure; NVMe 1.0 GB/s read / 0.5 GB/s write, a
+    # conservative virtual-disk figure. Peak fp32 = 2 cores x 2 FMA pipes x 8 fp32 lanes x
+    # 2 FLOP x 2.5 GHz = 160 GFLOP/s; efficiency 0.47 from issue 3's measurement "a plain fp32
+    # step at 4 x 256 takes about 11 s" for SmolLM2-135M: 6 x 134.5e6 x 1024 FLOP / 11 s =
+    # 75 GFLOP/s. All refined by `lazytrain profile` (measured profile) later.
+    "cpu": HardwareSpec(
+        name="cpu", hbm_bytes=int(8 * GB), dram_bytes=int(16 * GB), nvme_bytes=int(50 * GB),
+        h2d_bytes_per_s=5 * GB, d2h_bytes_per_s=5 * GB, duplex_bytes_per_s=5 * GB,
+        nvme_read_bytes_per_s=1.0 * GB, nvme_write_bytes_per_s=0.5 * GB,
+        peak_flops=160e9, matmul_efficiency=0.47, copies_overlap_compute=False,
+        hbm_bandwidth_bytes_per_s=10 * GB),
+}
+"""Preset name -> spec (plain dict registry)."""
+
+OVERRIDE_FIELDS: dict[str, tuple[str, float]] = {
+    "hbm_gb": ("hbm_bytes", GB),
+    "dram_gb": ("dram_bytes", GB),
+    "nvme_gb": ("nvme_bytes", GB),
+    "h2d_gb_per_s": ("h2d_bytes_per_s", GB),
+    "d2h_gb_per_s": ("d2h_bytes_per_s", GB),
+    "duplex_gb_per_s": ("duplex_bytes_per_s", GB),
+    "nvme_read_gb_per_s": ("nvme_read_bytes_per_s", GB),
+    "nvme_write_gb_per_s": ("nvme_write_bytes_per_s", GB),
+    "peak_tflops": ("peak_flops", TFLOPS),
+    "matmul_efficiency": ("matmul_efficiency", 1.0),
+}
+"""Config override key (GB, GB/s, TFLOP/s) -> (HardwareSpec field, unit in bytes or FLOP/s)."""
+
+
+def get_hardware(name_or_path: str | Path, overrides: dict | None = None) -> HardwareSpec:
+    """A preset or a saved spec file, with config-style overrides applied.
+
+    Args:
+        name_or_path: a key of `PRESETS`, or a JSON/YAML file written by `save_hardware`.
+        overrides: `{config key: value}` with the `hardware:` section's keys and units
+            (`hbm_gb`, `h2d_gb_per_s`, `peak_tflops`, ...); None values are ignored.
+
+    Returns:
+        The spec; when an override changed something, its name lists the overrides.
+
+    Raises:
+        ValueError: unknown preset (the presets listed) or unknown override key.
+        FileNotFoundError: a path that does not exist.
+    """
+    key = str(name_or_path)
+    if key in PRESETS:
+        spec = PRESETS[key]
+    elif Path(key).suffix.lower() in (".json", ".yaml", ".yml") or os.sep in key:
+        spec = load_hardware(key)
+    else:
+        raise ValueError(f"hardware.preset {key!r} is not a preset or a .json/.yaml file; "
+                         f"presets: {', '.join(PRESETS)}")
+    return apply_overrides(spec, overrides or {})
+
+
+def apply_overrides(spec: HardwareSpec, overrides: dict) -> HardwareSpec:
+    """`spec` with config-unit overrides (see `OVERRIDE_FIELDS`) applied; None values skipped."""
+    changes, labels = {}, []
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in OVERRIDE_FIELDS:
+            raise ValueError(f"unknown hardware override {key!r}; valid: "
+                             f"{', '.join(OVERRIDE_FIELDS)}")
+        field_name, unit = OVERRIDE_FIELDS[key]
+        v = value * unit
+        changes[field_name] = int(v) if field_name.endswith("_bytes") else float(v)
+        labels.append(f"{key}={value:g}")
+    if not changes:
+        return spec
+    return dataclasses.replace(spec, name=f"{spec.name}+{','.join(labels)}", **changes)
+
+
+def save_hardware(spec: HardwareSpec, path: str | Path) -> Path:
+    """Write `spec` as JSON (`.json`) or YAML (otherwise), atomically (temp + rename)."""
+    path = Path(path)
+    d = spec.to_dict()
+    text = (json.dumps(d, indent=2) + "\n" if path.suffix.lower() == ".json"
+            else yaml.safe_dump(d, sort_keys=False))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_hardware(path: str | Path) -> HardwareSpec:
+    """Read a spec written by `save_hardware` (JSON or YAML).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: unknown or missing fields.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"hardware file not found: {path}")
+    text = path.read_text()
+    d = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: a hardware spec must be a mapping of fields")
+    return HardwareSpec.from_dict(d)
