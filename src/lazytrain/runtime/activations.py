@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from lazytrain.planner.plan import TIERS, TRANSFER_KINDS
 from lazytrain.runtime.errors import (
     CheckpointNotResidentError,
     HbmBudgetExceeded,
@@ -37,12 +38,14 @@ from lazytrain.runtime.errors import (
 )
 from lazytrain.runtime.nvme import IoEvent, Key, NvmeIO, align_down, align_up, aligned_empty
 
-STORE_TIERS = ("hbm", "dram", "nvme", "recompute")
-"""Tier vocabulary of Plan JSON v1 (same strings as ``lazytrain.planner.plan.TIERS``)."""
+STORE_TIERS = TIERS
+"""Tier vocabulary of Plan JSON v1."""
 
 TRANSFER_ORDER = ("d2h", "nvme_write", "nvme_read", "h2d")
 """Transfer kinds in the order the engine must issue them within one window: a kind reads the
 bytes the previous kind delivered, and the plan allows both in the same window."""
+
+assert sorted(TRANSFER_ORDER) == sorted(TRANSFER_KINDS)
 
 ACCOUNTING_KEYS = ("hbm", "dram", "dram_staging", "nvme")
 
@@ -429,9 +432,9 @@ class CheckpointStore:
             self._acquire_host(e)
         start = e.done["d2h"]
         if self._cuda:
+            # Order after the compute that produced the tensor (captured before switching streams).
+            self._d2h_stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._d2h_stream):
-                # Order after the compute that produced the tensor.
-                self._d2h_stream.wait_stream(torch.cuda.current_stream(self.device))
                 e.host[start:target].copy_(e.flat_bytes()[start:target], non_blocking=True)
                 e.d2h_event = self._record(self._d2h_stream)
         else:
@@ -494,11 +497,12 @@ class CheckpointStore:
             e.dev = torch.empty(e.nbytes, dtype=torch.uint8, device=self.device)
             self._count("hbm", e.nbytes)  # prefetched copy counts from its first fraction
         if self._cuda:
+            # Order after the device buffer's allocation (compute stream) and the d2h that
+            # filled the host copy; captured before switching streams.
+            self._h2d_stream.wait_stream(torch.cuda.current_stream(self.device))
+            if e.d2h_event is not None:
+                self._h2d_stream.wait_event(e.d2h_event)
             with torch.cuda.stream(self._h2d_stream):
-                # Order after the device buffer's allocation and the d2h that filled the host copy.
-                self._h2d_stream.wait_stream(torch.cuda.current_stream(self.device))
-                if e.d2h_event is not None:
-                    self._h2d_stream.wait_event(e.d2h_event)
                 e.dev[start:end].copy_(e.host[start:end], non_blocking=True)
                 e.dev.record_stream(self._h2d_stream)
                 e.h2d_event = self._record(self._h2d_stream)
