@@ -1,0 +1,191 @@
+"""Assemble the `PlanningProblem` from a model, a machine and the run config.
+
+Owns the memory model around the activation checkpoints: the fixed HBM working set, the host
+bytes per parameter of the configured precision and the constant DRAM staging pools. Times and
+sizes per block come from `lazytrain.spec.costs`. Imports spec and the problem type only (no
+solver, no torch).
+
+HBM (`fixed_hbm_bytes`, docs/execution_model.md "HBM capacity"):
+    2 x max P            two weight buffers (double buffering: block j+1 loads while j runs)
+  + 2 x max G            two gradient buffers (block j+1 drains while j's backward writes)
+  + ends weights + grads embedding, final norm, untied head resident, with their gradients
+  + block workspace      one block's autograd-saved activations + boundary grads (max I + 3A)
+  + head workspace       the chunked [chunk, vocab] logits of the LM head and loss
+  and `hbm_bytes = hardware HBM x (1 - hardware.hbm_reserve_fraction)`.
+
+DRAM (the planner's row: DRAM-tier checkpoints + staging + states <= `dram_bytes`):
+  states   = host_bytes_per_param x params: fp32 master 16 B (fp32 weights, grads, Adam m, v);
+             bf16 master 12 B (bf16 weights and grads, fp32 m, v; MegaTrain). DESIGN.md sec. 2.
+  staging  = the bounded pinned pool for streamed weights (`WEIGHT_POOL_BLOCKS` x max P), the
+             pinned gradient landing buffers (2 x max G) and the NVMe bounce pool
+             (`NVME_BOUNCE_BOUNDARIES` x A). PlanningProblem has one constant-DRAM field,
+             `nvme_staging_bytes`; all three pools go there (their split is in
+             `provenance["memory"]`). `dram_bytes` stays the hardware's DRAM.
+
+Seed scenario numbers (Qwen3.5-27B, h800-paper, seq 1024 x 72, bf16; tests/planner/
+test_build.py): 26.90e9 params x 12 B = 322.8 GB of states + ~8 GB staging fits 360 GB with
+~29 GB left for DRAM-tier checkpoints (0.755 GB each); fp32 masters would need 16 B x 26.90e9 =
+430.3 GB, more than the 360 GB budget on their own.
+"""
+
+from __future__ import annotations
+
+from lazytrain import __version__
+from lazytrain.config import RunConfig
+from lazytrain.planner.problem import PlanningProblem
+from lazytrain.spec.costs import ModelCosts, analytic_costs, profile_costs
+from lazytrain.spec.hardware import HardwareSpec, get_hardware
+from lazytrain.spec.model import ModelSpec
+
+HOST_BYTES_PER_PARAM = {"fp32": 16.0, "bf16": 12.0}
+"""train.master_dtype -> host bytes per parameter (master + grad + two Adam moments)."""
+HOST_BYTES_PER_PARAM_Q8 = {"fp32": 10.0, "bf16": 6.0}
+"""The same with 8-bit Adam moments (2 x 1 B instead of 2 x 4 B; block scales negligible)."""
+WEIGHT_POOL_BLOCKS = 4
+"""Pinned staging slots for streamed weights: two in flight to the double buffer, two being
+converted from the master copy. Bounded, not one pinned copy of the model (issue 3)."""
+NVME_BOUNCE_BOUNDARIES = 2
+"""DRAM bounce buffers of the NVMe tier, in boundaries (one writing, one reading)."""
+
+
+def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
+                  costs: ModelCosts | None = None) -> PlanningProblem:
+    """The planning problem for `model` on `hardware` under `cfg` (one micro-batch's windows).
+
+    Args:
+        model: the architecture.
+        hardware: the machine (overrides already applied).
+        cfg: the run config (train batch shape and dtypes, planner options, hardware reserve,
+            profile path, runtime head chunk).
+        costs: precomputed costs; default: from `cfg.hardware.profile_path` when set, else the
+            analytic model.
+
+    Returns:
+        The `PlanningProblem`, with provenance: model, model_config_sha256, hardware,
+        hardware_spec, seq_len, micro_batch, grad_accum, dtype, master_dtype, created_by,
+        config (the resolved run config), horizons, costs_source, memory (the budget split).
+    """
+    t, p = cfg.train, cfg.planner
+    if costs is None:
+        costs = _costs(model, hardware, cfg)
+    hw = costs.hardware
+    mem = memory_budget(model, costs, cfg)
+    blocks = costs.blocks
+    horizons = {"drain_windows": p.drain_windows, "prefetch_windows": p.prefetch_windows,
+                "nvme_lead_windows": p.nvme_lead_windows, "k_max": p.k_max}
+    provenance = {
+        "model": cfg.model.name or model.name,
+        "model_config_sha256": model.config_sha256,
+        "hardware": hw.name,
+        "hardware_spec": hw.to_dict(),
+        "seq_len": cfg.data.seq_len,
+        "micro_batch": t.micro_batch,
+        "grad_accum": t.grad_accum,
+        "dtype": t.compute_dtype,
+        "master_dtype": t.master_dtype,
+        "created_by": f"lazytrain {__version__}",
+        "config": cfg.to_dict(),
+        "horizons": horizons,
+        "costs_source": costs.source,
+        "memory": mem,
+    }
+    return PlanningProblem(
+        name=f"{provenance['model']} @ {hw.name}",
+        fwd_ms=tuple(c.fwd_ms for c in blocks),
+        fwd_grad_ms=tuple(c.fwd_grad_ms for c in blocks),
+        bwd_ms=tuple(c.bwd_ms for c in blocks),
+        weight_bytes=tuple(c.weight_bytes for c in blocks),
+        grad_bytes=tuple(c.grad_bytes for c in blocks),
+        internal_bytes=tuple(c.internal_bytes for c in blocks),
+        boundary_bytes=costs.boundary_bytes,
+        params_per_block=tuple(b.params for b in model.blocks),
+        ends_params=model.ends_params,
+        embed_ms=costs.embed_ms, head_ms=costs.head_ms, const_ms=0.0,
+        ends_grad_bytes=costs.ends_grad_bytes,
+        h2d_bytes_per_s=hw.h2d_bytes_per_s, d2h_bytes_per_s=hw.d2h_bytes_per_s,
+        duplex_bytes_per_s=hw.duplex_bytes_per_s,
+        nvme_read_bytes_per_s=hw.nvme_read_bytes_per_s,
+        nvme_write_bytes_per_s=hw.nvme_write_bytes_per_s,
+        copies_overlap_compute=hw.copies_overlap_compute,
+        hbm_bytes=mem["hbm_budget_bytes"], fixed_hbm_bytes=mem["fixed_hbm_bytes"],
+        dram_bytes=hw.dram_bytes, nvme_bytes=hw.nvme_bytes,
+        nvme_staging_bytes=mem["staging_bytes"],
+        host_bytes_per_param=HOST_BYTES_PER_PARAM[t.master_dtype],
+        host_bytes_per_param_q8=HOST_BYTES_PER_PARAM_Q8[t.master_dtype],
+        drain_windows=p.drain_windows, prefetch_windows=p.prefetch_windows,
+        nvme_lead_windows=p.nvme_lead_windows, k_max=p.k_max, allow_keep=p.allow_keep,
+        allow_q8=p.allow_q8, grad_accum=t.grad_accum, tokens_per_micro_batch=costs.tokens,
+        model_flops_per_micro_batch=model.model_flops_per_token * costs.tokens,
+        hardware_flops_per_micro_batch_base=sum(c.fwd_flops + c.bwd_flops for c in blocks)
+        + costs.head_flops,
+        block_fwd_flops=tuple(c.fwd_flops for c in blocks),
+        provenance=provenance,
+    )
+
+
+def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
+    """The HBM and DRAM split of the module docstring, in bytes (ints).
+
+    Returns:
+        dict with hbm_budget_bytes, fixed_hbm_bytes and its parts (weight_buffers_bytes,
+        grad_buffers_bytes, ends_bytes, block_workspace_bytes, head_workspace_bytes),
+        states_bytes, staging_bytes and its parts (weight_pool_bytes, grad_landing_bytes,
+        nvme_bounce_bytes), dram_free_for_checkpoints_bytes (may be negative: states alone do
+        not fit).
+    """
+    hw = costs.hardware
+    max_p = max(c.weight_bytes for c in costs.blocks)
+    max_g = max(c.grad_bytes for c in costs.blocks)
+    a = max(costs.boundary_bytes)
+    parts = {
+        "weight_buffers_bytes": 2 * max_p,
+        "grad_buffers_bytes": 2 * max_g,
+        "ends_bytes": costs.ends_weight_bytes + costs.ends_grad_bytes,
+        "block_workspace_bytes": costs.block_workspace_bytes,
+        "head_workspace_bytes": costs.head_workspace_bytes,
+    }
+    staging = {
+        "weight_pool_bytes": WEIGHT_POOL_BLOCKS * max_p,
+        "grad_landing_bytes": 2 * max_g,
+        "nvme_bounce_bytes": NVME_BOUNCE_BOUNDARIES * a,
+    }
+    states = int(HOST_BYTES_PER_PARAM[cfg.train.master_dtype] * model.total_params)
+    staging_bytes = sum(staging.values())
+    return {
+        "hbm_budget_bytes": int(hw.hbm_bytes * (1 - cfg.hardware.hbm_reserve_fraction)),
+        "fixed_hbm_bytes": sum(parts.values()),
+        **parts,
+        "states_bytes": states,
+        "staging_bytes": staging_bytes,
+        **staging,
+        "dram_free_for_checkpoints_bytes": hw.dram_bytes - states - staging_bytes,
+    }
+
+
+def hardware_from_config(cfg: RunConfig) -> HardwareSpec:
+    """The `hardware:` section resolved: preset or file, with the GB-unit overrides applied."""
+    h = cfg.hardware
+    overrides = {k: getattr(h, k) for k in (
+        "hbm_gb", "dram_gb", "nvme_gb", "h2d_gb_per_s", "d2h_gb_per_s", "duplex_gb_per_s",
+        "nvme_read_gb_per_s", "nvme_write_gb_per_s", "peak_tflops", "matmul_efficiency")}
+    return get_hardware(h.preset, overrides)
+
+
+def problem_from_config(cfg: RunConfig) -> PlanningProblem:
+    """`build_problem` on the model and hardware the config names.
+
+    Raises:
+        FileNotFoundError: the model config, hardware file or profile does not exist.
+        ValueError: unsupported model type, unknown preset, mismatching profile.
+    """
+    model = ModelSpec.from_hf_config(cfg.model.config_path, name=cfg.model.name)
+    return build_problem(model, hardware_from_config(cfg), cfg)
+
+
+def _costs(model: ModelSpec, hw: HardwareSpec, cfg: RunConfig) -> ModelCosts:
+    kwargs = dict(seq_len=cfg.data.seq_len, micro_batch=cfg.train.micro_batch,
+                  compute_dtype=cfg.train.compute_dtype,
+                  head_chunk_tokens=cfg.runtime.head_chunk_tokens)
+    if cfg.hardware.profile_path:
+        return profile_costs(model, cfg.hardware.profile_path, hw=hw, **kwargs)
+    return analytic_costs(model, hw, **kwargs)
