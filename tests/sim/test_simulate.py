@@ -50,29 +50,35 @@ def test_all_hbm_two_blocks_matches_hand_timeline():
     assert r.window("b1").exposed_ms == pytest.approx(0.0)
 
 
-def test_recompute_window_serializes_loads_with_two_weight_buffers():
+def test_recompute_loads_serialize_through_the_single_recompute_buffer():
     p = tiny_problem(L=3)
     r = simulate(p, Plan(tiers=("hbm", "recompute", "recompute", "hbm")))
-    # b2 ends segment (0, 3). W2 (loaded in turn) holds one buffer until B2; one buffer free.
-    # W0r [0,1]; R0 [1,2]; W1r waits for R0's buffer [2,3]; R1 [3,4]; Fg2 [4,5.5]; B2 [5.5,7.5]
-    # W1 for b1 waits for R1's buffer [4,5]. Window 7.5 ms, compute 5.5 ms, stall 2 ms.
+    # b2 ends segment (0, 3); 3 weight buffers (the engine's ring): W2 (loaded in turn) is in
+    # use until B2, W1 for b1 takes the second, recompute loads share the third:
+    # W1b [0,1]; W0r [1,2]; R0 [2,3]; W1r waits for R0's buffer [3,4]; R1 [4,5];
+    # Fg2 [5,6.5]; B2 [6.5,8.5]. Window 8.5 ms, compute 5.5 ms, stall 3 ms.
     b2 = r.window("b2")
-    assert b2.time_ms == pytest.approx(7.5)
+    assert b2.time_ms == pytest.approx(8.5)
     assert b2.compute_ms == pytest.approx(5.5)
-    assert b2.stall_ms == pytest.approx(2.0)
+    assert b2.stall_ms == pytest.approx(3.0)
     ev = {e.name: e for e in r.events}
-    assert ev["W1 recompute"].start_ms - b2.start_ms == pytest.approx(2.0)
+    assert ev["W1 recompute"].start_ms - b2.start_ms == pytest.approx(3.0)
     assert ev["W1 recompute"].reason == "buffer weights"
     assert ev["W1 recompute"].waited_on == "R0"
 
 
-def test_third_weight_buffer_leaves_only_the_first_recompute_load_exposed():
+def test_a_fourth_weight_buffer_lets_recompute_loads_overlap():
     p = tiny_problem(L=3)
     r = simulate(p, Plan(tiers=("hbm", "recompute", "recompute", "hbm")),
-                 options=SimOptions(weight_buffers=3))
-    # W0r [0,1]; W1r [1,2]; R0 [1,2]; R1 [2,3]; Fg2 [3,4.5]; B2 [4.5,6.5] -> 6.5 ms, stall 1
-    assert r.window("b2").time_ms == pytest.approx(6.5)
-    assert r.window("b2").stall_ms == pytest.approx(1.0)
+                 options=SimOptions(weight_buffers=4))
+    # W1b [0,1]; W0r [1,2]; W1r [2,3] || R0 [2,3]; R1 [3,4]; Fg2 [4,5.5]; B2 [5.5,7.5]
+    assert r.window("b2").time_ms == pytest.approx(7.5)
+    assert r.window("b2").stall_ms == pytest.approx(2.0)
+
+
+def test_fewer_than_three_weight_buffers_is_refused():
+    with pytest.raises(ValueError, match="weight_buffers must be >= 3"):
+        SimOptions(weight_buffers=2)
 
 
 def test_nvme_write_in_the_d2h_window_waits_for_the_staging_copy():
@@ -201,8 +207,8 @@ def test_compare_reports_recompute_weight_loads_the_evaluator_overlaps(evaluator
     diffs = compare(p, plan)
     b2 = [d for d in diffs if d.startswith("b2:")]
     assert b2, diffs
-    # evaluator: max(compute 5.5, h2d 3 ms) = 5.5; simulator 7.5 (hand timeline above)
-    assert "simulator 7.500 ms vs evaluator 5.500 ms" in b2[0]
+    # evaluator: max(compute 5.5, h2d 3 ms) = 5.5; simulator 8.5 (hand timeline above)
+    assert "simulator 8.500 ms vs evaluator 5.500 ms" in b2[0]
     assert "weight load before use" in b2[0] and "double-buffer reuse" in b2[0]
     assert diffs[-1].startswith("step:")
 

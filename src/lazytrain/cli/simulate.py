@@ -30,8 +30,9 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("plan", metavar="plan.json", help="a plan written by `lazytrain plan --out`")
     add_config_flags(p)
-    p.add_argument("--weight-buffers", type=int, default=2, metavar="N",
-                   help="device weight buffers the simulated engine has (default 2)")
+    p.add_argument("--weight-buffers", type=int, default=3, metavar="N",
+                   help="device weight buffers of the simulated engine (default 3, as the "
+                   "runtime; 4 lets recompute loads overlap)")
     p.add_argument("--gantt", metavar="sim.png", help="write the simulated timeline as PNG")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(func=run)

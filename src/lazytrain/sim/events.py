@@ -151,7 +151,7 @@ def run(tasks: list[TaskSpec], *, num_windows: int, rates: dict[str, float],
         st.window_left[t.window] += 1
     holders: dict[int, list[int]] = {}  # task id in hold_until -> acquirer ids it must free
     for t in tasks:
-        for h in t.hold_until:
+        for h in (t.hold_until if t.acquire else ()):
             holders.setdefault(h, []).append(t.id)
     pending_hold = {t.id: set(t.hold_until) for t in tasks if t.acquire}
     now = 0.0

@@ -28,21 +28,25 @@ COPY_STREAMS = STREAMS[1:]
 class SimOptions:
     """What the simulated engine looks like beyond the Plan.
 
-    The defaults follow docs/execution_model.md: two weight buffers (double buffering, in
-    `fixed_hbm_bytes`), window barriers. The gradient buffer is taken as double (B[j] writes
-    while G[j+1] drains, which the evaluator's overlap assumes).
+    The defaults follow the runtime engine: a ring of three weight buffers (runtime/streams.py
+    `DeviceWeights(num_slots=3)`: two for double buffering, one for segment recompute loads;
+    docs/execution_model.md counts two in `fixed_hbm_bytes`), two gradient drain buffers, and
+    window barriers (docs/execution_model.md).
     """
 
-    weight_buffers: int = 2
-    """Device weight buffers a streamed load may use (>= 2)."""
+    weight_buffers: int = 3
+    """Device weight buffers a streamed load may use (>= 3: the next window's load and one
+    recompute load must fit beside the buffer of the block being computed; 4 lets recompute
+    loads ping-pong so that only the first is exposed)."""
     grad_buffers: int = 2
     """Device gradient buffers (B[j] needs a free one; the drain frees it) (>= 1)."""
     barriers: bool = True
     """Window barriers (the engine's semantics); False shows what a barrier-free engine gets."""
 
     def __post_init__(self) -> None:
-        if self.weight_buffers < 2:
-            raise ValueError(f"weight_buffers must be >= 2; got {self.weight_buffers}")
+        if self.weight_buffers < 3:
+            raise ValueError(f"weight_buffers must be >= 3 (block in use, next block, one "
+                             f"recompute load); got {self.weight_buffers}")
         if self.grad_buffers < 1:
             raise ValueError(f"grad_buffers must be >= 1; got {self.grad_buffers}")
 

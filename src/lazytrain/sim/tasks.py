@@ -5,23 +5,23 @@ not evaluate any window equation (that is `planner/evaluate.py`'s job, which thi
 reuse: the simulator is the independent check). Windows: `pre`, f0..f{L-1}, `turn`,
 b{L-1}..b0, `post`.
 
-Tasks per window (issue order on each stream; the engine issues in this order):
+Tasks per window, in the runtime engine's issue order (runtime/engine.py: the plan's transfers
+first, then the next weight load, then compute):
 - `pre`: embedding forward (compute, embed_ms); block 0's weight load (h2d, P[0]).
-- `f{j}`: forward of block j (F[j], or Fg[j] when kept); load of block j+1's weights
-  (P[j+1], j+1 < L); the plan's transfers in the window, by kind d2h, nvme_write, nvme_read, h2d.
-- `turn`: head (head_ms); load of block L-1's weights for its backward unless resident.
-- `b{j}`: [re-embed when the segment starts at a recompute boundary 0]; recompute forwards
-  F[k], k = s..e-2, when block j = e-1 ends segment (s, e); Fg[j] unless kept; B[j]
-  (a kept block's B[j] is issued before the recompute: its graph is ready). h2d stream:
-  recompute weight loads P[k], then activation h2d chunks, then block j-1's weight load
-  (unless resident). d2h stream: block j+1's gradient drain, then activation d2h chunks.
+- `f{j}`: the plan's transfers in the window (by kind d2h, nvme_write, nvme_read, h2d); load of
+  block j+1's weights (P[j+1], j+1 < L); forward of block j (F[j], or Fg[j] when kept).
+- `turn`: transfers; load of block L-1's weights for its backward unless resident; head.
+- `b{j}`: d2h of block j+1's gradients (G[j+1]); transfers; load of block j-1's weights (unless
+  resident); when block j = e-1 ends segment (s, e): [re-embed when boundary 0 is recompute],
+  then per k = s..e-2 the load of P[k] and the recompute forward F[k]; Fg[j] unless kept; B[j].
 - `post`: drain of G[0] + the embedding/head gradients after B[0].
 
 Dependencies (reason strings appear in `compare` explanations):
 - "weight load before use": a compute task waits for the load of its block's weights.
-- "double-buffer reuse": a weight load takes a slot of the `weights` pool (size
-  `weight_buffers`), freed when every compute using those weights has ended. A resident block's
-  forward load frees its slot after the forward (its copy then lives outside the pool).
+- "double-buffer reuse": a streamed weight load takes a slot of the `weights` pool (size
+  `weight_buffers`; the engine's DeviceWeights ring has 3: two for double buffering, one for
+  segment recompute loads), freed when every compute using those weights has ended. A resident
+  block's forward load goes to its own buffer (no slot), as in the engine.
 - "boundary produced before offload", "d2h staged before nvme write", "checkpoint written before
   read", "checkpoint read before h2d", "staged before h2d": a chunk covering bytes [a, b) of a
   boundary waits for every source chunk starting below b (cumulative precedence).
@@ -83,10 +83,11 @@ class _Builder:
                                kind=kind, block=block, boundary=boundary, acquire=acquire))
         return tid
 
-    def load(self, block: int, window: str, why: str) -> int:
-        """Weight load of `block` (h2d, P[block]) into a `weights` pool slot."""
+    def load(self, block: int, window: str, why: str, *, resident: bool = False) -> int:
+        """Weight load of `block` (h2d, P[block]) into a `weights` pool slot (a resident
+        block's forward load goes to its own buffer instead: no slot)."""
         tid = self.add(f"W{block} {why}", "h2d", window, self.p.weight_bytes[block],
-                       kind="weights", block=block, acquire="weights")
+                       kind="weights", block=block, acquire=None if resident else "weights")
         self.users[tid] = []
         self.open_loads.add(tid)
         return tid
@@ -139,7 +140,7 @@ class _Builder:
     def freeze(self) -> TaskGraph:
         tasks = []
         for s in self.specs:
-            hold = tuple(self.users.get(s["id"], ())) if s["kind"] == "weights" else ()
+            hold = tuple(self.users.get(s["id"], ())) if s["acquire"] == "weights" else ()
             if s["kind"] == "bwd":
                 hold = (self.drain_of[s["block"]],)
             tasks.append(TaskSpec(hold_until=hold, **s))
@@ -165,36 +166,31 @@ def build_tasks(problem: PlanningProblem, plan: Plan) -> TaskGraph:
 
 def _forward(b: _Builder) -> dict[int, int]:
     """pre and f0..f{L-1}; returns block -> its forward weight-load task."""
-    p, L, keep = b.p, b.L, set(b.plan.keep_internals)
+    p, L = b.p, b.L
+    keep, resident = set(b.plan.keep_internals), set(b.plan.resident_weights)
     b.produced[0] = b.add("embed", "compute", "pre", p.embed_ms, kind="embed")
-    loads = {0: b.load(0, "pre", "fwd")}
+    loads = {0: b.load(0, "pre", "fwd", resident=0 in resident)}
     for j in range(L):
         w = f"f{j}"
         kept = j in keep
+        b.transfers(w)
+        if j + 1 < L:
+            loads[j + 1] = b.load(j + 1, w, "fwd", resident=j + 1 in resident)
         b.produced[j + 1] = b.compute(
             f"{'Fg' if kept else 'F'}{j}", w, p.fwd_grad_ms[j] if kept else p.fwd_ms[j],
             load=loads[j], deps=[(b.produced[j], "boundary produced")],
             kind="fwd_grad" if kept else "fwd", block=j)
-        # the forward was the last user of the buffer slot: a resident block's copy now lives
-        # outside the double buffer (its HBM is in the keep terms), so the slot is free again
-        b.open_loads.discard(loads[j])
-        if j + 1 < L:
-            loads[j + 1] = b.load(j + 1, w, "fwd")
-        b.transfers(w)
+        b.open_loads.discard(loads[j])  # the forward is the last user of a streamed slot
     return loads
 
 
 def _turn(b: _Builder, fwd_load: dict[int, int]) -> dict[int, int]:
     """The turn window; returns block -> the weight load its backward uses."""
     p, L, resident = b.p, b.L, set(b.plan.resident_weights)
+    b.transfers("turn")
+    loads = {L - 1: fwd_load[L - 1] if L - 1 in resident else b.load(L - 1, "turn", "bwd")}
     b.compute("head", "turn", p.head_ms, load=None,
               deps=[(b.produced[L], "boundary produced")], kind="head", block=None)
-    loads = {}
-    if L - 1 in resident:
-        loads[L - 1] = fwd_load[L - 1]
-    else:
-        loads[L - 1] = b.load(L - 1, "turn", "bwd")
-    b.transfers("turn")
     return loads
 
 
@@ -206,19 +202,6 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
     cache: dict[int, int] = {}   # boundary -> recompute task producing it (this segment)
     for j in range(L - 1, -1, -1):
         w = f"b{j}"
-        kept = j in keep
-        grad_dep = [(b.bwd.get(j + 1), "gradient flows from the later block")]
-        if kept:
-            _bwd(b, j, w, loads[j], deps=grad_dep)
-        if j in ends:
-            s, e = ends[j]
-            cache = _recompute(b, s, e, w)
-        if not kept:
-            inp = cache.get(j) if j in cache else None
-            in_deps = [(inp, "recomputed boundary")] if inp is not None else b.boundary_ready(j)
-            fg = b.compute(f"Fg{j}", w, p.fwd_grad_ms[j], load=loads[j], deps=in_deps,
-                           kind="fwd_grad", block=j)
-            _bwd(b, j, w, loads[j], deps=[(fg, "re-forward before backward"), *grad_dep])
         if j + 1 <= L - 1:
             b.drain_of[j + 1] = b.add(f"G{j + 1} drain", "d2h", w, p.grad_bytes[j + 1],
                                       deps=[(b.bwd[j + 1], "gradient drain after backward")],
@@ -226,6 +209,18 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
         b.transfers(w)
         if j >= 1:
             loads[j - 1] = fwd_load[j - 1] if j - 1 in resident else b.load(j - 1, w, "bwd")
+        if j in ends:
+            s, e = ends[j]
+            cache = _recompute(b, s, e, w)
+        grad_dep = (b.bwd.get(j + 1), "gradient flows from the later block")
+        if j in keep:
+            _bwd(b, j, w, loads[j], deps=[grad_dep])
+            continue
+        inp = cache.get(j)
+        in_deps = [(inp, "recomputed boundary")] if inp is not None else b.boundary_ready(j)
+        fg = b.compute(f"Fg{j}", w, p.fwd_grad_ms[j], load=loads[j], deps=in_deps,
+                       kind="fwd_grad", block=j)
+        _bwd(b, j, w, loads[j], deps=[(fg, "re-forward before backward"), grad_dep])
     b.drain_of[0] = b.add("G0+ends drain", "d2h", "post", p.grad_bytes[0] + p.ends_grad_bytes,
                           deps=[(b.bwd[0], "gradient drain after backward")], kind="grad",
                           block=0)
