@@ -108,11 +108,15 @@ class PlanInfeasibleError(ValueError):
     hold for the whole step), `shortfall_bytes`.
     """
 
-    def __init__(self, *, budget: str, window: str | None, shortfall_bytes: float) -> None:
+    def __init__(self, *, budget: str, window: str | None, shortfall_bytes: float,
+                 proven: bool = True) -> None:
         self.budget, self.window, self.shortfall_bytes = budget, window, shortfall_bytes
+        self.proven = proven
         where = f"at window {window}" if window else "for the whole step"
-        super().__init__(f"{budget} short by {shortfall_bytes / GB:.2f} GB {where}: no plan fits "
-                         f"the {budget} budget; raise it or shrink micro_batch / seq_len")
+        why = ("no plan fits" if proven else "the best plan found within the time limit "
+               "overflows (a longer planner.time_limit_s may find one that fits)")
+        super().__init__(f"{budget} short by {shortfall_bytes / GB:.2f} GB {where}: {why} the "
+                         f"{budget} budget; raise it or shrink micro_batch / seq_len")
 
 
 def row_name(family: str, *idx) -> str:
@@ -654,8 +658,10 @@ def _on(val: float, name: str) -> bool:
     return val > 0.5
 
 
-def check_slacks(milp: Milp, x: list[float]) -> None:
+def check_slacks(milp: Milp, x: list[float], *, proven: bool = True) -> None:
     """Raise PlanInfeasibleError for the largest nonzero capacity slack (if any).
+
+    `proven`: the assignment is optimal (the shortfall is unavoidable), not a time-out incumbent.
 
     Raises:
         PlanInfeasibleError: naming the budget (HBM/DRAM/NVMe), the window and the GB short.
@@ -665,7 +671,8 @@ def check_slacks(milp: Milp, x: list[float]) -> None:
               (x[milp.v.slack_host["nvme"]], "NVMe", None)]
     gb, budget, window = max(short, key=lambda s: s[0])
     if gb > SLACK_TOL_GB:
-        raise PlanInfeasibleError(budget=budget, window=window, shortfall_bytes=gb * GB)
+        raise PlanInfeasibleError(budget=budget, window=window, shortfall_bytes=gb * GB,
+                                  proven=proven)
 
 
 def extract_decisions(milp: Milp, x: list[float]):
@@ -704,12 +711,13 @@ def extract_plan(milp: Milp, x: list[float], *, solver: SolveRecord,
     """The Plan of a solver assignment (evaluated and validated by `evaluate.build_plan`).
 
     Raises:
-        PlanInfeasibleError: a capacity slack is nonzero (names budget, window, GB short).
+        PlanInfeasibleError: a capacity slack is nonzero (names budget, window, GB short; says
+            when the assignment is only a time-out incumbent).
         PlanValidationError: the extracted plan breaks the contract (a bug in this model).
     """
     from lazytrain.planner.evaluate import build_plan
 
-    check_slacks(milp, x)
+    check_slacks(milp, x, proven=solver.status == "optimal")
     return build_plan(milp.problem, extract_decisions(milp, x), solver=solver, bounds=bounds)
 
 
@@ -734,7 +742,8 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "highs", time_limit_s
         vs. the solver's dual bound), num_vars, num_rows.
 
     Raises:
-        PlanInfeasibleError: a capacity budget cannot be met.
+        PlanInfeasibleError: a capacity budget cannot be met (or, on a time-out, the incumbent
+            still overflows one; `proven` is False then).
         ValueError: unknown backend.
     """
     import dataclasses
