@@ -188,6 +188,28 @@ def _by_boundary(transfers, L: int) -> dict[tuple[int, str], dict[int, float]]:
     return table
 
 
+def holding_intervals(i: int, tier: str, segment_end: int, num_blocks: int, *,
+                      last_d2h: int | None = None, first_h2d: int | None = None
+                      ) -> list[tuple[int, int]]:
+    """Window-ord intervals (inclusive) during which boundary i is held in HBM by the store.
+
+    See `checkpoint_bytes`; `last_d2h`/`first_h2d` are ords of an offloaded boundary's last
+    d2h and first h2d fractions (None: not scheduled, held from production / until release).
+    """
+    L = num_blocks
+    if i == L:
+        return [(L, L)]
+    if tier == "hbm":
+        return [(i, 2 * L - i)]
+    if tier in OFFLOAD_TIERS:
+        last = 2 * L - i if last_d2h is None else last_d2h
+        first = use_ord(segment_end, L) if first_h2d is None else first_h2d
+        if first <= last + 1:
+            return [(i, 2 * L - i)]
+        return [(i, last), (first, 2 * L - i)]
+    return [(use_ord(segment_end, L), 2 * L - i)]  # recompute cache (boundary 0: re-embedded)
+
+
 def checkpoint_bytes(problem: PlanningProblem, tiers, transfers) -> list[float]:
     """Bytes of boundary tensors the store holds in HBM per window (exact holding intervals).
 
@@ -209,21 +231,11 @@ def checkpoint_bytes(problem: PlanningProblem, tiers, transfers) -> list[float]:
     table = _by_boundary(transfers, L)
     ends = segment_ends(tiers)
     for i, tier in enumerate(tiers):
-        if i == L:
-            hold(L, L, A[L])
-        elif tier == "hbm":
-            hold(i, 2 * L - i, A[i])
-        elif tier in OFFLOAD_TIERS:
-            d, h = table.get((i, "d2h")), table.get((i, "h2d"))
-            last_d2h = max(d) if d else 2 * L - i
-            first_h2d = min(h) if h else use_ord(ends[i], L)
-            if first_h2d <= last_d2h + 1:
-                hold(i, 2 * L - i, A[i])
-            else:
-                hold(i, last_d2h, A[i])
-                hold(first_h2d, 2 * L - i, A[i])
-        else:  # recompute: the segment's recompute cache (boundary 0: re-embedded)
-            hold(use_ord(ends[i], L), 2 * L - i, A[i])
+        d, h = table.get((i, "d2h")), table.get((i, "h2d"))
+        for lo, hi in holding_intervals(i, tier, ends[i] if i < L else L, L,
+                                        last_d2h=max(d) if d else None,
+                                        first_h2d=min(h) if h else None):
+            hold(lo, hi, A[i])
     out, acc = [], 0.0
     for o in range(2 * L + 1):
         acc += diff[o]
@@ -470,6 +482,54 @@ class _Loads:
         return {o: x / total for o, x in out.items()}
 
 
+def schedule_offload(loads: _Loads, problem: PlanningProblem, i: int, tier: str,
+                     segment_end: int) -> dict[str, dict[int, float]]:
+    """d2h as soon as possible, then (nvme tier) NVMe writes right behind it; updates `loads`."""
+    A = float(problem.boundary_bytes[i])
+    out = {"d2h": loads.fill("d2h", A, _ords(problem, "d2h", i, segment_end))}
+    if tier == "nvme":
+        out["nvme_write"] = loads.fill("nvme_write", A,
+                                       _ords(problem, "nvme_write", i, segment_end), out["d2h"])
+    return out
+
+
+def schedule_prefetch(loads: _Loads, problem: PlanningProblem, i: int, tier: str,
+                      segment_end: int, offload: dict[str, dict[int, float]]
+                      ) -> dict[str, dict[int, float]]:
+    """h2d as late as possible (after the last d2h / NVMe write), NVMe reads before it."""
+    A = float(problem.boundary_bytes[i])
+    if tier == "dram":
+        lo = max(offload["d2h"])
+        return {"h2d": loads.fill("h2d", A, _ords(problem, "h2d", i, segment_end, lo)[::-1])}
+    read_ords = _ords(problem, "nvme_read", i, segment_end, max(offload["nvme_write"]))
+    h2d = loads.fill("h2d", A, _ords(problem, "h2d", i, segment_end, read_ords[0])[::-1])
+    return {"h2d": h2d, "nvme_read": loads.fill("nvme_read", A, read_ords[::-1], h2d)}
+
+
+def _ords(problem: PlanningProblem, kind: str, i: int, segment_end: int, lo: int = 0
+          ) -> list[int]:
+    hz = horizons_of(problem)
+    r = [o for o in legal_ords(kind, i, segment_end, problem.num_blocks, **hz) if o >= lo]
+    if not r:
+        raise ValueError(f"boundary {i}: no legal window for its {kind} within the horizons {hz}"
+                         f" (segment ({i}, {segment_end}), needed in b{segment_end - 1})")
+    return r
+
+
+def schedule_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_weights=None
+                   ) -> tuple[dict[int, dict[str, dict[int, float]]], _Loads]:
+    """The schedule as {boundary: {kind: {ord: fraction}}} and the resulting window loads."""
+    L = problem.num_blocks
+    tiers = check_tiers(problem, tiers)
+    loads = _Loads(problem, *fixed_loads(problem, tiers, keep_internals, resident_weights))
+    ends = segment_ends(tiers)
+    offloaded = [i for i in range(L) if tiers[i] in OFFLOAD_TIERS]
+    sched = {i: schedule_offload(loads, problem, i, tiers[i], ends[i]) for i in offloaded}
+    for i in sorted(offloaded, key=lambda i: use_ord(ends[i], L)):
+        sched[i].update(schedule_prefetch(loads, problem, i, tiers[i], ends[i], sched[i]))
+    return sched, loads
+
+
 def schedule_transfers(problem: PlanningProblem, tiers, keep_internals=(), *,
                        resident_weights=None) -> tuple[Transfer, ...]:
     """A legal transfer schedule for a tier assignment, within the problem's horizons.
@@ -484,37 +544,8 @@ def schedule_transfers(problem: PlanningProblem, tiers, keep_internals=(), *,
     Raises:
         ValueError: malformed tiers, or a transfer without any legal window.
     """
-    p, L = problem, problem.num_blocks
-    tiers = check_tiers(p, tiers)
-    hz = horizons_of(p)
-    comp, h2d, d2h = fixed_loads(p, tiers, keep_internals, resident_weights)
-    loads = _Loads(p, comp, h2d, d2h)
-    ends = segment_ends(tiers)
-    offloaded = [i for i in range(L) if tiers[i] in OFFLOAD_TIERS]
-    sched: dict[tuple[int, str], dict[int, float]] = {}
-
-    def ords(kind: str, i: int, lo: int = 0) -> list[int]:
-        r = [o for o in legal_ords(kind, i, ends[i], L, **hz) if o >= lo]
-        if not r:
-            raise ValueError(f"boundary {i}: no legal window for its {kind} within the horizons"
-                             f" {hz} (segment ({i}, {ends[i]}), needed in b{ends[i] - 1})")
-        return r
-
-    for i in offloaded:
-        A = float(p.boundary_bytes[i])
-        sched[i, "d2h"] = loads.fill("d2h", A, ords("d2h", i))
-        if tiers[i] == "nvme":
-            sched[i, "nvme_write"] = loads.fill("nvme_write", A, ords("nvme_write", i),
-                                                sched[i, "d2h"])
-    for i in sorted(offloaded, key=lambda i: use_ord(ends[i], L)):
-        A = float(p.boundary_bytes[i])
-        if tiers[i] == "dram":
-            lo = max(sched[i, "d2h"])
-            sched[i, "h2d"] = loads.fill("h2d", A, ords("h2d", i, lo)[::-1])
-        else:
-            read_ords = ords("nvme_read", i, max(sched[i, "nvme_write"]))
-            sched[i, "h2d"] = loads.fill("h2d", A, ords("h2d", i, read_ords[0])[::-1])
-            sched[i, "nvme_read"] = loads.fill("nvme_read", A, read_ords[::-1],
-                                               sched[i, "h2d"])
+    L = problem.num_blocks
+    sched, _ = schedule_loads(problem, tiers, keep_internals, resident_weights)
     return tuple(Transfer(boundary=i, kind=kind, window=window_name(o, L), fraction=x)
-                 for (i, kind), cell in sorted(sched.items()) for o, x in sorted(cell.items()))
+                 for i in sorted(sched) for kind in sorted(sched[i])
+                 for o, x in sorted(sched[i][kind].items()))

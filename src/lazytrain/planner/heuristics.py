@@ -1,0 +1,424 @@
+"""Rule-based and heuristic plans: MegaTrain's every-K rule, uniform-K, ideal, and the greedy.
+
+`heuristic_plan` always returns a plan (the MILP's warm start and its time-out fallback):
+uniform-K starts with lifetime-ordered tiers (latest boundaries hbm while HBM fits, earlier
+ones dram while DRAM fits, the earliest nvme), the transfer schedule of
+`evaluate.schedule_transfers`, a greedy repair when a capacity is violated (best ratio of
+shortfall removed to step time added) and a first-improvement local search (tier moves,
++-1 shifts, (un)materialize, keep toggles on the last blocks). Candidate moves are scored
+incrementally (only the windows and holding intervals a move touches are recomputed); an
+accepted move is re-evaluated in full. Deterministic: no randomness; the wall-clock budget only
+truncates the search (the tests' problems converge well before it).
+
+Knows no solver and no torch. Source: PLANNER_NOTES.md section 6.6; MegaTrain (arXiv
+2604.05091) for the every-K rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from lazytrain.planner.evaluate import (
+    Decisions, _Loads, build_plan, check_tiers, decisions_from_tiers, holding_intervals, schedule_loads, schedule_offload, schedule_prefetch, segment_ends,
+    segments_of, window_time_ms,
+)
+from lazytrain.planner.plan import (
+    OFFLOAD_TIERS, TIERS, Plan, SolveRecord, Transfer, window_name,
+)
+from lazytrain.planner.problem import PlanningProblem
+
+UNIFORM_KS = (1, 2, 3, 4, 6, 8, 12, 16)
+"""Segment lengths tried as starts (capped by k_max and L)."""
+KEEP_CANDIDATES = 4
+"""Keep-internals is tried on this many last blocks (the only ones where it usually pays)."""
+MAX_SWEEPS = 12
+"""Local-search passes over the neighbourhood (deterministic cap)."""
+_IMPROVE_MS = 1e-6
+"""A move must shorten the step by more than this (ms) to be accepted."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixed rules
+
+
+def megatrain_tiers(num_blocks: int, k: int) -> tuple[str, ...]:
+    """Boundaries 0, k, 2k, ... and L in hbm; the rest recompute."""
+    return tuple("hbm" if i % k == 0 or i == num_blocks else "recompute"
+                 for i in range(num_blocks + 1))
+
+
+def _finish(problem: PlanningProblem, decisions: Decisions, backend: str, t0: float,
+            status: str | None = None) -> Plan:
+    plan = build_plan(problem, decisions, solver=SolveRecord(backend=backend))
+    if status is None:
+        status = "infeasible" if plan.provenance.get("violations") else "ok"
+    rec = SolveRecord(backend=backend, status=status, solve_s=time.perf_counter() - t0)
+    return dataclasses.replace(plan, solver=rec)
+
+
+def megatrain_plan(problem: PlanningProblem, k: int = 4) -> Plan:
+    """MegaTrain's rule: every k-th boundary (and L) in HBM, the rest recomputed, no keep.
+
+    Every block is re-forwarded in backward (Fg in each b{j}), as MegaTrain does. A plan
+    that violates a capacity is still returned with `solver.status == "infeasible"` and
+    `provenance["violations"]`.
+
+    Raises:
+        ValueError: k < 1 or k > problem.k_max.
+    """
+    if not 1 <= k <= problem.k_max:
+        raise ValueError(f"megatrain k must be in 1..k_max={problem.k_max}; got {k}")
+    t0 = time.perf_counter()
+    tiers = megatrain_tiers(problem.num_blocks, k)
+    return _finish(problem, decisions_from_tiers(problem, tiers), "megatrain", t0)
+
+
+def ideal_plan(problem: PlanningProblem) -> Plan:
+    """Infinite-HBM reference: every boundary hbm, every block kept with resident weights.
+
+    Ignores capacities; it is a bound, never a plan to run (`solver.backend == "ideal"`).
+    """
+    t0 = time.perf_counter()
+    L = problem.num_blocks
+    d = Decisions(tiers=("hbm",) * (L + 1), keep_internals=tuple(range(L)))
+    return _finish(problem, d, "ideal", t0, status="bound: ignores capacities, do not run")
+
+
+def uniform_plan(problem: PlanningProblem, k: int, *, lifetime_tiers: bool = True) -> Plan:
+    """Every k-th boundary materialized; tiers by lifetime (or all hbm); no keep, no repair.
+
+    Raises:
+        ValueError: k < 1 or k > problem.k_max.
+    """
+    if not 1 <= k <= problem.k_max:
+        raise ValueError(f"uniform k must be in 1..k_max={problem.k_max}; got {k}")
+    t0 = time.perf_counter()
+    tiers = megatrain_tiers(problem.num_blocks, k)
+    if lifetime_tiers:
+        tiers = _Search(problem, deadline=float("inf")).lifetime(tiers).tiers
+    return _finish(problem, decisions_from_tiers(problem, tiers), "uniform", t0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Heuristic search
+
+
+def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0) -> Plan:
+    """Best plan found by uniform-K starts, lifetime tiers, repair and local search.
+
+    Always returns a plan. If no candidate fits every capacity, the one with the smallest
+    total shortfall is returned with `solver.status == "infeasible"` and the violations in
+    `provenance["violations"]`; the caller decides whether to raise.
+
+    Args:
+        problem: the planning problem.
+        time_budget_s: wall-clock cap on the search, s (the result is deterministic whenever
+            the search converges within it).
+    """
+    t0 = time.perf_counter()
+    search = _Search(problem, deadline=t0 + time_budget_s)
+    L = problem.num_blocks
+    starts = [search.build(megatrain_tiers(L, min(4, problem.k_max, L)), ())]
+    for k in UNIFORM_KS:
+        if k <= min(problem.k_max, L):
+            tiers = list(megatrain_tiers(L, k))
+            tiers[0] = "recompute"  # re-embedding boundary 0 is nearly free
+            starts.append(search.repair(search.lifetime(tuple(tiers))))
+    best = min(starts, key=lambda s: s.score)
+    best = search.local_search(best)
+    d = Decisions(tiers=best.tiers, keep_internals=best.keep, q8_blocks=best.q8,
+                  transfers=best.transfers())
+    return _finish(problem, d, "heuristic", t0)
+
+
+@dataclasses.dataclass
+class _State:
+    """A fully evaluated candidate (decisions, schedule, window loads, times, HBM per window)."""
+
+    tiers: tuple[str, ...]
+    keep: tuple[int, ...]
+    q8: tuple[int, ...]
+    ends: list[int]
+    sched: dict
+    loads: _Loads
+    times: list[float]
+    hbm: list[float]
+    dram: float
+    nvme: float
+    score: tuple[float, float]
+
+    def transfers(self) -> tuple[Transfer, ...]:
+        L = len(self.tiers) - 1
+        return tuple(Transfer(boundary=i, kind=k, window=window_name(o, L), fraction=x)
+                     for i in sorted(self.sched) for k in sorted(self.sched[i])
+                     for o, x in sorted(self.sched[i][k].items()))
+
+
+class _Search:
+    """Evaluates candidates in full (`build`) or incrementally (`delta`) for one problem."""
+
+    def __init__(self, problem: PlanningProblem, *, deadline: float) -> None:
+        p = self.p = problem
+        self.L = problem.num_blocks
+        self.deadline = deadline
+        self.states_base = (sum(n * p.host_bytes_per_param for n in p.params_per_block)
+                            + p.ends_params * p.host_bytes_per_param + p.nvme_staging_bytes)
+
+    # --- scoring -----------------------------------------------------------------------------
+
+    def _score(self, times, hbm, dram, nvme, q8) -> tuple[float, float]:
+        p = self.p
+        short = (max(0.0, max(hbm) - p.hbm_bytes) + max(0.0, dram - p.dram_bytes)
+                 + max(0.0, nvme - p.nvme_bytes))
+        q8_ms = sum(p.params_per_block[j] for j in q8) / 1e9 * p.q8_penalty_ms_per_gparam
+        return (short, sum(times) + q8_ms)
+
+    def _dram(self, tiers, q8) -> float:
+        p = self.p
+        return (self.states_base + sum(p.boundary_bytes[i] for i, t in enumerate(tiers)
+                                       if t == "dram")
+                - sum(p.params_per_block[j] for j in q8)
+                * (p.host_bytes_per_param - p.host_bytes_per_param_q8))
+
+    def _intervals(self, i, tier, end, sched_i):
+        d, h = sched_i.get("d2h"), sched_i.get("h2d")
+        return holding_intervals(i, tier, end, self.L, last_d2h=max(d) if d else None,
+                                 first_h2d=min(h) if h else None)
+
+    def build(self, tiers, keep, q8=()) -> _State:
+        """Full evaluation with the real scheduler (the same numbers as `evaluate`)."""
+        p, L = self.p, self.L
+        tiers = check_tiers(p, tiers)
+        sched, loads = schedule_loads(p, tiers, keep)
+        c = loads.chan
+        times = [window_time_ms(p, loads.comp[o], c["h2d"][o], c["d2h"][o], c["nvme_read"][o],
+                                c["nvme_write"][o]) for o in range(2 * L + 1)]
+        ends = segment_ends(tiers) + [L]
+        hbm = [float(p.fixed_hbm_bytes)] * (2 * L + 1)
+        for i, t in enumerate(tiers):
+            for lo, hi in self._intervals(i, t, ends[i], sched.get(i, {})):
+                for o in range(lo, hi + 1):
+                    hbm[o] += p.boundary_bytes[i]
+        for j in keep:
+            for o in range(j, 2 * L - j + 1):
+                hbm[o] += p.internal_bytes[j] + p.weight_bytes[j]
+        dram = self._dram(tiers, q8)
+        nvme = float(sum(p.boundary_bytes[i] for i, t in enumerate(tiers) if t == "nvme"))
+        return _State(tiers=tiers, keep=tuple(sorted(keep)), q8=tuple(sorted(q8)), ends=ends,
+                      sched=sched, loads=loads, times=times, hbm=hbm, dram=dram, nvme=nvme,
+                      score=self._score(times, hbm, dram, nvme, q8))
+
+    def delta(self, cur: _State, tiers, keep, q8) -> tuple[float, float]:
+        """Score of a neighbour of `cur`, recomputing only what the move touches."""
+        p, L = self.p, self.L
+        A = p.boundary_bytes
+        ends = segment_ends(tiers) + [L]
+        changed = [i for i in range(L) if tiers[i] != cur.tiers[i] or ends[i] != cur.ends[i]]
+        chan = {k: v[:] for k, v in cur.loads.chan.items()}
+        loads = _Loads(p, cur.loads.comp[:], chan["h2d"], chan["d2h"])
+        loads.chan = chan
+        touched: set[int] = set()
+        self._shift_fixed(loads, cur, tiers, keep, touched)
+        for i in changed:
+            for kind, cell in cur.sched.get(i, {}).items():
+                for o, x in cell.items():
+                    chan[kind][o] -= x * A[i]
+                    touched.add(o)
+        new_sched = {}
+        off = [i for i in changed if tiers[i] in OFFLOAD_TIERS]
+        for i in off:
+            new_sched[i] = schedule_offload(loads, p, i, tiers[i], ends[i])
+        for i in sorted(off, key=lambda i: -ends[i]):
+            new_sched[i].update(schedule_prefetch(loads, p, i, tiers[i], ends[i], new_sched[i]))
+        for cells in new_sched.values():
+            for cell in cells.values():
+                touched.update(cell)
+        times = cur.times
+        dt = 0.0
+        for o in touched:
+            dt += window_time_ms(p, loads.comp[o], chan["h2d"][o], chan["d2h"][o],
+                                 chan["nvme_read"][o], chan["nvme_write"][o]) - times[o]
+        hbm = cur.hbm[:]
+        for i in changed:
+            for sign, t, e, sc in ((-1, cur.tiers[i], cur.ends[i], cur.sched.get(i, {})),
+                                   (1, tiers[i], ends[i], new_sched.get(i, {}))):
+                for lo, hi in self._intervals(i, t, e, sc):
+                    for o in range(lo, hi + 1):
+                        hbm[o] += sign * A[i]
+        for j in set(keep) ^ set(cur.keep):
+            sign = 1 if j in keep else -1
+            for o in range(j, 2 * L - j + 1):
+                hbm[o] += sign * (p.internal_bytes[j] + p.weight_bytes[j])
+        dram = self._dram(tiers, q8)
+        nvme = float(sum(A[i] for i, t in enumerate(tiers) if t == "nvme"))
+        short, cost = self._score([sum(times) + dt], hbm, dram, nvme, q8)
+        return short, cost
+
+    def _shift_fixed(self, loads: _Loads, cur: _State, tiers, keep, touched: set) -> None:
+        """Apply the compute/weight-traffic changes of new segments and keep toggles."""
+        p, L = self.p, self.L
+        old, new = set(segments_of(cur.tiers)), set(segments_of(tiers))
+        emb_old = cur.tiers[0] == "recompute"
+        emb_new = tiers[0] == "recompute"
+        for segs, sign, emb in ((old - new, -1, emb_old), (new - old, 1, emb_new)):
+            for s, e in segs:
+                o = 2 * L - e + 1
+                loads.comp[o] += sign * (sum(p.fwd_ms[s:e - 1]) + (p.embed_ms if s == 0 and emb
+                                                                   else 0.0))
+                loads.chan["h2d"][o] += sign * sum(p.weight_bytes[s:e - 1])
+                touched.add(o)
+        if emb_old != emb_new:  # boundary 0's segment may be unchanged while its tier toggles
+            e = next(e for s, e in new if s == 0)
+            if (0, e) in old:
+                o = 2 * L - e + 1
+                loads.comp[o] += p.embed_ms if emb_new else -p.embed_ms
+                touched.add(o)
+        for j in set(keep) ^ set(cur.keep):
+            sign = 1 if j in keep else -1
+            loads.comp[j] += sign * (p.fwd_grad_ms[j] - p.fwd_ms[j])
+            loads.comp[2 * L - j] -= sign * p.fwd_grad_ms[j]
+            o = L if j == L - 1 else 2 * L - j - 1  # where block j's weights would reload
+            loads.chan["h2d"][o] -= sign * p.weight_bytes[j]
+            touched.update((j, 2 * L - j, o))
+
+    # --- moves -------------------------------------------------------------------------------
+
+    def _valid(self, tiers, keep) -> bool:
+        p = self.p
+        if any(t == "nvme" for t in tiers) and p.nvme_bytes <= 0:
+            return False
+        if any(e - s > p.k_max for s, e in segments_of(tiers)):
+            return False
+        return all(tiers[j + 1] != "recompute" for j in keep)
+
+    def edits(self, *, repair: bool = False) -> list[tuple]:
+        """The neighbourhood as edit descriptors, in a fixed order (see `apply`)."""
+        L = self.L
+        out = [("tier", i, t) for i in range(L) for t in TIERS]
+        if not repair:
+            out += [("shift", i, n) for i in range(1, L) for n in (i - 1, i + 1) if 0 < n < L]
+        if self.p.allow_keep:
+            out += [("keep", j, None) for j in range(L - 1, max(-1, L - 1 - KEEP_CANDIDATES), -1)]
+        if self.p.allow_q8 and repair:
+            out.append(("q8", None, None))
+        return out
+
+    def apply(self, cur: _State, edit: tuple, *, repair: bool = False):
+        """(tiers, keep, q8) after `edit` on `cur`, or None when it is a no-op or invalid.
+
+        In repair mode only edits that free memory are offered (a tier later in TIERS,
+        dropping a keep, adding an 8-bit block).
+        """
+        what, i, arg = edit
+        tiers, keep, q8 = cur.tiers, cur.keep, cur.q8
+        if what == "tier":
+            if arg == tiers[i] or (repair and TIERS.index(arg) < TIERS.index(tiers[i])):
+                return None
+            tiers = tiers[:i] + (arg,) + tiers[i + 1:]
+        elif what == "shift":
+            if tiers[i] == "recompute" or tiers[arg] != "recompute":
+                return None
+            new = list(tiers)
+            new[i], new[arg] = "recompute", tiers[i]
+            tiers = tuple(new)
+        elif what == "keep":
+            if i in keep:
+                keep = tuple(x for x in keep if x != i)
+            elif repair or tiers[i + 1] == "recompute":
+                return None
+            else:
+                keep = tuple(sorted(keep + (i,)))
+        else:
+            free = [j for j in range(self.L) if j not in q8]
+            if not free:
+                return None
+            q8 = tuple(sorted(q8 + (free[0],)))
+        keep = tuple(j for j in keep if tiers[j + 1] != "recompute")
+        return (tiers, keep, q8) if self._valid(tiers, keep) else None
+
+    # --- phases ------------------------------------------------------------------------------
+
+    def lifetime(self, tiers) -> _State:
+        """Lifetime-ordered tiers for the materialized boundaries of `tiers`.
+
+        The latest h boundaries go to hbm, with h the largest count whose plan fits HBM
+        (binary search); earlier ones to dram while DRAM fits, then nvme while NVMe fits, the
+        rest dram (repair fixes that).
+        """
+        p, L = self.p, self.L
+        mats = [i for i in range(L - 1, -1, -1) if tiers[i] != "recompute"]
+        dram_free = p.dram_bytes - self._dram(("recompute",) * (L + 1), ())
+
+        def assign(h: int) -> tuple[str, ...]:
+            out = list(tiers)
+            used_d = used_n = 0.0
+            for rank, i in enumerate(mats):
+                a = p.boundary_bytes[i]
+                if rank < h:
+                    out[i] = "hbm"
+                elif used_d + a <= dram_free:
+                    out[i], used_d = "dram", used_d + a
+                elif p.nvme_bytes > 0 and used_n + a <= p.nvme_bytes:
+                    out[i], used_n = "nvme", used_n + a
+                else:
+                    out[i] = "dram"
+            return tuple(out)
+
+        lo, hi = 0, len(mats)
+        best = self.build(assign(0), ())
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            st = self.build(assign(mid), ())
+            if max(st.hbm) <= p.hbm_bytes:
+                lo, best = mid, st
+            else:
+                hi = mid - 1
+        return best if lo > 0 or max(best.hbm) <= p.hbm_bytes else self.build(assign(0), ())
+
+    def repair(self, cur: _State) -> _State:
+        """While a capacity is short: apply the move with the best shortfall removed per ms."""
+        for _ in range(3 * self.L + 8):
+            if cur.score[0] <= 0 or time.perf_counter() > self.deadline:
+                break
+            best, best_ratio = None, 0.0
+            for edit in self.edits(repair=True):
+                move = self.apply(cur, edit, repair=True)
+                if move is None:
+                    continue
+                short, cost = self.delta(cur, *move)
+                gain = cur.score[0] - short
+                if gain > 0:
+                    ratio = gain / max(cost - cur.score[1], 1e-3)
+                    if best is None or ratio > best_ratio:
+                        best, best_ratio = move, ratio
+            if best is None:
+                break
+            nxt = self.build(*best)
+            if nxt.score >= cur.score:
+                break
+            cur = nxt
+        return cur
+
+    def local_search(self, cur: _State) -> _State:
+        """First-improvement descent over `moves` until a full pass finds nothing."""
+        edits = self.edits()
+        for _ in range(MAX_SWEEPS):
+            improved = False
+            for edit in edits:
+                if time.perf_counter() > self.deadline:
+                    return cur
+                move = self.apply(cur, edit)
+                if move is None:
+                    continue
+                est = self.delta(cur, *move)
+                if est[0] > cur.score[0] or (est[0] == cur.score[0]
+                                             and est[1] >= cur.score[1] - _IMPROVE_MS):
+                    continue
+                nxt = self.build(*move)
+                if nxt.score[0] < cur.score[0] or (nxt.score[0] == cur.score[0] and
+                                                   nxt.score[1] < cur.score[1] - _IMPROVE_MS):
+                    cur, improved = nxt, True
+            if not improved:
+                break
+        return cur
