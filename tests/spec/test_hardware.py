@@ -1,0 +1,82 @@
+"""Hardware presets and spec files: figures against hardware.json, overrides, round trips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lazytrain.spec.hardware import PRESETS, HardwareSpec, get_hardware, load_hardware, save_hardware
+
+PRESET_NAMES = ["h100-sxm", "h100-pcie", "h800-sxm", "h800-pcie", "h200", "a100-80gb",
+                "rtx-3090", "rtx-4090", "h800-paper", "cpu"]
+HW_JSON_KEY = {"h100-sxm": "H100-SXM5-80GB", "h100-pcie": "H100-PCIe-80GB",
+               "h800-sxm": "H800-SXM5-80GB", "h800-pcie": "H800-PCIe-80GB",
+               "h200": "H200-SXM-141GB", "a100-80gb": "A100-SXM4-80GB",
+               "rtx-3090": "RTX-3090", "rtx-4090": "RTX-4090"}
+
+
+def test_preset_names_are_exactly_the_agreed_ten():
+    assert list(PRESETS) == PRESET_NAMES
+
+
+@pytest.mark.parametrize("preset", list(HW_JSON_KEY))
+def test_gpu_preset_figures_come_from_hardware_json_low_end(preset, shared_dir):
+    gpu = json.loads((shared_dir / "hardware.json").read_text())["gpus"][HW_JSON_KEY[preset]]
+    spec = PRESETS[preset]
+    assert spec.hbm_bytes == (gpu.get("hbm_gb") or gpu.get("vram_gb")) * 1e9
+    tflops = gpu.get("bf16_dense_tflops") or gpu["bf16_dense_tflops_fp32_accum"]
+    assert spec.peak_flops == pytest.approx(tflops * 1e12)
+    assert spec.h2d_bytes_per_s == gpu["h2d_practical_gbs"][0] * 1e9
+    assert spec.d2h_bytes_per_s == gpu["d2h_practical_gbs"][0] * 1e9
+
+
+@pytest.mark.parametrize("preset", list(HW_JSON_KEY))
+def test_gpu_presets_take_the_paper_host(preset):
+    spec, paper = PRESETS[preset], PRESETS["h800-paper"]
+    assert (spec.dram_bytes, spec.nvme_bytes) == (360e9, 14e12)
+    assert spec.nvme_read_bytes_per_s == paper.nvme_read_bytes_per_s == 2.83e9
+    assert spec.nvme_write_bytes_per_s == paper.nvme_write_bytes_per_s == 3.35e9
+
+
+def test_h800_paper_is_the_papers_machine():
+    s = PRESETS["h800-paper"]
+    assert (s.hbm_bytes, s.h2d_bytes_per_s, s.d2h_bytes_per_s, s.duplex_bytes_per_s) == (
+        80e9, 12e9, 12e9, 24e9)
+    assert s.peak_flops == 989e12 and s.copies_overlap_compute
+
+
+def test_cpu_preset_contends_instead_of_overlapping():
+    assert PRESETS["cpu"].copies_overlap_compute is False
+
+
+def test_overrides_in_config_units_change_the_spec_and_its_name():
+    spec = get_hardware("h800-paper", {"dram_gb": 500, "h2d_gb_per_s": 20, "nvme_gb": None})
+    assert spec.dram_bytes == 500e9 and spec.h2d_bytes_per_s == 20e9
+    assert spec.name == "h800-paper+dram_gb=500,h2d_gb_per_s=20"
+    assert spec.nvme_bytes == PRESETS["h800-paper"].nvme_bytes
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(ValueError, match="presets: h100-sxm"):
+        get_hardware("h900")
+
+
+def test_unknown_override_is_named():
+    with pytest.raises(ValueError, match="'hbm_gib'"):
+        get_hardware("cpu", {"hbm_gib": 1})
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_spec_file_round_trips_and_loads_as_preset_path(tmp_path, suffix):
+    path = save_hardware(PRESETS["rtx-4090"], tmp_path / f"box{suffix}")
+    assert load_hardware(path) == PRESETS["rtx-4090"]
+    assert get_hardware(str(path), {"hbm_gb": 20}).hbm_bytes == 20e9
+
+
+def test_invalid_figures_are_rejected_with_the_field_named():
+    d = PRESETS["cpu"].to_dict() | {"matmul_efficiency": 1.5}
+    with pytest.raises(ValueError, match="matmul_efficiency must be in"):
+        HardwareSpec.from_dict(d)
+    with pytest.raises(ValueError, match="unknown hardware field"):
+        HardwareSpec.from_dict(PRESETS["cpu"].to_dict() | {"tflops": 1})
