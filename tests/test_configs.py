@@ -1,0 +1,116 @@
+"""The run config schema and the shipped YAML files (STYLE.md section 4)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lazytrain.config import (SECTIONS, RunConfig, apply_overrides, field_docs, load_config,
+                              save_config)
+
+CONFIGS = sorted((__import__("pathlib").Path(__file__).resolve().parents[1] / "configs")
+                 .glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_yaml_loads_and_opens_with_a_comment_giving_the_command(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, RunConfig)
+    head = path.read_text().splitlines()[:20]
+    assert head[0].startswith("#")
+    assert any("lazytrain " in line for line in head if line.startswith("#"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_yaml_builds_a_planning_problem(path, shared_dir):
+    from lazytrain.planner.build import problem_from_config
+    problem = problem_from_config(load_config(path))
+    assert problem.num_blocks >= 1
+
+
+@pytest.mark.parametrize("cls", [RunConfig, *SECTIONS.values()], ids=lambda c: c.__name__)
+def test_every_config_field_has_a_docstring(cls):
+    docs = field_docs(cls)
+    assert set(docs) == {f.name for f in dataclasses.fields(cls)}
+    assert [name for name, doc in docs.items() if not doc] == []
+
+
+def test_defaults_are_the_embedded_default_job():
+    cfg = load_config(None)
+    assert cfg.model.config_path == "smollm2-135m-instruct"
+    assert cfg.hardware.preset == "cpu" and cfg.runtime.device == "auto"
+    assert cfg.data.path == "embedded:arithmetic" and cfg.data.seq_len == 256
+    assert (cfg.train.micro_batch, cfg.train.grad_accum, cfg.train.steps) == (4, 1, 12)
+    assert cfg.train.compute_dtype == "fp32"
+    assert (cfg.planner.policy, cfg.planner.backend) == ("milp", "highs")
+
+
+def test_unknown_key_names_the_dotted_path_and_the_closest_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("planner:\n  time_limit: 3\n")
+    with pytest.raises(ValueError, match=r"planner\.time_limit; did you mean planner\.time_limit_s"):
+        load_config(path)
+
+
+def test_unknown_section_names_the_closest_section():
+    with pytest.raises(ValueError, match="unknown config key trian; did you mean train"):
+        load_config(None, ["trian.steps=3"])
+
+
+def test_wrong_type_names_the_key_and_the_expected_type(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  steps: many\n")
+    with pytest.raises(TypeError, match="train.steps must be an int; got 'many'"):
+        load_config(path)
+    with pytest.raises(TypeError, match="planner.allow_keep must be a bool"):
+        load_config(None, ["planner.allow_keep=3"])
+
+
+def test_out_of_range_value_names_the_key_and_the_value():
+    with pytest.raises(ValueError, match="planner.time_limit_s must be > 0; got -1.0"):
+        load_config(None, ["planner.time_limit_s=-1"])
+    with pytest.raises(ValueError, match="train.compute_dtype must be one of bf16, fp32"):
+        load_config(None, ["train.compute_dtype=fp16"])
+
+
+def test_overrides_apply_before_validation_and_parse_yaml_values(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: -5\n")  # invalid alone; the override fixes it
+    cfg = load_config(path, ["train.lr=3e-4", "hardware.hbm_gb=40", "data.packing=true"])
+    assert cfg.train.lr == 3e-4 and cfg.hardware.hbm_gb == 40.0 and cfg.data.packing is True
+    assert apply_overrides(cfg, ["train.steps=5"]).train.steps == 5
+
+
+def test_malformed_override_says_how_to_write_it():
+    with pytest.raises(ValueError, match="section.key=value"):
+        load_config(None, ["train.steps"])
+
+
+def test_save_then_load_round_trips(tmp_path):
+    cfg = load_config(None, ["train.steps=7", "hardware.dram_gb=12.5"])
+    path = save_config(cfg, tmp_path / "run" / "config.yaml")
+    assert load_config(path) == cfg
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_relative_model_path_resolves_against_the_yaml_directory(tmp_path, monkeypatch):
+    (tmp_path / "cfgs").mkdir()
+    (tmp_path / "cfgs" / "m.json").write_text("{}")
+    (tmp_path / "cfgs" / "c.yaml").write_text("model:\n  config_path: m.json\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(tmp_path / "cfgs" / "c.yaml")
+    assert cfg.model.config_path == str(tmp_path / "cfgs" / "m.json")
+
+
+def test_model_path_under_shared_falls_back_to_a_shared_tree_beside_the_repo(tmp_path,
+                                                                          monkeypatch):
+    (tmp_path / "repo" / "configs").mkdir(parents=True)
+    (tmp_path / "shared" / "models").mkdir(parents=True)
+    (tmp_path / "shared" / "models" / "x.json").write_text("{}")
+    yaml_path = tmp_path / "repo" / "configs" / "c.yaml"
+    # Written for a checkout one level deeper; the shared/ tail still resolves.
+    yaml_path.write_text("model:\n  config_path: ../../../shared/models/x.json\n")
+    monkeypatch.chdir(tmp_path / "repo")
+    cfg = load_config(yaml_path)
+    assert cfg.model.config_path == str(tmp_path / "shared" / "models" / "x.json")
