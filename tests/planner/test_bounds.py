@@ -1,0 +1,100 @@
+"""Bounds: roofline and ideal against hand arithmetic; LP <= MILP; policies carry the bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from lazytrain.planner.bounds import compute_bounds, ideal_ms, lp_bound_ms, roofline_ms
+from lazytrain.planner.evaluate import evaluate
+from lazytrain.planner.heuristics import ideal_plan
+from lazytrain.planner.policy import POLICIES, plan_with_policy
+from lazytrain.planner.problem import PlanningProblem
+
+U = 10**7
+"""Byte unit: 1 u = 1e7 bytes; at 1e4 u/s, 100 u moves in 10 ms."""
+
+
+def two_blocks(**kw) -> PlanningProblem:
+    """F 10, Fg 12, B 20 ms; P 100 u (10 ms H2D), G 50 u (5 ms D2H), duplex 1.5e4 u/s;
+    embed 1, head 4, const 3 ms; grad_accum 2; room for everything in HBM."""
+    base = dict(
+        fwd_ms=(10.0, 10.0), fwd_grad_ms=(12.0, 12.0), bwd_ms=(20.0, 20.0),
+        weight_bytes=(100 * U,) * 2, grad_bytes=(50 * U,) * 2, internal_bytes=(30 * U,) * 2,
+        boundary_bytes=(40 * U,) * 3, params_per_block=(10**8,) * 2, embed_ms=1.0,
+        head_ms=4.0, const_ms=3.0, h2d_bytes_per_s=1e4 * U, d2h_bytes_per_s=1e4 * U,
+        duplex_bytes_per_s=1.5e4 * U, nvme_read_bytes_per_s=5e3 * U,
+        nvme_write_bytes_per_s=5e3 * U, hbm_bytes=10**12, dram_bytes=10**12, grad_accum=2,
+    )
+    base.update(kw)
+    return PlanningProblem(**base)
+
+
+# pre = embed 1 + P0 10 = 11 ms; post = G0 5 ms; step = 2 * (pre + windows + post) + 3
+@pytest.mark.parametrize("kw,expected", [
+    # keep offered: compute Fg 24 + B 40 + head 4 = 68 > H2D P1 10, D2H G1 5, duplex 10
+    ({}, 2 * (11 + 68 + 5) + 3),
+    # no keep: compute F 20 + Fg 24 + B 40 + head 4 = 88; H2D P1 + P0 + P1 = 30 ms
+    ({"allow_keep": False}, 2 * (11 + 88 + 5) + 3),
+    # CPU: compute 68 + H2D 10 + D2H 5 = 83
+    ({"copies_overlap_compute": False}, 2 * (11 + 83 + 5) + 3),
+    # slow H2D (1e3 u/s): P = 100 ms; pre = 101, windows max(68, H2D 100) = 100
+    ({"h2d_bytes_per_s": 1e3 * U}, 2 * (101 + 100 + 5) + 3),
+], ids=["gpu_keep", "gpu_no_keep", "cpu", "h2d_bound"])
+def test_roofline_matches_hand_arithmetic(kw, expected):
+    assert roofline_ms(two_blocks(**kw)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_ideal_plan_step_matches_hand_arithmetic_and_the_heuristics_ideal_plan():
+    # all hbm, both blocks kept: f0 max(Fg 12, P1 10) = 12; f1 12; turn 4 (P1 resident);
+    # b1 B 20 (no re-forward, P0 resident); b0 max(B 20, G1 5) = 20 -> windows 68
+    problem = two_blocks()
+    assert ideal_ms(problem) == pytest.approx(2 * (11 + 68 + 5) + 3, rel=1e-12)
+    assert ideal_ms(problem) == pytest.approx(evaluate(problem, ideal_plan(problem)).step_ms)
+
+
+def _tight(**kw) -> PlanningProblem:
+    """Four blocks, HBM room for about two boundaries, DRAM for one: recompute is needed."""
+    base = dict(
+        fwd_ms=(10.0, 14.0, 8.0, 12.0), fwd_grad_ms=(12.0, 16.0, 10.0, 14.0),
+        bwd_ms=(20.0, 28.0, 16.0, 24.0), weight_bytes=(50 * U, 60 * U, 40 * U, 55 * U),
+        grad_bytes=(50 * U,) * 4, internal_bytes=(150 * U, 120 * U, 60 * U, 30 * U),
+        boundary_bytes=(100 * U, 80 * U, 120 * U, 90 * U, 100 * U),
+        params_per_block=(10**8,) * 4, embed_ms=1.0, head_ms=4.0, const_ms=3.0,
+        h2d_bytes_per_s=1e4 * U, d2h_bytes_per_s=1e4 * U, duplex_bytes_per_s=1.5e4 * U,
+        nvme_read_bytes_per_s=5e3 * U, nvme_write_bytes_per_s=5e3 * U,
+        hbm_bytes=1250 * U, fixed_hbm_bytes=1000 * U, dram_bytes=12 * 4 * 10**8 + 100 * U,
+        host_bytes_per_param=12.0, nvme_bytes=0, grad_accum=2,
+    )
+    base.update(kw)
+    return PlanningProblem(**base)
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+def test_roofline_le_lp_bound_le_milp_step(gpu):
+    pytest.importorskip("highspy")
+    from lazytrain.planner.milp import solve_milp
+
+    problem = _tight(copies_overlap_compute=gpu)
+    plan = solve_milp(problem, gap=1e-6, time_limit_s=30)
+    lp = lp_bound_ms(problem)
+    assert roofline_ms(problem) <= lp * (1 + 1e-9)
+    assert lp <= evaluate(problem, plan).step_ms * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_returns_a_plan_with_all_three_bounds(policy):
+    pytest.importorskip("highspy")
+    problem = _tight()
+    plan = plan_with_policy(problem, policy, time_limit_s=10, gap=1e-6, megatrain_k=2)
+    b = plan.bounds
+    assert b == compute_bounds(problem)
+    assert b.roofline_step_ms <= b.lp_step_ms
+    if policy == "milp":
+        assert b.lp_step_ms <= plan.predicted.step_ms * (1 + 1e-9)
+        assert plan.solver.backend == "highs"
+    plan.validate()
+
+
+def test_unknown_policy_is_rejected_naming_the_choices():
+    with pytest.raises(ValueError, match="planner.policy must be one of"):
+        plan_with_policy(_tight(), "greedy")
