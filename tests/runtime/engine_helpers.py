@@ -89,7 +89,7 @@ def reference_grads(ref, batches: list[dict]) -> tuple[float, dict[str, torch.Te
     ref.zero_grad(set_to_none=True)
     total = 0.0
     for b in batches:
-        out = ref(**b, num_items_in_batch=torch.tensor(n))
+        out = ref(**b, use_cache=False, num_items_in_batch=torch.tensor(n))
         out.loss.backward()
-        total += float(out.loss)
+        total += float(out.loss.detach())
     return total, {name: p.grad for name, p in ref.named_parameters()}

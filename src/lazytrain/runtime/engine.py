@@ -171,6 +171,9 @@ class Engine:
     def forward_blocks(self, mb: _MicroBatch) -> torch.Tensor:
         """pre + f0..f{L-1}: returns boundary L [B, S, H] (not yet stored)."""
         with self.meter.window("pre"):
+            # a fresh buffer per micro-batch: the previous one may still be draining (D2H)
+            self._ends_grad = torch.zeros(self.params.ends.numel, dtype=torch.float32,
+                                          device=self.device)
             h = self.embed(mb)
             mb.kwargs = self.adapter.block_kwargs(mb.input_ids, h, **mb.mask_inputs)
             mb.weights[0] = self.prefetch_weights(0)
@@ -358,11 +361,10 @@ class Engine:
 
     def _load_ends(self) -> None:
         """Embedding, final norm and head: resident on the device for the whole step (after
-        their pending update), with a device fp32 gradient buffer per micro-batch."""
+        their pending update)."""
         self.optimizer.wait(self.params.ends)
         ends = self.params.ends
         self._ends_dev = ends.master.to(device=self.device, dtype=self.dtype, copy=True)
-        self._ends_grad = torch.zeros(ends.numel, dtype=torch.float32, device=self.device)
 
     def _prepare(self, m: int, batch: dict) -> _MicroBatch:
         ids = batch["input_ids"].to(self.device)
