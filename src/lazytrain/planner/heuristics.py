@@ -343,8 +343,8 @@ class _Search:
         """Lifetime-ordered tiers for the materialized boundaries of `tiers`.
 
         The latest h boundaries go to hbm, with h the largest count whose plan fits HBM
-        (binary search); earlier ones to dram while DRAM fits, then nvme while NVMe fits, the
-        rest dram (repair fixes that).
+        (binary search); earlier ones to dram while DRAM fits, then nvme while NVMe fits; the
+        rest are un-materialized where k_max allows, else dram (repair fixes that).
         """
         p, L = self.p, self.L
         mats = [i for i in range(L - 1, -1, -1) if tiers[i] != "recompute"]
@@ -362,7 +362,9 @@ class _Search:
                 elif p.nvme_bytes > 0 and used_n + a <= p.nvme_bytes:
                     out[i], used_n = "nvme", used_n + a
                 else:
-                    out[i] = "dram"
+                    out[i] = "recompute"  # fits nowhere: merge its segment when k_max allows
+                    if not self._valid(tuple(out), ()):
+                        out[i] = "dram"
             return tuple(out)
 
         lo, hi = 0, len(mats)
