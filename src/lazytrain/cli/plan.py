@@ -11,7 +11,9 @@ on stderr). Exit codes: 0 ok; 1 no plan fits the budgets; 2 bad usage or config.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 
 POLICIES = ("milp", "heuristic", "megatrain", "ideal")
@@ -112,12 +114,13 @@ def run(args: argparse.Namespace) -> int:
     kw = dict(backend=pc.backend, time_limit_s=pc.time_limit_s, gap=pc.gap,
               threads=pc.threads, seed=pc.seed, megatrain_k=pc.megatrain_k)
     try:
-        plan = plan_with_policy(problem, pc.policy, **kw)
+        with solver_output_to_stderr():
+            plan = plan_with_policy(problem, pc.policy, **kw)
+            baseline = plan if pc.policy == "megatrain" else plan_with_policy(
+                problem, "megatrain", lp_bound=False, **kw)
     except PlanInfeasibleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    baseline = plan if pc.policy == "megatrain" else plan_with_policy(
-        problem, "megatrain", lp_bound=False, **kw)
     report = build_report(problem, plan, baseline, policy=pc.policy, megatrain_k=pc.megatrain_k)
     if args.json:
         print(json.dumps({"plan": plan.to_dict(), "comparison": report}, indent=1))
@@ -130,6 +133,26 @@ def run(args: argparse.Namespace) -> int:
               f"or shrink train.micro_batch / data.seq_len", file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def solver_output_to_stderr():
+    """Send whatever solvers print to file descriptor 1 (HiGHS's banner is written by C++
+    before any option can silence it) to stderr, so stdout holds only results (`--json`)."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # captured stdout without a descriptor
+        yield
+        return
+    saved = os.dup(fd)
+    try:
+        os.dup2(sys.stderr.fileno(), fd)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
 
 
 def write_outputs(problem, plan, *, out: str | None, gantt: str | None) -> None:
