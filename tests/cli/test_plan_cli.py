@@ -107,7 +107,7 @@ def test_simulate_reevaluates_a_saved_plan_on_other_hardware(tiny_config, tmp_pa
     assert main(["plan", "--config", str(tiny_config), "--policy", "megatrain",
                  "--out", str(plan)]) == 0
     capsys.readouterr()
-    assert main(["simulate", str(plan), "--config", str(tiny_config)]) == 0
+    assert main(["simulate", str(plan)]) == 0  # the problem rebuilt from the plan's provenance
     same = capsys.readouterr().out
     assert "window" in same and "\nstep " in same and "b0" in same
     assert main(["simulate", str(plan), "--config", str(tiny_config),
@@ -115,6 +115,7 @@ def test_simulate_reevaluates_a_saved_plan_on_other_hardware(tiny_config, tmp_pa
     doc = json.loads(capsys.readouterr().out)
     assert len(doc["windows"]) == 2 * 4 + 1
     assert doc["simulator"]["step_ms"] > 0
+    assert main(["simulate", str(tmp_path / "missing.json")]) == 2
 
 
 @pytest.mark.slow
