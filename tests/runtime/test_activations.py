@@ -218,13 +218,31 @@ def test_get_before_the_prefetch_completes_raises_instead_of_partial_data(tmp_pa
         assert info.value.boundary == 4
 
 
-def test_last_h2d_fraction_before_the_d2h_completed_is_refused(tmp_path):
+def test_last_nvme_write_fraction_before_the_d2h_completed_is_refused(tmp_path):
     with make_store(tmp_path) as store:
         store.begin_window("f2")
-        store.put(2, torch.ones(1000), "dram")
+        store.put(2, torch.ones(1000), "nvme")
         store.transfer(2, "d2h", 0.5)
         with pytest.raises(TransferOrderError, match="boundary 2 .*before d2h completed"):
-            store.transfer(2, "h2d", 1.0)
+            store.transfer(2, "nvme_write", 1.0)
+
+
+def test_h2d_while_the_hbm_copy_is_still_held_adopts_it_and_counts_it_once(tmp_path):
+    # Short segment near the turn: d2h and h2d of boundary 2 both in window f2 (legal). The
+    # execution model holds it once over [2, 2L-2]; a second device buffer would double it.
+    tensor = torch.arange(1000, dtype=torch.float32)
+    reference = tensor.clone()
+    with make_store(tmp_path, hbm_limits={"f2": 4000, "turn": 4000}) as store:
+        store.begin_window("f2")
+        store.put(2, tensor, "dram")
+        store.transfer(2, "d2h", 1.0)
+        store.transfer(2, "h2d", 1.0)
+        store.end_window()
+        store.begin_window("turn")
+        assert store.bytes_by_tier() == {"hbm": 4000, "dram": 0, "dram_staging": 0, "nvme": 0}
+        assert torch.equal(store.get(2), reference)
+        store.end_window()
+        assert store.bytes_moved_by_window()["f2"] == {"d2h": 4000, "nvme_write": 0, "nvme_read": 0, "h2d": 0}
 
 
 def test_transfer_kind_not_valid_for_the_tier_is_refused(tmp_path):
@@ -258,3 +276,84 @@ def test_peaks_are_kept_per_window_across_micro_batches_and_reset_on_request(tmp
         assert store.peak_by_window()["f0"]["hbm"] == 4000
         store.reset_peaks()
         assert store.peak_by_window() == {}
+
+
+# ---- cross-check with the planner's accounting of the execution model ------------------------
+
+PLAN_TIERS = {
+    # L = 4; boundary 4 is always hbm.
+    "all_dram": ("dram", "dram", "dram", "dram", "hbm"),
+    "all_nvme": ("nvme", "nvme", "nvme", "nvme", "hbm"),
+    "mixed": ("recompute", "nvme", "recompute", "dram", "hbm"),
+    "segments_of_2": ("hbm", "recompute", "dram", "recompute", "hbm"),
+}
+
+
+def tiny_problem():
+    from lazytrain.planner.problem import PlanningProblem
+
+    L = 4
+    return PlanningProblem(
+        fwd_ms=(1.0,) * L, fwd_grad_ms=(1.2,) * L, bwd_ms=(2.0,) * L,
+        weight_bytes=(10**6,) * L, grad_bytes=(10**6,) * L, internal_bytes=(10**5,) * L,
+        # Distinct, not 4 KiB multiples: 1000*(i+1) fp32 elements.
+        boundary_bytes=tuple(4000 * (i + 1) for i in range(L + 1)), params_per_block=(10**5,) * L,
+        h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9, duplex_bytes_per_s=1.5e9,
+        nvme_read_bytes_per_s=5e8, nvme_write_bytes_per_s=5e8,
+        hbm_bytes=10**9, dram_bytes=10**10, nvme_bytes=10**10,
+        drain_windows=2, prefetch_windows=2, nvme_lead_windows=1,
+    )
+
+
+def run_plan_protocol(store: CheckpointStore, plan, tensors: list[torch.Tensor]) -> None:
+    """The execution model's call protocol for one micro-batch (what the engine does)."""
+    from lazytrain.runtime.activations import TRANSFER_ORDER
+
+    L = plan.num_blocks
+
+    def issue(window: str) -> None:
+        for t in sorted(plan.transfers_in(window), key=lambda t: TRANSFER_ORDER.index(t.kind)):
+            store.transfer(t.boundary, t.kind, t.fraction)
+
+    for j in range(L):
+        store.begin_window(f"f{j}")
+        if plan.is_materialized(j):
+            store.put(j, tensors[j], plan.tiers[j])
+        issue(f"f{j}")
+        store.end_window()
+    store.begin_window("turn")
+    store.put(L, tensors[L], "hbm")
+    issue("turn")
+    assert torch.equal(store.get(L), tensors[L])
+    store.release(L)
+    store.end_window()
+    for s, e in plan.segments_backward():
+        for j in range(e - 1, s - 1, -1):
+            store.begin_window(f"b{j}")
+            issue(f"b{j}")
+            if j == e - 1:
+                if s == 0 and plan.tiers[0] == "recompute":
+                    store.put(0, tensors[0].clone(), "recompute")
+                assert torch.equal(store.get(s), tensors[s])
+                for k in range(s, e - 1):
+                    store.put(k + 1, tensors[k + 1].clone(), "recompute")
+            assert torch.equal(store.get(j), tensors[j])
+            store.release(j)
+            store.end_window()
+
+
+@pytest.mark.parametrize("name", list(PLAN_TIERS))
+def test_store_hbm_peaks_equal_the_plans_hbm_checkpoint_bytes_in_every_window(tmp_path, name):
+    from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
+    from lazytrain.planner.plan import SolveRecord
+
+    problem = tiny_problem()
+    plan = build_plan(problem, decisions_from_tiers(problem, PLAN_TIERS[name]),
+                      solver=SolveRecord(backend="manual"))
+    tensors = [torch.arange(1000 * (i + 1), dtype=torch.float32) + i for i in range(5)]
+    limits = {w.name: int(w.hbm_checkpoint_bytes) for w in plan.windows}
+    with make_store(tmp_path, hbm_limits=limits) as store:
+        run_plan_protocol(store, plan, [t.clone() for t in tensors])
+        peaks = {w: p["hbm"] for w, p in store.peak_by_window().items()}
+        assert store.bytes_by_tier() == {"hbm": 0, "dram": 0, "dram_staging": 0, "nvme": 0}
+    assert peaks == limits

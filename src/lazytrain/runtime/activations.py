@@ -114,6 +114,7 @@ class _Entry:
     src: torch.Tensor | None  # the tensor as put: the HBM copy (offloaded tiers: until drained)
     host: torch.Tensor | None = None  # uint8 [align_up(nbytes)], aligned; dram copy or staging
     dev: torch.Tensor | None = None  # uint8 [nbytes] on the device: the prefetched copy
+    aliased: bool = False  # dev is the put tensor itself (h2d began before it was released)
     file_bytes: int = 0  # NVMe bytes accounted (padded file size), from the first write on
     read_started: bool = False
     cum: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TRANSFER_ORDER, 0.0))
@@ -133,7 +134,9 @@ class _Entry:
         return align_up(self.nbytes)
 
     def flat_bytes(self) -> torch.Tensor:
-        """The put tensor as ``uint8`` [nbytes] (a view, no copy)."""
+        """The HBM copy as ``uint8`` [nbytes] (a view of the put tensor, no copy)."""
+        if self.aliased:
+            return self.dev
         return self.src.detach().reshape(-1).view(torch.uint8)
 
 
@@ -253,7 +256,8 @@ class CheckpointStore:
         if e.tier == "nvme" and write_done and e.host is not None and not e.read_started:
             self.io.finish_write(e.key)
             self._release_host(e)
-        if e.host is not None and e.done["h2d"] == e.nbytes:
+        source_done = e.done["d2h"] == e.nbytes if e.tier == "dram" else e.done["nvme_read"] == e.padded_bytes
+        if e.host is not None and e.done["h2d"] == e.nbytes and source_done:
             if e.tier == "nvme":
                 self.io.finish_read(e.key)
             self._release_host(e)
@@ -298,7 +302,10 @@ class CheckpointStore:
         range [round(cum_before * n), round(cum_after * n)) (the last one ends at n). NVMe
         ranges are rounded to 4 KiB (writes down, reads up; the last write covers the padded
         file), and a kind never moves bytes its source kind has not delivered yet: what it
-        cannot move now moves with its next fraction.
+        cannot move now moves with its next fraction. An h2d issued while the boundary's HBM
+        copy is still held (its d2h not yet released by a window barrier) adopts that copy as
+        the prefetched one and moves nothing, so the boundary is held once, as the execution
+        model's holding interval says.
 
         Raises:
             ValueError: unknown kind, kind not valid for the tier, fractions summing past 1.
@@ -328,7 +335,8 @@ class CheckpointStore:
         before = e.done[kind]
         {"d2h": self._d2h, "nvme_write": self._nvme_write, "nvme_read": self._nvme_read,
          "h2d": self._h2d}[kind](e, target, final)
-        self._moved[self._window][kind] += e.done[kind] - before
+        if not (kind == "h2d" and e.aliased):  # an aliased h2d moves nothing
+            self._moved[self._window][kind] += e.done[kind] - before
         self._window_keys.add(key)
         self._check_hbm(f"{kind} of {label}")
 
@@ -481,6 +489,14 @@ class CheckpointStore:
         e.done["nvme_read"] = end
 
     def _h2d(self, e: _Entry, target: int, final: bool) -> None:
+        if e.dev is None and e.src is not None:
+            # The HBM copy was not released yet (d2h incomplete, or completed in this window):
+            # it becomes the prefetched copy, so the boundary is held once, continuously, as
+            # the execution model's holding interval [i, 2L-i] says; nothing needs to move.
+            e.dev, e.src, e.aliased = e.flat_bytes(), None, True
+        if e.aliased:
+            e.done["h2d"] = target
+            return
         available = e.done["d2h"] if e.tier == "dram" else min(e.done["nvme_read"], e.nbytes)
         if final and available < e.nbytes:
             source = "d2h" if e.tier == "dram" else "nvme_read"
@@ -525,8 +541,10 @@ class CheckpointStore:
 
     def _release_host(self, e: _Entry) -> None:
         """Hand ``e.host`` back to the pool; callers guarantee its copies have completed."""
-        if self._cuda and e.h2d_event is not None:
-            e.h2d_event.synchronize()  # the pool may give the buffer to another stream
+        if self._cuda:
+            for event in (e.d2h_event, e.h2d_event):
+                if event is not None:
+                    event.synchronize()  # the pool may give the buffer to another stream
         tier, nbytes = self._host_account(e)
         self._count(tier, -nbytes)
         self._pool.release(e.host)
