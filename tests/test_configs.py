@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from lazytrain.config import (SECTIONS, RunConfig, apply_overrides, field_docs, load_config,
                               save_config)
 
-CONFIGS = sorted((__import__("pathlib").Path(__file__).resolve().parents[1] / "configs")
-                 .glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
@@ -49,7 +49,8 @@ def test_defaults_are_the_embedded_default_job():
 def test_unknown_key_names_the_dotted_path_and_the_closest_key(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("planner:\n  time_limit: 3\n")
-    with pytest.raises(ValueError, match=r"planner\.time_limit; did you mean planner\.time_limit_s"):
+    with pytest.raises(ValueError,
+                       match=r"planner\.time_limit; did you mean planner\.time_limit_s"):
         load_config(path)
 
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from lazytrain.spec.hardware import PRESETS, HardwareSpec, get_hardware, load_hardware, save_hardware
+from lazytrain.spec.hardware import (PRESETS, HardwareSpec, get_hardware, load_hardware,
+                                     save_hardware)
 
 PRESET_NAMES = ["h100-sxm", "h100-pcie", "h800-sxm", "h800-pcie", "h200", "a100-80gb",
                 "rtx-3090", "rtx-4090", "h800-paper", "cpu"]

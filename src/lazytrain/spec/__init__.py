@@ -8,7 +8,8 @@ The planning problem is assembled above this layer, in `lazytrain.planner.build`
 """
 
 from lazytrain.spec.costs import BlockCosts, ModelCosts, analytic_costs, profile_costs
-from lazytrain.spec.hardware import PRESETS, HardwareSpec, get_hardware, load_hardware, save_hardware
+from lazytrain.spec.hardware import (PRESETS, HardwareSpec, get_hardware, load_hardware,
+                                     save_hardware)
 from lazytrain.spec.model import BlockSpec, ModelSpec
 
 __all__ = ["BlockCosts", "BlockSpec", "HardwareSpec", "ModelCosts", "ModelSpec", "PRESETS",

@@ -39,6 +39,7 @@ The MegaTrain-rule calibration of the h800-paper preset lives here too
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,12 +288,10 @@ def calibrate_matmul_efficiency(model: ModelSpec, hw: HardwareSpec, *, seq_len: 
     unit = analytic_costs(model, _with_eff(hw, 1.0), seq_len=seq_len, micro_batch=micro_batch,
                           compute_dtype=compute_dtype)
     windows = megatrain_windows(unit, k=k)
-    c1 = sum(comp for _, comp, _ in windows) + unit.embed_ms
-    x = megatrain_step_ms(unit, k=k) - sum(max(a, b) for _, a, b in windows) - unit.embed_ms
+    c1 = sum(comp for _, comp, _ in windows)  # compute ms at eff = 1 (scales as 1/eff)
+    # X: pre + post (P[0] H2D, embedding gather, G[0] + ends D2H); independent of eff.
+    x = megatrain_step_ms(unit, k=k) - sum(max(comp, lk) for _, comp, lk in windows)
     target_step_ms = model.model_flops_per_token * unit.tokens / (target_model_tflops * 1e12) * 1e3
-    # embed_ms is memory-bound (not scaled by eff); move it to X.
-    c1 -= unit.embed_ms
-    x += unit.embed_ms
     eff = c1 / (target_step_ms - x)
     at = analytic_costs(model, _with_eff(hw, eff), seq_len=seq_len, micro_batch=micro_batch,
                         compute_dtype=compute_dtype)
@@ -304,5 +303,4 @@ def calibrate_matmul_efficiency(model: ModelSpec, hw: HardwareSpec, *, seq_len: 
 
 
 def _with_eff(hw: HardwareSpec, eff: float) -> HardwareSpec:
-    import dataclasses
     return dataclasses.replace(hw, matmul_efficiency=eff)

@@ -35,8 +35,22 @@ PAPER_HOST = dict(dram_bytes=int(360 * GB), nvme_bytes=int(14_000 * GB),
 2.83 GB/s read and 3.35 GB/s write (measured, both drives)."""
 
 H800_PAPER_MATMUL_EFFICIENCY = 0.2728
-"""Calibrated ONCE by `lazytrain.spec.costs.calibrate_matmul_efficiency` on the seed scenario
-(see the h800-paper preset); never re-tuned. Also used by the other GPU presets (same kernels)."""
+"""Matmul efficiency of the h800-paper preset, calibrated ONCE; never re-tuned.
+
+Target: the LazyTrain paper's MegaTrain baseline, 176.9 model TFLOPS (arXiv 2608.11919).
+Rule: MegaTrain, K = 4 (boundaries 0, 4, ..., 64 in HBM, the rest recomputed, every block
+re-forwarded with autograd in backward, no activation transfers).
+Scenario: Qwen3.5-27B (configs/qwen3.6-27b-h800.yaml; 64 blocks, 48 linear + 16 full
+attention; N = 26.896e9 parameters incl. embeddings, `lazytrain.spec.model`), seq 1024 x
+micro-batch 72 = 73,728 tokens, bf16 compute, grad_accum 1; h800-paper links (12/12 GB/s,
+duplex 24 GB/s) and 989e12 FLOP/s peak; analytic costs of `lazytrain.spec.costs`.
+Arithmetic (`lazytrain.spec.costs.calibrate_matmul_efficiency`): the scenario is compute-bound
+in every window under the rule (link time <= compute time; tests/spec/test_costs.py), so
+step_ms = C1 / eff + X with C1 = hardware FLOPs / 989e12 (blocks: fwd + 3/4 recompute +
+1.05 x re-forward + bwd; head 6 T V H) and X the pre/post link terms (P[0] H2D, G[0] + ends
+D2H, embedding gather); the target step is 6 N T / 176.9e12 = 67.26 s; closed form
+eff = 0.27278, rounded to 0.2728. The other GPU presets reuse it (same kernels, same shapes).
+"""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -169,14 +183,7 @@ PRESETS: dict[str, HardwareSpec] = {
     # h800-paper: the LazyTrain paper's machine (arXiv 2608.11919). 80 GB HBM; PCIe measured at
     # 12 GB/s per direction by the paper, duplex cap 24 GB/s (both directions at full rate);
     # 989 TFLOPS bf16 peak; host 360 GB DRAM, 2 x 7 TB NVMe 2.83 / 3.35 GB/s.
-    # matmul_efficiency = 0.2728 (closed form 0.27278, rounded), calibrated ONCE so that the MegaTrain rule (K = 4: every 4th
-    # boundary in HBM, the rest recomputed, every block re-forwarded in backward) predicts the
-    # paper's 176.9 model TFLOPS on the seed scenario: Qwen3.5-27B (configs/qwen3.6-27b-h800
-    # .yaml: 64 blocks, N = 26.896e9 params incl. embeddings), seq 1024 x micro-batch 72 =
-    # 73,728 tokens, bf16 compute, grad_accum 1. Inputs and arithmetic:
-    # `lazytrain.spec.costs.calibrate_matmul_efficiency` (closed form; the scenario is
-    # compute-bound under the rule, so step_ms = hardware FLOPs / (989e12 * eff) + the pre/post
-    # link terms; tests/spec/test_costs.py checks both the value and the compute-bound claim).
+    # matmul_efficiency: calibrated once, see H800_PAPER_MATMUL_EFFICIENCY.
     "h800-paper": HardwareSpec(
         name="h800-paper", hbm_bytes=int(80 * GB), h2d_bytes_per_s=12 * GB,
         d2h_bytes_per_s=12 * GB, duplex_bytes_per_s=24 * GB, peak_flops=989 * TFLOPS,

@@ -291,7 +291,8 @@ def _softmax_attention(c: dict, *, bias_qkv: bool, bias_o: bool, qk_norm: bool, 
     q_out = nh * d * (2 if gate else 1)
     params = H * q_out + 2 * H * nkv * d + nh * d * H
     params += (q_out + 2 * nkv * d) * bias_qkv + H * bias_o + 2 * d * qk_norm + nh * sinks
-    saved = H + q_out + 2 * nkv * d + (nh * d + nkv * d) * (1 + qk_norm) + nh * d + 2 * nh * d * gate
+    saved = H + q_out + 2 * nkv * d + (nh * d + nkv * d) * (1 + qk_norm) + nh * d
+    saved += 2 * nh * d * gate
     fields = dict(num_heads=nh, qk_head_dim=d, v_head_dim=d, sliding_window=window)
     return params, fields, saved, nh
 
