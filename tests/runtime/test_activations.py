@@ -357,3 +357,21 @@ def test_store_hbm_peaks_equal_the_plans_hbm_checkpoint_bytes_in_every_window(tm
         peaks = {w: p["hbm"] for w, p in store.peak_by_window().items()}
         assert store.bytes_by_tier() == {"hbm": 0, "dram": 0, "dram_staging": 0, "nvme": 0}
     assert peaks == limits
+
+
+def test_host_pool_reuses_released_buffers_and_refuses_past_its_cap():
+    from lazytrain.runtime.activations import HostBufferPool
+
+    pool = HostBufferPool(pin=False, capacity_bytes=3 * 4096)
+    a = pool.acquire(2 * 4096)
+    pool.release(a)
+    assert pool.acquire(2 * 4096).data_ptr() == a.data_ptr()  # recycled, not reallocated
+    with pytest.raises(MemoryError, match="cap of 12288 bytes"):
+        pool.acquire(2 * 4096)  # 8192 in use + 8192 > 12288
+
+
+def test_transfer_outside_a_window_is_refused(tmp_path):
+    with make_store(tmp_path) as store:
+        store.put(0, torch.ones(10), "dram")
+        with pytest.raises(TransferOrderError, match="boundary 0 .*outside a window"):
+            store.transfer(0, "d2h", 1.0)
