@@ -310,7 +310,8 @@ SECTIONS: dict[str, type] = {
 """Section name -> dataclass, in YAML order."""
 
 
-def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> RunConfig:
+def load_config(path: str | Path | None = None,
+                overrides: typing.Sequence[str] = ()) -> RunConfig:
     """Read a run config YAML, apply `section.key=value` overrides, validate.
 
     Args:
