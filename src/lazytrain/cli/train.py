@@ -1,0 +1,96 @@
+"""`lazytrain train`: plan, preflight, train with the streaming engine, evaluate, checkpoint.
+
+Without `--config` it runs the embedded default job (SmolLM2-135M-Instruct on the built-in
+arithmetic problems, CPU fp32). Results (the plan summary, the final line) go to stdout; the
+progress bar and logs go to stderr. Exit codes: 0 done; 1 the job failed (preflight refused,
+infeasible plan, I/O error); 2 bad usage or config; 143 stopped by SIGTERM after saving a
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EPILOG = """examples:
+  lazytrain train --run-dir runs/default
+  lazytrain train --config configs/tiny_llama.yaml --steps 4 --set train.lr=3e-4
+  lazytrain train --resume runs/default --steps 24
+"""
+
+SIGTERM_EXIT = 143
+"""128 + SIGTERM: the conventional status of a process ended by SIGTERM."""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a model with a planned streaming schedule",
+                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="run config YAML (default: the embedded default job)")
+    p.add_argument("--run-dir", help="run directory (overrides train.run_dir)")
+    p.add_argument("--steps", type=int, help="total optimizer steps (overrides train.steps)")
+    p.add_argument("--plan", help="use this plan.json instead of planning")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its newest valid checkpoint (its "
+                        "config.yaml is used unless --config is given)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override section.key=value (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def resolve_config(args: argparse.Namespace):
+    """The run config: --config (or the resumed run's config.yaml, or the default) + overrides."""
+    from lazytrain.config import load_config
+
+    overrides = list(args.overrides)
+    if args.steps is not None:
+        overrides.append(f"train.steps={args.steps}")
+    run_dir = args.run_dir or args.resume
+    if run_dir:
+        overrides.append(f"train.run_dir={run_dir}")
+    path = args.config
+    if path is None and args.resume and (Path(args.resume) / "config.yaml").is_file():
+        path = Path(args.resume) / "config.yaml"
+    return load_config(path, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lazytrain.planner.plan import Plan
+    from lazytrain.train.loop import train
+    from lazytrain.train.preflight import PreflightError
+
+    cfg = resolve_config(args)
+    plan = Plan.load(args.plan) if args.plan else None
+    try:
+        summary = train(cfg, plan=plan, resume=bool(args.resume), progress=not args.no_progress)
+    except PreflightError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # CheckpointIOError (NVMe tier), disk full while saving
+        if getattr(args, "debug", False):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        if type(exc).__name__ != "PlanInfeasibleError":
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(_final_line(summary))
+    return SIGTERM_EXIT if summary["stopped_by"] == "SIGTERM" else 0
+
+
+def _fmt(value, spec: str = ".4f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _final_line(summary: dict) -> str:
+    before, after = summary["eval_before"] or {}, summary["eval_after"] or {}
+    return (f"done: {summary['steps_completed']} steps (this run {summary['steps_this_run']}), "
+            f"train loss {_fmt(summary['loss_first'])} -> {_fmt(summary['loss_last'])}, "
+            f"eval loss {_fmt(before.get('loss'))} -> {_fmt(after.get('loss'))}, "
+            f"exact match {_fmt(before.get('exact_match'), '.3f')} -> "
+            f"{_fmt(after.get('exact_match'), '.3f')}, "
+            f"{_fmt(summary['mean_step_s'], '.2f')} s/step, checkpoint {summary['checkpoint']}, "
+            f"summary {summary['run_dir']}/summary.json")

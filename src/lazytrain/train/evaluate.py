@@ -1,0 +1,127 @@
+"""Held-out evaluation: mean next-token loss and exact match of the final answer.
+
+Runs a plain HF model that holds a copy of the current fp32 master weights (built once per run,
+refreshed before each evaluation): the loss over the trained tokens of each held-out example,
+and, for examples with a checkable answer (GSM8K `####`, arithmetic, MetaMathQA), greedy
+generation from the prompt and a comparison of the extracted final answer. The copy costs
+4 B/param of host memory (counted by the preflight); a model too big for that would evaluate
+through the streaming engine instead. TODO(#3): engine-side evaluation for models larger than
+host memory.
+
+Evaluation leaves the global RNG state as it found it (forked), so a run evaluated in the middle
+trains exactly like one that is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from lazytrain.data import Example, encode, encode_prompt, extract_final_answer, pad_batch
+
+EVAL_BATCH = 8
+"""Examples per evaluation forward / generation batch (bounds the [B, S, vocab] logits)."""
+MAX_NEW_TOKENS = {"arithmetic": 72}
+"""Greedy generation length per data format, tokens; others use DEFAULT_MAX_NEW_TOKENS. The
+arithmetic worked answers are at most about 60 tokens with the SmolLM2 tokenizer."""
+DEFAULT_MAX_NEW_TOKENS = 160
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class EvalResult:
+    """One evaluation of the held-out set."""
+
+    loss: float | None
+    """Token-weighted mean next-token loss over the trained tokens; None: no examples."""
+    exact_match: float | None
+    """Fraction of answer-bearing examples whose generated final answer equals the reference;
+    None when no example has a checkable answer."""
+    num_examples: int
+    num_scored: int
+    """Examples with a checkable answer (the exact-match denominator)."""
+    samples: tuple[dict, ...] = ()
+    """Up to 3 {prompt answer, generated text, predicted answer} for the summary."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def build_eval_model(hf_config: Any):
+    """A real (not meta) fp32 HF model of `hf_config`, in eval mode, weights to be loaded."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    return model.eval()
+
+
+def load_weights(model: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Copy the engine's fp32 master weights (HF names) into `model`.
+
+    Raises:
+        KeyError: a parameter of the model has no weight (tied heads excepted).
+    """
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    missing = [k for k in missing if not (tied and k.endswith("lm_head.weight"))]
+    if missing or unexpected:
+        raise KeyError(f"evaluation model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    if tied:
+        model.tie_weights()
+
+
+@torch.no_grad()
+def eval_loss(model: Any, tokenizer: Any, examples: list[Example], *, seq_len: int,
+              pad_id: int) -> float | None:
+    """Token-weighted mean loss of `examples` (truncated to seq_len; unusable ones dropped)."""
+    encoded = [e for e in (encode(tokenizer, ex, seq_len=seq_len, overlong="truncate")
+                           for ex in examples) if e is not None]
+    total, count = 0.0, 0
+    for i in range(0, len(encoded), EVAL_BATCH):
+        chunk = encoded[i:i + EVAL_BATCH]
+        batch = pad_batch(chunk, seq_len=max(len(e.input_ids) for e in chunk), pad_id=pad_id)
+        logits = model(input_ids=batch["input_ids"],
+                       attention_mask=batch["attention_mask"]).logits.float()
+        targets = batch["labels"][:, 1:]
+        losses = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1),
+            ignore_index=-100, reduction="sum")
+        total += float(losses)
+        count += int((targets != -100).sum())
+    return total / count if count else None
+
+
+@torch.no_grad()
+def generate_answers(model: Any, tokenizer: Any, examples: list[Example], *,
+                     max_new_tokens: int, pad_id: int) -> list[str]:
+    """Greedy continuations (decoded, special tokens dropped) of each example's prompt."""
+    texts = []
+    eos = tokenizer.eos_token_id
+    for i in range(0, len(examples), EVAL_BATCH):
+        prompts = [encode_prompt(tokenizer, ex) for ex in examples[i:i + EVAL_BATCH]]
+        width = max(len(p) for p in prompts)
+        # Left padding: every row's next token is generated at the same position.
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=pad_id, eos_token_id=eos)
+        texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return texts
+
+
+def evaluate(model: Any, tokenizer: Any, examples: list[Example], *, seq_len: int,
+             pad_id: int, data_format: str) -> EvalResult:
+    """Loss and exact match of `model` on `examples` (RNG state preserved)."""
+    with torch.random.fork_rng(devices=[]):
+        loss = eval_loss(model, tokenizer, examples, seq_len=seq_len, pad_id=pad_id) \
+            if examples else None
+        scored = [ex for ex in examples if ex.answer is not None]
+        new_tokens = MAX_NEW_TOKENS.get(data_format, DEFAULT_MAX_NEW_TOKENS)
+        texts = generate_answers(model, tokenizer, scored, max_new_tokens=new_tokens,
+                                 pad_id=pad_id) if scored else []
+    predicted = [extract_final_answer(t) for t in texts]
+    hits = sum(p == ex.answer for p, ex in zip(predicted, scored))
+    samples = tuple({"answer": ex.answer, "generated": t, "predicted": p}
+                    for ex, t, p in list(zip(scored, texts, predicted))[:3])
+    return EvalResult(loss=loss, exact_match=hits / len(scored) if scored else None,
+                      num_examples=len(examples), num_scored=len(scored), samples=samples)

@@ -1,0 +1,312 @@
+"""The training loop above the streaming engine: plan, preflight, train, evaluate, checkpoint.
+
+`train(cfg, run_dir=...)` reads as: set up the run directory, resolve the model, plan (or load
+the given / the run's plan), preflight, load weights and data, build the `Engine`, restore a
+checkpoint when resuming, evaluate, run the steps, save, evaluate, write the summary.
+
+Files in RUN_DIR: `config.yaml` (resolved config), `plan.json`, `metrics.jsonl` (one JSON object
+per optimizer step: step, loss, tokens, label_tokens, step_s, tokens_per_s, model_tflops, lr,
+grad_norm, peak_bytes per store accounting key), `summary.json`, `checkpoints/step-N/` (see
+`checkpoint.py`), `nvme/` (the NVMe tier's scratch unless runtime.nvme_dir is set).
+
+Resume: the newest valid checkpoint supplies the weights, optimizer and RNG states, the data
+position and the step; the run's own plan.json is reused. A resumed run continues bit for bit
+where the saved one stopped. SIGTERM: the step in flight finishes, a checkpoint is saved, and
+`train` returns with `stopped_by="SIGTERM"`.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from lazytrain.config import RunConfig, save_config
+from lazytrain.planner.plan import Plan
+from lazytrain.train import checkpoint as ckpt
+from lazytrain.train import setup
+from lazytrain.train.evaluate import build_eval_model, evaluate, load_weights
+from lazytrain.train.preflight import preflight
+
+CHECKPOINT_BYTES_PER_PARAM = 12
+"""fp32 weights (4 B) + fp32 Adam moments (8 B) per parameter: one checkpoint's size."""
+EVAL_BYTES_PER_PARAM = 4
+"""The fp32 evaluation copy of the weights (`evaluate.py`)."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class TrainHooks:
+    """Test hooks (all optional)."""
+
+    on_step_end: Callable[[int, Any], None] | None = None
+    """Called with (steps completed, StepStats) after each step's metrics are written."""
+    before_marker: Callable[[Path], None] | None = None
+    """Passed to `save_checkpoint` (raise there to simulate a crash mid-save)."""
+    fault_hook: Callable[[Any], None] | None = None
+    """NVMe fault injector for the engine's checkpoint store (`runtime.nvme.FaultInjector`)."""
+
+
+@contextmanager
+def sigterm_flag():
+    """Yield a dict whose "set" becomes True on SIGTERM (main thread only; restored after)."""
+    flag = {"set": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        flag["set"] = True
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _device(choice: str) -> str:
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("runtime.device: cuda requested but torch sees no CUDA device; "
+                         "use runtime.device=cpu")
+    return choice
+
+
+def _get_plan(cfg: RunConfig, run_dir: Path, *, plan: Plan | None, resuming: bool) -> Plan:
+    """The given plan, the run's own plan.json when resuming, or a new plan from the config."""
+    if plan is None and resuming and (run_dir / "plan.json").is_file():
+        plan = Plan.load(run_dir / "plan.json")
+    if plan is None:
+        plan = setup.make_plan(cfg)
+    plan.check_matches(seq_len=cfg.data.seq_len, micro_batch=cfg.train.micro_batch)
+    return plan
+
+
+def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, run_dir: Path,
+                   num_params: int) -> None:
+    pred = plan.predicted
+    dram = int(pred.dram_bytes) if pred else 16 * num_params
+    eval_copy = EVAL_BYTES_PER_PARAM * num_params if cfg.data.num_eval else 0
+    pinned = max(0, dram - 16 * num_params)  # dram-tier checkpoints + staging pools
+    preflight(device=device, host_bytes=dram + eval_copy,
+              hbm_bytes=int(pred.peak_hbm_bytes) if pred else 0, pinned_bytes=pinned,
+              nvme_bytes=int(pred.nvme_bytes) if pred else 0, nvme_dir=nvme_dir,
+              checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * num_params, run_dir=run_dir)
+
+
+def _truncate_metrics(path: Path, *, last_step: int) -> None:
+    """Drop metric lines after `last_step` (steps redone after a resume)."""
+    if path.is_file():
+        keep = [ln for ln in path.read_text().splitlines()
+                if ln.strip() and json.loads(ln)["step"] <= last_step]
+        path.write_text("".join(ln + "\n" for ln in keep))
+
+
+class Trainer:
+    """One run: everything `train` sets up, and the step loop over it."""
+
+    def __init__(self, cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool,
+                 hooks: TrainHooks, log) -> None:
+        self.cfg, self.run_dir, self.hooks, self.log = cfg, run_dir, hooks, log
+        tc = cfg.train
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+        self.device = _device(cfg.runtime.device)
+        if cfg.runtime.threads:
+            torch.set_num_threads(cfg.runtime.threads)
+        self.resumed_from = ckpt.latest_checkpoint(run_dir) if resume else None
+        if resume and self.resumed_from is None:
+            log(f"resume: no valid checkpoint in {run_dir / 'checkpoints'}; starting fresh")
+        source = setup.resolve_model_source(cfg.model.config_path)
+        if self.resumed_from is not None:
+            source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
+        self.plan = _get_plan(cfg, run_dir, plan=plan, resuming=self.resumed_from is not None)
+        self.plan.save(run_dir / "plan.json")
+        print(setup.plan_summary(self.plan), flush=True)
+        self.nvme_dir = Path(cfg.runtime.nvme_dir) if cfg.runtime.nvme_dir else run_dir / "nvme"
+        from transformers import AutoConfig
+        hf_config = AutoConfig.from_pretrained(source.directory)
+        from lazytrain.spec.model import ModelSpec
+        spec = ModelSpec.from_hf_config(hf_config.to_dict())
+        _run_preflight(cfg, self.plan, device=self.device, nvme_dir=self.nvme_dir,
+                       run_dir=run_dir, num_params=spec.total_params)
+        self.tokenizer = setup.load_tokenizer(source.directory)
+        self.adapter = setup.load_adapter(source, compute_dtype=tc.compute_dtype,
+                                          master_dtype=tc.master_dtype, seed=tc.seed)
+        from lazytrain.data import build_data
+        self.data = build_data(cfg.data, self.tokenizer, micro_batch=tc.micro_batch,
+                               seed=tc.seed)
+        self.engine = self._make_engine()
+        self.step = 0
+        if self.resumed_from is not None:
+            self._restore(self.resumed_from.load_state())
+        self.flops_params = spec.model_flops_params  # N of 6 * N * tokens (DESIGN 5)
+        self.eval_model = None
+
+    def _make_engine(self):
+        from lazytrain.runtime.activations import CheckpointStore
+        from lazytrain.runtime.engine import Engine
+
+        tc = self.cfg.train
+        store = CheckpointStore(
+            device=torch.device(self.device), nvme_dir=self.nvme_dir,
+            io_threads=self.cfg.runtime.io_threads, fault_hook=self.hooks.fault_hook,
+            hbm_limits={w.name: w.hbm_checkpoint_bytes for w in self.plan.windows})
+        return Engine(self.adapter, self.plan, device=self.device, nvme_dir=self.nvme_dir,
+                      compute_dtype=tc.compute_dtype, lr=tc.lr,
+                      betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps,
+                      weight_decay=tc.weight_decay, clip_grad_norm=tc.clip_grad_norm or None,
+                      grad_accum=tc.grad_accum, seed=tc.seed, io_threads=self.cfg.runtime.io_threads,
+                      model_config_sha256=setup.model_config_sha256(self.adapter.config),
+                      store=store)
+
+    def _restore(self, state: dict) -> None:
+        self.engine.load_state_dict(state["engine"])
+        self.data.train.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        _truncate_metrics(self.run_dir / "metrics.jsonl", last_step=self.step)
+        self.log(f"resumed from {self.resumed_from.path} at step {self.step}")
+
+    # --- actions -------------------------------------------------------------------------------
+
+    def lr_at(self, step: int) -> float:
+        from lazytrain.runtime.optim import lr_at
+        tc = self.cfg.train
+        return lr_at(step, base_lr=tc.lr, warmup_steps=tc.warmup_steps, total_steps=tc.steps,
+                     schedule=tc.schedule, min_lr_ratio=tc.min_lr_ratio)
+
+    def train_step(self) -> dict:
+        """One optimizer step; returns its metrics record (also appended to metrics.jsonl)."""
+        batches = [self.data.train.next_micro_batch() for _ in range(self.cfg.train.grad_accum)]
+        stats = self.engine.step(batches, lr=self.lr_at(self.step))
+        self.step += 1
+        real_tokens = int(sum(b["attention_mask"].sum() for b in batches))
+        record = {"step": self.step, "loss": stats.loss, "tokens": real_tokens,
+                  "label_tokens": stats.tokens, "step_s": stats.step_s,
+                  "tokens_per_s": real_tokens / stats.step_s,
+                  "model_tflops": 6 * self.flops_params * real_tokens / stats.step_s / 1e12,
+                  "lr": stats.lr, "grad_norm": stats.grad_norm,
+                  "peak_bytes": dict(stats.peak_bytes)}
+        with open(self.run_dir / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self.hooks.on_step_end is not None:
+            self.hooks.on_step_end(self.step, stats)
+        return record
+
+    def save(self) -> ckpt.Checkpoint:
+        """Checkpoint the current step (weights after every queued update)."""
+        state = {"engine": self.engine.state_dict(), "data": self.data.train.state_dict(),
+                 "step": self.step, "config": self.cfg.to_dict()}
+        saved = ckpt.save_checkpoint(self.run_dir, step=self.step,
+                                     weights=self.engine.named_parameters_fp32(),
+                                     hf_config=self.adapter.config, tokenizer=self.tokenizer,
+                                     state=state, before_marker=self.hooks.before_marker)
+        self.log(f"saved checkpoint {saved.path}")
+        return saved
+
+    def evaluate(self):
+        """Loss and exact match on the held-out examples with the current weights."""
+        if not self.data.eval_examples:
+            return None
+        if self.eval_model is None:
+            self.eval_model = build_eval_model(self.adapter.config)
+        load_weights(self.eval_model, self.engine.named_parameters_fp32())
+        return evaluate(self.eval_model, self.tokenizer, list(self.data.eval_examples),
+                        seq_len=self.cfg.data.seq_len, pad_id=self.data.train.pad_id,
+                        data_format=self.data.format)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | None = None,
+          resume: bool = False, hooks: TrainHooks | None = None, progress: bool = True,
+          log: Callable[[str], None] | None = None) -> dict:
+    """Run training as configured; returns the summary (also written to RUN_DIR/summary.json).
+
+    Args:
+        cfg: the run config (`train.steps` is the total, counting steps before a resume).
+        run_dir: overrides `train.run_dir`.
+        plan: a plan to use instead of planning (checked against seq_len and micro_batch).
+        resume: continue from the newest valid checkpoint in run_dir (fresh start if none).
+        hooks: test hooks.
+        progress: show the tqdm bar on stderr.
+        log: one-line messages (default: print to stderr).
+
+    Raises:
+        PreflightError: the plan does not fit this machine (numbers in the message).
+        PlanInfeasibleError, PlanValidationError: planning failed / the plan does not match.
+        CheckpointIOError: an NVMe-tier I/O error (the last saved checkpoint stays valid).
+        ValueError, FileNotFoundError: bad config or data.
+    """
+    from tqdm import tqdm
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    run_dir = Path(run_dir or cfg.train.run_dir)
+    t_start = time.perf_counter()
+    trainer = Trainer(cfg, run_dir=run_dir, plan=plan, resume=resume, hooks=hooks or TrainHooks(),
+                      log=log)
+    stopped_by, records, saved = None, [], None
+    try:
+        before = trainer.evaluate()
+        if before is not None:
+            log(f"eval before: loss {before.loss:.4f}, exact match {before.exact_match}")
+        bar = tqdm(total=cfg.train.steps, initial=trainer.step, file=sys.stderr,
+                   disable=not progress, desc="train", unit="step")
+        with sigterm_flag() as sigterm:
+            while trainer.step < cfg.train.steps:
+                rec = trainer.train_step()
+                records.append(rec)
+                bar.update(1)
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}",
+                                tflops=f"{rec['model_tflops']:.3f}")
+                if sigterm["set"]:
+                    stopped_by = "SIGTERM"
+                    break
+                every = cfg.train.save_every
+                if every and trainer.step % every == 0 and trainer.step < cfg.train.steps:
+                    saved = trainer.save()
+        bar.close()
+        saved = trainer.save()
+        after = trainer.evaluate() if stopped_by is None else None
+        if after is not None:
+            log(f"eval after: loss {after.loss:.4f}, exact match {after.exact_match}")
+        summary = _summary(trainer, records=records, before=before, after=after, saved=saved,
+                           stopped_by=stopped_by, wall_s=time.perf_counter() - t_start)
+        setup.write_json_atomic(run_dir / "summary.json", summary)
+        return summary
+    finally:
+        trainer.close()
+
+
+def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wall_s) -> dict:
+    steps_s = [r["step_s"] for r in records]
+    return {
+        "run_dir": str(trainer.run_dir), "steps_completed": trainer.step,
+        "steps_this_run": len(records), "stopped_by": stopped_by,
+        "resumed_from": str(trainer.resumed_from.path) if trainer.resumed_from else None,
+        "checkpoint": str(saved.path) if saved else None,
+        "loss_first": records[0]["loss"] if records else None,
+        "loss_last": records[-1]["loss"] if records else None,
+        "mean_step_s": sum(steps_s) / len(steps_s) if steps_s else None,
+        "mean_tokens_per_s": (sum(r["tokens"] for r in records) / sum(steps_s)) if steps_s
+        else None,
+        "eval_before": before.to_dict() if before else None,
+        "eval_after": after.to_dict() if after else None,
+        "data": {"source": trainer.data.source, "format": trainer.data.format,
+                 **trainer.data.train.counts.to_dict()},
+        "plan": {"solver": trainer.plan.solver.backend if trainer.plan.solver else None,
+                 "tiers": list(trainer.plan.tiers),
+                 "predicted_step_s": trainer.plan.predicted.step_ms / 1e3
+                 if trainer.plan.predicted else None},
+        "device": trainer.device, "model_flops_params": trainer.flops_params, "wall_s": wall_s,
+    }

