@@ -14,6 +14,7 @@ from lazytrain.planner.plan import SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 
 VOCAB, HIDDEN, BATCH, SEQ = 96, 64, 2, 12
+torch.set_num_threads(1)  # tiny tensors: threads only add overhead on a shared 2-core machine
 
 
 def tiny_config(family: str = "llama", *, layers: int = 4, tied: bool = False,

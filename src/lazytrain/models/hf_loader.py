@@ -99,7 +99,8 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
     layout = LAYOUTS[config.model_type]
     rotary = _get(model, layout.rotary)
     parent_path, _, attr = layout.rotary.rpartition(".")
-    setattr(_get(model, parent_path), attr, type(rotary)(config=config, device="cpu"))
+    with torch.device("cpu"):  # the rotary inv_freq buffer must be real, not meta
+        setattr(_get(model, parent_path), attr, type(rotary)(config=config))
     store = _store_for(model, master_dtype=master_dtype)
     seen = set()
     tied_head = f"{layout.head}.weight"
