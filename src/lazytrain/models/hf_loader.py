@@ -45,7 +45,9 @@ def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: st
 
     Args:
         hf_config: `transformers.PretrainedConfig` of a supported decoder-only family.
-        dtype: compute dtype name ("fp32"|"bf16"); the master copy is always `master_dtype`.
+        dtype: compute dtype name ("fp32"|"bf16"); accepted for symmetry with the run config,
+            the host store always holds `master_dtype` and the Engine casts device copies.
+        master_dtype: "fp32" (bf16 raises ValueError, see `runtime.params.check_master_dtype`).
         seed: torch seed for the initialization (None: current RNG).
     """
     from transformers import AutoModelForCausalLM
@@ -84,7 +86,7 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
 
     The skeleton is built on the meta device; each safetensors tensor is read and copied
     straight into its slot of the fp32 master buffers, so host memory peaks at one model copy
-    plus one tensor.
+    plus one tensor. `dtype` is accepted for symmetry (see `load_adapter_from_config`).
 
     Raises:
         FileNotFoundError: no safetensors weights in the directory.

@@ -178,7 +178,7 @@ class Engine:
             mb.kwargs = self.adapter.block_kwargs(mb.input_ids, h, **mb.mask_inputs)
             mb.weights[0] = self.prefetch_weights(0)
         for j in range(self.L):
-            with self.window(f"f{j}", mb):
+            with self.window(f"f{j}"):
                 if self.plan.is_materialized(j):
                     self.store.put(j, h, self.plan.tiers[j], micro_batch=mb.index)  # produced
                 self.issue_transfers(f"f{j}", mb)
@@ -197,7 +197,7 @@ class Engine:
             (this micro-batch's share of the step loss, d loss / d boundary L [B, S, H]).
         """
         L = self.L
-        with self.window("turn", mb):
+        with self.window("turn"):
             self.store.put(L, h, "hbm", micro_batch=mb.index)
             self.issue_transfers("turn", mb)
             if L - 1 not in self.resident:
@@ -215,7 +215,7 @@ class Engine:
         """
         for s, e in self.plan.segments_backward():
             for j in range(e - 1, s - 1, -1):
-                with self.window(f"b{j}", mb):
+                with self.window(f"b{j}"):
                     self.issue_transfers(f"b{j}", mb)
                     if j >= 1 and j - 1 not in self.resident:
                         mb.weights[j - 1] = self.prefetch_weights(j - 1)
@@ -342,7 +342,7 @@ class Engine:
     # --- helpers -------------------------------------------------------------------------------
 
     @contextmanager
-    def window(self, name: str, mb: _MicroBatch):
+    def window(self, name: str):
         """One plan window: store barrier semantics + the meter."""
         self.store.begin_window(name)
         with self.meter.window(name):
