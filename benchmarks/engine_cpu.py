@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--nvme-mb", type=int, default=64, help="MB per NVMe transfer (0: skip)")
     p.add_argument("--nvme-dir", type=Path, default=None)
