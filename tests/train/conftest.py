@@ -41,3 +41,13 @@ def tiny_config(model_dir, run_dir, *extra: str):
                               "train.steps=4", "train.lr=3e-3", "train.warmup_steps=1",
                               "planner.policy=megatrain", "planner.megatrain_k=2",
                               "runtime.device=cpu", *extra])
+
+
+@pytest.fixture(scope="session")
+def tiny_plan(arithmetic_model_dir, tmp_path_factory):
+    """The MegaTrain K=2 plan for `tiny_config` (made once; no LP bound, to keep tests fast)."""
+    from lazytrain.planner.build import problem_from_config
+    from lazytrain.planner.policy import plan_with_policy
+
+    cfg = tiny_config(arithmetic_model_dir, tmp_path_factory.mktemp("plan_run"))
+    return plan_with_policy(problem_from_config(cfg), "megatrain", megatrain_k=2, lp_bound=False)

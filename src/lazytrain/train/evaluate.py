@@ -23,9 +23,10 @@ from lazytrain.data import Example, encode, encode_prompt, extract_final_answer,
 
 EVAL_BATCH = 8
 """Examples per evaluation forward / generation batch (bounds the [B, S, vocab] logits)."""
-MAX_NEW_TOKENS = {"arithmetic": 72}
+MAX_NEW_TOKENS = {"arithmetic": 64}
 """Greedy generation length per data format, tokens; others use DEFAULT_MAX_NEW_TOKENS. The
-arithmetic worked answers are at most about 60 tokens with the SmolLM2 tokenizer."""
+arithmetic worked answers are at most 58 tokens with the SmolLM2 tokenizer (measured on 2,048
+generated problems)."""
 DEFAULT_MAX_NEW_TOKENS = 160
 
 

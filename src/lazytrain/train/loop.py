@@ -256,8 +256,12 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
     trainer = Trainer(cfg, run_dir=run_dir, plan=plan, resume=resume, hooks=hooks or TrainHooks(),
                       log=log)
     stopped_by, records, saved = None, [], None
+    timings = {"setup_s": time.perf_counter() - t_start}
     try:
+        mark = time.perf_counter()
         before = trainer.evaluate()
+        timings["eval_before_s"] = time.perf_counter() - mark
+        mark = time.perf_counter()
         if before is not None:
             log(f"eval before: loss {before.loss:.4f}, exact match {before.exact_match}")
         bar = tqdm(total=cfg.train.steps, initial=trainer.step, file=sys.stderr,
@@ -276,12 +280,18 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
                 if every and trainer.step % every == 0 and trainer.step < cfg.train.steps:
                     saved = trainer.save()
         bar.close()
+        timings["train_s"] = time.perf_counter() - mark
+        mark = time.perf_counter()
         saved = trainer.save()
+        timings["save_s"] = time.perf_counter() - mark
+        mark = time.perf_counter()
         after = trainer.evaluate() if stopped_by is None else None
+        timings["eval_after_s"] = time.perf_counter() - mark
         if after is not None:
             log(f"eval after: loss {after.loss:.4f}, exact match {after.exact_match}")
         summary = _summary(trainer, records=records, before=before, after=after, saved=saved,
                            stopped_by=stopped_by, wall_s=time.perf_counter() - t_start)
+        summary["timings_s"] = timings
         setup.write_json_atomic(run_dir / "summary.json", summary)
         return summary
     finally:
