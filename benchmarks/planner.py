@@ -50,7 +50,8 @@ def tiers(plan) -> str:
             f"{t.count('recompute')}r keep{len(plan.keep_internals)}")
 
 
-def run(name: str, problem: PlanningProblem, *, time_limit_s: float, gap: float) -> None:
+def run(name: str, problem: PlanningProblem, *, time_limit_s: float, gap: float,
+        backends: tuple[str, ...] = ("scip", "highs")) -> None:
     L = problem.num_blocks
     milp = build_milp(problem)
     print(f"\n== {name}: L={L}, k_max={problem.k_max}, {milp.model.num_vars} vars "
@@ -65,7 +66,7 @@ def run(name: str, problem: PlanningProblem, *, time_limit_s: float, gap: float)
     mega = megatrain_plan(problem, k=4)
     rows = []
     best = None
-    for backend in ("scip", "highs"):
+    for backend in backends:
         for warm in (False, True):
             t0 = time.perf_counter()
             try:
@@ -107,7 +108,10 @@ def main() -> None:
     seed = problem_from_config(load_config(REPO / "configs" / "qwen3.6-27b-h800.yaml"))
     run("seed-64", seed, time_limit_s=10.0, gap=0.005)
     if not args.quick:
-        run("split-128", split_blocks(seed).replace(k_max=16), time_limit_s=60.0, gap=0.01)
+        # HiGHS 1.16 overran its 60 s limit by minutes at 128 blocks (cold and warm; its MIP
+        # time limit is not checked everywhere, ERGO-Code/HiGHS#885, #2226): SCIP only here.
+        run("split-128", split_blocks(seed).replace(k_max=16), time_limit_s=60.0, gap=0.01,
+            backends=("scip",))
 
 
 if __name__ == "__main__":
