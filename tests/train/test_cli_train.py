@@ -25,10 +25,13 @@ def _config_file(tmp_path, model_dir, **sections):
     return path
 
 
-def test_train_writes_metrics_summary_and_a_checkpoint(arithmetic_model_dir, tmp_path, capsys):
+def test_train_writes_metrics_summary_and_a_checkpoint(arithmetic_model_dir, tiny_plan, tmp_path,
+                                                       capsys):
     path = _config_file(tmp_path, arithmetic_model_dir)
     run_dir = tmp_path / "run"
-    assert main(["train", "--config", str(path), "--run-dir", str(run_dir), "--no-progress"]) == 0
+    tiny_plan.save(tmp_path / "plan.json")  # planning itself is the planner's tests' subject
+    assert main(["train", "--config", str(path), "--run-dir", str(run_dir), "--no-progress",
+                 "--plan", str(tmp_path / "plan.json")]) == 0
     out = capsys.readouterr().out
     assert "plan:" in out and "done: 2 steps" in out
     records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]

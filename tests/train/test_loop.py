@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import tiny_config
+from train_helpers import tiny_config
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train.loop import TrainHooks, train
 from lazytrain.train.preflight import PreflightError, run_checks
@@ -28,19 +28,21 @@ def _losses(run_dir):
 
 
 def test_two_steps_plus_sigterm_resume_equals_four_steps_bit_for_bit(arithmetic_model_dir,
-                                                                     tmp_path):
-    # Planned from the config here (the CLI's path); the other tests reuse `tiny_plan`.
-    straight = train(tiny_config(arithmetic_model_dir, tmp_path / "a"), progress=False)
+                                                                     tiny_plan, tmp_path):
+    # No evaluation here (it is the CLI test's subject); evaluation never touches the RNG.
+    straight = train(tiny_config(arithmetic_model_dir, tmp_path / "a", "data.num_eval=0"),
+                     plan=tiny_plan, progress=False)
     assert straight["steps_completed"] == 4
 
     def stop_after_two(step, stats):
         if step == 2:
             os.kill(os.getpid(), signal.SIGTERM)  # the loop saves after this step and returns
 
-    cfg = tiny_config(arithmetic_model_dir, tmp_path / "b")
-    first = train(cfg, progress=False, hooks=TrainHooks(on_step_end=stop_after_two))
+    cfg = tiny_config(arithmetic_model_dir, tmp_path / "b", "data.num_eval=0")
+    first = train(cfg, plan=tiny_plan, progress=False,
+                  hooks=TrainHooks(on_step_end=stop_after_two))
     assert first["stopped_by"] == "SIGTERM" and first["steps_completed"] == 2
-    resumed = train(cfg, resume=True, progress=False)
+    resumed = train(cfg, resume=True, progress=False)  # reuses the run's plan.json
     assert resumed["resumed_from"].endswith("step-000002") and resumed["steps_this_run"] == 2
 
     assert _losses(tmp_path / "a") == _losses(tmp_path / "b")
