@@ -33,16 +33,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse `argv` and run the verb; user errors print one line `error: ...` and exit 2."""
+    """Parse `argv` and run the verb.
+
+    Errors print one line `error: ...` (a traceback only with --debug): a job failure (an
+    infeasible budget, an I/O error) exits 1, bad usage or config exits 2.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    # The verbs above already imported the planner, so this costs nothing extra.
+    from lazytrain.planner.milp import PlanInfeasibleError
+
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        if args.debug:
+    except Exception as exc:
+        code = _exit_code(exc, PlanInfeasibleError)
+        if args.debug or code is None:
             raise
         print(f"error: {exc}", file=sys.stderr)
+        return code
+
+
+def _exit_code(exc: Exception, infeasible: type) -> int | None:
+    """1 for a job failure, 2 for bad usage or config, None for a bug (re-raised)."""
+    if isinstance(exc, infeasible):  # a ValueError, but the config was fine: the budget is not
+        return 1
+    if isinstance(exc, (ValueError, TypeError, FileNotFoundError)):
         return 2
+    if isinstance(exc, OSError):  # disk full, short read, ... (CheckpointIOError)
+        return 1
+    return None
 
 
 if __name__ == "__main__":
