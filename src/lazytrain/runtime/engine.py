@@ -31,6 +31,7 @@ import torch
 from lazytrain.models.adapter import ModelAdapter, shift_labels, IGNORE_INDEX
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.activations import TRANSFER_ORDER, CheckpointStore
+from lazytrain.runtime.instrument import Instrument
 from lazytrain.runtime.optim import BlockOptimizer, clip_scale, global_grad_norm
 from lazytrain.runtime.streams import DeviceWeights, GradDrain, Streams, WindowMeter
 
@@ -57,6 +58,9 @@ class StepStats:
     lr: float | None = None
     grad_norm: float | None = None
     """Global gradient norm before clipping (None when clipping is off)."""
+    windows: tuple[dict, ...] = ()
+    """Per micro-batch window records (runtime/instrument.py schema, without "step");
+    empty when the engine runs without instrumentation."""
 
 
 @dataclass(slots=True)
@@ -91,6 +95,14 @@ class Engine:
         io_threads: NVMe worker threads of the checkpoint store.
         model_config_sha256: provenance key to check (default: the adapter's).
         store: an existing CheckpointStore (tests with fault hooks); default: a new one.
+        instrument: record every window's waits and bytes per channel (runtime/instrument.py)
+            into `StepStats.windows`.
+        optimizer: an existing optimizer with `BlockOptimizer`'s interface (data parallel:
+            `lazytrain.dist.sharding.ShardedOptimizer`); default: a new `BlockOptimizer`.
+        grad_sync: data parallel hook (`lazytrain.dist.reducer.GradReducer`): `all_sum(x)` sums a
+            float over ranks (label tokens, loss), `grads_final(group)` starts the cross-rank
+            reduction of a group once its host gradient is final (last micro-batch), and
+            `global_grad_norm()` replaces the local norm. None: one process.
     """
 
     def __init__(self, adapter: ModelAdapter, plan: Plan, *, device: str = "cpu",
@@ -98,7 +110,8 @@ class Engine:
                  betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
                  clip_grad_norm: float | None = None, grad_accum: int = 1, seed: int = 0,
                  io_threads: int = 2, model_config_sha256: str | None = None,
-                 store: CheckpointStore | None = None) -> None:
+                 store: CheckpointStore | None = None, optimizer: BlockOptimizer | None = None,
+                 grad_sync=None, instrument: bool = False) -> None:
         if plan.num_blocks != adapter.num_blocks:
             raise ValueError(f"plan has {plan.num_blocks} blocks, model has {adapter.num_blocks}")
         plan.check_matches(model_config_sha256=model_config_sha256 or adapter.config_sha256)
@@ -117,8 +130,9 @@ class Engine:
         self.store = store or CheckpointStore(
             device=self.device, nvme_dir=Path(nvme_dir or "lazytrain_nvme"), io_threads=io_threads,
             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
-        self.optimizer = BlockOptimizer(self.params, lr=lr, betas=betas, eps=eps,
-                                        weight_decay=weight_decay)
+        self.optimizer = optimizer or BlockOptimizer(self.params, lr=lr, betas=betas, eps=eps,
+                                                     weight_decay=weight_decay)
+        self.grad_sync = grad_sync
         self.lr = lr
         self.clip = clip_grad_norm or None
         self.grad_accum = grad_accum
@@ -127,6 +141,10 @@ class Engine:
         self._checked_shape = False
         self._ends_dev: torch.Tensor | None = None
         self._ends_grad: torch.Tensor | None = None
+        self.instrument: Instrument | None = None
+        if instrument:
+            self.instrument = Instrument(streams=self.streams, store=self.store, plan=plan)
+            self.instrument.attach(self)
 
     # --- the step ------------------------------------------------------------------------------
 
@@ -155,22 +173,30 @@ class Engine:
                              f"{self.grad_accum}")
         self.store.reset_peaks()
         self.meter.reset()
+        if self.instrument is not None:
+            self.instrument.begin_step()
         mbs = [self._prepare(m, b) for m, b in enumerate(micro_batches)]
         tokens = int(sum((mb.targets != IGNORE_INDEX).sum() for mb in mbs))
+        if self.grad_sync is not None:  # normalise by the global batch's label tokens
+            tokens = int(self.grad_sync.all_sum(tokens))
         self._load_ends()
         loss = 0.0
         for mb in mbs:
+            if self.instrument is not None:
+                self.instrument.begin_micro_batch(mb.index)
             final = mb.index == len(mbs) - 1
             h = self.forward_blocks(mb)
             loss_mb, grad = self.head_and_loss(mb, h, tokens)
             self.backward_segments(mb, grad, step_lr=step_lr if final else None)
             loss += loss_mb
         self.drain.flush()
+        if self.grad_sync is not None:
+            loss = self.grad_sync.all_sum(loss)
         return loss, tokens
 
     def forward_blocks(self, mb: _MicroBatch) -> torch.Tensor:
         """pre + f0..f{L-1}: returns boundary L [B, S, H] (not yet stored)."""
-        with self.meter.window("pre"):
+        with self._timed_window("pre"):
             # a fresh buffer per micro-batch: the previous one may still be draining (D2H)
             self._ends_grad = torch.zeros(self.params.ends.numel, dtype=torch.float32,
                                           device=self.device)
@@ -224,10 +250,10 @@ class Engine:
                     grad = self.backward_block(mb, j, grad, step_lr=step_lr)
                     self.store.release(j, micro_batch=mb.index)
                     self.weights.release(mb.weights.pop(j))
-        with self.meter.window("post"):
+        with self._timed_window("post"):
             self.embed_backward(mb, grad)
-            on_done = None if step_lr is None else (lambda: self.optimizer.submit(
-                self.params.ends, lr=step_lr))
+            on_done = (self._on_grads_final(self.params.ends, step_lr)
+                       if mb.index == self.grad_accum - 1 else None)
             self.drain.drain(self.params.ends, self._ends_grad, first=mb.index == 0,
                              on_done=on_done)
 
@@ -237,7 +263,8 @@ class Engine:
         Without clipping the updates were queued during backward. Returns the norm or None."""
         if self.clip is None:
             return None
-        norm = global_grad_norm(self.params)
+        norm = (global_grad_norm(self.params) if self.grad_sync is None
+                else self.grad_sync.global_grad_norm())
         scale = clip_scale(norm, self.clip)
         self.optimizer.submit(self.params.ends, lr=lr, grad_scale=scale)
         for j in range(self.L):
@@ -301,9 +328,23 @@ class Engine:
                 out = self._block(mb, j, x, w)
         grad_x, grad_w = torch.autograd.grad(out, (x, w), grad, allow_unused=True)
         group = self.params.blocks[j]
-        on_done = None if step_lr is None else (lambda: self.optimizer.submit(group, lr=step_lr))
+        on_done = self._on_grads_final(group, step_lr) if mb.index == self.grad_accum - 1 else None
         self.drain.drain(group, grad_w, first=mb.index == 0, on_done=on_done)
         return grad_x
+
+    def _on_grads_final(self, group, step_lr: float | None):
+        """Callback for the drain of `group`'s last micro-batch: start its cross-rank reduction
+        (async; the group's update waits for it), then queue its update when `step_lr` is set
+        (no clipping). None when neither applies."""
+        if self.grad_sync is None and step_lr is None:
+            return None
+
+        def done() -> None:
+            if self.grad_sync is not None:
+                self.grad_sync.grads_final(group)
+            if step_lr is not None:
+                self.optimizer.submit(group, lr=step_lr)
+        return done
 
     def head_chunks(self, mb: _MicroBatch, h: torch.Tensor, tokens: int
                     ) -> tuple[float, torch.Tensor]:
@@ -345,9 +386,19 @@ class Engine:
     def window(self, name: str):
         """One plan window: store barrier semantics + the meter."""
         self.store.begin_window(name)
-        with self.meter.window(name):
+        with self._timed_window(name):
             yield
             self.store.end_window()
+
+    @contextmanager
+    def _timed_window(self, name: str):
+        """The meter, and the instrument when on, around one window (its barrier included)."""
+        with self.meter.window(name):
+            if self.instrument is None:
+                yield
+            else:
+                with self.instrument.window(name):
+                    yield
 
     def _block(self, mb: _MicroBatch, j: int, h: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
         return self.adapter.forward_block(j, h, self.params.blocks[j].views(flat), mb.kwargs[j])
@@ -396,8 +447,10 @@ class Engine:
         for p in self.store.peak_by_window().values():
             for k, v in p.items():
                 peaks[k] = max(peaks.get(k, 0), v)
+        windows = () if self.instrument is None else tuple(self.instrument.take_records())
         return StepStats(loss=loss, tokens=tokens, step_s=step_s, peak_bytes=peaks,
-                         window_ms=self.meter.times_ms(), lr=lr, grad_norm=grad_norm)
+                         window_ms=self.meter.times_ms(), lr=lr, grad_norm=grad_norm,
+                         windows=windows)
 
     # --- state ---------------------------------------------------------------------------------
 
