@@ -1,0 +1,371 @@
+"""Per-window instrumentation of the engine: wall time, compute time, waits and bytes per channel.
+
+Owns what one step of the engine measured, window by window, and its JSON form
+(`RUN_DIR/windows.jsonl`). It decides nothing and changes no ordering: `Instrument.attach`
+wraps the calls in which the engine (or its store) can wait for a channel, and each wrapper
+knows its channel *by construction* (the call it wraps), never by guessing from timings:
+
+| channel      | waits timed (CPU: `time.perf_counter` on the calling thread)                    |
+|--------------|----------------------------------------------------------------------------------|
+| `h2d`        | `DeviceWeights.load` (the weight copy; synchronous on CPU), `store.transfer(h2d)` |
+| `d2h`        | `GradDrain.drain` / `flush` (gradient drain), `store.transfer(d2h)`                |
+| `nvme_write` | `store.transfer(nvme_write)` (issuing), every `io.wait` on write futures          |
+| `nvme_read`  | `store.transfer(nvme_read)` (issuing), every `io.wait` on read futures            |
+| `optimizer`  | `BlockOptimizer.wait` (a block's pending AdamW update before its weight load)     |
+
+NVMe futures are tagged with their kind when the store creates them (a thin proxy around
+`store.io`), so the store's own waits (the window barrier `end_window`, an h2d waiting for its
+nvme_read, an nvme_read waiting for its nvme_write) are attributed to the channel of the futures
+waited for. Within one barrier, write futures are waited for before read futures; time where
+both were outstanding goes to the first. Waits nest (an h2d transfer of an nvme boundary waits
+for its reads): a wait's time excludes the waits nested inside it, so every millisecond is
+counted once. On CPU a window's `compute_ms` is its wall time minus all its waits (everything
+the main thread did that was not a channel wait: kernels, bookkeeping).
+
+Which window gets an NVMe read stall: the window whose plan transfer issued the read. The read
+is waited for either by an h2d of the same boundary later in that window (`TRANSFER_ORDER`
+issues nvme_read before h2d) or by that window's barrier (`end_window` waits for every future
+issued in the window), so the stall never leaks into a later window.
+
+CUDA (written, untested here): window walls and the compute stream's waits for copies are
+CUDA events on the compute stream (a pair around `weights.ready`, `store.get` and, at the window
+barrier, around `compute.wait_stream` of the store's d2h and h2d streams); host-side waits
+(NVMe futures, optimizer, event synchronize in the gradient drain) stay on `perf_counter`.
+`compute_ms = max(0, wall_ms - sum(wait_ms))` there too. The weight H2D of block j+1 issued in
+`f{j}` is waited for by the compute stream in `f{j+1}` (its consumer), not in `f{j}`.
+
+windows.jsonl schema (one JSON object per line, one line per step and micro-batch; the
+re-planning/refit code reads these key names):
+
+    {"step": int,               # optimizer step, 1-based (as metrics.jsonl)
+     "micro_batch": int,        # 0..grad_accum-1
+     "plan_id": str,            # plan_id(plan): sha256 of the canonical plan JSON, 16 hex
+     "windows": [               # execution order: pre, f0..f{L-1}, turn, b{L-1}..b0, post
+        {"name": str,
+         "wall_ms": float,      # window wall time, ms (includes its barrier)
+         "compute_ms": float,   # wall_ms - sum(wait_ms), ms
+         "wait_ms": {"h2d", "d2h", "nvme_read", "nvme_write", "optimizer": float ms},
+         "bytes": {"h2d", "d2h", "nvme_read", "nvme_write": int},
+                                # activation bytes moved by the store (NVMe kinds include 4 KiB
+                                # padding) + weight bytes loaded (h2d) + gradient bytes drained (d2h)
+         "peak_bytes": {"hbm", "dram", "nvme": int}}]}
+                                # store accounting: checkpoint bytes in HBM, host bytes
+                                # (dram + dram_staging), NVMe file bytes. Peaks are the store's
+                                # per-window-name peaks since the step started, so for
+                                # micro_batch k they are the max over micro-batches 0..k.
+
+`pre` and `post` are not store windows: their `bytes` are weights/gradients only and their
+`peak_bytes` are the store's bytes at the window's end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import torch
+
+CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write", "optimizer")
+"""Channels the compute can wait for (`wait_ms` keys)."""
+BYTE_CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write")
+"""Channels that move bytes (`bytes` keys)."""
+PEAK_TIERS = ("hbm", "dram", "nvme")
+"""`peak_bytes` keys."""
+_STORE_TIER_KEYS = {"hbm": ("hbm",), "dram": ("dram", "dram_staging"), "nvme": ("nvme",)}
+_FUTURE_KIND_ATTR = "_lazytrain_kind"
+
+
+def plan_id(plan) -> str:
+    """16 hex digits of sha256 over the plan's canonical JSON (sorted keys, no spaces).
+
+    `lazytrain.report.tables.plan_id_of_dict` computes the same from a loaded plan.json dict.
+    """
+    text = json.dumps(plan.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class _Window:
+    """One open window of one micro-batch (internal, mutable)."""
+
+    __slots__ = ("name", "start", "end", "waits", "stream_waits", "bytes", "peaks")
+
+    def __init__(self, name: str, start) -> None:
+        self.name, self.start, self.end = name, start, None
+        self.waits = dict.fromkeys(CHANNELS, 0.0)
+        self.stream_waits: list[tuple[str, object, object]] = []  # CUDA event pairs
+        self.bytes = dict.fromkeys(BYTE_CHANNELS, 0)
+        self.peaks: dict[str, int] | None = None
+
+
+class _IoProxy:
+    """`store.io` with its futures tagged by kind and its waits timed per kind.
+
+    Everything else is forwarded to the wrapped `NvmeIO` unchanged.
+    """
+
+    def __init__(self, io, instrument: "Instrument") -> None:
+        self._io, self._instrument = io, instrument
+
+    def __getattr__(self, name):
+        return getattr(self._io, name)
+
+    def write(self, *args, **kwargs):
+        return _tag(self._io.write(*args, **kwargs), "nvme_write")
+
+    def read(self, *args, **kwargs):
+        return _tag(self._io.read(*args, **kwargs), "nvme_read")
+
+    def wait(self, futures) -> None:
+        """As `NvmeIO.wait` (wait for all, then raise the first failure), timed per kind."""
+        futures = list(futures)
+        for kind in ("nvme_write", "nvme_read"):
+            group = [f for f in futures if getattr(f, _FUTURE_KIND_ATTR, None) == kind]
+            if group:
+                with self._instrument.wait(kind):
+                    for f in group:
+                        f.exception()
+        errors = [f.exception() for f in futures]
+        for err in errors:
+            if err is not None:
+                raise err
+
+
+def _tag(futures: list, kind: str) -> list:
+    for f in futures:
+        setattr(f, _FUTURE_KIND_ATTR, kind)
+    return futures
+
+
+class _Wait:
+    """Context manager timing one host-side wait of `channel`, exclusive of nested waits."""
+
+    __slots__ = ("inst", "channel", "start", "nested")
+
+    def __init__(self, inst: "Instrument", channel: str) -> None:
+        self.inst, self.channel = inst, channel
+
+    def __enter__(self):
+        self.nested = 0.0
+        self.inst._stack.append(self)
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        elapsed = time.perf_counter() - self.start
+        stack = self.inst._stack
+        stack.pop()
+        if stack:
+            stack[-1].nested += elapsed
+        w = self.inst._open
+        if w is not None:
+            w.waits[self.channel] += (elapsed - self.nested) * 1e3
+
+
+class _StreamWait:
+    """CUDA: a pair of compute-stream events around a compute-stream wait of `channel`."""
+
+    __slots__ = ("inst", "channel", "start")
+
+    def __init__(self, inst: "Instrument", channel: str) -> None:
+        self.inst, self.channel = inst, channel
+
+    def __enter__(self):
+        self.start = self.inst._event()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        w = self.inst._open
+        if w is not None:
+            w.stream_waits.append((self.channel, self.start, self.inst._event()))
+
+
+class Instrument:
+    """Collects per-window measurements of one engine; see the module docstring.
+
+    Args:
+        streams: the engine's `Streams` (picks the CPU or CUDA path once).
+        store: the engine's `CheckpointStore` (bytes moved, peaks; its `io` gets the proxy).
+        plan: the plan being executed (for `plan_id`).
+    """
+
+    def __init__(self, *, streams, store, plan) -> None:
+        self.streams, self.store = streams, store
+        self.cuda = streams.is_cuda
+        self.plan_id = plan_id(plan)
+        self._stack: list[_Wait] = []
+        self._open: _Window | None = None
+        self._mb: int | None = None
+        self._mb_windows: list[_Window] = []
+        self._records: list[dict] = []
+        self._moved_seen: dict[str, dict[str, int]] = {}
+
+    # --- wiring ------------------------------------------------------------------------------
+
+    def attach(self, engine) -> None:
+        """Wrap the engine's waiting calls (instance attributes; the classes are untouched)."""
+        opt, weights, drain, store = engine.optimizer, engine.weights, engine.drain, self.store
+        opt.wait = self._timed("optimizer", opt.wait)
+        weights.load = self._timed("h2d", weights.load, count=_weight_bytes(weights))
+        drain.drain = self._timed("d2h", drain.drain, count=_grad_bytes)
+        drain.flush = self._timed("d2h", drain.flush)
+        transfer = store.transfer
+
+        def timed_transfer(boundary, kind, *args, **kwargs):
+            with _Wait(self, kind):
+                return transfer(boundary, kind, *args, **kwargs)
+
+        store.transfer = timed_transfer
+        store.io = _IoProxy(store.io, self)
+        if self.cuda:
+            weights.ready = self._stream_timed("h2d", weights.ready)
+            store.get = self._stream_timed("h2d", store.get)
+            store.end_window = self._cuda_barrier(store.end_window)
+
+    def set_plan(self, plan) -> None:
+        """A new plan from the next window on (re-planning switches at a step boundary)."""
+        self.plan_id = plan_id(plan)
+
+    def wait(self, channel: str) -> _Wait:
+        """`with inst.wait("nvme_read"):` times a host-side wait of `channel`."""
+        return _Wait(self, channel)
+
+    def _timed(self, channel: str, fn, *, count=None):
+        def wrapped(*args, **kwargs):
+            with _Wait(self, channel):
+                out = fn(*args, **kwargs)
+            if count is not None and self._open is not None:
+                self._open.bytes[channel] += count(*args, **kwargs)
+            return out
+        return wrapped
+
+    def _stream_timed(self, channel: str, fn):
+        def wrapped(*args, **kwargs):
+            with _StreamWait(self, channel):
+                return fn(*args, **kwargs)
+        return wrapped
+
+    def _cuda_barrier(self, end_window):
+        """Before the store's barrier, make compute wait on its d2h, then h2d stream (timed)."""
+        compute = self.streams.compute
+        channels = (("d2h", self.store._d2h_stream), ("h2d", self.store._h2d_stream))
+
+        def wrapped():
+            for channel, stream in channels:
+                with _StreamWait(self, channel):
+                    compute.wait_stream(stream)  # the barrier would wait on these events anyway
+            return end_window()
+        return wrapped
+
+    def _event(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(self.streams.compute)
+        return ev
+
+    # --- windows -----------------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """Forget anything not taken yet (e.g. from `compute_gradients`)."""
+        self._records.clear()
+        self._mb_windows = []
+        self._mb = None
+        self._moved_seen = {}
+
+    def begin_micro_batch(self, index: int) -> None:
+        """Close the previous micro-batch's record and start micro-batch `index`."""
+        self._finish_micro_batch()
+        self._mb = index
+
+    def window(self, name: str) -> "_WindowScope":
+        """`with inst.window("f3"):` around the whole window, its barrier included."""
+        return _WindowScope(self, name)
+
+    def take_records(self) -> list[dict]:
+        """The step's records, one per micro-batch (schema without "step"); clears them.
+
+        On CUDA this synchronizes on the last event (sync point; call once per step).
+        """
+        self._finish_micro_batch()
+        out, self._records = self._records, []
+        self._moved_seen = {}
+        return out
+
+    def _finish_micro_batch(self) -> None:
+        if self._mb is None:
+            return
+        moved = self.store.bytes_moved_by_window()
+        peaks = self.store.peak_by_window()
+        windows = []
+        for w in self._mb_windows:
+            now = moved.get(w.name)
+            if now is not None:
+                seen = self._moved_seen.get(w.name, {})
+                for kind, n in now.items():
+                    w.bytes[kind] += n - seen.get(kind, 0)
+                self._moved_seen[w.name] = now
+            if w.name in peaks:
+                w.peaks = _tier_peaks(peaks[w.name])
+            windows.append(self._resolve(w))
+        self._records.append({"micro_batch": self._mb, "plan_id": self.plan_id,
+                              "windows": windows})
+        self._mb_windows = []
+        self._mb = None
+
+    def _resolve(self, w: _Window) -> dict:
+        if self.cuda:
+            w.end.synchronize()
+            wall = w.start.elapsed_time(w.end)
+            for channel, a, b in w.stream_waits:
+                w.waits[channel] += a.elapsed_time(b)
+        else:
+            wall = (w.end - w.start) * 1e3
+        waits = {c: round(w.waits[c], 4) for c in CHANNELS}
+        return {"name": w.name, "wall_ms": round(wall, 4),
+                "compute_ms": round(max(0.0, wall - sum(w.waits.values())), 4),
+                "wait_ms": waits, "bytes": dict(w.bytes),
+                "peak_bytes": w.peaks or dict.fromkeys(PEAK_TIERS, 0)}
+
+
+class _WindowScope:
+    __slots__ = ("inst", "name")
+
+    def __init__(self, inst: Instrument, name: str) -> None:
+        self.inst, self.name = inst, name
+
+    def __enter__(self):
+        inst = self.inst
+        inst._open = _Window(self.name, inst._event() if inst.cuda else time.perf_counter())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        inst = self.inst
+        w = inst._open
+        w.end = inst._event() if inst.cuda else time.perf_counter()
+        w.peaks = _tier_peaks(inst.store.bytes_by_tier())  # pre/post; store windows override
+        inst._mb_windows.append(w)
+        inst._open = None
+
+
+def _tier_peaks(accounting: dict[str, int]) -> dict[str, int]:
+    return {t: int(sum(accounting.get(k, 0) for k in keys)) for t, keys in _STORE_TIER_KEYS.items()}
+
+
+def _weight_bytes(weights):
+    size = torch.empty((), dtype=weights.dtype).element_size()
+    return lambda group, *args, **kwargs: group.numel * size
+
+
+def _grad_bytes(group, grad, *args, **kwargs) -> int:
+    return 0 if grad is None else group.numel * 4  # fp32 into the host accumulator
+
+
+def write_windows_jsonl(path: str | Path, *, step: int, records: list[dict]) -> None:
+    """Append one line per micro-batch record of `step` to `path` (RUN_DIR/windows.jsonl).
+
+    Appends are line-sized writes on one open file; a crash leaves at most a torn last line
+    (readers skip lines that do not parse).
+    """
+    with open(path, "a") as fh:
+        for rec in records:
+            fh.write(json.dumps({"step": step, **rec}) + "\n")
