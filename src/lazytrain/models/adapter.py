@@ -7,53 +7,34 @@ own attributes); and running each piece *functionally* on weights the caller sup
 (`torch.func.functional_call`), so the module skeleton may live on the meta device while the
 weights live in `runtime.params.HostParams`.
 
-Knows nothing about plans, tiers or streams. Families plug in through `LAYOUTS`, a plain dict
-from HF `model_type` to the attribute paths of the parts.
+Knows nothing about plans, tiers or streams. Families plug in through `families.LAYOUTS`, a
+plain dict from HF `model_type` to the attribute paths of the parts, with a generic path for
+other standard decoder-only models (`families.resolve_layout`).
 
 Legend: B = micro-batch size, S = sequence length, H = hidden size, V = vocabulary size.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from lazytrain.models.families import (LAYOUTS, DecoderLayout, _get, check_router_aux_loss,
+                                       layer_attention_type, layer_sliding_window, mask_builder,
+                                       resolve_layout)
 from lazytrain.runtime.params import HostParams
+
+__all__ = ["IGNORE_INDEX", "LAYOUTS", "DecoderLayout", "ModelAdapter", "config_sha256",
+           "layer_attention_type", "shift_labels"]
 
 IGNORE_INDEX = -100
 """Label value excluded from the loss (the HF convention)."""
-
-
-@dataclass(kw_only=True, frozen=True, slots=True)
-class DecoderLayout:
-    """Dotted attribute paths of the parts of an HF `*ForCausalLM` model."""
-
-    embed: str = "model.embed_tokens"
-    layers: str = "model.layers"
-    norm: str = "model.norm"
-    rotary: str = "model.rotary_emb"
-    head: str = "lm_head"
-
-
-LAYOUTS: dict[str, DecoderLayout] = {
-    "llama": DecoderLayout(),
-    "qwen3": DecoderLayout(),
-    "qwen2": DecoderLayout(),
-    "mistral": DecoderLayout(),
-}
-"""HF `model_type` -> layout. A family whose parts sit elsewhere adds an entry here."""
-
-
-def _get(root: nn.Module, path: str) -> nn.Module:
-    for part in path.split("."):
-        root = getattr(root, part)
-    return root
 
 
 def config_sha256(hf_config) -> str:
@@ -68,20 +49,6 @@ def config_sha256(hf_config) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def layer_attention_type(layer: nn.Module) -> str:
-    """The attention kind of one decoder layer, read from the layer itself.
-
-    HF layers record it as `attention_type` (Gemma/GPT-OSS style) or `self_attn.layer_type`
-    (Qwen3); a layer with neither is full causal attention.
-    """
-    for owner in (layer, getattr(layer, "self_attn", None)):
-        for attr in ("attention_type", "layer_type"):
-            value = getattr(owner, attr, None) if owner is not None else None
-            if isinstance(value, str):
-                return value
-    return "full_attention"
-
-
 class ModelAdapter:
     """The parts of one HF causal LM plus its host parameter store.
 
@@ -90,15 +57,13 @@ class ModelAdapter:
         params: the host store holding this model's weights (fp32 master).
 
     Raises:
-        ValueError: the model type has no entry in `LAYOUTS`.
+        ValueError: the model is neither a family in `LAYOUTS` nor a standard decoder-only
+            model, or its config enables the router aux loss (`check_router_aux_loss`).
     """
 
     def __init__(self, model: nn.Module, params: HostParams) -> None:
-        mtype = model.config.model_type
-        if mtype not in LAYOUTS:
-            raise ValueError(f"model_type {mtype!r} has no adapter layout; "
-                             f"supported: {sorted(LAYOUTS)}")
-        layout = LAYOUTS[mtype]
+        layout = resolve_layout(model)
+        check_router_aux_loss(model.config)
         self.model = model
         self.config = model.config
         self.layout = layout
@@ -147,29 +112,40 @@ class ModelAdapter:
 
         Returns:
             one dict per block: `position_embeddings` (cos, sin), `position_ids`,
-            `attention_mask` for that layer's own attention type.
+            `attention_mask` built for that layer's own kind and sliding window (read from the
+            layer, `families.layer_attention_type` / `layer_sliding_window`): a 4D causal or
+            banded mask (or None where SDPA's causal shortcut applies) for softmax attention,
+            the [B, S] padding mask or None for linear attention. Layers that share
+            (kind, window) share one mask object.
         """
-        from transformers.masking_utils import (create_causal_mask,
-                                                create_sliding_window_causal_mask)
         B, S = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(S, device=hidden.device).unsqueeze(0)
         rotary_device = next(iter(self.rotary.buffers())).device
         cos, sin = self.rotary(hidden.to(rotary_device), position_ids.to(rotary_device))
         pos_emb = (cos.to(hidden.device), sin.to(hidden.device))
-        mask_kwargs = dict(config=self.config, inputs_embeds=hidden,
-                           attention_mask=attention_mask, cache=None, position_ids=position_ids)
-        masks: dict[str, object] = {}
+        masks: dict[tuple[str, int | None], object] = {}
         out = []
         for layer in self.blocks:
-            kind = layer_attention_type(layer)
-            if kind not in masks:
-                make = (create_sliding_window_causal_mask if kind == "sliding_attention"
-                        else create_causal_mask)
-                masks[kind] = make(**mask_kwargs)
+            key = (layer_attention_type(layer), layer_sliding_window(layer, self.config))
+            if key not in masks:
+                masks[key] = self._mask(key, hidden, attention_mask, position_ids)
             out.append({"position_embeddings": pos_emb, "position_ids": position_ids,
-                        "attention_mask": masks[kind]})
+                        "attention_mask": masks[key]})
         return out
+
+    def _mask(self, key: tuple[str, int | None], hidden: torch.Tensor,
+              attention_mask: torch.Tensor | None, position_ids: torch.Tensor):
+        """HF's mask for one (kind, sliding window); the window is the layer's own, so a
+        config copy carries it when it differs from the config's."""
+        kind, window = key
+        config = self.config
+        if window is not None and window != getattr(config, "sliding_window", None):
+            config = copy.copy(config)
+            config.sliding_window = window
+        return mask_builder(kind)(config=config, inputs_embeds=hidden,
+                                  attention_mask=attention_mask, cache=None,
+                                  position_ids=position_ids)
 
     # --- functional pieces --------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lazytrain.models.adapter import LAYOUTS, ModelAdapter, _get
+from lazytrain.models.adapter import ModelAdapter
+from lazytrain.models.families import _get, resolve_layout
 from lazytrain.runtime.params import HostParams
 
 SHARD_BYTES = 2 * 1024**3
@@ -24,7 +25,7 @@ SHARD_BYTES = 2 * 1024**3
 
 def _store_for(model: nn.Module, *, master_dtype: str) -> HostParams:
     """An empty host store with the layout of `model`'s blocks and ends."""
-    layout = LAYOUTS[model.config.model_type]
+    layout = resolve_layout(model)
     layers = list(_get(model, layout.layers))
     block_shapes = [{n: tuple(p.shape) for n, p in layer.named_parameters()} for layer in layers]
     prefixes = [f"{layout.layers}.{j}." for j in range(len(layers))]
@@ -65,7 +66,7 @@ def adapter_from_model(model: nn.Module, *, master_dtype: str = "fp32") -> Model
         for name, p in model.named_parameters():
             group, local = store.locate(name)
             group.master_views[local].copy_(p.detach())
-    _to_meta(model, LAYOUTS[model.config.model_type])
+    _to_meta(model, resolve_layout(model))
     return ModelAdapter(model, store)
 
 
@@ -78,6 +79,17 @@ def _weight_files(model_dir: Path) -> list[Path]:
     if single.exists():
         return [single]
     raise FileNotFoundError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
+
+
+def checkpoint_name(stored: str, layout) -> str | None:
+    """The model parameter name of checkpoint tensor `stored`, or None to skip it
+    (`DecoderLayout.checkpoint_skips`, then the first matching `checkpoint_renames` prefix)."""
+    if stored.startswith(layout.checkpoint_skips):
+        return None
+    for old, new in layout.checkpoint_renames:
+        if stored.startswith(old):
+            return new + stored[len(old):]
+    return stored
 
 
 def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
@@ -98,21 +110,24 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    layout = LAYOUTS[config.model_type]
+    layout = resolve_layout(model)
     rotary = _get(model, layout.rotary)
     parent_path, _, attr = layout.rotary.rpartition(".")
     with torch.device("cpu"):  # the rotary inv_freq buffer must be real, not meta
-        setattr(_get(model, parent_path), attr, type(rotary)(config=config))
+        setattr(_get(model, parent_path), attr, type(rotary)(config=model.config))
     store = _store_for(model, master_dtype=master_dtype)
     seen = set()
     tied_head = f"{layout.head}.weight"
     for path in _weight_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                if getattr(config, "tie_word_embeddings", False) and name == tied_head:
+            for stored in f.keys():
+                name = checkpoint_name(stored, layout)
+                if name is None:
+                    continue  # vision tower / MTP head: not part of the causal LM
+                if getattr(model.config, "tie_word_embeddings", False) and name == tied_head:
                     continue  # the tied head is the embedding
                 group, local = store.locate(name)
-                group.master_views[local].copy_(f.get_tensor(name))
+                group.master_views[local].copy_(f.get_tensor(stored))
                 seen.add(name)
     missing = set(store.named_master()) - seen
     if missing:

@@ -1,0 +1,169 @@
+"""What differs between decoder-only families: where the parts sit, what kind each layer is,
+which attention mask each kind needs, and which checkpoint tensors belong to the text model.
+
+Owns the family registry `LAYOUTS` (a plain dict from HF `model_type` to a `DecoderLayout`),
+the generic path for any other decoder-only model with the standard parts
+(`model.embed_tokens`, `model.layers`, `model.norm`, `model.rotary_emb`, `lm_head`), and the
+per-layer reading of the layer kind (full, sliding-window or linear attention). Every
+per-layer attribute is read from that layer's own module, never from a template layer.
+
+Knows nothing about plans, tiers, streams or the host store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class DecoderLayout:
+    """Dotted attribute paths of the parts of an HF `*ForCausalLM` model, and how its
+    checkpoint names map onto them."""
+
+    embed: str = "model.embed_tokens"
+    layers: str = "model.layers"
+    norm: str = "model.norm"
+    rotary: str = "model.rotary_emb"
+    head: str = "lm_head"
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    """(checkpoint prefix, model prefix) pairs applied to safetensors names on load, e.g. a
+    vision-language checkpoint's `model.language_model.` -> `model.`."""
+    checkpoint_skips: tuple[str, ...] = ()
+    """Checkpoint name prefixes that are not part of the causal LM (vision tower, MTP head);
+    HF skips them too (`_keys_to_ignore_on_load_unexpected`)."""
+
+
+_STANDARD = DecoderLayout()
+_VLM_TEXT = DecoderLayout(checkpoint_renames=(("model.language_model.", "model."),),
+                          checkpoint_skips=("model.visual.", "mtp."))
+"""Qwen3.5 / Qwen3.6 checkpoints are vision-language: the text model sits under
+`model.language_model`, the vision tower under `model.visual`, multi-token prediction under
+`mtp`. `AutoModelForCausalLM` on the nested config builds the text-only `*ForCausalLM`."""
+
+LAYOUTS: dict[str, DecoderLayout] = {
+    "llama": _STANDARD,
+    "mistral": _STANDARD,
+    "qwen2": _STANDARD,
+    "qwen3": _STANDARD,
+    "qwen3_moe": _STANDARD,
+    "mixtral": _STANDARD,
+    "gpt_oss": _STANDARD,
+    "qwen3_next": DecoderLayout(checkpoint_skips=("mtp.",)),
+    "qwen3_5_text": _VLM_TEXT,
+    "qwen3_5": _VLM_TEXT,
+    "qwen3_5_moe_text": _VLM_TEXT,
+    "qwen3_5_moe": _VLM_TEXT,
+}
+"""HF `model_type` -> layout. The nested `qwen3_5`/`qwen3_5_moe` configs build the text model
+(`model_type` `*_text`); both names are listed so a checkpoint directory of either loads.
+Any other decoder-only model with the standard parts goes through `resolve_layout`'s generic
+path."""
+
+
+def _get(root: nn.Module, path: str) -> nn.Module:
+    for part in path.split("."):
+        root = getattr(root, part)
+    return root
+
+
+def _has(root: nn.Module, path: str) -> bool:
+    try:
+        _get(root, path)
+    except AttributeError:
+        return False
+    return True
+
+
+def resolve_layout(model: nn.Module) -> DecoderLayout:
+    """The layout of `model`: its family's entry in `LAYOUTS`, else the generic decoder path.
+
+    The generic path accepts a model whose class is the one `transformers` registers as the
+    causal LM of its `model_type` (so a relabelled model is refused) and which has the
+    standard parts with `model.layers` a ModuleList.
+
+    Raises:
+        ValueError: not a supported family and not a standard decoder-only model; the
+            message lists the supported families.
+    """
+    mtype = model.config.model_type
+    if mtype in LAYOUTS:
+        return LAYOUTS[mtype]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    registered = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(mtype)
+    parts = ("embed", "layers", "norm", "rotary", "head")
+    standard = all(_has(model, getattr(_STANDARD, p)) for p in parts)
+    if (registered == type(model).__name__ and standard
+            and isinstance(_get(model, _STANDARD.layers), nn.ModuleList)):
+        return _STANDARD
+    raise ValueError(f"model_type {mtype!r} has no adapter layout and is not a standard "
+                     f"decoder-only model (model.embed_tokens/layers/norm/rotary_emb + lm_head); "
+                     f"supported: {sorted(LAYOUTS)}")
+
+
+KIND_ATTRS = ("attention_type", "layer_type", "block_type")
+"""Attributes under which HF layers record their kind: Gemma/GPT-OSS `attention_type`,
+Qwen3 `self_attn.layer_type`, Qwen3-Next/Qwen3.5 `block_type` and `linear_attn.layer_type`."""
+
+
+def layer_attention_type(layer: nn.Module) -> str:
+    """The attention kind of one decoder layer ("full_attention", "sliding_attention",
+    "linear_attention", ...), read from the layer itself and its mixer submodule; a layer
+    that records none is full causal attention."""
+    owners = (layer, getattr(layer, "self_attn", None), getattr(layer, "linear_attn", None))
+    for owner in owners:
+        if owner is None:
+            continue
+        for attr in KIND_ATTRS:
+            value = getattr(owner, attr, None)
+            if isinstance(value, str):
+                return value
+    return "full_attention"
+
+
+def layer_sliding_window(layer: nn.Module, config) -> int | None:
+    """The sliding window (tokens) of one layer, from its attention module (GPT-OSS and
+    Mistral-style layers set `self_attn.sliding_window` only on sliding layers), falling back
+    to the config's window for a "sliding_attention" layer that records none; None otherwise."""
+    window = getattr(getattr(layer, "self_attn", None), "sliding_window", None)
+    if isinstance(window, int):
+        return window
+    if layer_attention_type(layer) == "sliding_attention":
+        return getattr(config, "sliding_window", None)
+    return None
+
+
+def mask_builder(kind: str):
+    """HF's mask function for a layer kind (`masking_utils.LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING`:
+    causal for full attention, the banded causal mask for sliding windows, the 2D padding mask
+    or None for linear attention).
+
+    Raises:
+        ValueError: a kind HF has no mask function for.
+    """
+    from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING as table
+    fn = table.get(kind)
+    if fn is None or isinstance(fn, dict):
+        raise ValueError(f"layer kind {kind!r} has no attention mask builder; "
+                         f"known: {sorted(k for k, v in table.items() if not isinstance(v, dict))}")
+    return fn
+
+
+def check_router_aux_loss(config) -> None:
+    """Refuse a MoE config that adds the router load-balancing loss to the training loss.
+
+    HF's `*ForCausalLM` adds `router_aux_loss_coef * load_balancing_loss` only when
+    `output_router_logits` is true (the default, and every config in ../shared/models, is
+    false). That loss couples every layer: the token fraction per expert is a mean over *all*
+    layers' router choices, so a block-by-block engine would need a forward pass over every
+    block before any block's router gradient is known. Not implemented (TODO(#5)); refused
+    rather than silently trained without it.
+
+    Raises:
+        ValueError: `output_router_logits` is true and `router_aux_loss_coef` is nonzero.
+    """
+    if getattr(config, "output_router_logits", False) and getattr(config, "router_aux_loss_coef", 0):
+        raise ValueError("model.output_router_logits: the router aux loss is not supported by "
+                         "the streaming engine; set output_router_logits=false in the config "
+                         "(HF's default) or router_aux_loss_coef=0")

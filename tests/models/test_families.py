@@ -1,0 +1,209 @@
+"""Gradient equivalence of the streaming engine with plain HF autograd for every supported
+family: Llama, Qwen3.5 (hybrid Gated-DeltaNet + full attention, flat and nested configs),
+Qwen3.5-MoE, Qwen3-Next, Qwen3-MoE, Mixtral, GPT-OSS (alternating sliding/full attention with
+sinks) and one model through the generic decoder path (OLMo-2).
+
+Reference: an independent copy of the same tiny fp32 HF model (copied state_dict) run with
+plain autograd (`engine_helpers.reference_grads`). Each family runs under two plans: all
+blocks recomputed in segments of 2 with boundary 0 re-embedded (MegaTrain-like), and mixed
+tiers dram/recompute/hbm/nvme with the last block's internals kept.
+
+MoE: the router weights are set so that expert 0 can never be in the top-k (its logit is 0
+while two +-r pairs guarantee two strictly positive logits; GPT-OSS: a -1e4 router bias), so
+its gradient must be exactly zero, in HF and in the engine, at its own offset.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as tf
+from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from engine_helpers import (HIDDEN, SEQ, VOCAB, micro_batches, plan_for,  # noqa: E402
+                            reference_grads)
+from lazytrain.models import adapter_from_model  # noqa: E402
+from lazytrain.models.families import layer_attention_type, layer_sliding_window  # noqa: E402
+from lazytrain.runtime.engine import Engine  # noqa: E402
+
+R, H, D, N = "recompute", "hbm", "dram", "nvme"
+PLANS = {
+    "all_recompute_segments_of_2": ([R, R, H, R, H], ()),
+    "mixed_tiers_keep_last": ([D, R, H, N, H], (3,)),
+}
+HYBRID = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+SLIDING_WINDOW = 4  # tokens, < SEQ = 12: the band really cuts the causal mask
+ATTN = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+            tie_word_embeddings=False, pad_token_id=0)
+LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+              linear_value_head_dim=16, linear_conv_kernel_dim=4, layer_types=HYBRID)
+MOE = dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+def family_config(family: str):
+    """A 4-layer, hidden-64 fp32 config of `family`, built from its transformers config class."""
+    if family == "llama":
+        return tf.LlamaConfig(intermediate_size=128, **ATTN)
+    if family == "olmo2_generic":
+        return tf.Olmo2Config(intermediate_size=128, **ATTN)
+    if family == "qwen3_5_text":
+        return tf.Qwen3_5TextConfig(intermediate_size=128, **ATTN, **LINEAR)
+    if family == "qwen3_5_nested":
+        return tf.Qwen3_5Config(text_config=dict(intermediate_size=128, **ATTN, **LINEAR))
+    if family == "qwen3_5_moe_text":
+        return tf.Qwen3_5MoeTextConfig(shared_expert_intermediate_size=32, **ATTN, **LINEAR,
+                                       **MOE)
+    if family == "qwen3_next":
+        return tf.Qwen3NextConfig(intermediate_size=128, shared_expert_intermediate_size=32,
+                                  decoder_sparse_step=1, **ATTN, **LINEAR, **MOE)
+    if family == "qwen3_moe":
+        return tf.Qwen3MoeConfig(intermediate_size=128, decoder_sparse_step=1, **ATTN, **MOE)
+    if family == "mixtral":
+        return tf.MixtralConfig(intermediate_size=32, num_local_experts=6, num_experts_per_tok=2,
+                                **ATTN)
+    if family == "gpt_oss":
+        return tf.GptOssConfig(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                               sliding_window=SLIDING_WINDOW,
+                               layer_types=["sliding_attention", "full_attention"] * 2,
+                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                               **ATTN)
+    raise KeyError(family)
+
+
+FAMILIES = ["llama", "qwen3_5_text", "qwen3_5_nested", "qwen3_5_moe_text", "qwen3_next",
+            "qwen3_moe", "mixtral", "gpt_oss", "olmo2_generic"]
+MOE_FAMILIES = ["qwen3_5_moe_text", "qwen3_next", "qwen3_moe", "mixtral", "gpt_oss"]
+IDLE = 0  # the expert that never receives a token
+
+
+def _moe_blocks(model) -> list[tuple[str, torch.nn.Module]]:
+    """(parameter prefix, mlp) of every MoE layer."""
+    return [(f"model.layers.{j}.mlp.", layer.mlp) for j, layer in enumerate(model.model.layers)
+            if hasattr(layer.mlp, "experts")]
+
+
+@torch.no_grad()
+def _idle_expert_zero(model) -> None:
+    """Make expert IDLE unreachable in every MoE layer (see module docstring)."""
+    g = torch.Generator().manual_seed(7)
+    for _, mlp in _moe_blocks(model):
+        router = getattr(mlp, "router", None) or mlp.gate
+        if getattr(router, "bias", None) is not None:  # GPT-OSS: top-k on logits + bias
+            router.bias[IDLE] = -1e4
+            continue
+        r1, r2 = torch.randn(2, router.weight.shape[1], generator=g) * 0.5
+        router.weight[IDLE] = 0.0  # logit 0; softmax is monotone, so top-k on logits decides
+        router.weight[1], router.weight[2] = r1, -r1  # one of each pair has logit > 0
+        router.weight[3], router.weight[4] = r2, -r2
+
+
+def _pair(config, *, idle_expert: bool):
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if idle_expert:
+        _idle_expert_zero(ref)
+    twin = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    twin.load_state_dict(copy.deepcopy(ref.state_dict()))
+    ref.train()
+    return ref, adapter_from_model(twin)
+
+
+def _run(family: str, plan_kind: str, tmp_path, *, idle_expert: bool = False):
+    ref, adapter = _pair(family_config(family), idle_expert=idle_expert)
+    tiers, keep = PLANS[plan_kind]
+    batches = micro_batches(1)  # last row right-padded: exercises the linear-attention mask
+    engine = Engine(adapter, plan_for(adapter, tiers, keep), device="cpu",
+                    nvme_dir=tmp_path / "nvme")
+    try:
+        torch.manual_seed(123)
+        loss = engine.compute_gradients(batches)
+        grads = {k: v.clone() for k, v in engine.gradients().items()}
+    finally:
+        engine.close()
+    torch.manual_seed(123)
+    ref_loss, ref_grads = reference_grads(ref, batches)
+    return ref, adapter, loss, ref_loss, grads, ref_grads
+
+
+def _assert_grads_match(grads: dict, ref_grads: dict) -> None:
+    assert set(grads) == set(ref_grads)
+    scale = max(float(g.abs().max()) for g in ref_grads.values())
+    for name, ref in ref_grads.items():
+        assert ref is not None, f"reference has no gradient for {name}"
+        diff = float((grads[name] - ref).abs().max())
+        assert diff <= 1e-5 * scale, f"{name}: max abs diff {diff:.3g} (grad scale {scale:.3g})"
+
+
+@pytest.mark.parametrize("plan_kind", list(PLANS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_engine_grads_equal_autograd_for_family(family, plan_kind, tmp_path):
+    _, _, loss, ref_loss, grads, ref_grads = _run(family, plan_kind, tmp_path)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    _assert_grads_match(grads, ref_grads)
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_expert_without_tokens_gets_exactly_zero_gradient_in_hf_and_engine(family, tmp_path):
+    ref, _, loss, ref_loss, grads, ref_grads = _run(family, "mixed_tiers_keep_last", tmp_path,
+                                                    idle_expert=True)
+    _assert_grads_match(grads, ref_grads)
+    blocks = _moe_blocks(ref)
+    assert blocks, "no MoE layer in the tiny config"
+    for prefix, mlp in blocks:
+        names = [prefix + "experts." + n for n, _ in mlp.experts.named_parameters()]
+        for name in names:
+            assert torch.count_nonzero(ref_grads[name][IDLE]) == 0, f"HF {name}[{IDLE}]"
+            assert torch.count_nonzero(grads[name][IDLE]) == 0, f"engine {name}[{IDLE}]"
+        busy = prefix + "experts.down_proj"
+        assert torch.count_nonzero(grads[busy][1:]) > 0  # the other experts did train
+
+
+def test_gpt_oss_layers_keep_their_own_kind_and_window_and_sinks_train(tmp_path):
+    ref, adapter, _, _, grads, ref_grads = _run("gpt_oss", "all_recompute_segments_of_2",
+                                                tmp_path)
+    kinds = [layer_attention_type(b) for b in adapter.blocks]
+    assert kinds == ["sliding_attention", "full_attention"] * 2
+    assert [layer_sliding_window(b, adapter.config) for b in adapter.blocks] == \
+        [SLIDING_WINDOW, None] * 2
+    kwargs = adapter.block_kwargs(torch.ones(2, SEQ, dtype=torch.long),
+                                  torch.zeros(2, SEQ, HIDDEN))
+    assert kwargs[0]["attention_mask"] is kwargs[2]["attention_mask"]
+    sliding, full = kwargs[0]["attention_mask"], kwargs[1]["attention_mask"]
+    assert not torch.equal(sliding, full)  # SEQ > window: the band differs from causal
+    sinks = "model.layers.1.self_attn.sinks"
+    assert torch.count_nonzero(grads[sinks]) > 0
+    torch.testing.assert_close(grads[sinks], ref_grads[sinks], rtol=1e-5, atol=1e-7)
+
+
+def test_hybrid_layers_read_linear_or_full_from_each_layer():
+    _, adapter = _pair(family_config("qwen3_5_nested"), idle_expert=False)
+    assert adapter.config.model_type == "qwen3_5_text"
+    assert [layer_attention_type(b) for b in adapter.blocks] == HYBRID
+    ids = torch.ones(2, SEQ, dtype=torch.long)
+    mask = torch.ones(2, SEQ, dtype=torch.long)
+    mask[1, -3:] = 0
+    kwargs = adapter.block_kwargs(ids, torch.zeros(2, SEQ, HIDDEN), attention_mask=mask)
+    assert torch.equal(kwargs[0]["attention_mask"], mask)  # linear: the [B, S] padding mask
+    assert kwargs[1]["attention_mask"].dim() == 4  # full: a 4D causal + padding mask
+
+
+def test_router_aux_loss_enabled_is_refused_with_the_fix():
+    config = family_config("mixtral")
+    config.output_router_logits = True
+    config.router_aux_loss_coef = 0.02
+    with pytest.raises(ValueError, match="output_router_logits"):
+        _pair(config, idle_expert=False)
+
+
+def test_relabelled_model_is_not_taken_by_the_generic_path():
+    _, adapter = _pair(family_config("olmo2_generic"), idle_expert=False)
+    adapter.model.config.model_type = "mamba"
+    from lazytrain.models.adapter import ModelAdapter
+    with pytest.raises(ValueError, match="supported"):
+        ModelAdapter(adapter.model, adapter.params)
