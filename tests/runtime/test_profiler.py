@@ -1,0 +1,70 @@
+"""The profiler: its output is a profile `spec.costs` accepts, and an injected NVMe read delay
+shows up in the measured read rate (a bound the sleep guarantees, not a timing of the machine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine_helpers import BATCH, SEQ, model_pair, tiny_config
+from lazytrain.runtime.nvme import FaultInjector
+from lazytrain.runtime.profiler import (
+    BlockBench, block_kind_times, measure_profile, nvme_rates, optimizer_exposed_ms,
+)
+from lazytrain.spec.costs import profile_costs
+from lazytrain.spec.hardware import get_hardware
+from lazytrain.spec.model import ModelSpec
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    return model_pair(tiny_config("llama", layers=2))[1]
+
+
+def test_block_times_are_measured_per_kind_with_the_engine_functions(adapter):
+    bench = BlockBench(adapter, micro_batch=BATCH, seq_len=SEQ, dtype="fp32",
+                       device=torch.device("cpu"))
+    times = block_kind_times(bench, ["dense", "dense"], repeats=1, warmup=0)
+    assert list(times) == ["dense"] and times["dense"]["block"] == 0
+    assert all(times["dense"][k] > 0 for k in ("fwd_ms", "fwd_grad_ms", "bwd_ms"))
+    assert "workspace_bytes" not in times["dense"]  # CPU: no allocator peak to read
+
+
+def test_an_injected_read_delay_bounds_the_measured_nvme_read_rate(tmp_path):
+    faults = FaultInjector()
+    faults.delay_reads(20.0)
+    nbytes = 1 << 20  # one 4 MiB-or-less chunk: one delayed read per transfer
+    rates = nvme_rates(tmp_path, nbytes, repeats=2, fault_hook=faults)
+    assert rates["nvme_read"] <= nbytes / 0.020  # each read sleeps >= 20 ms
+    assert not list(tmp_path.glob("ckpt_*"))     # the store removed its files
+
+
+def test_optimizer_replay_restores_the_weights(adapter):
+    bench = BlockBench(adapter, micro_batch=BATCH, seq_len=SEQ, dtype="fp32",
+                       device=torch.device("cpu"))
+    before = [g.master.clone() for g in adapter.params.groups]
+    out = optimizer_exposed_ms(bench, repeats=1)
+    assert out["exposed_ms"] >= 0 and out["ends_load_ms"] > 0
+    assert all(torch.equal(a, g.master) for a, g in zip(before, adapter.params.groups))
+
+
+@pytest.mark.slow
+def test_the_measured_profile_is_accepted_by_profile_costs(adapter, tmp_path):
+    spec = ModelSpec.from_hf_config(adapter.config.to_dict())
+    prof = measure_profile(adapter, [b.kind for b in spec.blocks], micro_batch=BATCH,
+                           seq_len=SEQ, compute_dtype="fp32", device="cpu",
+                           nvme_dir=tmp_path / "nvme", repeats=1, warmup=0,
+                           model_config_sha256=spec.config_sha256)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(prof))
+    costs = profile_costs(spec, path, hw=get_hardware("cpu"), seq_len=SEQ, micro_batch=BATCH,
+                          compute_dtype="fp32")
+    kind = spec.blocks[0].kind
+    assert costs.blocks[0].fwd_ms == prof["block_kinds"][kind]["fwd_ms"]
+    assert costs.hardware.nvme_read_bytes_per_s == pytest.approx(
+        prof["bandwidths"]["nvme_read_gb_per_s"] * 1e9)
+    assert costs.step_const_ms == prof["step_const_ms"] > 0
+    assert set(prof["cpu_contention"]) >= {"compute_slowdown_with_optimizer",
+                                           "nvme_effective_gb_per_s"}
