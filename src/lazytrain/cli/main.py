@@ -16,6 +16,7 @@ COMMANDS = {
     "plan": "lazytrain.cli.plan",
     "simulate": "lazytrain.cli.simulate",
     "train": "lazytrain.cli.train",
+    "profile": "lazytrain.cli.profile",
 }
 
 
