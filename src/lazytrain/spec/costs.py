@@ -28,7 +28,11 @@ Profile file (`profile_costs`; `lazytrain profile` writes it, issue 4), JSON:
                             "internal_bytes": int (optional), "workspace_bytes": int (optional)}},
      "ends": {"embed_ms": f, "head_ms": f},                       # optional
      "bandwidths": {"h2d_gb_per_s": f, "d2h_gb_per_s": f, "duplex_gb_per_s": f,
-                    "nvme_read_gb_per_s": f, "nvme_write_gb_per_s": f}}   # optional, any subset
+                    "nvme_read_gb_per_s": f, "nvme_write_gb_per_s": f},   # optional, any subset
+     "step_const_ms": f}       # optional: per optimizer step time outside the windows (exposed
+                               # optimizer, ends load; the problem's const_ms), ms
+
+Other keys (`measurements`, `cpu_contention`, `refit`, `device`) are records for the report.
 
 Kinds are `BlockSpec.kind` (dense, linear_attention, moe, ...); each block takes its kind's
 measured times. Sizes P, G, A stay analytic (they are exact).
@@ -114,6 +118,8 @@ class ModelCosts:
     """The spec the times were computed for (with measured bandwidths for a profile)."""
     source: str = "analytic"
     """`analytic` or `profile:<path>`."""
+    step_const_ms: float = 0.0
+    """Per optimizer step time outside the windows (the profile's `step_const_ms`), ms."""
 
 
 def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_batch: int,
@@ -220,7 +226,8 @@ def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpe
         head_ms=float(ends.get("head_ms", base.head_ms)), head_flops=base.head_flops,
         ends_weight_bytes=base.ends_weight_bytes, ends_grad_bytes=base.ends_grad_bytes,
         block_workspace_bytes=workspace, head_workspace_bytes=base.head_workspace_bytes,
-        tokens=base.tokens, hardware=hw, source=f"profile:{path}")
+        tokens=base.tokens, hardware=hw, source=f"profile:{path}",
+        step_const_ms=float(prof.get("step_const_ms") or 0.0))
 
 
 # ---------------------------------------------------------------------------------------------
