@@ -6,7 +6,9 @@ checkpoint when resuming, evaluate, run the steps, save, evaluate, write the sum
 
 Files in RUN_DIR: `config.yaml` (resolved config), `plan.json`, `metrics.jsonl` (one JSON object
 per optimizer step: step, loss, tokens, label_tokens, step_s, tokens_per_s, model_tflops, lr,
-grad_norm, peak_bytes per store accounting key), `summary.json`, `checkpoints/step-N/` (see
+grad_norm, peak_bytes per store accounting key), `windows.jsonl` (one JSON object per step and
+micro-batch: every window's wall, compute, waits and bytes per channel; schema in
+`runtime/instrument.py`), `summary.json`, `checkpoints/step-N/` (see
 `checkpoint.py`), `nvme/` (the NVMe tier's scratch unless runtime.nvme_dir is set).
 
 Resume: the newest valid checkpoint supplies the weights, optimizer and RNG states, the data
@@ -167,13 +169,14 @@ class Trainer:
                       weight_decay=tc.weight_decay, clip_grad_norm=tc.clip_grad_norm or None,
                       grad_accum=tc.grad_accum, seed=tc.seed, io_threads=self.cfg.runtime.io_threads,
                       model_config_sha256=setup.model_config_sha256(self.adapter.config),
-                      store=store)
+                      store=store, instrument=True)
 
     def _restore(self, state: dict) -> None:
         self.engine.load_state_dict(state["engine"])
         self.data.train.load_state_dict(state["data"])
         self.step = int(state["step"])
         _truncate_metrics(self.run_dir / "metrics.jsonl", last_step=self.step)
+        _truncate_metrics(self.run_dir / "windows.jsonl", last_step=self.step)
         self.log(f"resumed from {self.resumed_from.path} at step {self.step}")
 
     # --- actions -------------------------------------------------------------------------------
@@ -198,6 +201,8 @@ class Trainer:
                   "peak_bytes": dict(stats.peak_bytes)}
         with open(self.run_dir / "metrics.jsonl", "a") as fh:
             fh.write(json.dumps(record) + "\n")
+        from lazytrain.runtime.instrument import write_windows_jsonl
+        write_windows_jsonl(self.run_dir / "windows.jsonl", step=self.step, records=stats.windows)
         if self.hooks.on_step_end is not None:
             self.hooks.on_step_end(self.step, stats)
         return record
