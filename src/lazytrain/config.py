@@ -243,9 +243,22 @@ class PlannerConfig:
     """Solver threads, >= 1 (1: deterministic plans)."""
     seed: int = 0
     """Solver random seed (same input, same plan)."""
+    replan_every_steps: int = 0
+    """Online re-planning: compare measured windows with the plan every N steps, >= 0; 0: off
+    (the plan is fixed for the run). `lazytrain.train.replan`."""
+    drift_threshold: float = 0.15
+    """Relative drift of a channel's bandwidth (or of compute) that counts, > 0 (0.15: the
+    issue's default; measured / planned outside [0.85, 1.15])."""
+    drift_patience_steps: int = 2
+    """Consecutive drifting checks before re-solving, >= 1 (2: one noisy step never re-plans)."""
 
     def __post_init__(self) -> None:
         _check(self.time_limit_s > 0, "planner.time_limit_s", "> 0", self.time_limit_s)
+        _check(self.replan_every_steps >= 0, "planner.replan_every_steps", ">= 0 (0 = off)",
+               self.replan_every_steps)
+        _check(self.drift_threshold > 0, "planner.drift_threshold", "> 0", self.drift_threshold)
+        _check(self.drift_patience_steps >= 1, "planner.drift_patience_steps", ">= 1",
+               self.drift_patience_steps)
         _check(0 <= self.gap < 1, "planner.gap", "in [0, 1)", self.gap)
         for key in ("k_max", "megatrain_k", "drain_windows", "prefetch_windows", "threads"):
             _check(getattr(self, key) >= 1, f"planner.{key}", ">= 1", getattr(self, key))
