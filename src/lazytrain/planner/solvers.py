@@ -166,6 +166,36 @@ def _bounds(model: LinearModel, fixed: dict[int, float]) -> tuple[list[float], l
 # --- HiGHS ------------------------------------------------------------------------------------
 
 
+# HiGHS checks `time_limit` only at some points of its MIP loop; on large models (L = 128) it was
+# seen running minutes past the limit inside one node's LP. The interrupt callbacks below stop it
+# at a hard deadline, a little after the nominal limit so the regular limit normally wins.
+HIGHS_DEADLINE_FACTOR = 1.1
+# HiGHS 1.16 at L = 128 spent minutes in the presolve of the root-reduced-cost heuristic's sub-MIP
+# (HPresolve::strengthenInequalities), where neither `time_limit` nor the interrupt callbacks are
+# checked. Our LP relaxation is within ~0.3% of the optimum and the warm start supplies the
+# incumbent, so that heuristic is switched off.
+HIGHS_SUBMIP_OPTIONS = {"mip_heuristic_run_root_reduced_cost": False}
+
+
+def _enforce_highs_deadline(h, highspy, *, deadline: float) -> None:
+    """Interrupt HiGHS (MIP loop, simplex and IPM iterations) once `deadline` (perf_counter s) passes.
+
+    The incumbent found so far is kept: HiGHS returns it with an "Interrupted by user" status,
+    which `_solve_highs` maps to `time_limit`.
+    """
+    kinds = (highspy.cb.HighsCallbackType.kCallbackMipInterrupt,
+             highspy.cb.HighsCallbackType.kCallbackSimplexInterrupt,
+             highspy.cb.HighsCallbackType.kCallbackIpmInterrupt)
+
+    def on_interrupt_check(callback_type, message, data_out, data_in, user_data):
+        if time.perf_counter() > deadline:
+            data_in.user_interrupt = True
+
+    h.setCallback(on_interrupt_check, None)
+    for kind in kinds:
+        h.startCallback(kind)
+
+
 def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start, relax,
                  fixed) -> SolveResult:
     import highspy
@@ -177,6 +207,8 @@ def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start,
     h.setOptionValue("mip_rel_gap", float(gap))
     h.setOptionValue("threads", int(threads))
     h.setOptionValue("random_seed", int(seed))
+    for option, value in HIGHS_SUBMIP_OPTIONS.items():
+        h.setOptionValue(option, value)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = model.num_vars, model.num_rows
     lb, ub = _bounds(model, fixed)
@@ -210,6 +242,7 @@ def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start,
     # count makes run() fail with "scheduler already initialized", so reset it per solve.
     highspy.Highs.resetGlobalScheduler(True)
     t0 = time.perf_counter()
+    _enforce_highs_deadline(h, highspy, deadline=t0 + float(time_limit_s) * HIGHS_DEADLINE_FACTOR)
     h.run()
     solve_s = time.perf_counter() - t0
     ms = h.getModelStatus()
@@ -219,7 +252,7 @@ def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start,
     values = list(h.getSolution().col_value) if has_sol else None
     if "optimal" in name:
         status = "optimal"
-    elif "time limit" in name:
+    elif "time limit" in name or "interrupt" in name:
         status = "time_limit"
     elif "infeasible" in name:
         status = "infeasible"
