@@ -16,6 +16,7 @@ COMMANDS = {
     "plan": "lazytrain.cli.plan",
     "simulate": "lazytrain.cli.simulate",
     "train": "lazytrain.cli.train",
+    "report": "lazytrain.cli.report",
     "profile": "lazytrain.cli.profile",
 }
 

@@ -1,0 +1,204 @@
+"""Predicted vs measured, window by window: the numbers behind `lazytrain report`.
+
+Owns reading a run's `windows.jsonl` (schema: `runtime/instrument.py`) and comparing it with
+the plan's per-window predictions (`Plan.windows`: time_ms, compute_ms, exposed_ms). Measured
+values are medians over the steps after warm-up: a window's measured time is the median over
+every (step, micro-batch) sample of its `wall_ms`; the measured step time is the median over
+steps of the sum of all windows' `wall_ms` over the step's micro-batches (work outside windows,
+e.g. loading the resident embedding/head before `pre`, is not in it). `pre` and `post` have
+no per-window prediction in a plan (they are constant terms; execution_model.md), so their
+`predicted_ms` is None and they are left out of "most wrong".
+
+Must not know torch or the runtime: it reads JSON only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write", "optimizer")
+"""`wait_ms` keys of windows.jsonl (runtime/instrument.py)."""
+
+
+def plan_id_of_dict(plan_dict: dict) -> str:
+    """Same digest as `runtime.instrument.plan_id`: sha256 of the canonical JSON, 16 hex."""
+    text = json.dumps(plan_dict, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class WindowRow:
+    """One window: predicted (plan) vs measured (median), ms; peaks in bytes."""
+
+    name: str
+    predicted_ms: float | None
+    measured_ms: float
+    predicted_compute_ms: float | None
+    measured_compute_ms: float
+    predicted_exposed_ms: float | None
+    exposed_ms: dict[str, float]
+    """Measured median wait per channel, ms."""
+    predicted_hbm_bytes: float | None
+    measured_hbm_bytes: int
+
+    @property
+    def delta_ms(self) -> float | None:
+        """measured - predicted, ms (None without a prediction)."""
+        return None if self.predicted_ms is None else self.measured_ms - self.predicted_ms
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Comparison:
+    """Everything `lazytrain report` prints."""
+
+    plan_id: str
+    steps_used: list[int]
+    predicted_step_ms: float | None
+    measured_step_ms: float
+    predicted_exposed_ms: float
+    """grad_accum * sum of the plan windows' exposed_ms."""
+    measured_exposed_ms: dict[str, float]
+    """Per channel: median over steps of the step's summed waits, ms."""
+    predicted_peak_hbm_bytes: float
+    """Max over windows of the plan's hbm_checkpoint_bytes (checkpoint store only)."""
+    measured_peak_hbm_bytes: int
+    windows: list[WindowRow]
+
+    def most_wrong(self, k: int = 5) -> list[WindowRow]:
+        """The k windows with the largest |measured - predicted| (predicted windows only)."""
+        rows = [w for w in self.windows if w.predicted_ms is not None]
+        return sorted(rows, key=lambda w: -abs(w.delta_ms))[:k]
+
+    def to_dict(self) -> dict:
+        return {
+            "plan_id": self.plan_id, "steps_used": self.steps_used,
+            "predicted_step_ms": self.predicted_step_ms, "measured_step_ms": self.measured_step_ms,
+            "predicted_exposed_ms": self.predicted_exposed_ms,
+            "measured_exposed_ms": self.measured_exposed_ms,
+            "predicted_peak_hbm_bytes": self.predicted_peak_hbm_bytes,
+            "measured_peak_hbm_bytes": self.measured_peak_hbm_bytes,
+            "windows": [{"name": w.name, "predicted_ms": w.predicted_ms,
+                         "measured_ms": w.measured_ms, "delta_ms": w.delta_ms,
+                         "predicted_compute_ms": w.predicted_compute_ms,
+                         "measured_compute_ms": w.measured_compute_ms,
+                         "predicted_exposed_ms": w.predicted_exposed_ms,
+                         "exposed_ms": w.exposed_ms,
+                         "predicted_hbm_bytes": w.predicted_hbm_bytes,
+                         "measured_hbm_bytes": w.measured_hbm_bytes} for w in self.windows],
+            "most_wrong": [w.name for w in self.most_wrong()],
+        }
+
+
+def read_windows_jsonl(path: str | Path) -> list[dict]:
+    """The records of windows.jsonl; a torn last line (crash mid-append) is skipped.
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def select_records(records: list[dict], *, plan_id: str, skip_steps: int) -> list[dict]:
+    """Records of `plan_id` (all records if none match) without the first `skip_steps` steps.
+
+    Raises:
+        ValueError: no records left (names the fix).
+    """
+    mine = [r for r in records if r.get("plan_id") == plan_id] or records
+    steps = sorted({r["step"] for r in mine})
+    keep = set(steps[skip_steps:])
+    out = [r for r in mine if r["step"] in keep]
+    if not out:
+        raise ValueError(f"windows.jsonl: {len(steps)} step(s) recorded, --skip-steps "
+                         f"{skip_steps} leaves none; run more steps or pass --skip-steps 0")
+    return out
+
+
+def compare(plan_dict: dict, records: list[dict], *, skip_steps: int = 1) -> Comparison:
+    """Predicted (plan JSON dict) vs measured (windows.jsonl records), see the module docstring.
+
+    Raises:
+        ValueError: no records left after warm-up.
+    """
+    pid = plan_id_of_dict(plan_dict)
+    recs = select_records(records, plan_id=pid, skip_steps=skip_steps)
+    predicted = {w["name"]: w for w in plan_dict.get("windows", [])}
+    names: list[str] = []
+    samples: dict[str, list[dict]] = {}
+    for r in recs:
+        for w in r["windows"]:
+            if w["name"] not in samples:
+                names.append(w["name"])
+            samples.setdefault(w["name"], []).append(w)
+    steps = sorted({r["step"] for r in recs})
+    step_ms, exposed_by_step = [], {c: [] for c in CHANNELS}
+    for s in steps:
+        ws = [w for r in recs if r["step"] == s for w in r["windows"]]
+        step_ms.append(sum(w["wall_ms"] for w in ws))
+        for c in CHANNELS:
+            exposed_by_step[c].append(sum(w["wait_ms"].get(c, 0.0) for w in ws))
+    rows = [_row(n, samples[n], predicted.get(n)) for n in names]
+    accum = int((plan_dict.get("provenance") or {}).get("grad_accum", 1) or 1)
+    pred = plan_dict.get("predicted") or {}
+    return Comparison(
+        plan_id=pid, steps_used=steps,
+        predicted_step_ms=pred.get("step_ms"),
+        measured_step_ms=statistics.median(step_ms),
+        predicted_exposed_ms=accum * sum(w["exposed_ms"] for w in predicted.values()),
+        measured_exposed_ms={c: statistics.median(v) for c, v in exposed_by_step.items()},
+        predicted_peak_hbm_bytes=max([w["hbm_checkpoint_bytes"] for w in predicted.values()]
+                                     or [0.0]),
+        measured_peak_hbm_bytes=max(w.measured_hbm_bytes for w in rows),
+        windows=rows)
+
+
+def _row(name: str, ws: list[dict], pred: dict | None) -> WindowRow:
+    med = statistics.median
+    return WindowRow(
+        name=name,
+        predicted_ms=None if pred is None else pred["time_ms"],
+        measured_ms=med(w["wall_ms"] for w in ws),
+        predicted_compute_ms=None if pred is None else pred["compute_ms"],
+        measured_compute_ms=med(w["compute_ms"] for w in ws),
+        predicted_exposed_ms=None if pred is None else pred["exposed_ms"],
+        exposed_ms={c: med(w["wait_ms"].get(c, 0.0) for w in ws) for c in CHANNELS},
+        predicted_hbm_bytes=None if pred is None else pred["hbm_checkpoint_bytes"],
+        measured_hbm_bytes=max(int(w["peak_bytes"].get("hbm", 0)) for w in ws))
+
+
+def format_table(c: Comparison) -> str:
+    """Human-readable report: per-window table, totals, the windows most wrong."""
+    def ms(v):
+        return f"{v:9.2f}" if v is not None else f"{'-':>9}"
+
+    lines = [f"plan {c.plan_id}; measured = median over steps {c.steps_used}",
+             f"{'window':<7} {'pred ms':>9} {'meas ms':>9} {'delta':>9} {'pred cmp':>9} "
+             f"{'meas cmp':>9} {'pred exp':>9}  measured waits (ms)"]
+    for w in c.windows:
+        waits = ", ".join(f"{k} {v:.2f}" for k, v in w.exposed_ms.items() if v >= 0.005)
+        lines.append(f"{w.name:<7} {ms(w.predicted_ms)} {ms(w.measured_ms)} {ms(w.delta_ms)} "
+                     f"{ms(w.predicted_compute_ms)} {ms(w.measured_compute_ms)} "
+                     f"{ms(w.predicted_exposed_ms)}  {waits or '-'}")
+    delta = (None if c.predicted_step_ms is None else c.measured_step_ms - c.predicted_step_ms)
+    lines += ["",
+              f"step time      predicted {ms(c.predicted_step_ms)} ms   measured "
+              f"{ms(c.measured_step_ms)} ms   delta {ms(delta)} ms",
+              f"exposed        predicted {ms(c.predicted_exposed_ms)} ms   measured "
+              + ", ".join(f"{k} {v:.2f}" for k, v in c.measured_exposed_ms.items()) + " ms",
+              f"peak HBM ckpt  predicted {c.predicted_peak_hbm_bytes / 1e6:9.3f} MB   measured "
+              f"{c.measured_peak_hbm_bytes / 1e6:9.3f} MB",
+              "most wrong: " + ", ".join(f"{w.name} ({w.delta_ms:+.2f} ms)"
+                                         for w in c.most_wrong())]
+    return "\n".join(lines)
