@@ -1,0 +1,53 @@
+"""Wiring one rank's data-parallel engine: the reducer, the sharded optimizer, and this rank's
+share of the global batch.
+
+Global batch: every optimizer step consumes `world_size x grad_accum` micro-batches of the
+configured shape, drawn in one order from the same data stream on every rank; rank r takes
+micro-batches r*grad_accum .. (r+1)*grad_accum - 1. One process with `grad_accum x world_size`
+micro-batches per step computes the same gradient (same plan: the micro-batch shape is the
+plan's), which is what the equivalence tests check.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, TypeVar
+
+from lazytrain.dist.process_group import DistContext
+from lazytrain.dist.reducer import GradReducer
+from lazytrain.dist.sharding import ShardedOptimizer, group_owners
+
+T = TypeVar("T")
+
+
+def build_engine(adapter, plan, *, ctx: DistContext, lr: float, betas=(0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01, **engine_kwargs):
+    """An `Engine` for this rank: `GradReducer` as grad_sync and a `ShardedOptimizer`.
+
+    Args:
+        adapter, plan: as `Engine`.
+        ctx: the rank context (`process_group.init_from_env`).
+        lr, betas, eps, weight_decay: AdamW.
+        engine_kwargs: the other `Engine` arguments (device, clip_grad_norm, grad_accum, ...).
+    """
+    from lazytrain.runtime.engine import Engine
+
+    owners = group_owners(adapter.params, ctx.world_size)
+    reducer = GradReducer(adapter.params, owners=owners, rank=ctx.rank,
+                          group=ctx.grads_group if ctx.distributed else None)
+    optimizer = ShardedOptimizer(adapter.params, reducer=reducer, owners=owners, rank=ctx.rank,
+                                 params_group=ctx.params_group if ctx.distributed else None,
+                                 lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    return Engine(adapter, plan, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                  optimizer=optimizer, grad_sync=reducer, **engine_kwargs)
+
+
+def local_share(items: Sequence[T], *, ctx: DistContext, grad_accum: int) -> list[T]:
+    """This rank's micro-batches out of the step's `world_size x grad_accum` (module docstring).
+
+    Raises:
+        ValueError: `items` is not world_size x grad_accum long.
+    """
+    if len(items) != ctx.world_size * grad_accum:
+        raise ValueError(f"a step needs {ctx.world_size} x {grad_accum} micro-batches; "
+                         f"got {len(items)}")
+    return list(items[ctx.rank * grad_accum:(ctx.rank + 1) * grad_accum])

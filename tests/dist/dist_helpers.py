@@ -1,0 +1,127 @@
+"""Builders for the data-parallel tests: a free local port, a tiny Llama adapter, hand-made plans,
+global batches, and the worker that one spawned rank runs."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+VOCAB, HIDDEN, BATCH, SEQ, LAYERS = 96, 64, 2, 12, 3
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the rendezvous port of one test)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_adapter(seed: int = 0):
+    """A 3-layer hidden-64 fp32 Llama adapter, identical on every rank for the same seed."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from lazytrain.models import adapter_from_model
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128,
+                         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(seed)
+    return adapter_from_model(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+
+
+def tiny_plan(adapter, tiers, keep=()):
+    """A validated plan for `tiers` (len L+1) on a hand-made problem matching the tensors."""
+    from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
+    from lazytrain.planner.plan import SolveRecord
+    from lazytrain.planner.problem import PlanningProblem
+
+    L = adapter.num_blocks
+    A = BATCH * SEQ * HIDDEN * 4
+    P = adapter.params.blocks[0].numel * 4
+    problem = PlanningProblem(
+        fwd_ms=(1.0,) * L, fwd_grad_ms=(1.2,) * L, bwd_ms=(2.0,) * L, weight_bytes=(P,) * L,
+        grad_bytes=(P,) * L, internal_bytes=(4 * A,) * L, boundary_bytes=(A,) * (L + 1),
+        params_per_block=(P // 4,) * L, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9,
+        duplex_bytes_per_s=1.5e9, nvme_read_bytes_per_s=1e9, nvme_write_bytes_per_s=1e9,
+        hbm_bytes=10**12, dram_bytes=10**12, nvme_bytes=10**12,
+        provenance={"model": "tiny", "model_config_sha256": adapter.config_sha256,
+                    "seq_len": SEQ, "micro_batch": BATCH, "dtype": "fp32"})
+    decisions = decisions_from_tiers(problem, tuple(tiers), tuple(keep))
+    return build_plan(problem, decisions, solver=SolveRecord(backend="manual"))
+
+
+PLANS = {
+    # every boundary in HBM, no recompute
+    "all_hbm": (("hbm",) * (LAYERS + 1), ()),
+    # boundary 0 recomputed (re-embedded), 1 offloaded to DRAM, 2 to NVMe, block 2 kept
+    "mixed_tiers": (("recompute", "dram", "nvme", "hbm"), (2,)),
+}
+"""Plan name -> (tiers of boundaries 0..L, keep-internals blocks)."""
+
+
+def global_batches(steps: int, per_step: int, *, seed: int = 1) -> list[list[dict]]:
+    """`steps` lists of `per_step` micro-batches [BATCH, SEQ] with masked prompt and padding."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        step = []
+        for _ in range(per_step):
+            ids = torch.randint(1, VOCAB, (BATCH, SEQ), generator=g)
+            labels = ids.clone()
+            labels[:, :3] = -100
+            mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+            ids[-1, -4:] = 0
+            labels[-1, -4:] = -100
+            mask[-1, -4:] = 0
+            step.append({"input_ids": ids, "labels": labels, "attention_mask": mask})
+        out.append(step)
+    return out
+
+
+def engine_kwargs(nvme_dir, *, clip: float, grad_accum: int) -> dict:
+    return dict(device="cpu", nvme_dir=nvme_dir, lr=3e-3, weight_decay=0.01,
+                clip_grad_norm=clip, grad_accum=grad_accum, seed=0, io_threads=1)
+
+
+def reference_params(plan_name: str, *, steps: int, world: int, clip: float, nvme_dir):
+    """One process, grad_accum = world: the parameters after `steps` steps (the reference)."""
+    from lazytrain.runtime.engine import Engine
+
+    adapter = tiny_adapter()
+    plan = tiny_plan(adapter, *PLANS[plan_name])
+    engine = Engine(adapter, plan, **engine_kwargs(nvme_dir, clip=clip, grad_accum=world))
+    try:
+        for batches in global_batches(steps, world):
+            engine.step(batches)
+        return {k: v.clone() for k, v in engine.named_parameters_fp32().items()}
+    finally:
+        engine.close()
+
+
+def dp_worker(rank: int, world: int, port: int, out_dir: str, plan_name: str, steps: int,
+              clip: float) -> None:
+    """One rank of the data-parallel run (torch.multiprocessing.spawn target)."""
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    from lazytrain.dist.parallel import build_engine, local_share
+    from lazytrain.dist.process_group import init_from_env, shutdown
+    from lazytrain.dist.sharding import owned_moment_bytes
+
+    ctx = init_from_env(backend="gloo", device="cpu", timeout_s=60)
+    adapter = tiny_adapter()
+    plan = tiny_plan(adapter, *PLANS[plan_name])
+    kw = engine_kwargs(os.path.join(out_dir, f"nvme{rank}"), clip=clip, grad_accum=1)
+    lr = kw.pop("lr")
+    engine = build_engine(adapter, plan, ctx=ctx, lr=lr, **kw)
+    try:
+        for batches in global_batches(steps, world):
+            engine.step(local_share(batches, ctx=ctx, grad_accum=1))
+        params = {k: v.clone() for k, v in engine.named_parameters_fp32().items()}
+        torch.save({"params": params, "moment_bytes": owned_moment_bytes(engine.optimizer)},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        engine.close()
+        shutdown(ctx)
