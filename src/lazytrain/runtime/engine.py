@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from lazytrain.models.adapter import ModelAdapter, shift_labels, IGNORE_INDEX
+from lazytrain.models.router_aux import RouterAux
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.activations import TRANSFER_ORDER, CheckpointStore
 from lazytrain.runtime.instrument import Instrument
@@ -76,6 +77,8 @@ class _MicroBatch:
     rng: dict[int, tuple] = field(default_factory=dict)
     kept: dict[int, tuple] = field(default_factory=dict)
     weights: dict[int, object] = field(default_factory=dict)
+    aux: RouterAux | None = None
+    """MoE router aux-loss statistics (None when the model adds no aux loss)."""
 
 
 class Engine:
@@ -145,6 +148,35 @@ class Engine:
         if instrument:
             self.instrument = Instrument(streams=self.streams, store=self.store, plan=plan)
             self.instrument.attach(self)
+
+    def set_plan(self, plan: Plan) -> None:
+        """Run `plan` from the next step on (online re-planning; call between steps only).
+
+        Plans change placement, never the math: weights, optimizer states, RNG and data
+        position are untouched. The new plan must match the model (provenance) and, once the
+        first step has run, the batch shape it checked.
+
+        Raises:
+            PlanValidationError: another model / seq_len / micro_batch.
+            ValueError: another number of blocks.
+            RuntimeError: called while the store still holds boundaries (inside a step).
+        """
+        if plan.num_blocks != self.L:
+            raise ValueError(f"plan has {plan.num_blocks} blocks, model has {self.L}")
+        plan.check_matches(model_config_sha256=self.plan.provenance.get("model_config_sha256")
+                           or self.adapter.config_sha256)
+        shape = {k: self.plan.provenance.get(k) for k in ("seq_len", "micro_batch")}
+        plan.check_matches(**{k: v for k, v in shape.items() if v is not None})
+        if self.store.stored():
+            raise RuntimeError("set_plan inside a step: the store still holds "
+                               f"{len(self.store.stored())} boundaries")
+        self.plan = plan
+        self.resident = set(plan.resident_weights) | set(plan.keep_internals)
+        self.keep = set(plan.keep_internals)
+        # the store's per-window HBM limits come from the plan (constructor argument)
+        self.store._limits = {w.name: w.hbm_checkpoint_bytes for w in plan.windows}
+        if self.instrument is not None:
+            self.instrument.set_plan(plan)
 
     # --- the step ------------------------------------------------------------------------------
 
@@ -230,6 +262,8 @@ class Engine:
                 mb.weights[L - 1] = self.prefetch_weights(L - 1)
             loss, grad = self.head_chunks(mb, self.store.get(L, micro_batch=mb.index), tokens)
             self.store.release(L, micro_batch=mb.index)
+        if mb.aux is not None:
+            loss += mb.aux.loss()  # HF: loss += coef * aux (every block has run forward)
         return loss, grad
 
     def backward_segments(self, mb: _MicroBatch, grad: torch.Tensor, *,
@@ -289,14 +323,20 @@ class Engine:
         """Block j's forward; a kept block runs with autograd and keeps its graph until b{j}."""
         mb.rng[j] = self._rng_state()
         flat = self.weights.ready(mb.weights[j])
+        logits = None if mb.aux is None else []  # router logits, counted once per forward
         if j not in self.keep:
             with torch.no_grad():
-                return self._block(mb, j, h, flat)
+                out = self._block(mb, j, h, flat, router_logits=logits)
+            if mb.aux is not None:
+                mb.aux.observe(logits)
+            return out
         x = h.detach().requires_grad_()
         w = flat.detach().requires_grad_()
         with torch.enable_grad():
-            out = self._block(mb, j, x, w)
-        mb.kept[j] = (x, out, w)
+            out = self._block(mb, j, x, w, router_logits=logits)
+        if mb.aux is not None:
+            mb.aux.observe(logits)
+        mb.kept[j] = (x, out, w, logits)
         return out.detach()
 
     def recompute_segment(self, mb: _MicroBatch, s: int, e: int) -> None:
@@ -320,13 +360,19 @@ class Engine:
             d loss / d boundary j [B, S, H].
         """
         if j in mb.kept:
-            x, out, w = mb.kept.pop(j)
+            x, out, w, logits = mb.kept.pop(j)
         else:
             x = self.store.get(j, micro_batch=mb.index).detach().requires_grad_()
             w = self.weights.ready(mb.weights[j]).detach().requires_grad_()
+            logits = None if mb.aux is None else []
             with torch.enable_grad(), self._replay(mb.rng[j]):
-                out = self._block(mb, j, x, w)
-        grad_x, grad_w = torch.autograd.grad(out, (x, w), grad, allow_unused=True)
+                out = self._block(mb, j, x, w, router_logits=logits)
+        outs, grads = [out], [grad]
+        aux = None if mb.aux is None else mb.aux.block_term(logits)
+        if aux is not None:  # block j's exact share of d(coef * aux) (models/router_aux.py)
+            outs.append(aux)
+            grads.append(torch.ones_like(aux))
+        grad_x, grad_w = torch.autograd.grad(outs, (x, w), grads, allow_unused=True)
         group = self.params.blocks[j]
         on_done = self._on_grads_final(group, step_lr) if mb.index == self.grad_accum - 1 else None
         self.drain.drain(group, grad_w, first=mb.index == 0, on_done=on_done)
@@ -400,8 +446,10 @@ class Engine:
                 with self.instrument.window(name):
                     yield
 
-    def _block(self, mb: _MicroBatch, j: int, h: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-        return self.adapter.forward_block(j, h, self.params.blocks[j].views(flat), mb.kwargs[j])
+    def _block(self, mb: _MicroBatch, j: int, h: torch.Tensor, flat: torch.Tensor, *,
+               router_logits: list | None = None) -> torch.Tensor:
+        return self.adapter.forward_block(j, h, self.params.blocks[j].views(flat), mb.kwargs[j],
+                                          router_logits=router_logits)
 
     @property
     def _norm_name(self) -> str:
@@ -425,7 +473,8 @@ class Engine:
         masks = {k: (None if batch.get(k) is None else batch[k].to(self.device))
                  for k in ("attention_mask", "position_ids")}
         return _MicroBatch(index=m, input_ids=ids, mask_inputs=masks,
-                           targets=shift_labels(batch["labels"]).to(self.device))
+                           targets=shift_labels(batch["labels"]).to(self.device),
+                           aux=self.adapter.new_router_aux(masks["attention_mask"]))
 
     def _rng_state(self) -> tuple:
         cuda = torch.cuda.get_rng_state(self.device) if self.streams.is_cuda else None
