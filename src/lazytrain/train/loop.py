@@ -148,6 +148,7 @@ class Trainer:
         self.data = build_data(cfg.data, self.tokenizer, micro_batch=tc.micro_batch,
                                seed=tc.seed)
         self.engine = self._make_engine()
+        self.replanner = self._make_replanner()
         self.step = 0
         if self.resumed_from is not None:
             self._restore(self.resumed_from.load_state())
@@ -203,6 +204,8 @@ class Trainer:
             fh.write(json.dumps(record) + "\n")
         from lazytrain.runtime.instrument import write_windows_jsonl
         write_windows_jsonl(self.run_dir / "windows.jsonl", step=self.step, records=stats.windows)
+        if self.replanner is not None:
+            self._maybe_switch_plan(stats.windows)
         if self.hooks.on_step_end is not None:
             self.hooks.on_step_end(self.step, stats)
         return record
@@ -229,7 +232,38 @@ class Trainer:
                         seq_len=self.cfg.data.seq_len, pad_id=self.data.train.pad_id,
                         data_format=self.data.format)
 
+    def _make_replanner(self):
+        """The online re-planner when `planner.replan_every_steps` > 0 (train/replan.py)."""
+        pc = self.cfg.planner
+        if not pc.replan_every_steps:
+            return None
+        from lazytrain.planner.build import problem_from_config
+        from lazytrain.train.replan import OnlineReplanner, resolve
+
+        def solve(problem, current):
+            return resolve(problem, current, policy=pc.policy, backend=pc.backend,
+                           time_limit_s=pc.time_limit_s, gap=pc.gap, threads=pc.threads,
+                           seed=pc.seed, megatrain_k=pc.megatrain_k)
+
+        return OnlineReplanner(problem_from_config(self.cfg), self.plan,
+                               every=pc.replan_every_steps, threshold=pc.drift_threshold,
+                               patience=pc.drift_patience_steps, solve=solve, log=self.log)
+
+    def _maybe_switch_plan(self, records) -> None:
+        """At a step boundary: run a finished re-plan from the next step on; log the event."""
+        switch = self.replanner.after_step(self.step, records)
+        if switch is None:
+            return
+        if switch.event.get("switched"):
+            self.engine.set_plan(switch.plan)
+            self.plan = switch.plan
+            self.plan.save(self.run_dir / "plan.json")
+        with open(self.run_dir / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(switch.event) + "\n")
+
     def close(self) -> None:
+        if self.replanner is not None:
+            self.replanner.close()
         self.engine.close()
 
 
