@@ -101,6 +101,15 @@ class HardwareConfig:
     profile_path: str = ""
     """Measured profile (JSON, `lazytrain profile` writes it; schema in `lazytrain.spec.costs`):
     its per-block-kind times and bandwidths replace the analytic ones. Empty: analytic costs."""
+    gpus_per_node: int | None = None
+    """Override: GPUs in one node, >= 1 (the node's DRAM, NVMe and links are shared by the ranks
+    on it; `lazytrain.planner.topology`). None keeps the preset's value (1)."""
+    gpus_per_pcie_switch: int | None = None
+    """Override: GPUs behind one PCIe switch, >= 1 (they share its uplink to the host). None
+    keeps the preset's value (1: every GPU has its own x16 root port)."""
+    nvme_devices_per_node: int | None = None
+    """Override: NVMe drives in the node, >= 1 (informational: `nvme_*_gb_per_s` are the
+    node's totals over these drives). None keeps the preset's value."""
 
     def __post_init__(self) -> None:
         _check(bool(self.preset), "hardware.preset", "a preset name or a file path", self.preset)
@@ -114,6 +123,9 @@ class HardwareConfig:
         _check(eff is None or 0 < eff <= 1, "hardware.matmul_efficiency", "in (0, 1]", eff)
         _check(0 <= self.hbm_reserve_fraction < 0.5, "hardware.hbm_reserve_fraction",
                "in [0, 0.5)", self.hbm_reserve_fraction)
+        for key in ("gpus_per_node", "gpus_per_pcie_switch", "nvme_devices_per_node"):
+            value = getattr(self, key)
+            _check(value is None or value >= 1, f"hardware.{key}", ">= 1 (or null)", value)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -291,6 +303,32 @@ class RuntimeConfig:
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
+class DistConfig:
+    """`dist:` data parallelism over torch.distributed (torchrun sets the ranks)."""
+
+    nproc_per_node: int = 1
+    """Ranks (GPUs) per node the plan is made for, >= 1: each rank's plan gets 1/N of the
+    node's DRAM and NVMe and a share of its PCIe switch (`lazytrain.planner.topology`); training
+    under torchrun checks it against LOCAL_WORLD_SIZE. 1: one GPU, the whole node."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """Default process group backend: auto is nccl with runtime.device=cuda, gloo on CPU.
+    Gradients and masters live in host DRAM and are reduced over gloo groups either way."""
+    timeout_s: float = 300.0
+    """Collective timeout, s, > 0: when a rank dies the others raise within this time instead
+    of hanging (300 s: longer than any step, evaluation or checkpoint of the shipped jobs)."""
+    allreduce_gb_per_s: float = 10.0
+    """Bus bandwidth of the per-block gradient reduction + master broadcast path per rank,
+    GB/s, > 0 (ring all-reduce bytes 2(N-1)/N x G go through it). 10: gloo over shared memory
+    on one host, a rough figure to replace with a measured one."""
+
+    def __post_init__(self) -> None:
+        _check(self.nproc_per_node >= 1, "dist.nproc_per_node", ">= 1", self.nproc_per_node)
+        _check(self.timeout_s > 0, "dist.timeout_s", "> 0", self.timeout_s)
+        _check(self.allreduce_gb_per_s > 0, "dist.allreduce_gb_per_s", "> 0",
+               self.allreduce_gb_per_s)
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
 class RunConfig:
     """A whole run: one field per YAML section."""
 
@@ -306,6 +344,8 @@ class RunConfig:
     """The `planner:` section."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """The `runtime:` section."""
+    dist: DistConfig = field(default_factory=DistConfig)
+    """The `dist:` section (data parallelism)."""
 
     def to_dict(self) -> dict:
         """Plain nested dict (YAML/JSON-serialisable), `{section: {key: value}}`."""
@@ -319,6 +359,7 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "planner": PlannerConfig,
     "runtime": RuntimeConfig,
+    "dist": DistConfig,
 }
 """Section name -> dataclass, in YAML order."""
 

@@ -85,6 +85,14 @@ class HardwareSpec:
     compute for the same cores (CPU)."""
     hbm_bandwidth_bytes_per_s: float = 3350 * GB
     """Device memory bandwidth, bytes/s (memory-bound steps: the embedding gather)."""
+    gpus_per_node: int = 1
+    """GPUs in the node; `dram_bytes`, `nvme_*` are the node's and are shared by its ranks
+    (`lazytrain.planner.topology` divides them)."""
+    gpus_per_pcie_switch: int = 1
+    """GPUs behind one PCIe switch: they share the switch's x16 uplink, so H2D/D2H per GPU are
+    divided by the number of busy GPUs on the switch (1: a root port per GPU)."""
+    nvme_devices_per_node: int = 2
+    """NVMe drives in the node (the paper's host has 2); `nvme_*_bytes_per_s` are their total."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
