@@ -64,7 +64,7 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_flags(p)
     p.add_argument("--policy", choices=POLICIES, help="planner.policy")
-    p.add_argument("--backend", choices=("scip", "highs"), help="planner.backend (MILP solver)")
+    p.add_argument("--backend", choices=("auto", "scip", "highs"), help="planner.backend (MILP solver)")
     p.add_argument("--time-limit-s", type=float, metavar="S", help="planner.time_limit_s")
     p.add_argument("--gap", type=float, metavar="G", help="planner.gap (relative, 0.005 = 0.5%%)")
     p.add_argument("--k-max", type=int, metavar="K", help="planner.k_max (longest segment)")

@@ -78,7 +78,7 @@ from lazytrain.planner.plan import (
     Bounds, Plan, SolveRecord, Transfer, legal_ords, window_name, window_ord,
 )
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.planner.solvers import INF, LinearModel, SolveResult, solve
+from lazytrain.planner.solvers import INF, LinearModel, SolveResult, resolve_backend, solve
 
 GB = 1e9
 """Bytes per GB (DESIGN: GB means 1e9 bytes)."""
@@ -721,14 +721,15 @@ def extract_plan(milp: Milp, x: list[float], *, solver: SolveRecord,
     return build_plan(milp.problem, extract_decisions(milp, x), solver=solver, bounds=bounds)
 
 
-def solve_milp(problem: PlanningProblem, *, backend: str = "highs", time_limit_s: float = 10.0,
+def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s: float = 10.0,
                gap: float = 0.005, threads: int = 1, seed: int = 0,
                warm_start: Plan | None = None, bounds: Bounds | None = None) -> Plan:
     """Solve the placement MILP and return its plan (the incumbent on a time-out).
 
     Args:
         problem: the planning problem.
-        backend: "highs" or "scip".
+        backend: "auto" (HiGHS up to 64 blocks, SCIP above; see solvers.resolve_backend),
+            "highs" or "scip".
         time_limit_s: solver wall-clock limit, s (model building is not counted).
         gap: relative gap at which the search stops.
         threads, seed: solver threads and random seed (defaults: deterministic).
@@ -750,6 +751,7 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "highs", time_limit_s
 
     milp = build_milp(problem)
     start = start_from_plan(milp, warm_start) if warm_start is not None else None
+    backend = resolve_backend(backend, problem.num_blocks)
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=gap,
                 threads=threads, seed=seed, start=start)
     record = solve_record(milp, res)

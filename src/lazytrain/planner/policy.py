@@ -19,7 +19,7 @@ POLICIES = ("milp", "heuristic", "megatrain", "ideal")
 """Planner policies (config `planner.policy`)."""
 
 
-def plan_with_policy(problem: PlanningProblem, policy: str = "milp", *, backend: str = "highs",
+def plan_with_policy(problem: PlanningProblem, policy: str = "milp", *, backend: str = "auto",
                      time_limit_s: float = 10.0, gap: float = 0.005, threads: int = 1,
                      seed: int = 0, megatrain_k: int = 4, lp_bound: bool = True) -> Plan:
     """Plan with one policy and attach the bounds.
@@ -29,7 +29,7 @@ def plan_with_policy(problem: PlanningProblem, policy: str = "milp", *, backend:
         policy: "milp" (solver, warm-started by the heuristic), "heuristic", "megatrain"
             (every megatrain_k-th boundary in HBM, the rest recomputed), or "ideal"
             (infinite HBM; a reference, usually over budget).
-        backend: "highs" or "scip" (milp only; the LP bound always uses HiGHS when installed).
+        backend: "auto", "highs" or "scip" (milp only; the LP bound always uses HiGHS when installed).
         time_limit_s: solver limit, s; the heuristic gets a tenth of it.
         gap: relative MILP gap at which the solver stops.
         threads, seed: solver threads and seed (deterministic by default).
@@ -75,5 +75,5 @@ def _bounds(problem: PlanningProblem, *, lp: bool, backend: str) -> Bounds:
     try:
         import highspy  # noqa: F401
     except ImportError:
-        lp_backend = backend
+        lp_backend = "scip"
     return compute_bounds(problem, lp=lp, backend=lp_backend)

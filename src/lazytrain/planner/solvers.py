@@ -125,6 +125,27 @@ class SolveResult:
 BACKENDS = ("highs", "scip")
 
 
+# `auto` backend: from benchmarks/planner.py on a 2-core machine (seed scenario, 2026-11-29):
+# at L = 64 HiGHS reached the 0.5% gap in 1.4 s cold / 0.8 s warm against SCIP's 6.3 s / 3.7 s;
+# at L = 128 (k_max 16) SCIP warm reached 0.18% in 9.4 s while HiGHS warm stayed at the
+# heuristic's 3.9% for its whole 20 s. So HiGHS up to 64 blocks, SCIP above.
+AUTO_HIGHS_MAX_BLOCKS = 64
+
+
+def resolve_backend(backend: str, num_blocks: int) -> str:
+    """The concrete solver for `backend` ("auto", "highs" or "scip") on an L-block problem.
+
+    Raises:
+        ValueError: unknown backend name.
+    """
+    if backend == "auto":
+        return "highs" if num_blocks <= AUTO_HIGHS_MAX_BLOCKS else "scip"
+    if backend not in BACKENDS:
+        raise ValueError(f"planner.backend must be one of {('auto',) + tuple(BACKENDS)}; "
+                         f"got {backend!r}")
+    return backend
+
+
 def solve(model: LinearModel, *, backend: str = "highs", time_limit_s: float = 10.0,
           gap: float = 0.005, threads: int = 1, seed: int = 0,
           start: list[float] | None = None, relax: bool = False,
