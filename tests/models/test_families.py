@@ -193,12 +193,40 @@ def test_hybrid_layers_read_linear_or_full_from_each_layer():
     assert kwargs[1]["attention_mask"].dim() == 4  # full: a 4D causal + padding mask
 
 
-def test_router_aux_loss_enabled_is_refused_with_the_fix():
-    config = family_config("mixtral")
+AUX_CASES = {f"{f}-mixed_tiers_keep_last": (f, "mixed_tiers_keep_last", 1) for f in MOE_FAMILIES}
+AUX_CASES["mixtral-all_recompute_segments_of_2"] = ("mixtral", "all_recompute_segments_of_2", 1)
+AUX_CASES["qwen3_moe-grad_accum_2"] = ("qwen3_moe", "mixed_tiers_keep_last", 2)
+
+
+@pytest.mark.parametrize("case", list(AUX_CASES))
+def test_router_aux_loss_is_in_the_loss_and_grads_as_in_hf(case, tmp_path):
+    family, plan_kind, n_micro = AUX_CASES[case]
+    config = family_config(family)
     config.output_router_logits = True
-    config.router_aux_loss_coef = 0.02
-    with pytest.raises(ValueError, match="output_router_logits"):
-        _pair(config, idle_expert=False)
+    config.router_aux_loss_coef = 0.5  # large: the aux share of the gradient is visible
+    ref, adapter = _pair(config, idle_expert=False)
+    assert adapter.router_aux_enabled
+    tiers, keep = PLANS[plan_kind]
+    batches = micro_batches(n_micro)  # padded last row: HF weights the aux terms by the mask
+    engine = Engine(adapter, plan_for(adapter, tiers, keep, grad_accum=n_micro), device="cpu",
+                    nvme_dir=tmp_path / "nvme", grad_accum=n_micro)
+    try:
+        loss = engine.compute_gradients(batches)
+        grads = {k: v.clone() for k, v in engine.gradients().items()}
+    finally:
+        engine.close()
+    ref_loss, ref_grads = reference_grads(ref, batches)
+    ref.config.output_router_logits = False
+    no_aux_loss, _ = reference_grads(ref, batches)
+    assert ref_loss - no_aux_loss > 1e-3  # HF really added the aux loss
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    _assert_grads_match(grads, ref_grads)
+
+
+def test_router_aux_loss_is_off_by_default_as_in_hf():
+    _, adapter = _pair(family_config("mixtral"), idle_expert=False)
+    assert not adapter.router_aux_enabled
+    assert adapter.new_router_aux(None) is None
 
 
 def test_relabelled_model_is_not_taken_by_the_generic_path():

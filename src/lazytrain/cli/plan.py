@@ -30,6 +30,7 @@ FLAG_KEYS = {
     "gap": "planner.gap",
     "k_max": "planner.k_max",
     "megatrain_k": "planner.megatrain_k",
+    "nproc_per_node": "dist.nproc_per_node",
 }
 """argparse dest -> the config key the flag sets (flags are named after config keys)."""
 
@@ -69,6 +70,9 @@ def register(subparsers) -> None:
     p.add_argument("--gap", type=float, metavar="G", help="planner.gap (relative, 0.005 = 0.5%%)")
     p.add_argument("--k-max", type=int, metavar="K", help="planner.k_max (longest segment)")
     p.add_argument("--megatrain-k", type=int, metavar="K", help="planner.megatrain_k")
+    p.add_argument("--nproc-per-node", type=int, metavar="N",
+                   help="dist.nproc_per_node: plan one of N ranks sharing the node's DRAM, NVMe "
+                        "and PCIe switches, and print the predicted 1/2/4/8-rank scaling table")
     p.add_argument("--out", metavar="plan.json", help="write the Plan JSON here")
     p.add_argument("--gantt", metavar="plan.png", help="write the simulated timeline as PNG")
     p.add_argument("--json", action="store_true",
@@ -110,6 +114,12 @@ def run(args: argparse.Namespace) -> int:
     from lazytrain.planner.policy import plan_with_policy
 
     cfg, problem = load_problem(args)
+    node_problem, topo = problem, None
+    if cfg.dist.nproc_per_node > 1:  # data parallel: plan one rank's share of the node
+        from lazytrain.planner.build import hardware_from_config
+        from lazytrain.planner.topology import rank_problem, topology_from_config
+        topo = topology_from_config(cfg, hardware_from_config(cfg))
+        problem = rank_problem(problem, topo)
     pc = cfg.planner
     kw = dict(backend=pc.backend, time_limit_s=pc.time_limit_s, gap=pc.gap,
               threads=pc.threads, seed=pc.seed, megatrain_k=pc.megatrain_k)
@@ -126,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"plan": plan.to_dict(), "comparison": report}, indent=1))
     else:
         print(format_table(problem, plan, report))
+        if topo is not None:
+            print(scaling_text(node_problem, topo, kw, policy=pc.policy))
     write_outputs(problem, plan, out=args.out, gantt=args.gantt)
     violations = plan.provenance.get("violations") or []
     if violations and pc.policy != "ideal":
@@ -133,6 +145,18 @@ def run(args: argparse.Namespace) -> int:
               f"or shrink train.micro_batch / data.seq_len", file=sys.stderr)
         return 1
     return 0
+
+
+def scaling_text(node_problem, topo, kw: dict, *, policy: str) -> str:
+    """The predicted scaling table (`lazytrain.planner.topology`); MILP is replaced by the
+    heuristic there (four solves would take minutes)."""
+    from lazytrain.planner.topology import format_scaling_table, scaling_table
+
+    policy = "heuristic" if policy == "milp" else policy
+    with solver_output_to_stderr():
+        rows = scaling_table(node_problem, topo, policy=policy, **kw)
+    return (f"scaling (policy {policy}; per-rank plan + exposed gradient all-reduce; "
+            f"tokens/s of the whole node):\n" + format_scaling_table(rows))
 
 
 @contextlib.contextmanager

@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from lazytrain.models.families import (LAYOUTS, DecoderLayout, _get, check_router_aux_loss,
-                                       layer_attention_type, layer_sliding_window, mask_builder,
-                                       resolve_layout)
+from lazytrain.models.families import (LAYOUTS, DecoderLayout, _get, layer_attention_type,
+                                       layer_sliding_window, mask_builder, resolve_layout)
+from lazytrain.models.router_aux import RouterAux, router_class
 from lazytrain.runtime.params import HostParams
 
 __all__ = ["IGNORE_INDEX", "LAYOUTS", "DecoderLayout", "ModelAdapter", "config_sha256",
@@ -58,12 +58,11 @@ class ModelAdapter:
 
     Raises:
         ValueError: the model is neither a family in `LAYOUTS` nor a standard decoder-only
-            model, or its config enables the router aux loss (`check_router_aux_loss`).
+            model.
     """
 
     def __init__(self, model: nn.Module, params: HostParams) -> None:
         layout = resolve_layout(model)
-        check_router_aux_loss(model.config)
         self.model = model
         self.config = model.config
         self.layout = layout
@@ -75,6 +74,7 @@ class ModelAdapter:
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self.params = params
         self.config_sha256 = config_sha256(model.config)
+        self.router_cls = router_class(model)
         model.train()  # dropout active: the engine trains
 
     # --- names ---------------------------------------------------------------------------------
@@ -147,6 +147,26 @@ class ModelAdapter:
                                   attention_mask=attention_mask, cache=None,
                                   position_ids=position_ids)
 
+    @property
+    def router_aux_enabled(self) -> bool:
+        """HF adds the router aux loss: a MoE model with `output_router_logits` and a nonzero
+        `router_aux_loss_coef` (HF's `*ForCausalLM` reads both from the config)."""
+        return bool(self.router_cls is not None
+                    and getattr(self.config, "output_router_logits", False)
+                    and getattr(self.model, "router_aux_loss_coef", 0))
+
+    def new_router_aux(self, attention_mask: torch.Tensor | None) -> RouterAux | None:
+        """A fresh per-micro-batch aux-loss accumulator, or None when the loss is off.
+
+        Args:
+            attention_mask: [B, S] 0/1 padding mask of the micro-batch, or None.
+        """
+        if not self.router_aux_enabled:
+            return None
+        return RouterAux(num_experts=self.model.num_experts, top_k=self.model.num_experts_per_tok,
+                         coef=float(self.model.router_aux_loss_coef),
+                         attention_mask=attention_mask)
+
     # --- functional pieces --------------------------------------------------------------------
 
     def embed(self, input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -154,9 +174,22 @@ class ModelAdapter:
         return F.embedding(input_ids, weight, padding_idx=self.embedding.padding_idx)
 
     def forward_block(self, j: int, hidden: torch.Tensor, weights: dict[str, torch.Tensor],
-                      kwargs: dict) -> torch.Tensor:
-        """Block j on `weights` (local names, e.g. "mlp.up_proj.weight"): [B,S,H] -> [B,S,H]."""
-        out = functional_call(self.blocks[j], weights, (hidden,), kwargs, strict=True)
+                      kwargs: dict, *, router_logits: list | None = None) -> torch.Tensor:
+        """Block j on `weights` (local names, e.g. "mlp.up_proj.weight"): [B,S,H] -> [B,S,H].
+
+        Args:
+            router_logits: when a list, the [B*S, E] logits of each router in the block are
+                appended to it (forward hooks on HF's recorded router class, output 0).
+        """
+        hooks = []
+        if router_logits is not None and self.router_cls is not None:
+            hooks = [m.register_forward_hook(lambda _m, _i, out: router_logits.append(out[0]))
+                     for m in self.blocks[j].modules() if isinstance(m, self.router_cls)]
+        try:
+            out = functional_call(self.blocks[j], weights, (hidden,), kwargs, strict=True)
+        finally:
+            for h in hooks:
+                h.remove()
         return out[0] if isinstance(out, tuple) else out
 
     def head_loss_sum(self, hidden: torch.Tensor, shift_labels: torch.Tensor, *,

@@ -148,22 +148,3 @@ def mask_builder(kind: str):
         raise ValueError(f"layer kind {kind!r} has no attention mask builder; "
                          f"known: {sorted(k for k, v in table.items() if not isinstance(v, dict))}")
     return fn
-
-
-def check_router_aux_loss(config) -> None:
-    """Refuse a MoE config that adds the router load-balancing loss to the training loss.
-
-    HF's `*ForCausalLM` adds `router_aux_loss_coef * load_balancing_loss` only when
-    `output_router_logits` is true (the default, and every config in ../shared/models, is
-    false). That loss couples every layer: the token fraction per expert is a mean over *all*
-    layers' router choices, so a block-by-block engine would need a forward pass over every
-    block before any block's router gradient is known. Not implemented (TODO(#5)); refused
-    rather than silently trained without it.
-
-    Raises:
-        ValueError: `output_router_logits` is true and `router_aux_loss_coef` is nonzero.
-    """
-    if getattr(config, "output_router_logits", False) and getattr(config, "router_aux_loss_coef", 0):
-        raise ValueError("model.output_router_logits: the router aux loss is not supported by "
-                         "the streaming engine; set output_router_logits=false in the config "
-                         "(HF's default) or router_aux_loss_coef=0")
