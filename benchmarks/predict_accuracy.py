@@ -1,0 +1,154 @@
+"""Predicted vs measured step time on this CPU, with a profile measured here, for three plans.
+
+Run:  nice python benchmarks/predict_accuracy.py [--layers 6 --hidden 256 --seq 128 --batch 4]
+
+A small random Llama (config.json only, random init) is profiled with `runtime.profiler`
+(the `lazytrain profile` path), the planning problem is built from that profile
+(`hardware.profile_path`, preset cpu), and three plans are run through the engine:
+all-recompute (boundaries 0 and L only), mixed tiers (hbm / dram / nvme / recompute), and
+NVMe-heavy (every boundary but L on NVMe). Measured = median engine step time after warm-up
+steps; predicted = the plan's `predicted.step_ms` (the fluid evaluator, CPU contention model).
+Target |error| <= 15%, goal 10% (issue 4). Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+def make_model_dir(root: Path, *, layers: int, hidden: int, vocab: int = 2048) -> Path:
+    """config.json of a random Llama (no weights: the loader initialises from the seed)."""
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(hidden * 2.75),
+                      num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
+                      num_key_value_heads=max(1, hidden // 128), max_position_embeddings=1024,
+                      tie_word_embeddings=False)
+    root.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(root)
+    return root
+
+
+def setup_run(root: Path, *, layers: int, hidden: int, seq: int, batch: int,
+              repeats: int = 5):
+    """(cfg with the measured profile, adapter, profile dict)."""
+    from lazytrain.config import load_config
+    from lazytrain.runtime.profiler import measure_profile
+    from lazytrain.spec.model import ModelSpec
+    from lazytrain.train import setup
+
+    model_dir = make_model_dir(root / "model", layers=layers, hidden=hidden)
+    overrides = [f"model.config_path={model_dir / 'config.json'}", f"data.seq_len={seq}",
+                 f"train.micro_batch={batch}", "runtime.device=cpu", "hardware.preset=cpu",
+                 f"train.run_dir={root / 'run'}", "train.clip_grad_norm=1.0"]
+    cfg = load_config(None, overrides)
+    adapter = setup.load_adapter(setup.resolve_model_source(cfg.model.config_path),
+                                 compute_dtype="fp32", master_dtype="fp32", seed=0)
+    spec = ModelSpec.from_hf_config(adapter.config.to_dict())
+    prof = measure_profile(adapter, [b.kind for b in spec.blocks], micro_batch=batch,
+                           seq_len=seq, compute_dtype="fp32", device="cpu",
+                           nvme_dir=root / "profile-nvme", repeats=repeats, warmup=2,
+                           model_config_sha256=spec.config_sha256)
+    (root / "profile.json").write_text(json.dumps(prof, indent=1))
+    cfg = load_config(None, overrides + [f"hardware.profile_path={root / 'profile.json'}"])
+    return cfg, adapter, prof
+
+
+def plans(cfg) -> dict:
+    """name -> Plan for the three tier mixes (transfers scheduled by the evaluator)."""
+    from lazytrain.planner.build import problem_from_config
+    from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
+    from lazytrain.planner.plan import SolveRecord
+
+    problem = problem_from_config(cfg)
+    L = problem.num_blocks
+    mixes = {
+        "all-recompute": ("hbm",) + ("recompute",) * (L - 1) + ("hbm",),
+        "mixed tiers": tuple(["hbm", "recompute", "dram", "nvme", "recompute", "hbm"]
+                             [i % 6] for i in range(L)) + ("hbm",),
+        "nvme-heavy": ("nvme",) * L + ("hbm",),
+    }
+    return {name: build_plan(problem, decisions_from_tiers(problem, tiers),
+                             solver=SolveRecord(backend="manual"))
+            for name, tiers in mixes.items()}, problem
+
+
+def batches(vocab: int, *, batch: int, seq: int, n: int, seed: int = 1) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(1, vocab, (batch, seq), generator=g)
+        out.append({"input_ids": ids, "labels": ids.clone(),
+                    "attention_mask": torch.ones_like(ids)})
+    return out
+
+
+def make_engine(adapter, plan, nvme_dir: Path, *, fault_hook=None, instrument: bool = False):
+    from lazytrain.runtime.activations import CheckpointStore
+    from lazytrain.runtime.engine import Engine
+
+    store = CheckpointStore(device=torch.device("cpu"), nvme_dir=nvme_dir, fault_hook=fault_hook,
+                            hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
+    return Engine(adapter, plan, device="cpu", nvme_dir=nvme_dir, compute_dtype="fp32",
+                  lr=1e-5, clip_grad_norm=1.0, store=store, instrument=instrument,
+                  model_config_sha256=plan.provenance["model_config_sha256"])
+
+
+def measure_steps(engine, data: list[dict], *, warmup: int) -> list[float]:
+    """Step times (ms) after `warmup` steps."""
+    times = []
+    for n, b in enumerate(data):
+        stats = engine.step([b])
+        if n >= warmup:
+            times.append(stats.step_s * 1e3)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dir", type=Path, default=None, help="work dir (default: temp under cwd)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(dir=args.dir or Path.cwd(), prefix="predict-") as tmp:
+        root = Path(tmp)
+        cfg, adapter, prof = setup_run(root, layers=args.layers, hidden=args.hidden,
+                                       seq=args.seq, batch=args.batch)
+        print(f"profile: {json.dumps({k: prof[k] for k in ('block_kinds', 'ends', 'bandwidths', 'step_const_ms')})}")
+        all_plans, _ = plans(cfg)
+        data = batches(adapter.config.vocab_size, batch=args.batch, seq=args.seq,
+                       n=args.steps + args.warmup)
+        rows = [f"{'plan':<14}{'tiers (h/d/n/r)':>17}{'predicted ms':>14}{'measured ms':>13}"
+                f"{'error':>8}"]
+        for name, plan in all_plans.items():
+            engine = make_engine(adapter, plan, root / "nvme")
+            try:
+                t = measure_steps(engine, data, warmup=args.warmup)
+            finally:
+                engine.close()
+            meas, pred = statistics.median(t), plan.predicted.step_ms
+            c = {k: plan.tiers.count(k) for k in ("hbm", "dram", "nvme", "recompute")}
+            rows.append(f"{name:<14}{'/'.join(str(v) for v in c.values()):>17}{pred:>14.1f}"
+                        f"{meas:>13.1f}{(pred - meas) / meas:>+8.1%}")
+        print(f"{args.layers} blocks, hidden {args.hidden}, seq {args.seq} x batch {args.batch}, "
+              f"fp32, {args.threads} torch thread(s), median of {args.steps} steps after "
+              f"{args.warmup} warm-up")
+        print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
