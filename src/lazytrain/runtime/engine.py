@@ -150,6 +150,35 @@ class Engine:
             self.instrument = Instrument(streams=self.streams, store=self.store, plan=plan)
             self.instrument.attach(self)
 
+    def set_plan(self, plan: Plan) -> None:
+        """Run `plan` from the next step on (online re-planning; call between steps only).
+
+        Plans change placement, never the math: weights, optimizer states, RNG and data
+        position are untouched. The new plan must match the model (provenance) and, once the
+        first step has run, the batch shape it checked.
+
+        Raises:
+            PlanValidationError: another model / seq_len / micro_batch.
+            ValueError: another number of blocks.
+            RuntimeError: called while the store still holds boundaries (inside a step).
+        """
+        if plan.num_blocks != self.L:
+            raise ValueError(f"plan has {plan.num_blocks} blocks, model has {self.L}")
+        plan.check_matches(model_config_sha256=self.plan.provenance.get("model_config_sha256")
+                           or self.adapter.config_sha256)
+        shape = {k: self.plan.provenance.get(k) for k in ("seq_len", "micro_batch")}
+        plan.check_matches(**{k: v for k, v in shape.items() if v is not None})
+        if self.store.stored():
+            raise RuntimeError("set_plan inside a step: the store still holds "
+                               f"{len(self.store.stored())} boundaries")
+        self.plan = plan
+        self.resident = set(plan.resident_weights) | set(plan.keep_internals)
+        self.keep = set(plan.keep_internals)
+        # the store's per-window HBM limits come from the plan (constructor argument)
+        self.store._limits = {w.name: w.hbm_checkpoint_bytes for w in plan.windows}
+        if self.instrument is not None:
+            self.instrument.set_plan(plan)
+
     # --- the step ------------------------------------------------------------------------------
 
     def step(self, micro_batches: list[dict], lr: float | None = None) -> StepStats:
