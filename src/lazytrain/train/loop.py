@@ -261,6 +261,13 @@ class Trainer:
         with open(self.run_dir / "metrics.jsonl", "a") as fh:
             fh.write(json.dumps(switch.event) + "\n")
 
+    is_main = True
+    """Writes summary.json (False on ranks > 0 of a data-parallel job, `lazytrain.dist`)."""
+
+    def should_stop(self, flag: bool) -> bool:
+        """Whether to stop after this step given the SIGTERM flag (data parallel: any rank's)."""
+        return flag
+
     def close(self) -> None:
         if self.replanner is not None:
             self.replanner.close()
@@ -292,8 +299,15 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     run_dir = Path(run_dir or cfg.train.run_dir)
     t_start = time.perf_counter()
-    trainer = Trainer(cfg, run_dir=run_dir, plan=plan, resume=resume, hooks=hooks or TrainHooks(),
-                      log=log)
+    from lazytrain.dist.process_group import env_world_size
+    if env_world_size() > 1:  # started by torchrun: one rank of a data-parallel job
+        from lazytrain.dist import trainer as dp
+        trainer, log, main = dp.start(cfg, run_dir=run_dir, plan=plan, resume=resume,
+                                      hooks=hooks or TrainHooks(), log=log)
+        progress = progress and main
+    else:
+        trainer = Trainer(cfg, run_dir=run_dir, plan=plan, resume=resume,
+                          hooks=hooks or TrainHooks(), log=log)
     stopped_by, records, saved = None, [], None
     timings = {"setup_s": time.perf_counter() - t_start}
     try:
@@ -312,7 +326,7 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
                 bar.update(1)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}",
                                 tflops=f"{rec['model_tflops']:.3f}")
-                if sigterm["set"]:
+                if trainer.should_stop(sigterm["set"]):
                     stopped_by = "SIGTERM"
                     break
                 every = cfg.train.save_every
@@ -331,7 +345,8 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
         summary = _summary(trainer, records=records, before=before, after=after, saved=saved,
                            stopped_by=stopped_by, wall_s=time.perf_counter() - t_start)
         summary["timings_s"] = timings
-        setup.write_json_atomic(run_dir / "summary.json", summary)
+        if trainer.is_main:  # data parallel: rank 0 writes the run's files
+            setup.write_json_atomic(run_dir / "summary.json", summary)
         return summary
     finally:
         trainer.close()
