@@ -21,6 +21,7 @@ POLICIES = ("milp", "heuristic", "megatrain", "ideal")
 FLAG_KEYS = {
     "model": "model.config_path",
     "hardware": "hardware.preset",
+    "profile": "hardware.profile_path",
     "seq_len": "data.seq_len",
     "micro_batch": "train.micro_batch",
     "grad_accum": "train.grad_accum",
@@ -50,6 +51,8 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    "model dir or built-in name")
     p.add_argument("--hardware", metavar="NAME_OR_FILE",
                    help="hardware.preset: preset name (h800-paper, h100-sxm, cpu, ...) or file")
+    p.add_argument("--profile", metavar="profile.json",
+                   help="hardware.profile_path: measured costs from `lazytrain profile`")
     p.add_argument("--seq-len", type=int, metavar="N", help="data.seq_len, tokens")
     p.add_argument("--micro-batch", type=int, metavar="N", help="train.micro_batch, sequences")
     p.add_argument("--grad-accum", type=int, metavar="N", help="train.grad_accum, micro-batches")
