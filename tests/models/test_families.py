@@ -73,12 +73,19 @@ def family_config(family: str):
                                layer_types=["sliding_attention", "full_attention"] * 2,
                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                                **ATTN)
+    if family == "deepseek_v2":  # MLA (q/kv low rank, decoupled rope), 1 leading dense layer
+        return tf.DeepseekV2Config(intermediate_size=128, q_lora_rank=32, kv_lora_rank=16,
+                                   qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                   n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=1,
+                                   moe_intermediate_size=32, first_k_dense_replace=1,
+                                   **{**ATTN, "num_key_value_heads": 4})
     raise KeyError(family)
 
 
 FAMILIES = ["llama", "qwen3_5_text", "qwen3_5_nested", "qwen3_5_moe_text", "qwen3_next",
-            "qwen3_moe", "mixtral", "gpt_oss", "olmo2_generic"]
-MOE_FAMILIES = ["qwen3_5_moe_text", "qwen3_next", "qwen3_moe", "mixtral", "gpt_oss"]
+            "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v2", "olmo2_generic"]
+MOE_FAMILIES = ["qwen3_5_moe_text", "qwen3_next", "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v2"]
+AUX_FAMILIES = MOE_FAMILIES[:-1]  # HF's DeepseekV2ForCausalLM defines no router aux loss
 IDLE = 0  # the expert that never receives a token
 
 
@@ -193,7 +200,7 @@ def test_hybrid_layers_read_linear_or_full_from_each_layer():
     assert kwargs[1]["attention_mask"].dim() == 4  # full: a 4D causal + padding mask
 
 
-AUX_CASES = {f"{f}-mixed_tiers_keep_last": (f, "mixed_tiers_keep_last", 1) for f in MOE_FAMILIES}
+AUX_CASES = {f"{f}-mixed_tiers_keep_last": (f, "mixed_tiers_keep_last", 1) for f in AUX_FAMILIES}
 AUX_CASES["mixtral-all_recompute_segments_of_2"] = ("mixtral", "all_recompute_segments_of_2", 1)
 AUX_CASES["qwen3_moe-grad_accum_2"] = ("qwen3_moe", "mixed_tiers_keep_last", 2)
 

@@ -111,7 +111,8 @@ class ModelAdapter:
                 document and HF derives the block-diagonal mask from them.
 
         Returns:
-            one dict per block: `position_embeddings` (cos, sin), `position_ids`,
+            one dict per block: `position_embeddings` (the rotary module's output: (cos, sin),
+            or DeepSeek-V2's complex freqs_cis), `position_ids`,
             `attention_mask` built for that layer's own kind and sliding window (read from the
             layer, `families.layer_attention_type` / `layer_sliding_window`): a 4D causal or
             banded mask (or None where SDPA's causal shortcut applies) for softmax attention,
@@ -122,8 +123,10 @@ class ModelAdapter:
         if position_ids is None:
             position_ids = torch.arange(S, device=hidden.device).unsqueeze(0)
         rotary_device = next(iter(self.rotary.buffers())).device
-        cos, sin = self.rotary(hidden.to(rotary_device), position_ids.to(rotary_device))
-        pos_emb = (cos.to(hidden.device), sin.to(hidden.device))
+        rope = self.rotary(hidden.to(rotary_device), position_ids.to(rotary_device))
+        # (cos, sin) for most families; one complex freqs_cis tensor for DeepSeek-V2
+        pos_emb = (tuple(t.to(hidden.device) for t in rope) if isinstance(rope, tuple)
+                   else rope.to(hidden.device))
         masks: dict[tuple[str, int | None], object] = {}
         out = []
         for layer in self.blocks:

@@ -50,6 +50,7 @@ LAYOUTS: dict[str, DecoderLayout] = {
     "qwen3_moe": _STANDARD,
     "mixtral": _STANDARD,
     "gpt_oss": _STANDARD,
+    "deepseek_v2": _STANDARD,
     "qwen3_next": DecoderLayout(checkpoint_skips=("mtp.",)),
     "qwen3_5_text": _VLM_TEXT,
     "qwen3_5": _VLM_TEXT,
