@@ -125,3 +125,87 @@ def dp_worker(rank: int, world: int, port: int, out_dir: str, plan_name: str, st
     finally:
         engine.close()
         shutdown(ctx)
+
+
+def tiny_model_dir(root):
+    """A 2-block tied Llama (random weights) + a BPE tokenizer trained on the arithmetic data."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from lazytrain.data.synthetic import arithmetic_dataset
+    from lazytrain.data.tiny_tokenizer import train_tokenizer
+
+    train, _ = arithmetic_dataset(num_train=200, num_eval=0, seed=7)
+    texts = [m.content for ex in train for m in ex.messages] + ["Question: Answer: ####"]
+    tokenizer = train_tokenizer(texts, vocab_size=384)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, tie_word_embeddings=True,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return root
+
+
+def run_overrides(model_dir, run_dir, *extra: str) -> list[str]:
+    """Config overrides of a tiny CPU data-parallel run (no evaluation, MegaTrain K=1 plan)."""
+    return [f"model.config_path={model_dir}", f"train.run_dir={run_dir}", "data.seq_len=96",
+            "data.num_eval=0", "train.micro_batch=2", "train.steps=4", "train.lr=3e-3",
+            "train.warmup_steps=1", "planner.policy=megatrain", "planner.megatrain_k=1",
+            "runtime.device=cpu", "runtime.threads=1", "runtime.io_threads=1",
+            "dist.timeout_s=20", *extra]
+
+
+def train_worker(rank: int, world: int, port: int, overrides: list[str], resume: bool,
+                 sigterm_at: int, sigkill_at: int, error_dir: str) -> None:
+    """One rank calling `lazytrain.train.loop.train` as torchrun would start it (env://).
+
+    `sigterm_at` / `sigkill_at` > 0: rank 1 sends itself SIGTERM / SIGKILL after that step.
+    Any exception is written to `error_dir/rank{rank}.txt` and re-raised (exit code 1).
+    """
+    import signal
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    from lazytrain.config import load_config
+    from lazytrain.train.loop import TrainHooks, train
+
+    def on_step_end(step, stats):
+        if rank == 1 and step == sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if rank == 1 and step == sigkill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    try:
+        train(load_config(None, overrides), resume=resume, progress=False,
+              hooks=TrainHooks(on_step_end=on_step_end), log=lambda msg: None)
+    except BaseException as exc:
+        with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as fh:
+            fh.write(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def launch(overrides, *, world: int = 2, resume: bool = False, sigterm_at: int = 0,
+           sigkill_at: int = 0, error_dir: str = "", timeout_s: float = 60.0) -> list[int]:
+    """Fork `world` ranks of `train_worker`; returns their exit codes (-9: killed)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")  # inherit the imported modules (a spawn re-imports: ~10 s)
+    port = free_port()
+    procs = [ctx.Process(target=train_worker, args=(r, world, port, list(overrides), resume,
+                                                    sigterm_at, sigkill_at, error_dir))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+    codes = []
+    for p in procs:
+        if p.is_alive():  # never expected: the test fails on the returned None
+            p.kill()
+            p.join()
+            codes.append(None)
+        else:
+            codes.append(p.exitcode)
+    return codes

@@ -1,0 +1,183 @@
+"""The training loop's data-parallel variant, used by `lazytrain.train.loop.train` when torchrun
+started the process (WORLD_SIZE > 1).
+
+What changes against one process (`lazytrain.train.loop.Trainer`):
+- process groups from torchrun's environment (`process_group.init_from_env`, `dist.*` config);
+- the plan: rank 0 plans (or loads the run's plan.json) and broadcasts it, so every rank runs
+  the same plan even when a time-limited MILP would not be repeatable; each rank writes
+  `RUN_DIR/rank-R/plan.json` and appends its measured windows to `RUN_DIR/rank-R/windows.jsonl`
+  (`lazytrain.runtime.instrument` records); online re-planning is off;
+- the engine: `parallel.build_engine` (per-group reduction + ZeRO-1 sharded AdamW);
+- the data: every rank draws world_size x grad_accum micro-batches per step and keeps its share
+  (`parallel.local_share`); metrics count the global batch;
+- rank 0 alone logs, shows progress, writes metrics.jsonl and summary.json, and evaluates;
+- checkpoints are sharded (`dist.checkpoint`); a resume needs the same world size;
+- SIGTERM stops all ranks at the same step (the flag is max-reduced over ranks every step);
+- a failed collective (a peer died, or `dist.timeout_s` passed) raises `RankFailureError` naming
+  this rank and the step, on every surviving rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import torch
+
+from lazytrain.dist.checkpoint import load_shard, save_sharded_checkpoint
+from lazytrain.dist.parallel import build_engine, local_share
+from lazytrain.dist.process_group import (DistContext, barrier, broadcast_object,
+                                          init_from_env, shutdown)
+from lazytrain.planner.plan import Plan
+from lazytrain.train import checkpoint as ckpt
+from lazytrain.train import setup
+from lazytrain.train.loop import Trainer, _device, _get_plan, _truncate_metrics
+
+
+class RankFailureError(RuntimeError):
+    """A collective failed on this rank: a peer died or the collective timed out."""
+
+
+class DataParallelTrainer(Trainer):
+    """`Trainer` for one rank of a data-parallel job (module docstring)."""
+
+    def __init__(self, cfg, *, run_dir: Path, plan: Plan | None, resume: bool, hooks, log,
+                 ctx: DistContext) -> None:
+        self.ctx = ctx
+        self.is_main = ctx.is_main
+        self.windows_path = run_dir / f"rank-{ctx.rank}" / "windows.jsonl"
+        if ctx.local_world_size != cfg.dist.nproc_per_node and cfg.dist.nproc_per_node > 1:
+            log(f"warning: dist.nproc_per_node is {cfg.dist.nproc_per_node} but torchrun "
+                f"started {ctx.local_world_size} ranks on this node; the plan's shares differ")
+        quiet = contextlib.redirect_stdout(io.StringIO()) if not ctx.is_main \
+            else contextlib.nullcontext()
+        with quiet:
+            super().__init__(cfg, run_dir=run_dir, plan=plan, resume=resume, hooks=hooks,
+                             log=log)
+        rank_dir = run_dir / f"rank-{ctx.rank}"
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        self.plan.save(rank_dir / "plan.json")
+
+    def _make_engine(self):
+        tc = self.cfg.train
+        from lazytrain.runtime.activations import CheckpointStore
+
+        store = CheckpointStore(
+            device=torch.device(self.device), nvme_dir=self.nvme_dir / f"rank-{self.ctx.rank}",
+            io_threads=self.cfg.runtime.io_threads, fault_hook=self.hooks.fault_hook,
+            hbm_limits={w.name: w.hbm_checkpoint_bytes for w in self.plan.windows})
+        return build_engine(
+            self.adapter, self.plan, ctx=self.ctx, lr=tc.lr,
+            betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps, weight_decay=tc.weight_decay,
+            device=self.device, nvme_dir=self.nvme_dir / f"rank-{self.ctx.rank}",
+            compute_dtype=tc.compute_dtype, clip_grad_norm=tc.clip_grad_norm or None,
+            grad_accum=tc.grad_accum, seed=tc.seed, io_threads=self.cfg.runtime.io_threads,
+            model_config_sha256=setup.model_config_sha256(self.adapter.config), store=store,
+            instrument=True)
+
+    def _make_replanner(self):
+        """None: online re-planning is per process and would give ranks different plans
+        (TODO(#6): re-plan on rank 0 and broadcast, as the initial plan)."""
+        if self.cfg.planner.replan_every_steps:
+            self.log("warning: planner.replan_every_steps is ignored under data parallelism")
+        return None
+
+    def _restore(self, state: dict) -> None:
+        shard = load_shard(self.resumed_from, self.ctx)
+        self.engine.load_state_dict(shard["engine"])
+        self.data.train.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        if self.is_main:
+            _truncate_metrics(self.run_dir / "metrics.jsonl", last_step=self.step)
+        _truncate_metrics(self.windows_path, last_step=self.step)
+        self.log(f"resumed from {self.resumed_from.path} at step {self.step}")
+
+    def train_step(self) -> dict:
+        """One global step: this rank's share of world_size x grad_accum micro-batches."""
+        tc = self.cfg.train
+        batches = [self.data.train.next_micro_batch()
+                   for _ in range(tc.grad_accum * self.ctx.world_size)]
+        mine = local_share(batches, ctx=self.ctx, grad_accum=tc.grad_accum)
+        try:
+            stats = self.engine.step(mine, lr=self.lr_at(self.step))
+        except RuntimeError as exc:
+            raise self._failure(exc) from exc
+        self.step += 1
+        real_tokens = int(sum(b["attention_mask"].sum() for b in batches))
+        record = {"step": self.step, "loss": stats.loss, "tokens": real_tokens,
+                  "label_tokens": stats.tokens, "step_s": stats.step_s,
+                  "tokens_per_s": real_tokens / stats.step_s,
+                  "model_tflops": 6 * self.flops_params * real_tokens / stats.step_s / 1e12,
+                  "lr": stats.lr, "grad_norm": stats.grad_norm,
+                  "peak_bytes": dict(stats.peak_bytes), "world_size": self.ctx.world_size}
+        from lazytrain.runtime.instrument import write_windows_jsonl
+        write_windows_jsonl(self.windows_path, step=self.step, records=stats.windows)
+        if self.is_main:
+            with open(self.run_dir / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        if self.hooks.on_step_end is not None:
+            self.hooks.on_step_end(self.step, stats)
+        return record
+
+    def should_stop(self, flag: bool) -> bool:
+        """SIGTERM on any rank stops every rank after this step."""
+        from lazytrain.dist.reducer import GradReducer
+
+        try:
+            return GradReducer.all_max_flag(self.ctx, flag)
+        except RuntimeError as exc:
+            raise self._failure(exc) from exc
+
+    def save(self) -> ckpt.Checkpoint:
+        state = {"data": self.data.train.state_dict(), "step": self.step,
+                 "config": self.cfg.to_dict()}
+        try:
+            saved = save_sharded_checkpoint(
+                self.run_dir, self.ctx, step=self.step,
+                weights=self.engine.named_parameters_fp32(), hf_config=self.adapter.config,
+                tokenizer=self.tokenizer, state=state, shard={"engine": self.engine.state_dict()},
+                before_marker=self.hooks.before_marker)
+        except RuntimeError as exc:
+            raise self._failure(exc) from exc
+        self.log(f"saved checkpoint {saved.path}")
+        return saved
+
+    def evaluate(self):
+        return super().evaluate() if self.is_main else None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            shutdown(self.ctx)
+
+    def _failure(self, exc: BaseException) -> RankFailureError:
+        return RankFailureError(
+            f"rank {self.ctx.rank} of {self.ctx.world_size}: a collective failed at step "
+            f"{self.step + 1} (a peer rank died, or waited longer than dist.timeout_s="
+            f"{self.cfg.dist.timeout_s:g} s); the last complete checkpoint is "
+            f"{ckpt.latest_checkpoint(self.run_dir).path if ckpt.latest_checkpoint(self.run_dir) else 'none'}"
+            f": {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def start(cfg, *, run_dir: Path, plan: Plan | None, resume: bool, hooks, log):
+    """Join the job and build this rank's trainer (rank 0 plans, the others receive the plan).
+
+    Returns:
+        (trainer, log, progress_allowed): non-main ranks get a silent log and no progress bar.
+    """
+    device = _device(cfg.runtime.device)
+    ctx = init_from_env(backend=cfg.dist.backend, device=device, timeout_s=cfg.dist.timeout_s)
+    if not ctx.is_main:
+        log = lambda msg: None  # noqa: E731  (rank-0 logging)
+    resuming = resume and ckpt.latest_checkpoint(run_dir) is not None
+    plan_dict = None
+    if ctx.is_main:
+        plan_dict = _get_plan(cfg, run_dir, plan=plan, resuming=resuming).to_dict()
+    plan = Plan.from_dict(broadcast_object(ctx, plan_dict))
+    barrier(ctx)
+    trainer = DataParallelTrainer(cfg, run_dir=run_dir, plan=plan, resume=resume, hooks=hooks,
+                                  log=log, ctx=ctx)
+    return trainer, log, ctx.is_main
