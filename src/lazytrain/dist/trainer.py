@@ -47,6 +47,7 @@ class DataParallelTrainer(Trainer):
                  ctx: DistContext) -> None:
         self.ctx = ctx
         self.is_main = ctx.is_main
+        self._failed = False
         self.windows_path = run_dir / f"rank-{ctx.rank}" / "windows.jsonl"
         if ctx.local_world_size != cfg.dist.nproc_per_node and cfg.dist.nproc_per_node > 1:
             log(f"warning: dist.nproc_per_node is {cfg.dist.nproc_per_node} but torchrun "
@@ -148,18 +149,27 @@ class DataParallelTrainer(Trainer):
         return super().evaluate() if self.is_main else None
 
     def close(self) -> None:
+        """Finish the engine and leave the job. After a failure the engine's pending updates
+        fail too (their broadcasts have no peer); that second error is not raised over the
+        first (`RankFailureError` stays the one the caller sees)."""
         try:
             super().close()
+        except RuntimeError as exc:
+            if not self._failed:
+                raise self._failure(exc) from exc
         finally:
-            shutdown(self.ctx)
+            if not self._failed:
+                shutdown(self.ctx)
 
     def _failure(self, exc: BaseException) -> RankFailureError:
+        self._failed = True
+        last = ckpt.latest_checkpoint(self.run_dir)
         return RankFailureError(
             f"rank {self.ctx.rank} of {self.ctx.world_size}: a collective failed at step "
             f"{self.step + 1} (a peer rank died, or waited longer than dist.timeout_s="
             f"{self.cfg.dist.timeout_s:g} s); the last complete checkpoint is "
-            f"{ckpt.latest_checkpoint(self.run_dir).path if ckpt.latest_checkpoint(self.run_dir) else 'none'}"
-            f": {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            f"{last.path if last else 'none'}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}")
 
 
 def start(cfg, *, run_dir: Path, plan: Plan | None, resume: bool, hooks, log):
