@@ -140,12 +140,17 @@ class DataConfig:
                     "arithmetic"] = "auto"
     """Sample schema; `auto` detects it from the first record's keys."""
     registry_path: str = ""
-    """LlamaFactory-style `dataset_info.json`; when set, `path` names an entry in it."""
+    """LlamaFactory-style `dataset_info.json`; when set, `path` names an entry in it
+    (`lazytrain.data.registry`: file_name, formatting alpaca|sharegpt, columns, tags)."""
+    dataset_dir: str = ""
+    """Folder the registry entries' `file_name`s resolve against (LlamaFactory's
+    `dataset_dir`); empty: the registry file's folder."""
     seq_len: int = 256
     """Tokens per sequence (padded or packed to this length), >= 8. 256 keeps the default job
     under 5 minutes on 2 cores (issue 3)."""
     packing: bool = False
-    """Pack several samples per sequence (per-sequence position ids, no cross-attention)."""
+    """Pack several samples per sequence (per-sequence position ids, no cross-attention;
+    `lazytrain.data.packing`). Refused for models with linear-attention or Mamba layers."""
     eval_path: str = ""
     """Held-out evaluation file; empty: the last `num_eval` samples of `path` are held out."""
     num_eval: int = 16
