@@ -1,9 +1,11 @@
 """Datasets for training: formats, tokenization with prompt masking, padded micro-batches.
 
 `build_data(data_cfg, tokenizer, ...)` is the one entry point `train/` uses: it reads the
-configured source (a JSON/JSONL file in one of `formats.FORMATS`, or `embedded:arithmetic`,
-the project's own generated problems), splits off the held-out evaluation examples and returns
-a resumable `TrainStream`. Knows nothing about the model or the engine.
+configured source (a JSON/JSONL file in one of `formats.FORMATS`, an entry of a LlamaFactory
+`dataset_info.json` registry (`registry.py`), or `embedded:arithmetic`, the project's own
+generated problems), splits off the held-out evaluation examples and returns a resumable
+`TrainStream` (padded, or packed: `packing.py`). Knows nothing about the engine; reads the
+model's HF config only to refuse packing where it cannot isolate samples.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 from lazytrain.data.batching import DataCounts, TrainStream, pad_batch
 from lazytrain.data.formats import (FORMATS, Example, Message, extract_final_answer,
                                     load_examples, normalize_answer, read_dataset)
+from lazytrain.data.packing import check_packing_supported, packed_batch, real_token_count
+from lazytrain.data.registry import read_registry_dataset
 from lazytrain.data.synthetic import arithmetic_dataset
 from lazytrain.data.tokenize import IGNORE_INDEX, Encoded, encode, encode_prompt, render
 
@@ -24,7 +28,8 @@ EMBEDDED_TRAIN_SIZE = 2048
 
 __all__ = ["DataBundle", "DataCounts", "EMBEDDED_PREFIX", "Encoded", "Example", "FORMATS",
            "IGNORE_INDEX", "Message", "TrainStream", "build_data", "encode", "encode_prompt",
-           "extract_final_answer", "load_examples", "normalize_answer", "pad_batch", "render"]
+           "extract_final_answer", "load_examples", "normalize_answer", "packed_batch",
+           "pad_batch", "real_token_count", "render"]
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -41,9 +46,16 @@ class DataBundle:
     """The resolved format name."""
 
 
-def _load_source(path: str, fmt: str, *, seed: int, num_eval: int) -> tuple[list[Example],
-                                                                            list[Example], str]:
-    """(train, eval, format) for a data path; eval is the file's tail when no eval file."""
+def _load_source(path: str, fmt: str, *, seed: int, num_eval: int, registry: str = "",
+                 dataset_dir: str = "") -> tuple[list[Example], list[Example], str]:
+    """(train, eval, format) for a data path; eval is the file's tail when no eval file.
+
+    With `registry` set, `path` is an entry name of that registry (files under `dataset_dir`,
+    default: the registry's folder).
+    """
+    if registry:
+        examples, resolved = read_registry_dataset(registry, path, dataset_dir=dataset_dir or None)
+        return examples, [], resolved
     if path.startswith(EMBEDDED_PREFIX):
         name = path[len(EMBEDDED_PREFIX):]
         if name != "arithmetic":
@@ -59,36 +71,37 @@ def _load_source(path: str, fmt: str, *, seed: int, num_eval: int) -> tuple[list
 
 
 def build_data(cfg: Any, tokenizer: Any, *, micro_batch: int, seed: int,
-               base_dir: str | Path | None = None) -> DataBundle:
+               base_dir: str | Path | None = None, hf_config: Any = None) -> DataBundle:
     """Read the data of a `DataConfig` and make the training stream and the eval set.
 
     Args:
         cfg: `lazytrain.config.DataConfig` (path, format, seq_len, packing, eval_path,
-            num_eval, overlong, registry_path).
+            num_eval, overlong, registry_path, dataset_dir).
         tokenizer: the model's fast HF tokenizer.
-        micro_batch: sequences per micro-batch (`train.micro_batch`).
+        micro_batch: sequences (rows) per micro-batch (`train.micro_batch`).
         seed: `train.seed` (data order; also the embedded dataset's generator seed).
         base_dir: directory that relative data paths resolve against (default: the cwd).
+        hf_config: the model's HF config; with packing on, models with recurrent (linear
+            attention, Mamba) layers are refused. None: not checked.
 
     Raises:
-        ValueError: packing or a registry requested (not implemented yet), an unknown format,
-            a malformed or empty file, a missing column, or a file that leaves no training
-            examples after holding out `num_eval`.
-        FileNotFoundError: a data file does not exist.
+        ValueError: packing on a model that cannot isolate packed samples, an unknown format
+            or registry entry, a malformed or empty file, a missing column, or a file that
+            leaves no training examples after holding out `num_eval`.
+        FileNotFoundError: a data or registry file does not exist.
     """
     if cfg.packing:
-        raise ValueError("data.packing: packing is not implemented yet (needs per-sequence "
-                         "attention isolation in the engine); set data.packing=false")
-    if cfg.registry_path:
-        raise ValueError("data.registry_path: dataset registries are not implemented yet; "
-                         "give the dataset file in data.path")
+        check_packing_supported(hf_config)
     base = Path(base_dir) if base_dir is not None else Path.cwd()
 
     def resolve(p: str) -> str:
         return p if p.startswith(EMBEDDED_PREFIX) or Path(p).is_absolute() else str(base / p)
 
-    train, held, fmt = _load_source(resolve(cfg.path), cfg.format, seed=seed,
-                                    num_eval=cfg.num_eval)
+    registry = resolve(cfg.registry_path) if cfg.registry_path else ""
+    dataset_dir = resolve(cfg.dataset_dir) if cfg.dataset_dir else ""
+    train, held, fmt = _load_source(cfg.path if registry else resolve(cfg.path), cfg.format,
+                                    seed=seed, num_eval=cfg.num_eval, registry=registry,
+                                    dataset_dir=dataset_dir)
     if cfg.eval_path:
         held = load_examples(resolve(cfg.eval_path), cfg.format)[: cfg.num_eval]
     elif not held and cfg.num_eval:
@@ -102,5 +115,6 @@ def build_data(cfg: Any, tokenizer: Any, *, micro_batch: int, seed: int,
     if pad_id is None:
         raise ValueError("model: the tokenizer has neither a pad nor an eos token to pad with")
     stream = TrainStream(examples=train, tokenizer=tokenizer, micro_batch=micro_batch,
-                         seq_len=cfg.seq_len, pad_id=pad_id, seed=seed, overlong=cfg.overlong)
+                         seq_len=cfg.seq_len, pad_id=pad_id, seed=seed, overlong=cfg.overlong,
+                         packing=cfg.packing)
     return DataBundle(train=stream, eval_examples=tuple(held), source=cfg.path, format=fmt)

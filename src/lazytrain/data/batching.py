@@ -6,9 +6,9 @@ start-up time), in an order that is a pure function of (seed, epoch), so the pos
 to exactly `seq_len` (the plan was made for that shape); with causal attention and right
 padding, real tokens never attend to padding, and padding carries label -100.
 
-Packing (several samples per row with per-sequence position ids and isolated attention) is not
-implemented here yet: it needs the engine's attention path to honour per-sequence masks.
-TODO(#5): packing. Knows nothing about the model.
+With `packing=True` each row holds several whole samples instead (`packing.py`: per-sample
+position ids, no cross-attention); a sample that fits no row of this batch is put back and
+opens the next one, so the position stays `(epoch, cursor)`. Knows nothing about the model.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from lazytrain.data.formats import Example
+from lazytrain.data.packing import fill_rows, packed_batch
 from lazytrain.data.tokenize import IGNORE_INDEX, Encoded, encode
 
 
@@ -81,7 +82,12 @@ class TrainStream:
     """Next index into this epoch's order."""
     counts: DataCounts = field(default_factory=DataCounts)
     """Running counts of drawn / truncated / skipped samples."""
+    packing: bool = False
+    """Pack several samples per row (`packing.py`) instead of one padded sample per row."""
     _order_cache: tuple[int, list[int]] | None = field(default=None, init=False, repr=False)
+    _ahead: tuple | None = field(default=None, init=False, repr=False)
+    """A put-back sample: ((epoch, cursor) it starts at, (epoch, cursor, counts) after it,
+    the encoding), so drawing it again costs no re-encoding."""
 
     def _order(self, epoch: int) -> list[int]:
         """This epoch's sample order (cached: a shuffle is O(n))."""
@@ -98,6 +104,10 @@ class TrainStream:
         Raises:
             ValueError: when a whole epoch yields no usable sample (all too long or empty).
         """
+        if self._ahead is not None and self._ahead[0] == (self.epoch, self.cursor):
+            _, (self.epoch, self.cursor, counts), sample = self._ahead
+            self.counts, self._ahead = DataCounts(**counts), None
+            return sample
         misses = 0
         while True:
             if self.cursor >= len(self.examples):
@@ -118,9 +128,28 @@ class TrainStream:
                                  f"overlong=truncate")
 
     def next_micro_batch(self) -> dict[str, torch.Tensor]:
-        """The next `[micro_batch, seq_len]` batch (see `pad_batch`)."""
+        """The next `[micro_batch, seq_len]` batch (`pad_batch`, or `packing.packed_batch`)."""
+        if self.packing:
+            return self._next_packed()
         samples = [self._next_sample() for _ in range(self.micro_batch)]
         return pad_batch(samples, seq_len=self.seq_len, pad_id=self.pad_id)
+
+    def _next_packed(self) -> dict[str, torch.Tensor]:
+        """First-fit packing of the next samples; the one that fits no row is put back."""
+        marks: list[tuple] = []
+
+        def draw() -> Encoded:
+            marks.append((self.epoch, self.cursor, self.counts.to_dict()))
+            return self._next_sample()
+
+        def put_back(sample: Encoded) -> None:
+            epoch, cursor, counts = marks[-1]
+            self._ahead = ((epoch, cursor), (self.epoch, self.cursor, self.counts.to_dict()),
+                           sample)
+            self.epoch, self.cursor, self.counts = epoch, cursor, DataCounts(**counts)
+
+        rows = fill_rows(draw, put_back, rows=self.micro_batch, seq_len=self.seq_len)
+        return packed_batch(rows, seq_len=self.seq_len, pad_id=self.pad_id)
 
     def state_dict(self) -> dict[str, Any]:
         """Position and counts; with the same examples and seed this restores the stream."""
@@ -140,3 +169,4 @@ class TrainStream:
                              f"with seed {self.seed}; resume with the same data and train.seed")
         self.epoch, self.cursor = state["epoch"], state["cursor"]
         self.counts = DataCounts(**state["counts"])
+        self._ahead = None

@@ -1,0 +1,279 @@
+"""Dataset registries in LlamaFactory's `dataset_info.json` format: entry name -> local file.
+
+A registry is a JSON object mapping a dataset name to an entry (LlamaFactory
+`data/README.md`, the format MegaTrain ships as `data/dataset_info.json`):
+
+    {"alpaca_en_demo": {"file_name": "alpaca_en_demo.json"},
+     "gsm8k": {"file_name": "gsm8k/train.jsonl", "formatting": "alpaca",
+               "columns": {"prompt": "question", "response": "answer"}},
+     "chat": {"file_name": "chat.json", "formatting": "sharegpt",
+              "columns": {"messages": "messages"},
+              "tags": {"role_tag": "role", "content_tag": "content",
+                       "user_tag": "user", "assistant_tag": "assistant"}}}
+
+Keys read, with LlamaFactory's defaults:
+
+| key          | meaning                                                 | default            |
+|--------------|---------------------------------------------------------|--------------------|
+| `file_name`  | file (or folder of .json/.jsonl files) under dataset_dir | required here     |
+| `formatting` | `alpaca` or `sharegpt`                                  | `alpaca`           |
+| `columns`    | alpaca: prompt, query, response, system, history;       | alpaca: instruction, input, output |
+|              | sharegpt: messages, system                              | sharegpt: conversations |
+| `tags`       | role_tag, content_tag, user_tag, assistant_tag, system_tag | from, value, human, gpt, system |
+| `num_samples`| keep the first N records (LlamaFactory samples N at random) | all            |
+
+Conversion follows LlamaFactory's converters: alpaca joins prompt and query with a newline, and
+`history` ([[prompt, response], ...]) becomes earlier turns; sharegpt takes a leading system
+turn as the system prompt and requires user/assistant turns to alternate. Every assistant turn
+(history included) is trained. Entries that only name a hub (`hf_hub_url`, `ms_hub_url`,
+`script_url`), ranking data, multimodal columns and tool turns are refused with an error that
+says what to do: this module reads local files only. Knows nothing about tokenizers.
+
+Source: hiyouga/LLaMA-Factory `data/README.md`, `src/llamafactory/data/parser.py` (DatasetAttr
+defaults) and `converter.py` (Alpaca/SharegptDatasetConverter), read for the conventions; no
+code copied.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from lazytrain.data.formats import Example, Message, extract_final_answer, read_records
+
+FORMATTINGS = ("alpaca", "sharegpt")
+"""Supported `formatting` values (LlamaFactory's two record layouts)."""
+
+DEFAULT_COLUMNS: dict[str, dict[str, str | None]] = {
+    "alpaca": {"prompt": "instruction", "query": "input", "response": "output", "system": None,
+               "history": None},
+    "sharegpt": {"messages": "conversations", "system": None},
+}
+"""Column role -> record key, per formatting (None: the role is absent unless mapped)."""
+
+DEFAULT_TAGS: dict[str, str] = {"role_tag": "from", "content_tag": "value", "user_tag": "human",
+                                "assistant_tag": "gpt", "system_tag": "system",
+                                "observation_tag": "observation",
+                                "function_tag": "function_call"}
+"""ShareGPT tag defaults (LlamaFactory DatasetAttr)."""
+
+UNSUPPORTED_COLUMNS = ("images", "videos", "audios", "tools", "chosen", "rejected", "kto_tag")
+"""Column roles of multimodal, tool-use and preference data: refused (text SFT only)."""
+
+HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
+"""Entry keys that point at a remote source (not read: no network)."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class RegistryEntry:
+    """One resolved `dataset_info.json` entry."""
+
+    name: str
+    """The entry's key in the registry."""
+    path: Path
+    """The local file or folder (dataset_dir / file_name)."""
+    formatting: str
+    """"alpaca" or "sharegpt"."""
+    columns: Mapping[str, str | None]
+    """Column role -> record key (defaults filled in)."""
+    tags: Mapping[str, str]
+    """ShareGPT tags (defaults filled in)."""
+    num_samples: int | None = None
+    """Keep only the first N records; None keeps all."""
+
+
+def load_registry(path: str | Path) -> dict[str, dict]:
+    """The registry JSON as a dict of entries.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: not valid JSON, or not an object of objects.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data.registry_path: {path} does not exist; give a "
+                                f"LlamaFactory-style dataset_info.json")
+    try:
+        registry = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"data.registry_path: {path} is not valid JSON ({exc})") from None
+    if not isinstance(registry, dict) or not all(isinstance(v, dict) for v in registry.values()):
+        raise ValueError(f"data.registry_path: {path} must map dataset names to objects")
+    return registry
+
+
+def resolve_entry(registry_path: str | Path, name: str, *,
+                  dataset_dir: str | Path | None = None) -> RegistryEntry:
+    """Look up `name` and fill in LlamaFactory's defaults.
+
+    Args:
+        registry_path: the dataset_info.json.
+        name: the entry (`data.path` when `data.registry_path` is set).
+        dataset_dir: folder `file_name` resolves against; None: the registry's folder.
+
+    Raises:
+        ValueError: unknown name (with the closest names), a hub-only entry, an unknown
+            formatting, ranking data, unsupported (multimodal/tool/preference) columns, an
+            unknown column role or tag, or a bad num_samples.
+    """
+    registry = load_registry(registry_path)
+    if name not in registry:
+        close = difflib.get_close_matches(name, list(registry), n=3)
+        hint = f"; did you mean {', '.join(close)}" if close else ""
+        raise ValueError(f"data.path: {name!r} is not an entry of {registry_path}{hint} "
+                         f"(entries: {', '.join(sorted(registry))})")
+    info = registry[name]
+    where = f"data.registry_path: {registry_path} entry {name!r}"
+    if "file_name" not in info:
+        remote = {k: info[k] for k in HUB_KEYS if k in info}
+        raise ValueError(f"{where} has no file_name (remote source {remote}); download it and "
+                         f"add \"file_name\" with its path under the dataset dir")
+    formatting = info.get("formatting", "alpaca")
+    if formatting not in FORMATTINGS:
+        raise ValueError(f"{where}: formatting {formatting!r} is not supported; use one of "
+                         f"{list(FORMATTINGS)}")
+    if info.get("ranking"):
+        raise ValueError(f"{where}: ranking (preference) data is not supported; use SFT data")
+    columns = dict(DEFAULT_COLUMNS[formatting])
+    for role, key in dict(info.get("columns") or {}).items():
+        if role in UNSUPPORTED_COLUMNS:
+            raise ValueError(f"{where}: column {role!r} is not supported (text SFT only); "
+                             f"remove it from \"columns\"")
+        if role not in columns:
+            raise ValueError(f"{where}: unknown column role {role!r} for {formatting}; "
+                             f"known: {sorted(columns)}")
+        columns[role] = key
+    tags = dict(DEFAULT_TAGS)
+    for tag, value in dict(info.get("tags") or {}).items():
+        if tag not in tags:
+            raise ValueError(f"{where}: unknown tag {tag!r}; known: {sorted(tags)}")
+        tags[tag] = value
+    num = info.get("num_samples")
+    if num is not None and (not isinstance(num, int) or num < 1):
+        raise ValueError(f"{where}: num_samples must be an int >= 1; got {num!r}")
+    base = Path(dataset_dir) if dataset_dir else Path(registry_path).parent
+    return RegistryEntry(name=name, path=base / info["file_name"], formatting=formatting,
+                         columns=columns, tags=tags, num_samples=num)
+
+
+def _column(record: Mapping, key: str | None, role: str):
+    """record[key] or raise KeyError naming the role (the caller adds record and file)."""
+    if key not in record or record[key] is None:
+        raise KeyError(f"column {key!r} (role {role!r}) is missing; the record has "
+                       f"{sorted(record)}")
+    return record[key]
+
+
+def _answer_of(text: str) -> str | None:
+    """Exact-match answer when the response carries a marker (GSM8K `####`, MetaMathQA)."""
+    has_marker = "####" in text or "The answer is:" in text
+    return extract_final_answer(text) if has_marker else None
+
+
+def alpaca_example(record: Mapping, columns: Mapping[str, str | None]) -> Example:
+    """An alpaca-formatted record (LlamaFactory AlpacaDatasetConverter conventions).
+
+    Raises:
+        KeyError: a mapped prompt or response column is missing.
+    """
+    messages = []
+    if columns["system"] and record.get(columns["system"]):
+        messages.append(Message(role="system", content=str(record[columns["system"]])))
+    for old_prompt, old_response in (record.get(columns["history"]) or []
+                                     if columns["history"] else []):
+        messages.append(Message(role="user", content=str(old_prompt)))
+        messages.append(Message(role="assistant", content=str(old_response), train=True))
+    parts = [str(_column(record, columns["prompt"], "prompt"))]
+    if columns["query"] and record.get(columns["query"]):
+        parts.append(str(record[columns["query"]]))
+    response = _column(record, columns["response"], "response")
+    if not isinstance(response, str):
+        raise TypeError(f"column {columns['response']!r} must be a string; got "
+                        f"{type(response).__name__}")
+    messages.append(Message(role="user", content="\n".join(parts)))
+    messages.append(Message(role="assistant", content=response, train=True))
+    return Example(messages=tuple(messages), answer=_answer_of(response))
+
+
+def sharegpt_example(record: Mapping, columns: Mapping[str, str | None],
+                     tags: Mapping[str, str]) -> Example:
+    """A sharegpt-formatted record: user/assistant turns alternate, every assistant turn is
+    trained; a leading system-tag turn (or the system column) is the system prompt.
+
+    Raises:
+        KeyError: the messages column or a turn's role/content key is missing.
+        ValueError: a tool turn, a role tag that breaks the user/assistant alternation, or no
+            assistant turn.
+    """
+    turns = list(_column(record, columns["messages"], "messages"))
+    role_tag, content_tag = tags["role_tag"], tags["content_tag"]
+    messages = []
+    if columns["system"] and record.get(columns["system"]):
+        messages.append(Message(role="system", content=str(record[columns["system"]])))
+    elif turns and turns[0].get(role_tag) == tags["system_tag"]:
+        messages.append(Message(role="system", content=str(turns[0][content_tag])))
+        turns = turns[1:]
+    expected = (tags["user_tag"], tags["assistant_tag"])
+    for i, turn in enumerate(turns):
+        tag = turn[role_tag]
+        if tag in (tags["observation_tag"], tags["function_tag"]):
+            raise ValueError(f"turn {i} is a tool turn ({tag!r}); tool-use data is not "
+                             f"supported")
+        if tag != expected[i % 2]:
+            raise ValueError(f"turn {i} has {role_tag}={tag!r}; expected {expected[i % 2]!r} "
+                             f"(turns alternate {expected[0]!r}, {expected[1]!r}; check \"tags\")")
+        is_assistant = i % 2 == 1
+        messages.append(Message(role="assistant" if is_assistant else "user",
+                                content=str(turn[content_tag]), train=is_assistant))
+    if not any(m.train for m in messages):
+        raise ValueError("the conversation has no assistant turn to train on")
+    last = [m.content for m in messages if m.train][-1]
+    return Example(messages=tuple(messages), answer=_answer_of(last))
+
+
+def _entry_files(entry: RegistryEntry) -> list[Path]:
+    """The entry's file, or the .json/.jsonl files of its folder in name order."""
+    if entry.path.is_dir():
+        files = sorted(p for p in entry.path.iterdir() if p.suffix in (".json", ".jsonl"))
+        if not files:
+            raise ValueError(f"data.path: registry entry {entry.name!r}: folder {entry.path} "
+                             f"has no .json/.jsonl files")
+        return files
+    if not entry.path.is_file():
+        raise FileNotFoundError(f"data.path: registry entry {entry.name!r}: {entry.path} does "
+                                f"not exist; fix its file_name or set data.dataset_dir")
+    return [entry.path]
+
+
+def read_registry_dataset(registry_path: str | Path, name: str, *,
+                          dataset_dir: str | Path | None = None) -> tuple[list[Example], str]:
+    """Read entry `name` of a registry into `Example`s.
+
+    Returns:
+        (examples, "registry:<formatting>").
+
+    Raises:
+        FileNotFoundError: the registry or the entry's file is missing.
+        ValueError: see `resolve_entry` and `read_records` (empty file, bad JSON); a record
+            that does not convert names the file, the record index and the problem (e.g.
+            the missing column).
+    """
+    entry = resolve_entry(registry_path, name, dataset_dir=dataset_dir)
+    examples: list[Example] = []
+    for path in _entry_files(entry):
+        for index, record in enumerate(read_records(path)):
+            try:
+                if entry.formatting == "alpaca":
+                    examples.append(alpaca_example(record, entry.columns))
+                else:
+                    examples.append(sharegpt_example(record, entry.columns, entry.tags))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+                raise ValueError(f"data.path: registry entry {name!r}: {path} record {index}: "
+                                 f"{msg}") from None
+            if entry.num_samples is not None and len(examples) >= entry.num_samples:
+                return examples, f"registry:{entry.formatting}"
+    return examples, f"registry:{entry.formatting}"
