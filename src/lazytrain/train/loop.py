@@ -146,7 +146,7 @@ class Trainer:
                                           master_dtype=tc.master_dtype, seed=tc.seed)
         from lazytrain.data import build_data
         self.data = build_data(cfg.data, self.tokenizer, micro_batch=tc.micro_batch,
-                               seed=tc.seed)
+                               seed=tc.seed, hf_config=hf_config)
         self.engine = self._make_engine()
         self.replanner = self._make_replanner()
         self.step = 0
@@ -193,7 +193,8 @@ class Trainer:
         batches = [self.data.train.next_micro_batch() for _ in range(self.cfg.train.grad_accum)]
         stats = self.engine.step(batches, lr=self.lr_at(self.step))
         self.step += 1
-        real_tokens = int(sum(b["attention_mask"].sum() for b in batches))
+        from lazytrain.data import real_token_count  # padded or packed batches
+        real_tokens = sum(real_token_count(b) for b in batches)
         record = {"step": self.step, "loss": stats.loss, "tokens": real_tokens,
                   "label_tokens": stats.tokens, "step_s": stats.step_s,
                   "tokens_per_s": real_tokens / stats.step_s,
