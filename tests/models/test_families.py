@@ -242,3 +242,16 @@ def test_relabelled_model_is_not_taken_by_the_generic_path():
     from lazytrain.models.adapter import ModelAdapter
     with pytest.raises(ValueError, match="supported"):
         ModelAdapter(adapter.model, adapter.params)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen3_5_nested"])
+def test_hf_saved_checkpoint_loads_into_the_store_with_hf_conversion(family, tmp_path):
+    from lazytrain.models import load_adapter_from_dir
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(family_config(family), dtype=torch.float32)
+    ref.save_pretrained(tmp_path)  # HF writes MoE experts one by one (legacy layout)
+    loaded = load_adapter_from_dir(tmp_path)
+    assert all(p.device.type == "meta" for p in loaded.blocks[0].parameters())
+    master = loaded.params.named_master()
+    for name, p in ref.named_parameters():
+        assert torch.equal(master[name], p.detach()), name

@@ -60,12 +60,22 @@ def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: st
 
 def adapter_from_model(model: nn.Module, *, master_dtype: str = "fp32") -> ModelAdapter:
     """Move an instantiated HF model's weights into a new host store (the model becomes a
-    meta-device skeleton) and wrap it."""
+    meta-device skeleton) and wrap it.
+
+    Each parameter's storage is released right after its copy, so the model must not share
+    parameter storage with tensors the caller still uses (e.g. `load_state_dict(assign=True)`).
+    """
     store = _store_for(model, master_dtype=master_dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
             group, local = store.locate(name)
             group.master_views[local].copy_(p.detach())
+            # free the module's copy at once (shape kept for `_to_meta`): host memory peaks
+            # near one model, not two; file-mapped (safetensors mmap) storage is not resizable
+            # and costs no anonymous memory anyway
+            storage = p.detach().untyped_storage()
+            if storage.resizable():
+                storage.resize_(0)
     _to_meta(model, resolve_layout(model))
     return ModelAdapter(model, store)
 
@@ -92,6 +102,20 @@ def checkpoint_name(stored: str, layout) -> str | None:
     return stored
 
 
+def _needs_hf_conversion(model_dir: Path, model: nn.Module, layout) -> bool:
+    """True when some checkpoint tensor (after `checkpoint_name`) is not a model parameter and
+    HF registers a checkpoint conversion for the model (reads the safetensors headers only)."""
+    from safetensors import safe_open
+    from transformers.conversion_mapping import extract_weight_conversions_for_model
+    params = {n for n, _ in model.named_parameters()} | {f"{layout.head}.weight"}
+    for path in _weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            names = {checkpoint_name(k, layout) for k in f.keys()} - {None}
+        if names - params:
+            return extract_weight_conversions_for_model(model) is not None
+    return False
+
+
 def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
                           master_dtype: str = "fp32") -> ModelAdapter:
     """Load a local HF model directory block by block into the host store.
@@ -99,6 +123,12 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
     The skeleton is built on the meta device; each safetensors tensor is read and copied
     straight into its slot of the fp32 master buffers, so host memory peaks at one model copy
     plus one tensor. `dtype` is accepted for symmetry (see `load_adapter_from_config`).
+
+    Checkpoints whose tensors need HF's checkpoint conversion (the per-expert MoE layout
+    `experts.<e>.gate_proj/up_proj/down_proj` or Mixtral's `block_sparse_moe.experts.<e>.w1..w3`,
+    fused into `experts.gate_up_proj`/`down_proj` by `transformers.conversion_mapping`) are
+    loaded by HF's `from_pretrained` in fp32 and moved into the store parameter by parameter
+    (`adapter_from_model`): HF owns the conversion rules; host memory peaks near one fp32 model.
 
     Raises:
         FileNotFoundError: no safetensors weights in the directory.
@@ -111,6 +141,9 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     layout = resolve_layout(model)
+    if _needs_hf_conversion(model_dir, model, layout):
+        converted = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        return adapter_from_model(converted, master_dtype=master_dtype)
     rotary = _get(model, layout.rotary)
     parent_path, _, attr = layout.rotary.rpartition(".")
     with torch.device("cpu"):  # the rotary inv_freq buffer must be real, not meta
