@@ -43,7 +43,7 @@ def test_defaults_are_the_embedded_default_job():
     assert cfg.data.path == "embedded:arithmetic" and cfg.data.seq_len == 256
     assert (cfg.train.micro_batch, cfg.train.grad_accum, cfg.train.steps) == (4, 1, 12)
     assert cfg.train.compute_dtype == "fp32"
-    assert (cfg.planner.policy, cfg.planner.backend) == ("milp", "highs")
+    assert (cfg.planner.policy, cfg.planner.backend) == ("milp", "auto")
 
 
 def test_unknown_key_names_the_dotted_path_and_the_closest_key(tmp_path):

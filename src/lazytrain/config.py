@@ -233,8 +233,9 @@ class PlannerConfig:
     policy: Literal["milp", "heuristic", "megatrain", "ideal"] = "milp"
     """milp (LazyTrain), heuristic (uniform-K + greedy + local search), megatrain (every
     `megatrain_k`-th boundary in HBM, the rest recomputed) or ideal (infinite-HBM bound)."""
-    backend: Literal["scip", "highs"] = "highs"
-    """MILP solver. highs by default (pending the planner benchmark, which decides)."""
+    backend: Literal["auto", "scip", "highs"] = "auto"
+    """MILP solver. auto: HiGHS up to 64 blocks, SCIP above, as benchmarks/planner.py measured
+    (planner/solvers.py AUTO_HIGHS_MAX_BLOCKS has the numbers)."""
     time_limit_s: float = 10.0
     """Solver wall-clock limit, s, > 0; the incumbent is returned on time-out (10 s: the
     64-block target of issue 2)."""
