@@ -93,8 +93,8 @@ def test_packed_batch_loss_equals_token_weighted_loss_of_samples_run_one_by_one(
 
 
 def test_packing_without_isolation_would_change_the_logits():
-    """Control: the same row with plain positions (one long causal sequence) gives other logits, so the
-    equality above really comes from the per-sample positions and mask."""
+    """Control: the same row with plain positions (one long causal sequence) gives other
+    logits, so the equality above really comes from the per-sample positions and mask."""
     ref, _ = model_pair(tiny_config("llama"))
     batch, packed, _ = _pack(SAMPLES)
     with torch.no_grad():
