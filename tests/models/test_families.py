@@ -255,3 +255,28 @@ def test_hf_saved_checkpoint_loads_into_the_store_with_hf_conversion(family, tmp
     master = loaded.params.named_master()
     for name, p in ref.named_parameters():
         assert torch.equal(master[name], p.detach()), name
+
+
+def test_packed_rows_are_refused_on_linear_attention_layers():
+    _, adapter = _pair(family_config("qwen3_5_text"), idle_expert=False)
+    pos = torch.cat([torch.arange(5), torch.arange(7)]).repeat(2, 1)  # two documents per row
+    with pytest.raises(ValueError, match="linear-attention layers"):
+        adapter.block_kwargs(torch.ones(2, SEQ, dtype=torch.long), torch.zeros(2, SEQ, HIDDEN),
+                             position_ids=pos)
+
+
+def test_vision_language_checkpoint_names_map_to_the_text_model(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from lazytrain.models import load_adapter_from_dir
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(family_config("qwen3_5_nested"), dtype=torch.float32)
+    ref.save_pretrained(tmp_path)
+    flat = load_file(str(tmp_path / "model.safetensors"))
+    vlm = {k.replace("model.", "model.language_model.", 1): v for k, v in flat.items()}
+    vlm["model.visual.patch_embed.weight"] = torch.zeros(3)  # vision tower: skipped
+    vlm["mtp.fc.weight"] = torch.zeros(2)  # multi-token prediction head: skipped
+    save_file(vlm, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    loaded = load_adapter_from_dir(tmp_path)
+    master = loaded.params.named_master()
+    for name, p in ref.named_parameters():
+        assert torch.equal(master[name], p.detach()), name

@@ -122,6 +122,8 @@ class ModelAdapter:
         B, S = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(S, device=hidden.device).unsqueeze(0)
+        else:
+            self._check_packing(position_ids)
         rotary_device = next(iter(self.rotary.buffers())).device
         rope = self.rotary(hidden.to(rotary_device), position_ids.to(rotary_device))
         # (cos, sin) for most families; one complex freqs_cis tensor for DeepSeek-V2
@@ -136,6 +138,26 @@ class ModelAdapter:
             out.append({"position_embeddings": pos_emb, "position_ids": position_ids,
                         "attention_mask": masks[key]})
         return out
+
+    def _check_packing(self, position_ids: torch.Tensor) -> None:
+        """Refuse packed rows (positions restart inside a row) on linear-attention layers.
+
+        The Gated-DeltaNet torch fallback that HF runs without flash-linear-attention ignores
+        `cu_seqlens` and its causal conv1d spans the whole row, so a packed document would read
+        the recurrent state of the previous one (HF itself does this silently).
+
+        Raises:
+            ValueError: packed position_ids and a linear-attention layer.
+        """
+        restarts = position_ids[..., 1:] <= position_ids[..., :-1]
+        if not bool(restarts.any()):
+            return
+        linear = [j for j, b in enumerate(self.blocks)
+                  if layer_attention_type(b) == "linear_attention"]
+        if linear:
+            raise ValueError(f"data.packing: packed sequences are not isolated in the "
+                             f"linear-attention layers {linear[:4]} (torch fallback of the gated "
+                             f"delta rule has no cu_seqlens); disable packing for this model")
 
     def _mask(self, key: tuple[str, int | None], hidden: torch.Tensor,
               attention_mask: torch.Tensor | None, position_ids: torch.Tensor):
