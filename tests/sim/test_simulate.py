@@ -50,10 +50,11 @@ def test_all_hbm_two_blocks_matches_hand_timeline():
     assert r.window("b1").exposed_ms == pytest.approx(0.0)
 
 
-def test_recompute_loads_serialize_through_the_single_recompute_buffer():
+def test_with_three_weight_buffers_recompute_loads_serialize_through_one_buffer():
     p = tiny_problem(L=3)
-    r = simulate(p, Plan(tiers=("hbm", "recompute", "recompute", "hbm")))
-    # b2 ends segment (0, 3); 3 weight buffers (the engine's ring): W2 (loaded in turn) is in
+    r = simulate(p, Plan(tiers=("hbm", "recompute", "recompute", "hbm")),
+                 options=SimOptions(weight_buffers=3))
+    # b2 ends segment (0, 3); 3 weight buffers (the engine's ring before it grew to 4): W2 (loaded in turn) is in
     # use until B2, W1 for b1 takes the second, recompute loads share the third:
     # W1b [0,1]; W0r [1,2]; R0 [2,3]; W1r waits for R0's buffer [3,4]; R1 [4,5];
     # Fg2 [5,6.5]; B2 [6.5,8.5]. Window 8.5 ms, compute 5.5 ms, stall 3 ms.
@@ -67,7 +68,7 @@ def test_recompute_loads_serialize_through_the_single_recompute_buffer():
     assert ev["W1 recompute"].waited_on == "R0"
 
 
-def test_a_fourth_weight_buffer_lets_recompute_loads_overlap():
+def test_the_default_fourth_weight_buffer_lets_recompute_loads_overlap():
     p = tiny_problem(L=3)
     r = simulate(p, Plan(tiers=("hbm", "recompute", "recompute", "hbm")),
                  options=SimOptions(weight_buffers=4))
@@ -204,7 +205,7 @@ def test_all_hbm_plan_agrees_on_gpu_with_loaded_links(evaluator):
 def test_compare_reports_recompute_weight_loads_the_evaluator_overlaps(evaluator):
     p = tiny_problem(L=3)
     plan = _plan(p, ("hbm", "recompute", "recompute", "hbm"))
-    diffs = compare(p, plan)
+    diffs = compare(p, plan, options=SimOptions(weight_buffers=3))
     b2 = [d for d in diffs if d.startswith("b2:")]
     assert b2, diffs
     # evaluator: max(compute 5.5, h2d 3 ms) = 5.5; simulator 8.5 (hand timeline above)

@@ -6,7 +6,9 @@ sizes per block come from `lazytrain.spec.costs`. Imports spec and the problem t
 solver, no torch).
 
 HBM (`fixed_hbm_bytes`, docs/execution_model.md "HBM capacity"):
-    2 x max P            two weight buffers (double buffering: block j+1 loads while j runs)
+    4 x max P            the engine's weight ring (runtime/streams.py DeviceWeights): two for
+                         double buffering (block j+1 loads while j runs), two so segment
+                         recompute loads are double-buffered too
   + 2 x max G            two gradient buffers (block j+1 drains while j's backward writes)
   + ends weights + grads embedding, final norm, untied head resident, with their gradients
   + block workspace      one block's autograd-saved activations + boundary grads (max I + 3A)
@@ -41,6 +43,8 @@ HOST_BYTES_PER_PARAM = {"fp32": 16.0, "bf16": 12.0}
 """train.master_dtype -> host bytes per parameter (master + grad + two Adam moments)."""
 HOST_BYTES_PER_PARAM_Q8 = {"fp32": 10.0, "bf16": 6.0}
 """The same with 8-bit Adam moments (2 x 1 B instead of 2 x 4 B; block scales negligible)."""
+DEVICE_WEIGHT_SLOTS = 4
+"""Device weight buffers of the engine's ring (runtime/streams.py DeviceWeights num_slots)."""
 WEIGHT_POOL_BLOCKS = 4
 """Pinned staging slots for streamed weights: two in flight to the double buffer, two being
 converted from the master copy. Bounded, not one pinned copy of the model (issue 3)."""
@@ -138,7 +142,7 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
     max_g = max(c.grad_bytes for c in costs.blocks)
     a = max(costs.boundary_bytes)
     parts = {
-        "weight_buffers_bytes": 2 * max_p,
+        "weight_buffers_bytes": DEVICE_WEIGHT_SLOTS * max_p,
         "grad_buffers_bytes": 2 * max_g,
         "ends_bytes": costs.ends_weight_bytes + costs.ends_grad_bytes,
         "block_workspace_bytes": costs.block_workspace_bytes,

@@ -136,6 +136,7 @@ class Engine:
             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
         self.optimizer = optimizer or BlockOptimizer(self.params, lr=lr, betas=betas, eps=eps,
                                                      weight_decay=weight_decay)
+        self.optimizer.set_q8_blocks(plan.q8_blocks)  # the plan's 8-bit Adam states
         self.grad_sync = grad_sync
         self.lr = lr
         self.clip = clip_grad_norm or None
@@ -153,8 +154,9 @@ class Engine:
     def set_plan(self, plan: Plan) -> None:
         """Run `plan` from the next step on (online re-planning; call between steps only).
 
-        Plans change placement, never the math: weights, optimizer states, RNG and data
-        position are untouched. The new plan must match the model (provenance) and, once the
+        Plans change placement, never the math: weights, RNG and data position are untouched;
+        optimizer moments are kept, re-quantized or de-quantized when a block enters or leaves
+        the plan's `q8_blocks`. The new plan must match the model (provenance) and, once the
         first step has run, the batch shape it checked.
 
         Raises:
@@ -174,6 +176,7 @@ class Engine:
         self.plan = plan
         self.resident = set(plan.resident_weights) | set(plan.keep_internals)
         self.keep = set(plan.keep_internals)
+        self.optimizer.set_q8_blocks(plan.q8_blocks)  # converts moments of blocks that change
         # the store's per-window HBM limits come from the plan (constructor argument)
         self.store._limits = {w.name: w.hbm_checkpoint_bytes for w in plan.windows}
         if self.instrument is not None:
@@ -345,8 +348,12 @@ class Engine:
         if s == 0 and self.plan.tiers[0] == "recompute":
             self.store.put(0, self.embed(mb), "recompute", micro_batch=mb.index)  # re-embedded
         h = self.store.get(s, micro_batch=mb.index)
+        load = lambda k: mb.weights[k] if k in self.resident else self.prefetch_weights(k)
+        upcoming = load(s) if s < e - 1 else None
         for k in range(s, e - 1):
-            handle = mb.weights[k] if k in self.resident else self.prefetch_weights(k)
+            handle = upcoming
+            if k + 1 < e - 1:
+                upcoming = load(k + 1)  # block k+1 loads while block k recomputes (4th slot)
             with torch.no_grad(), self._replay(mb.rng[k]):
                 h = self._block(mb, k, h, self.weights.ready(handle))
             if k not in self.resident:

@@ -116,11 +116,13 @@ class DeviceWeights:
         params: the host store (source of every load).
         streams: the device's streams.
         compute_dtype: dtype of the device copy.
-        num_slots: ring size: 2 for double buffering + 1 for the segment recompute loads.
+        num_slots: ring size: 2 for double buffering (block j runs, the next block loads) + 2
+            so the segment recompute loads are double-buffered too (block k+1 loads while k
+            recomputes).
     """
 
     def __init__(self, params: HostParams, streams: Streams, compute_dtype: torch.dtype, *,
-                 num_slots: int = 3) -> None:
+                 num_slots: int = 4) -> None:
         self.params = params
         self.streams = streams
         self.dtype = compute_dtype

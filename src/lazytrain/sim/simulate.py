@@ -28,13 +28,13 @@ COPY_STREAMS = STREAMS[1:]
 class SimOptions:
     """What the simulated engine looks like beyond the Plan.
 
-    The defaults follow the runtime engine: a ring of three weight buffers (runtime/streams.py
-    `DeviceWeights(num_slots=3)`: two for double buffering, one for segment recompute loads;
-    docs/execution_model.md counts two in `fixed_hbm_bytes`), two gradient drain buffers, and
-    window barriers (docs/execution_model.md).
+    The defaults follow the runtime engine: a ring of four weight buffers (runtime/streams.py
+    `DeviceWeights(num_slots=4)`: two for double buffering, two so segment recompute loads
+    ping-pong; planner/build.py counts all four in `fixed_hbm_bytes`), two gradient drain
+    buffers, and window barriers (docs/execution_model.md).
     """
 
-    weight_buffers: int = 3
+    weight_buffers: int = 4
     """Device weight buffers a streamed load may use (>= 3: the next window's load and one
     recompute load must fit beside the buffer of the block being computed; 4 lets recompute
     loads ping-pong so that only the first is exposed)."""
