@@ -280,3 +280,21 @@ def test_vision_language_checkpoint_names_map_to_the_text_model(tmp_path):
     master = loaded.params.named_master()
     for name, p in ref.named_parameters():
         assert torch.equal(master[name], p.detach()), name
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "olmo2_generic"])
+def test_planner_spec_sees_the_blocks_the_engine_runs(family):
+    """The planner's per-block kinds and parameter counts (spec/model.py, parsed from the config
+    JSON) equal what the adapter streams: the same layer kinds, sliding windows and
+    experts, per layer."""
+    from lazytrain.spec.model import ModelSpec
+    config = family_config(family)
+    _, adapter = _pair(config, idle_expert=False)
+    spec = ModelSpec.from_hf_config(config.to_dict())
+    assert [b.params for b in spec.blocks] == [g.numel for g in adapter.params.blocks]
+    for block, layer in zip(spec.blocks, adapter.blocks):
+        kind = layer_attention_type(layer)
+        if block.attention != "mla":
+            assert block.attention == kind, block.index
+        assert block.mlp == ("moe" if hasattr(layer.mlp, "experts") else "dense"), block.index
+        assert block.sliding_window == (layer_sliding_window(layer, adapter.config) or 0)
