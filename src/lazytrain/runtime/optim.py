@@ -7,6 +7,10 @@ clipping scale, and the warmup + cosine learning-rate schedule.
 
 `torch.optim.AdamW(fused=True)` runs on CPU tensors in torch 2.13 (checked at import by the
 tests), so fused is used on every device.
+
+Groups whose block index is in the plan's `q8_blocks` use the 8-bit AdamW of
+`runtime/optim8bit.py` instead (same update, moments block-wise quantized); `set_q8_blocks`
+switches a group between the two between steps, carrying its moments over.
 """
 
 from __future__ import annotations
@@ -16,7 +20,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from lazytrain.runtime import optim8bit
 from lazytrain.runtime.params import HostParams, ParamGroup
+
+
+Q8_KEY = "lazytrain_q8"
+"""Key added to each group's saved optimizer state: True when its moments are 8-bit."""
 
 
 def lr_at(step: int, *, base_lr: float, warmup_steps: int, total_steps: int,
@@ -47,18 +56,74 @@ class BlockOptimizer:
     Args:
         params: the host store; group k's `master` is updated in place from its `grad`.
         lr, betas, eps, weight_decay: AdamW hyper-parameters (torch semantics).
+        q8_blocks: block indices whose Adam moments are 8-bit (the plan's `q8_blocks`); the
+            ends group always keeps fp32 moments.
+
+    Raises:
+        ImportError: `q8_blocks` is not empty and bitsandbytes is not installed.
+        ValueError: a q8 block index outside 0..L-1.
     """
 
     def __init__(self, params: HostParams, *, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01) -> None:
+                 weight_decay: float = 0.01, q8_blocks=()) -> None:
         self.params = params
-        self.optims: dict[str, torch.optim.AdamW] = {}
+        self.hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.q8: set[str] = set()
+        self.optims: dict[str, torch.optim.Optimizer] = {}
         for g in params.groups:
             g.master.grad = g.grad  # the accumulator *is* the .grad the optimizer reads
-            self.optims[g.name] = torch.optim.AdamW([g.master], lr=lr, betas=betas, eps=eps,
-                                                    weight_decay=weight_decay, fused=True)
+            self.optims[g.name] = self._fp32(g)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytrain-adamw")
         self.futures: dict[str, Future] = {}
+        self.set_q8_blocks(q8_blocks)
+
+    def _fp32(self, g: ParamGroup) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([g.master], fused=True, **self.hyper)
+
+    def _q8(self, g: ParamGroup):
+        return optim8bit.adamw8bit(g.master, g.grad, **self.hyper)
+
+    def set_q8_blocks(self, q8_blocks) -> None:
+        """Make exactly the blocks in `q8_blocks` 8-bit (call between steps).
+
+        A group that changes precision keeps its moments and step count: fp32 -> 8-bit
+        quantizes them, 8-bit -> fp32 dequantizes them (the quantization error is the only
+        change). Waits for every queued update first.
+
+        Raises:
+            ValueError: an index outside 0..L-1.
+            ImportError: 8-bit wanted and bitsandbytes missing.
+        """
+        L = len(self.params.blocks)
+        bad = [j for j in q8_blocks if not 0 <= j < L]
+        if bad:
+            raise ValueError(f"q8_blocks {bad} out of range for {L} blocks")
+        want = {self.params.blocks[j].name for j in q8_blocks}
+        if want == self.q8:
+            return
+        self.wait_all()
+        for g in self.params.blocks:
+            if (g.name in want) != (g.name in self.q8):
+                self._convert(g, to_q8=g.name in want)
+
+    def _convert(self, g: ParamGroup, *, to_q8: bool) -> None:
+        old, lr = self.optims[g.name], self.optims[g.name].param_groups[0]["lr"]
+        if to_q8:
+            m, v, step = _fp32_moments(old, g)
+            new = self._q8(g)
+            optim8bit.load_q8_moments(new, m, v, step)
+            self.q8.add(g.name)
+        else:
+            m, v, step = optim8bit.moments_from_q8(old)
+            g.master.grad = g.grad
+            new = self._fp32(g)
+            if step:
+                new.state[g.master] = {"step": torch.tensor(float(step)), "exp_avg": m,
+                                       "exp_avg_sq": v}
+            self.q8.discard(g.name)
+        for pg in new.param_groups:
+            pg["lr"] = lr
+        self.optims[g.name] = new
 
     def submit(self, group: ParamGroup, *, lr: float, grad_scale: float = 1.0) -> None:
         """Queue one group's update; it runs after every update queued before it."""
@@ -83,17 +148,44 @@ class BlockOptimizer:
             self.wait(g)
 
     def state_dict(self) -> dict:
+        """{group name: its optimizer's state_dict + `Q8_KEY`: True when its moments are 8-bit}."""
         self.wait_all()
-        return {name: opt.state_dict() for name, opt in self.optims.items()}
+        return {name: {**opt.state_dict(), Q8_KEY: name in self.q8}
+                for name, opt in self.optims.items()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Load per-group states saved by `state_dict`, whatever precision each was saved in:
+        a group saved in the other precision is loaded as saved and then converted."""
         self.wait_all()
+        current = set(self.q8)
+        saved_q8 = {name for name, sd in state.items() if _is_q8_state(sd)}
+        blocks = {g.name: j for j, g in enumerate(self.params.blocks)}
+        self.set_q8_blocks([blocks[n] for n in saved_q8 if n in blocks])
         for name, opt in self.optims.items():
-            opt.load_state_dict(state[name])
+            opt.load_state_dict({k: v for k, v in state[name].items() if k != Q8_KEY})
+        self.set_q8_blocks([blocks[n] for n in current])
 
     def close(self) -> None:
         self.wait_all()
         self.worker.shutdown(wait=True)
+
+
+def _fp32_moments(opt: torch.optim.Optimizer, g: ParamGroup
+                  ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(exp_avg, exp_avg_sq, step) of torch's AdamW on `g.master` (zeros, 0 before any step)."""
+    st = opt.state.get(g.master) or {}
+    if "exp_avg" not in st:
+        return torch.zeros_like(g.master), torch.zeros_like(g.master), 0
+    return st["exp_avg"], st["exp_avg_sq"], int(st["step"])
+
+
+def _is_q8_state(sd: dict) -> bool:
+    """True for a group state saved with 8-bit moments (`Q8_KEY`; without it: no torch AdamW
+    `exp_avg` in a non-empty state)."""
+    if Q8_KEY in sd:
+        return bool(sd[Q8_KEY])
+    states = list(sd.get("state", {}).values())
+    return bool(states) and not any("exp_avg" in st for st in states)
 
 
 def global_grad_norm(params: HostParams) -> float:
