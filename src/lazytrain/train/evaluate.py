@@ -9,7 +9,10 @@ through the streaming engine instead. TODO(#3): engine-side evaluation for model
 host memory.
 
 Evaluation leaves the global RNG state as it found it (forked), so a run evaluated in the middle
-trains exactly like one that is not.
+trains exactly like one that is not. It runs with one torch thread (restored afterwards): greedy
+generation is thousands of tiny ops, and on a shared 2-core machine every intra-op parallel
+region waits for a descheduled sibling thread. Measured here (SmolLM2-135M, 8 prompts x 32 new
+tokens, load average ~5): 16-22 s with 1 thread, 158 s with 2.
 """
 
 from __future__ import annotations
@@ -112,7 +115,18 @@ def generate_answers(model: Any, tokenizer: Any, examples: list[Example], *,
 
 def evaluate(model: Any, tokenizer: Any, examples: list[Example], *, seq_len: int,
              pad_id: int, data_format: str) -> EvalResult:
-    """Loss and exact match of `model` on `examples` (RNG state preserved)."""
+    """Loss and exact match of `model` on `examples` (RNG state and thread count preserved)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _evaluate(model, tokenizer, examples, seq_len=seq_len, pad_id=pad_id,
+                         data_format=data_format)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _evaluate(model: Any, tokenizer: Any, examples: list[Example], *, seq_len: int,
+              pad_id: int, data_format: str) -> EvalResult:
     with torch.random.fork_rng(devices=[]):
         loss = eval_loss(model, tokenizer, examples, seq_len=seq_len, pad_id=pad_id) \
             if examples else None
