@@ -82,6 +82,8 @@ class Evaluation:
     hbm_short_bytes: float = 0.0
     dram_short_bytes: float = 0.0
     nvme_short_bytes: float = 0.0
+    q8_param_fraction: float = 0.0
+    """Parameters with 8-bit Adam moments / all parameters (blocks + ends)."""
 
     @property
     def predicted(self) -> Predicted:
@@ -89,7 +91,7 @@ class Evaluation:
         return Predicted(step_ms=self.step_ms, model_tflops=self.model_tflops,
                          hardware_tflops=self.hardware_tflops, tokens_per_s=self.tokens_per_s,
                          peak_hbm_bytes=self.peak_hbm_bytes, dram_bytes=self.dram_bytes,
-                         nvme_bytes=self.nvme_bytes)
+                         nvme_bytes=self.nvme_bytes, q8_param_fraction=self.q8_param_fraction)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,7 +342,9 @@ def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
         model_tflops=p.model_flops_per_micro_batch * p.grad_accum / step_s / 1e12,
         hardware_tflops=hw_flops / step_s / 1e12,
         tokens_per_s=p.tokens_per_micro_batch * p.grad_accum / step_s,
-        hbm_short_bytes=hbm_short, dram_short_bytes=dram_short, nvme_short_bytes=nvme_short)
+        hbm_short_bytes=hbm_short, dram_short_bytes=dram_short, nvme_short_bytes=nvme_short,
+        q8_param_fraction=sum(p.params_per_block[j] for j in q8)
+        / max(1, sum(p.params_per_block) + p.ends_params))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -192,6 +192,9 @@ class Predicted:
     peak_hbm_bytes: float
     dram_bytes: float
     nvme_bytes: float
+    q8_param_fraction: float = 0.0
+    """Fraction of all trainable parameters (blocks and ends) whose Adam moments are 8-bit
+    (the blocks in `q8_blocks`); 0 for plans written before this field."""
 
 
 # ---------------------------------------------------------------------------------------------
