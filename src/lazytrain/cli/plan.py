@@ -39,6 +39,8 @@ EPILOG = """\
 examples:
   lazytrain plan --config configs/qwen3.6-27b-h800.yaml --out plan.json --gantt plan.png
   lazytrain plan --config configs/qwen3.6-27b-h800.yaml --policy heuristic --micro-batch 36
+  lazytrain plan --config configs/qwen3.6-27b-h800.yaml --policy heuristic --max-batch \
+      --hardware h200 --grad-accums 1,4
   lazytrain plan --model ../shared/models/qwen3-8b.json --hardware h100-pcie --seq-len 4096 \\
       --micro-batch 8 --set planner.time_limit_s=30 --json
 """
@@ -80,6 +82,13 @@ def register(subparsers) -> None:
     p.add_argument("--gantt", metavar="plan.png", help="write the simulated timeline as PNG")
     p.add_argument("--json", action="store_true",
                    help="print the plan JSON and the comparison instead of the table")
+    p.add_argument("--max-batch", action="store_true",
+                   help="instead of one plan: the largest micro-batch with a feasible plan "
+                        "(planner's memory model; policy milp or heuristic) and the predicted "
+                        "tokens/s of candidate batches")
+    p.add_argument("--grad-accums", metavar="N,N,...",
+                   help="with --max-batch: accumulation candidates (default: 1 and "
+                        "train.grad_accum)")
     p.set_defaults(func=run)
 
 
@@ -117,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     from lazytrain.planner.policy import plan_with_policy
 
     cfg, problem = load_problem(args)
+    if getattr(args, "max_batch", False):
+        return run_max_batch(args, cfg)
     node_problem, topo = problem, None
     if cfg.dist.nproc_per_node > 1:  # data parallel: plan one rank's share of the node
         from lazytrain.planner.build import hardware_from_config
@@ -146,6 +157,50 @@ def run(args: argparse.Namespace) -> int:
     if violations and pc.policy != "ideal":
         print(f"error: the {pc.policy} plan breaks a budget: {violations[0]}; raise the budget "
               f"or shrink train.micro_batch / data.seq_len", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_max_batch(args: argparse.Namespace, cfg) -> int:
+    """`--max-batch`: search the largest feasible micro-batch (planner/capacity.py), print the
+    table or `--json`. Exit 1 when not even one sequence fits."""
+    from lazytrain.config import apply_overrides
+    from lazytrain.planner.build import hardware_from_config, problem_from_config
+    from lazytrain.planner.capacity import format_batch_table, max_batch_search
+
+    try:
+        accums = ([int(x) for x in args.grad_accums.split(",")] if args.grad_accums
+                  else [1, cfg.train.grad_accum])
+    except ValueError:
+        raise ValueError(f"--grad-accums: {args.grad_accums!r} is not a comma-separated list "
+                         f"of integers; e.g. 1,4") from None
+    topo = None
+    if cfg.dist.nproc_per_node > 1:
+        from lazytrain.planner.topology import topology_from_config
+        topo = topology_from_config(cfg, hardware_from_config(cfg))
+
+    def problem_at(m: int, g: int):
+        problem = problem_from_config(apply_overrides(
+            cfg, [f"train.micro_batch={m}", f"train.grad_accum={g}"]))
+        if topo is not None:
+            from lazytrain.planner.topology import rank_problem
+            problem = rank_problem(problem, topo)
+        return problem
+
+    pc = cfg.planner
+    with solver_output_to_stderr():
+        search = max_batch_search(problem_at, policy=pc.policy, grad_accums=accums,
+                                  backend=pc.backend, time_limit_s=pc.time_limit_s, gap=pc.gap,
+                                  threads=pc.threads, seed=pc.seed)
+    if args.json:
+        print(json.dumps({"max_batch": search.to_dict()}, indent=1))
+    else:
+        title = (f"max batch for {cfg.model.name or cfg.model.config_path} on "
+                 f"{cfg.hardware.preset}, seq {cfg.data.seq_len}:")
+        print(format_batch_table(search, title=title))
+    if search.max_micro_batch == 0:
+        print(f"error: not even micro_batch 1 fits: {search.rows[-1].violation}; raise the "
+              f"budget or shrink data.seq_len", file=sys.stderr)
         return 1
     return 0
 
@@ -291,6 +346,9 @@ def format_table(problem, plan, report: dict) -> str:
     lines.append(f"keep-internals ({len(plan.keep_internals)}): {ranges(plan.keep_internals)}")
     lines.append(f"resident weights ({len(plan.resident_weights)}): "
                  f"{ranges(plan.resident_weights)}")
+    frac = plan.predicted.q8_param_fraction if plan.predicted else 0.0
+    lines.append(f"8-bit Adam states ({len(plan.q8_blocks)} blocks, {100 * frac:.2f}% of "
+                 f"parameters): {ranges(plan.q8_blocks)}")
     lines.append("")
     lines += _perf_table(report)
     lines += _check_lines(report)
