@@ -62,7 +62,7 @@ def test_provenance_carries_the_resolved_config_and_horizons(seed_cfg):
 def test_default_job_builds_a_cpu_problem_without_files():
     p = problem_from_config(load_config(None))
     assert p.num_blocks == 30 and not p.copies_overlap_compute
-    assert p.boundary_bytes[0] == 4 * 256 * 576 * 4 and p.host_bytes_per_param == 16.0
+    assert p.boundary_bytes[0] == 4 * 160 * 576 * 4 and p.host_bytes_per_param == 16.0
 
 
 def test_megatrain_plan_of_the_planner_predicts_176_9_tflops(seed_cfg):
