@@ -257,7 +257,10 @@ class PlannerConfig:
     allow_keep: bool = True
     """Offer keep-internals (no re-forward for a block whose graph and weights stay in HBM)."""
     allow_q8: bool = False
-    """Offer per-block 8-bit Adam moments to relieve DRAM (off until the optimizer has them)."""
+    """Offer per-block 8-bit Adam moments (bitsandbytes AdamW8bit, runtime/optim8bit.py) to
+    relieve DRAM. Opt-in: the planner's penalty (PlanningProblem.q8_penalty_ms_per_gparam) is a
+    small tie-breaker, not a measured cost, and the CPU 8-bit update is ~10x slower than fused
+    fp32 AdamW on this machine kind, so enable it when DRAM, not time, is the limit."""
     threads: int = 1
     """Solver threads, >= 1 (1: deterministic plans)."""
     seed: int = 0
