@@ -8,7 +8,7 @@ RUN_DIR`): least squares on the run's measured windows (`RUN_DIR/windows.jsonl`)
 plan (`lazytrain.planner.refit`), starting from the profile the run used (or `--profile`).
 
 Output: the profile JSON (`lazytrain.spec.costs` schema) to `--out` (atomically) or stdout;
-`lazytrain plan --set hardware.profile_path=profile.json` (or `hardware.profile_path` in the
+`lazytrain plan --profile profile.json` (or `hardware.profile_path` in the
 YAML) plans with it. Exit codes: 0 ok; 2 bad usage, config or missing run files.
 """
 
@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 EPILOG = """examples:
-  lazytrain profile --config configs/tiny_llama.yaml --out profile.json
+  lazytrain profile --config configs/tiny-llama-cpu.yaml --out profile.json
   lazytrain profile --from-run runs/default --out profile.refit.json
-  lazytrain plan --config configs/tiny_llama.yaml --set hardware.profile_path=profile.json
+  lazytrain plan --config configs/tiny-llama-cpu.yaml --profile profile.json
 """
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 EPILOG = """\
 examples:
-  lazytrain train --config configs/tiny_llama.yaml --run-dir runs/tiny --steps 6
+  lazytrain train --config configs/tiny-llama-cpu.yaml --run-dir runs/tiny --steps 6
   lazytrain report runs/tiny --gantt runs/tiny/gantt.png
   lazytrain report runs/tiny --plan other_plan.json --json --skip-steps 2
 """

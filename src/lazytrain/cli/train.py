@@ -15,7 +15,7 @@ from pathlib import Path
 
 EPILOG = """examples:
   lazytrain train --run-dir runs/default
-  lazytrain train --config configs/tiny_llama.yaml --steps 4 --set train.lr=3e-4
+  lazytrain train --config configs/tiny-llama-cpu.yaml --steps 4 --set train.lr=3e-4
   lazytrain train --resume runs/default --steps 24
 """
 
