@@ -194,26 +194,3 @@ def test_planner_imports_load_neither_torch_nor_a_solver():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert json.loads(out.stdout) == []
-
-
-def test_split_prefetch_undercount_is_measured_in_the_window_that_overflows():
-    from lazytrain.planner.evaluate import Decisions
-    from lazytrain.planner.milp import HBM_TIGHTEN_FACTOR, split_undercount
-    from lazytrain.planner.plan import Transfer
-
-    # Boundary 1 in DRAM, segment (1, 2): used in b1 (ord 11), prefetch legal in b3, b2
-    # (H_p = 2). The plan splits its H2D 0.5 / 0.5 over b3 and b2: the runtime holds the whole
-    # buffer from b3 on, the MILP row counts half of it in b3.
-    tiers = ("hbm", "dram", "hbm", "hbm", "hbm", "hbm", "hbm")
-    moves = (Transfer(boundary=1, kind="d2h", window="f1", fraction=1.0),
-             Transfer(boundary=1, kind="h2d", window="b3", fraction=0.5),
-             Transfer(boundary=1, kind="h2d", window="b2", fraction=0.5))
-    decisions = Decisions(tiers=tiers, transfers=moves)
-    roomy = small_problem(hbm_bytes=10**12)
-    b3 = 9
-    peak_b3 = evaluate(roomy, decisions).hbm_by_window[b3]
-    tight = small_problem(hbm_bytes=int(peak_b3) - 1)  # b3 (and fuller windows) overflow
-    plan = build_plan(tight, decisions, solver=MANUAL)
-    under = split_undercount(build_milp(tight), plan)
-    a1_gb = tight.boundary_bytes[1] / GB
-    assert under == {b3: pytest.approx(0.5 * a1_gb * HBM_TIGHTEN_FACTOR)}

@@ -164,8 +164,6 @@ class Scaled:
     tie_ms: float
     slack_penalty: float
     """ms per GB of capacity shortfall."""
-    hbm_margins: dict = field(default_factory=dict)
-    """{window ord: GB} removed from that window's HBM row (split-transfer correction)."""
 
 
 def scale_inputs(problem: PlanningProblem) -> Scaled:
@@ -421,8 +419,7 @@ def add_hbm_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
     for o in range(2 * p.L + 1):
         coeffs, const = hbm_held(v, p, o)
         coeffs[v.slack_hbm[o]] = -1.0
-        m.add_row(row_name("hbm_cap", window_name(o, p.L)), coeffs,
-                  ub=p.hbm_cap - p.hbm_margins.get(o, 0.0) - const)
+        m.add_row(row_name("hbm_cap", window_name(o, p.L)), coeffs, ub=p.hbm_cap - const)
 
 
 def add_dram_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
@@ -560,8 +557,7 @@ class Milp:
 
 
 def build_milp(problem: PlanningProblem, *, relax: bool = False,
-               tie_breakers: bool = True, q8_penalty: bool = True,
-               hbm_margins: dict[int, float] | None = None) -> Milp:
+               tie_breakers: bool = True, q8_penalty: bool = True) -> Milp:
     """Build the placement model (families in the module docstring's order).
 
     Args:
@@ -569,11 +565,8 @@ def build_milp(problem: PlanningProblem, *, relax: bool = False,
         relax: create binaries as continuous [0, 1] (the LP relaxation).
         tie_breakers: add the TIE_REL position-dependent costs (off for bounds and brute force).
         q8_penalty: charge 8-bit states in the objective (off for the step-time LP bound).
-        hbm_margins: {window ord: GB} taken off that window's HBM row (see `solve_milp`).
     """
     p = scale_inputs(problem)
-    if hbm_margins:
-        p = _replace(p, hbm_margins=dict(hbm_margins))
     if not tie_breakers:
         p = _replace(p, tie_ms=0.0)
     if not q8_penalty:
@@ -728,22 +721,10 @@ def extract_plan(milp: Milp, x: list[float], *, solver: SolveRecord,
     return build_plan(milp.problem, extract_decisions(milp, x), solver=solver, bounds=bounds)
 
 
-HBM_TIGHTEN_ROUNDS = 3
-"""Re-solves with per-window HBM margins when the exact holding intervals of the extracted plan
-overflow HBM (see `solve_milp`, `split_undercount`)."""
-HBM_TIGHTEN_FACTOR = 1.05
-"""Each margin is 5% more than the measured under-count, so one round usually suffices."""
-
-
 def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s: float = 10.0,
                gap: float = 0.005, threads: int = 1, seed: int = 0,
                warm_start: Plan | None = None, bounds: Bounds | None = None) -> Plan:
     """Solve the placement MILP and return its plan (the incumbent on a time-out).
-
-    The HBM rows count a boundary whose D2H or H2D is split over windows fractionally, while
-    the runtime (and the evaluator) hold it whole; when the extracted plan overflows HBM for that
-    reason, the overflowing windows get a margin of the measured under-count and the model is
-    solved again (at most HBM_TIGHTEN_ROUNDS times, warm-started from the previous plan).
 
     Args:
         problem: the planning problem.
@@ -768,57 +749,22 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
     """
     import dataclasses
 
+    milp = build_milp(problem)
+    start = start_from_plan(milp, warm_start) if warm_start is not None else None
     backend = resolve_backend(backend, problem.num_blocks)
-    margins: dict[int, float] = {}
-    for _ in range(HBM_TIGHTEN_ROUNDS + 1):
-        milp = build_milp(problem, hbm_margins=margins)
-        start = start_from_plan(milp, warm_start) if warm_start is not None else None
-        res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=gap,
-                    threads=threads, seed=seed, start=start)
-        record = solve_record(milp, res)
-        if res.values is None:
-            if res.status == "infeasible":
-                raise RuntimeError(f"{backend} reports the placement model infeasible; with "
-                                   f"capacity slacks this is a model bug "
-                                   f"(rows {milp.model.num_rows})")
-            if warm_start is None:
-                from lazytrain.planner.heuristics import heuristic_plan
-                warm_start = heuristic_plan(problem)
-            return dataclasses.replace(warm_start, solver=dataclasses.replace(
-                record, status="no_incumbent"), bounds=bounds or warm_start.bounds)
-        plan = extract_plan(milp, res.values, solver=record, bounds=bounds)
-        undercount = split_undercount(milp, plan)
-        if not undercount:
-            return plan
-        for o, gb in undercount.items():
-            margins[o] = margins.get(o, 0.0) + gb
-        warm_start = plan
-    return plan
-
-
-def split_undercount(milp: Milp, plan: Plan) -> dict[int, float]:
-    """{window ord: GB} by which the HBM rows under-count `plan` in windows that overflow HBM.
-
-    The rows count a boundary whose D2H or H2D is split over windows by the fraction not yet
-    drained / already prefetched; the runtime holds it whole from the first H2D fraction until
-    the last D2H fraction. For each window where the plan's exact peak (evaluator) exceeds the
-    budget, this returns exact minus modelled bytes (only where positive).
-    """
-    from lazytrain.planner.evaluate import evaluate
-
-    problem, L = milp.problem, milp.p.L
-    exact = evaluate(problem, plan).hbm_by_window
-    x = start_from_plan(milp, plan)
-    out = {}
-    for o in range(2 * L + 1):
-        if exact[o] <= problem.hbm_bytes or x is None:
-            continue
-        coeffs, const = hbm_held(milp.v, milp.p, o)
-        modelled_gb = const + math.fsum(x[c] * a for c, a in coeffs.items())
-        gap_gb = (exact[o] - problem.fixed_hbm_bytes) / GB - modelled_gb
-        if gap_gb > 0:
-            out[o] = gap_gb * HBM_TIGHTEN_FACTOR
-    return out
+    res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=gap,
+                threads=threads, seed=seed, start=start)
+    record = solve_record(milp, res)
+    if res.values is None:
+        if res.status == "infeasible":
+            raise RuntimeError(f"{backend} reports the placement model infeasible; with capacity "
+                               f"slacks this is a model bug (rows {milp.model.num_rows})")
+        if warm_start is None:
+            from lazytrain.planner.heuristics import heuristic_plan
+            warm_start = heuristic_plan(problem)
+        return dataclasses.replace(warm_start, solver=dataclasses.replace(
+            record, status="no_incumbent"), bounds=bounds or warm_start.bounds)
+    return extract_plan(milp, res.values, solver=record, bounds=bounds)
 
 
 def solve_record(milp: Milp, res: SolveResult) -> SolveRecord:
