@@ -3,8 +3,10 @@
 The enumeration is independent of the solvers' search: it lists every discrete choice (tier of
 each boundary 0..L-1 among hbm/dram/nvme/recompute, where recompute of boundary 0 means
 re-embed; keep-internals of each block whose next boundary is materialized), fixes exactly those
-binaries in the model, and solves the remaining LP over the continuous transfer fractions and
-window times with HiGHS (capacity slacks fixed to 0, so a choice that cannot fit is skipped).
+binaries in the model, and solves what remains with HiGHS: the continuous NVMe fractions and
+window times, plus the window of each whole D2H and H2D (the model moves each in one window so
+that HBM holding is exact; a handful of binaries per choice). Capacity slacks are fixed to 0, so
+a choice that cannot fit is skipped.
 The minimum over all choices is the true optimum of the model; each backend's plan, scored by
 the fluid evaluator, must match it.
 """
@@ -17,7 +19,7 @@ import math
 import pytest
 
 from lazytrain.planner.evaluate import evaluate
-from lazytrain.planner.milp import build_milp, solve_milp
+from lazytrain.planner.milp import WHOLE_TRANSFERS, build_milp, solve_milp
 from lazytrain.planner.problem import PlanningProblem
 
 U = 10**7
@@ -59,7 +61,8 @@ SCENARIOS = {
 
 
 def brute_force_optimum(problem: PlanningProblem) -> tuple[float, tuple]:
-    """min over every discrete choice of the LP over transfers (HiGHS), and its argmin."""
+    """min over every discrete choice of the remaining program over transfers (HiGHS), and its
+    argmin."""
     highspy = pytest.importorskip("highspy")
     import numpy as np
 
@@ -80,6 +83,9 @@ def brute_force_optimum(problem: PlanningProblem) -> tuple[float, tuple]:
     lp.a_matrix_.start_ = starts
     lp.a_matrix_.index_ = np.array([c for r in m.row_coeffs for c in r], dtype=np.int32)
     lp.a_matrix_.value_ = np.array([a for r in m.row_coeffs for a in r.values()])
+    whole = {c for fam in WHOLE_TRANSFERS for c in v.transfer(fam).values()}
+    lp.integrality_ = [highspy.HighsVarType.kInteger if c in whole
+                       else highspy.HighsVarType.kContinuous for c in range(m.num_vars)]
     h.passModel(lp)
     fixed_cols = (list(v.seg.values()) + list(v.mat.values()) + list(v.hbm.values())
                   + list(v.dram.values()) + list(v.nvme.values()) + list(v.emb.values())

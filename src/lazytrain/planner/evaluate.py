@@ -486,11 +486,30 @@ class _Loads:
         return {o: x / total for o, x in out.items()}
 
 
+    def fill_whole(self, kind: str, nbytes: float, ords: list[int]) -> dict[int, float]:
+        """Place a whole transfer in one window of `ords` and return {ord: 1.0}.
+
+        The first window (in preference order) whose slack takes it all, else the window whose
+        time grows least (ties: the earlier in `ords`). D2H and H2D are scheduled whole, as the
+        MILP moves them (planner/milp.py WHOLE_TRANSFERS): the runtime holds a boundary in HBM
+        until its last D2H byte and from its first H2D byte, so a split only costs HBM.
+        """
+        fits = [o for o in ords if self.slack_bytes(kind, o) >= nbytes]
+        if fits:
+            chosen = fits[0]
+        else:
+            growth = [(self.time_ms(o, kind, nbytes) - self.time_ms(o), k) for k, o in
+                      enumerate(ords)]
+            chosen = ords[min(growth)[1]]
+        self.chan[kind][chosen] += nbytes
+        return {chosen: 1.0}
+
+
 def schedule_offload(loads: _Loads, problem: PlanningProblem, i: int, tier: str,
                      segment_end: int) -> dict[str, dict[int, float]]:
     """d2h as soon as possible, then (nvme tier) NVMe writes right behind it; updates `loads`."""
     A = float(problem.boundary_bytes[i])
-    out = {"d2h": loads.fill("d2h", A, _ords(problem, "d2h", i, segment_end))}
+    out = {"d2h": loads.fill_whole("d2h", A, _ords(problem, "d2h", i, segment_end))}
     if tier == "nvme":
         out["nvme_write"] = loads.fill("nvme_write", A,
                                        _ords(problem, "nvme_write", i, segment_end), out["d2h"])
@@ -504,9 +523,10 @@ def schedule_prefetch(loads: _Loads, problem: PlanningProblem, i: int, tier: str
     A = float(problem.boundary_bytes[i])
     if tier == "dram":
         lo = max(offload["d2h"])
-        return {"h2d": loads.fill("h2d", A, _ords(problem, "h2d", i, segment_end, lo)[::-1])}
+        return {"h2d": loads.fill_whole("h2d", A,
+                                        _ords(problem, "h2d", i, segment_end, lo)[::-1])}
     read_ords = _ords(problem, "nvme_read", i, segment_end, max(offload["nvme_write"]))
-    h2d = loads.fill("h2d", A, _ords(problem, "h2d", i, segment_end, read_ords[0])[::-1])
+    h2d = loads.fill_whole("h2d", A, _ords(problem, "h2d", i, segment_end, read_ords[0])[::-1])
     return {"h2d": h2d, "nvme_read": loads.fill("nvme_read", A, read_ords[::-1], h2d)}
 
 
@@ -538,8 +558,8 @@ def schedule_transfers(problem: PlanningProblem, tiers, keep_internals=(), *,
                        resident_weights=None) -> tuple[Transfer, ...]:
     """A legal transfer schedule for a tier assignment, within the problem's horizons.
 
-    Offloads in production order: d2h as soon as possible (filling window slack, else the
-    window that grows least), NVMe writes right behind the d2h. Prefetches by earliest deadline
+    Offloads in production order: d2h as soon as possible, whole in one window (the first whose
+    slack takes it, else the window that grows least), NVMe writes right behind the d2h. Prefetches by earliest deadline
     first: h2d as late as possible, NVMe reads behind it (never later than the h2d they feed).
     h2d starts only after the last d2h (dram) / last NVMe write (nvme), so precedence holds by
     construction. On a CPU (no slack) everything lands in one window: d2h at production, h2d

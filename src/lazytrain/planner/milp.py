@@ -26,8 +26,13 @@ Variables (MilpVars; code name = DESIGN symbol)
     emb[e]    in [0,1]  boundary 0 is re-embedded for first segment (0, e) (integral given seg)
     keep[j]   in {0,1}  y: block j keeps its internals and weights until b_j (if allow_keep)
     q8[j]     in {0,1}  block j's Adam moments are 8-bit (if allow_q8)
-    d2h[i,o], h2d[i,o], nvw[i,o], nvr[i,o] in [0,1]  fraction of A[i] moved in window o; only
-              for ords legal for some allowed segment end e (nvw/nvr only with an NVMe budget)
+    d2h[i,o], h2d[i,o] in {0,1}  A[i] is offloaded / prefetched in window o (one window each)
+    nvw[i,o], nvr[i,o] in [0,1]  fraction of A[i] written / read in window o
+              all four only for ords legal for some allowed segment end e (nvw/nvr only with an
+              NVMe budget). D2H and H2D are whole so that held[o] below is exact: the runtime
+              holds a boundary in HBM until its last D2H byte and from its first H2D byte, which
+              a fractional split would under-count (it let plans overflow HBM by part of a
+              boundary); NVMe transfers do not touch HBM and may split.
     t[o] >= 0                    window time, ms
     slack_hbm[o], slack_host["dram"|"nvme"] >= 0   capacity shortfall, GB
 
@@ -60,7 +65,7 @@ Constraint families (function that adds them)
     9. DRAM           sum A[i] dram[i] - sum Q[j] q8[j] - slack <= M_dram  add_dram_capacity
    10. NVMe           sum A[i] nvme[i] - slack <= M_nvme                    add_nvme_capacity
 
-held[o] is the contract's holding intervals in fractional form: hbm i for i <= o <= 2L-i
+held[o] is the contract's holding intervals (exact, since d2h/h2d are binary): hbm i for i <= o <= 2L-i
 (A[L] at turn); offloaded i: A[i] sum_{o' >= o} d2h[i,o'] (not yet drained, o >= i) plus
 A[i] sum_{o' <= o} h2d[i,o'] (already prefetched, o <= 2L-i); the recompute cache at b_j:
 sum_{s <= j < e} seg[s,e] sum_{k=s+1}^{j} A[k] + A[0] sum_{e > j} emb[e]; keep j:
@@ -81,6 +86,8 @@ from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.solvers import INF, LinearModel, SolveResult, resolve_backend, solve
 
 GB = 1e9
+WHOLE_TRANSFERS = ("d2h", "h2d")
+"""Transfer families moved in one window (binary), so the HBM holding intervals are exact."""
 """Bytes per GB (DESIGN: GB means 1e9 bytes)."""
 BINARY_TOL = 1e-4
 """A binary's solver value must be within this of 0 or 1; extraction rounds at 0.5."""
@@ -260,10 +267,11 @@ def add_variables(m: LinearModel, p: Scaled, *, relax: bool = False) -> MilpVars
             for e in range(i + 1, min(L, i + p.k_max) + 1):
                 for o in legal_ords(KINDS[fam], i, e, L, **p.horizons):
                     ends.setdefault(o, []).append(e)
+            whole = binary and fam in WHOLE_TRANSFERS
             for o in sorted(ends):
                 pos = (2 * L - o) if late else (o - i)
                 v.transfer(fam)[i, o] = m.add_var(row_name(fam, i, window_name(o, L)), ub=1,
-                                                  obj=p.tie_ms * pos / (2 * L))
+                                                  obj=p.tie_ms * pos / (2 * L), integer=whole)
                 v.legal_ends[fam, i, o] = tuple(ends[o])
     for o in range(2 * L + 1):
         v.t[o] = m.add_var(row_name("t", window_name(o, L)), obj=p.grad_accum)
@@ -412,8 +420,8 @@ def add_window_time(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 def add_hbm_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
     """held[o] + sum_{j <= o <= 2L-j} (I[j] + P[j]) keep[j] - slack_hbm[o] <= M_hbm  for all o.
 
-    Checkpoint-store bytes (the contract's holding intervals in fractional drain/prefetch form,
-    see the module docstring) plus kept internals and resident weights must fit beside the fixed
+    Checkpoint-store bytes (the contract's holding intervals; exact because D2H and H2D are
+    whole, see the module docstring) plus kept internals and resident weights must fit beside the fixed
     working set in every window. GB. Source: docs/execution_model.md, "HBM capacity".
     """
     for o in range(2 * p.L + 1):
