@@ -70,6 +70,18 @@ def _load_source(path: str, fmt: str, *, seed: int, num_eval: int, registry: str
     return examples, [], resolved
 
 
+def corpus_texts(cfg: Any, *, seed: int, base_dir: str | Path | None = None) -> list[str]:
+    """Every message text of the configured training data (a corpus to train a tokenizer on for
+    a random-init model that ships none). Same arguments and errors as `build_data`."""
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    path = cfg.path if cfg.path.startswith(EMBEDDED_PREFIX) or Path(cfg.path).is_absolute() \
+        else str(base / cfg.path)
+    registry = str(base / cfg.registry_path) if cfg.registry_path else ""
+    train, held, _ = _load_source(cfg.path if registry else path, cfg.format, seed=seed,
+                                  num_eval=cfg.num_eval, registry=registry)
+    return [m.content for ex in [*train, *held] for m in ex.messages]
+
+
 def build_data(cfg: Any, tokenizer: Any, *, micro_batch: int, seed: int,
                base_dir: str | Path | None = None, hf_config: Any = None) -> DataBundle:
     """Read the data of a `DataConfig` and make the training stream and the eval set.

@@ -135,13 +135,15 @@ class Trainer:
         self.plan.save(run_dir / "plan.json")
         print(setup.plan_summary(self.plan), flush=True)
         self.nvme_dir = Path(cfg.runtime.nvme_dir) if cfg.runtime.nvme_dir else run_dir / "nvme"
-        from transformers import AutoConfig
-        hf_config = AutoConfig.from_pretrained(source.directory)
+        hf_config = setup.load_hf_config(source)
         from lazytrain.spec.model import ModelSpec
         spec = ModelSpec.from_hf_config(hf_config.to_dict())
         _run_preflight(cfg, self.plan, device=self.device, nvme_dir=self.nvme_dir,
                        run_dir=run_dir, num_params=spec.total_params)
-        self.tokenizer = setup.load_tokenizer(source.directory)
+        from lazytrain.data import corpus_texts
+        self.tokenizer = setup.load_tokenizer(
+            source, vocab_size=hf_config.vocab_size,
+            corpus=lambda: corpus_texts(cfg.data, seed=tc.seed))
         self.adapter = setup.load_adapter(source, compute_dtype=tc.compute_dtype,
                                           master_dtype=tc.master_dtype, seed=tc.seed)
         from lazytrain.data import build_data

@@ -25,6 +25,8 @@ class ModelSource:
     """HF directory holding config.json and the tokenizer files."""
     has_weights: bool
     """True when the directory holds safetensors weights (else: random init)."""
+    config_file: Path | None = None
+    """The HF config JSON when `model.config_path` names a file other than config.json."""
 
 
 def resolve_model_source(config_path: str) -> ModelSource:
@@ -44,22 +46,55 @@ def resolve_model_source(config_path: str) -> ModelSource:
                                     f"HF model directory, a config.json or "
                                     f"{smollm2.MODEL_NAME}")
         directory = p if p.is_dir() else p.parent
+        if p.is_file() and p.name != "config.json":
+            weights = False  # a bare architecture file: random init from it
+            return ModelSource(directory=directory, has_weights=weights, config_file=p)
     weights = (directory / "model.safetensors").is_file() or \
         (directory / "model.safetensors.index.json").is_file()
     return ModelSource(directory=directory, has_weights=weights)
 
 
-def load_tokenizer(directory: Path) -> Any:
-    """The fast HF tokenizer saved in `directory`.
+def load_hf_config(source: ModelSource) -> Any:
+    """The model's HF `PretrainedConfig` (from `config_file`, else the directory's config.json).
 
     Raises:
-        ValueError: no loadable tokenizer there (the data layer needs the model's own).
+        ValueError: the file is not a JSON HF config with a `model_type`.
+    """
+    from transformers import AutoConfig
+
+    if source.config_file is None:
+        return AutoConfig.from_pretrained(source.directory)
+    try:
+        raw = json.loads(source.config_file.read_text())
+        fields = {k: v for k, v in raw.items() if not k.startswith("_")}
+        return AutoConfig.for_model(fields.pop("model_type"), **fields)
+    except (ValueError, KeyError, AttributeError) as exc:
+        raise ValueError(f"model.config_path: {source.config_file} is not a JSON HF config with "
+                         f"a model_type ({exc})") from None
+
+
+def load_tokenizer(source: ModelSource, *, corpus=None, vocab_size: int | None = None) -> Any:
+    """The model's fast HF tokenizer; for a bare architecture file, one trained on the data.
+
+    Args:
+        source: the resolved model.
+        corpus: zero-argument callable returning training texts; used only when `source` is a
+            bare config file (random init, `config_file` set) whose directory has no tokenizer.
+        vocab_size: the model's vocabulary (the trained tokenizer's target size).
+
+    Raises:
+        ValueError: no loadable tokenizer (the data layer needs the model's own).
     """
     from transformers import AutoTokenizer
 
+    directory = source.directory
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError, TypeError) as exc:
+        if source.config_file is not None and corpus is not None:
+            from lazytrain.data.tiny_tokenizer import train_tokenizer
+
+            return train_tokenizer(corpus(), vocab_size=vocab_size or 512)
         raise ValueError(f"model.config_path: no tokenizer in {directory} ({exc}); put the "
                          f"model's tokenizer files next to its config.json") from None
     if not getattr(tokenizer, "is_fast", False):
@@ -70,14 +105,12 @@ def load_tokenizer(directory: Path) -> Any:
 
 def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, seed: int):
     """The `ModelAdapter`: weights from the directory, or random init seeded by `seed`."""
-    from transformers import AutoConfig
-
     from lazytrain.models import load_adapter_from_config, load_adapter_from_dir
 
     if source.has_weights:
         return load_adapter_from_dir(source.directory, dtype=compute_dtype,
                                      master_dtype=master_dtype)
-    config = AutoConfig.from_pretrained(source.directory)
+    config = load_hf_config(source)
     return load_adapter_from_config(config, dtype=compute_dtype, master_dtype=master_dtype,
                                     seed=seed)
 
