@@ -11,10 +11,10 @@ on stderr). Exit codes: 0 ok; 1 no plan fits the budgets; 2 bad usage or config.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
+
+from lazytrain.planner.solvers import solver_output_to_stderr
 
 POLICIES = ("milp", "heuristic", "megatrain", "ideal")
 
@@ -215,26 +215,6 @@ def scaling_text(node_problem, topo, kw: dict, *, policy: str) -> str:
         rows = scaling_table(node_problem, topo, policy=policy, **kw)
     return (f"scaling (policy {policy}; per-rank plan + exposed gradient all-reduce; "
             f"tokens/s of the whole node):\n" + format_scaling_table(rows))
-
-
-@contextlib.contextmanager
-def solver_output_to_stderr():
-    """Send whatever solvers print to file descriptor 1 (HiGHS's banner is written by C++
-    before any option can silence it) to stderr, so stdout holds only results (`--json`)."""
-    sys.stdout.flush()
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # captured stdout without a descriptor
-        yield
-        return
-    saved = os.dup(fd)
-    try:
-        os.dup2(sys.stderr.fileno(), fd)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, fd)
-        os.close(saved)
 
 
 def write_outputs(problem, plan, *, out: str | None, gantt: str | None) -> None:

@@ -16,7 +16,10 @@ Statuses (`SolveResult.status`): "optimal" (proven within the requested gap), "t
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -125,6 +128,26 @@ class SolveResult:
 BACKENDS = ("highs", "scip")
 
 
+@contextlib.contextmanager
+def solver_output_to_stderr():
+    """Send whatever solvers print to file descriptor 1 (HiGHS's banner is written by C++
+    before any option can silence it) to stderr, so stdout holds only results (`--json`)."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # captured stdout without a descriptor
+        yield
+        return
+    saved = os.dup(fd)
+    try:
+        os.dup2(sys.stderr.fileno(), fd)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
 # `auto` backend: from benchmarks/planner.py on a 2-core machine (seed scenario, 2026-11-29):
 # at L = 64 HiGHS reached the 0.5% gap in 1.4 s cold / 0.8 s warm against SCIP's 6.3 s / 3.7 s;
 # at L = 128 (k_max 16) SCIP warm reached 0.18% in 9.4 s while HiGHS warm stayed at the
@@ -222,7 +245,8 @@ def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start,
     import highspy
     import numpy as np
 
-    h = highspy.Highs()
+    with solver_output_to_stderr():  # HiGHS prints its banner on the first instance
+        h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("mip_rel_gap", float(gap))
