@@ -155,8 +155,13 @@ def run(args: argparse.Namespace) -> int:
     write_outputs(problem, plan, out=args.out, gantt=args.gantt)
     violations = plan.provenance.get("violations") or []
     if violations and pc.policy != "ideal":
-        print(f"error: the {pc.policy} plan breaks a budget: {violations[0]}; raise the budget "
-              f"or shrink train.micro_batch / data.seq_len", file=sys.stderr)
+        from lazytrain.planner.milp import SHORTFALL_FIX
+
+        budget = violations[0].split()[0]  # "HBM short by ..." (planner/evaluate.py)
+        fix = SHORTFALL_FIX.get(budget, "raise the budget or shrink train.micro_batch / "
+                                        "data.seq_len")
+        print(f"error: the {pc.policy} plan breaks a budget: {violations[0]}; {fix}",
+              file=sys.stderr)
         return 1
     return 0
 

@@ -108,6 +108,18 @@ KINDS = {"d2h": "d2h", "h2d": "h2d", "nvw": "nvme_write", "nvr": "nvme_read"}
 """MilpVars transfer family -> Plan transfer kind."""
 
 
+SHORTFALL_FIX = {
+    "HBM": "raise hardware.hbm_gb or shrink train.micro_batch / data.seq_len",
+    # DRAM holds the optimizer states (host_bytes_per_param x params) besides the checkpoints,
+    # so the batch is rarely what overflows it.
+    "DRAM": "raise hardware.dram_gb, use train.master_dtype: bf16 (12 B/param instead of 16), "
+            "set planner.allow_q8: true (8-bit Adam states), or give checkpoints an NVMe budget "
+            "(hardware.nvme_gb)",
+    "NVMe": "raise hardware.nvme_gb or shrink train.micro_batch / data.seq_len",
+}
+"""What to change for each budget a plan overflows (the `; <fix>` of the error line)."""
+
+
 class PlanInfeasibleError(ValueError):
     """A capacity budget cannot be met by any plan the model allows.
 
@@ -123,7 +135,7 @@ class PlanInfeasibleError(ValueError):
         why = ("no plan fits" if proven else "the best plan found within the time limit "
                "overflows (a longer planner.time_limit_s may find one that fits)")
         super().__init__(f"{budget} short by {shortfall_bytes / GB:.2f} GB {where}: {why} the "
-                         f"{budget} budget; raise it or shrink micro_batch / seq_len")
+                         f"{budget} budget; {SHORTFALL_FIX[budget]}")
 
 
 def row_name(family: str, *idx) -> str:
