@@ -115,3 +115,72 @@ def test_model_path_under_shared_falls_back_to_a_shared_tree_beside_the_repo(tmp
     monkeypatch.chdir(tmp_path / "repo")
     cfg = load_config(yaml_path)
     assert cfg.model.config_path == str(tmp_path / "shared" / "models" / "x.json")
+
+
+@pytest.mark.parametrize("override,key", [
+    ("hardware.hbm_gb=.inf", "hardware.hbm_gb"),
+    ("hardware.nvme_gb=1e400", "hardware.nvme_gb"),
+    ("train.lr=.inf", "train.lr"),
+    ("train.min_lr_ratio=.nan", "train.min_lr_ratio"),
+    ("planner.time_limit_s=.inf", "planner.time_limit_s"),
+    ("dist.timeout_s=.inf", "dist.timeout_s"),
+])
+def test_non_finite_numbers_are_rejected_naming_the_key(override, key):
+    with pytest.raises(ValueError, match=f"{key} must be a finite number; got (inf|nan)"):
+        load_config(None, [override])
+
+
+def test_a_quoted_overflowing_number_in_the_yaml_is_rejected_naming_the_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text('hardware:\n  nvme_gb: "1e400"\n')
+    with pytest.raises(ValueError, match="hardware.nvme_gb must be a finite number; got inf"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("override,rule", [
+    ("hardware.h2d_gb_per_s=1e-300", r"hardware.h2d_gb_per_s must be in \[0.001, 1e\+06\] GB/s"),
+    ("hardware.nvme_read_gb_per_s=1e9", r"hardware.nvme_read_gb_per_s must be in \[0.001"),
+    ("hardware.peak_tflops=1e-300", r"hardware.peak_tflops must be in \[0.001, 1e\+06\] TFLOP/s"),
+    ("hardware.matmul_efficiency=1e-300", r"hardware.matmul_efficiency must be in \[0.001, 1\]"),
+    ("hardware.hbm_gb=1e300", r"hardware.hbm_gb must be in \(0, 1e\+06\] GB"),
+])
+def test_implausible_hardware_overrides_are_rejected_with_their_range(override, rule):
+    with pytest.raises(ValueError, match=rule):
+        load_config(None, [override])
+
+
+def test_hardware_overrides_at_the_ends_of_their_ranges_are_accepted():
+    cfg = load_config(None, ["hardware.h2d_gb_per_s=1e-3", "hardware.d2h_gb_per_s=1e6",
+                             "hardware.peak_tflops=1e-3", "hardware.matmul_efficiency=1e-3",
+                             "hardware.hbm_gb=1e-6", "hardware.nvme_gb=0"])
+    assert (cfg.hardware.h2d_gb_per_s, cfg.hardware.d2h_gb_per_s) == (1e-3, 1e6)
+
+
+def test_malformed_yaml_names_the_file_and_the_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train: [\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: not valid YAML \(line 2, column 1: "):
+        load_config(path)
+
+
+def test_malformed_yaml_in_an_override_value_names_the_override():
+    with pytest.raises(ValueError, match=r"override 'train.lr=\[': the value is not valid YAML"):
+        load_config(None, ["train.lr=["])
+
+
+def test_an_empty_section_is_the_defaults_with_and_without_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n")
+    assert load_config(path).train == RunConfig().train
+    cfg = load_config(path, ["train.micro_batch=2"])
+    assert cfg.train == dataclasses.replace(RunConfig().train, micro_batch=2)
+
+
+def test_a_non_string_key_is_named_as_unknown(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("1: 2\n")
+    with pytest.raises(ValueError, match="unknown config key 1; valid keys: model, hardware"):
+        load_config(path)
+    path.write_text("train:\n  1: 2\n")
+    with pytest.raises(ValueError, match="unknown config key train.1;"):
+        load_config(path)

@@ -29,6 +29,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
 import os
 import tempfile
 import types
@@ -46,6 +47,16 @@ def _check(cond: bool, key: str, rule: str, value: Any) -> None:
     """Raise `ValueError("<key> must be <rule>; got <value>")` unless `cond`."""
     if not cond:
         raise ValueError(f"{key} must be {rule}; got {value!r}")
+
+
+def _check_finite(obj: Any, section: str) -> None:
+    """Raise `ValueError("<section>.<key> must be a finite number; got inf")` for any float
+    field of the dataclass `obj` that is inf or nan (YAML `.inf`, `.nan`, `1e400`): the range
+    checks below compare with `>`, which inf passes and nan silently fails with a wrong rule."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{section}.{f.name} must be a finite number; got {value!r}")
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -67,6 +78,15 @@ class ModelConfig:
                self.config_path)
 
 
+HARDWARE_OVERRIDE_RANGE = (1e-3, 1e6)
+"""Plausible range of the `hardware:` overrides: bandwidths in [1e-3, 1e6] GB/s, peak in
+[1e-3, 1e6] TFLOP/s, capacities (hbm/dram/nvme) at most 1e6 GB (1 PB). Outside it the figures
+are typos, and the planner's LP (costs in ms, bytes in the 1e9..1e12 range) loses all numeric
+precision: 1e-300 GB/s makes HiGHS end with status error. 1e-3 GB/s (1 MB/s) and 1 GFLOP/s are
+far below any real link or chip; 1e6 GB/s and 1 EFLOP/s far above. The same ranges as
+`lazytrain.spec.hardware.SPEC_RANGES`, which checks preset and file specs in bytes."""
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class HardwareConfig:
     """`hardware:` a preset (or a saved spec file) plus optional overrides of its figures."""
@@ -82,7 +102,8 @@ class HardwareConfig:
     nvme_gb: float | None = None
     """Override: NVMe scratch budget for checkpoints, GB (0 disables the nvme tier)."""
     h2d_gb_per_s: float | None = None
-    """Override: host-to-device bandwidth, GB/s."""
+    """Override: host-to-device bandwidth, GB/s. Every bandwidth and `peak_tflops` override
+    must lie in [1e-3, 1e6], every capacity in (0, 1e6] GB (`HARDWARE_OVERRIDE_RANGE`)."""
     d2h_gb_per_s: float | None = None
     """Override: device-to-host bandwidth, GB/s."""
     duplex_gb_per_s: float | None = None
@@ -94,7 +115,7 @@ class HardwareConfig:
     peak_tflops: float | None = None
     """Override: peak matmul throughput in the compute dtype, TFLOP/s."""
     matmul_efficiency: float | None = None
-    """Override: achieved fraction of peak for block matmuls, in (0, 1]."""
+    """Override: achieved fraction of peak for block matmuls, in [1e-3, 1]."""
     hbm_reserve_fraction: float = 0.05
     """Fraction of device memory held back from the plan (CUDA context, allocator
     fragmentation), in [0, 0.5). 5%: about 4 GB of 80 GB, the usual context + cache slack."""
@@ -112,15 +133,24 @@ class HardwareConfig:
     node's totals over these drives). None keeps the preset's value."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "hardware")
         _check(bool(self.preset), "hardware.preset", "a preset name or a file path", self.preset)
-        for key in ("hbm_gb", "dram_gb", "h2d_gb_per_s", "d2h_gb_per_s", "duplex_gb_per_s",
-                    "nvme_read_gb_per_s", "nvme_write_gb_per_s", "peak_tflops"):
+        lo, hi = HARDWARE_OVERRIDE_RANGE
+        for key in ("hbm_gb", "dram_gb"):
             value = getattr(self, key)
-            _check(value is None or value > 0, f"hardware.{key}", "> 0 (or null)", value)
-        _check(self.nvme_gb is None or self.nvme_gb >= 0, "hardware.nvme_gb", ">= 0 (or null)",
-               self.nvme_gb)
+            _check(value is None or 0 < value <= hi, f"hardware.{key}",
+                   f"in (0, {hi:g}] GB (or null)", value)
+        _check(self.nvme_gb is None or 0 <= self.nvme_gb <= hi, "hardware.nvme_gb",
+               f"in [0, {hi:g}] GB (or null)", self.nvme_gb)
+        for key in ("h2d_gb_per_s", "d2h_gb_per_s", "duplex_gb_per_s", "nvme_read_gb_per_s",
+                    "nvme_write_gb_per_s", "peak_tflops"):
+            value = getattr(self, key)
+            unit = "TFLOP/s" if key == "peak_tflops" else "GB/s"
+            _check(value is None or lo <= value <= hi, f"hardware.{key}",
+                   f"in [{lo:g}, {hi:g}] {unit} (or null)", value)
         eff = self.matmul_efficiency
-        _check(eff is None or 0 < eff <= 1, "hardware.matmul_efficiency", "in (0, 1]", eff)
+        _check(eff is None or lo <= eff <= 1, "hardware.matmul_efficiency",
+               f"in [{lo:g}, 1] (or null)", eff)
         _check(0 <= self.hbm_reserve_fraction < 0.5, "hardware.hbm_reserve_fraction",
                "in [0, 0.5)", self.hbm_reserve_fraction)
         for key in ("gpus_per_node", "gpus_per_pcie_switch", "nvme_devices_per_node"):
@@ -212,6 +242,7 @@ class TrainConfig:
     is very slow on AVX2); bf16 on GPUs."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "train")
         for key in ("micro_batch", "grad_accum", "steps"):
             _check(getattr(self, key) >= 1, f"train.{key}", ">= 1", getattr(self, key))
         for key in ("warmup_steps", "eval_every", "save_every"):
@@ -275,6 +306,7 @@ class PlannerConfig:
     """Consecutive drifting checks before re-solving, >= 1 (2: one noisy step never re-plans)."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "planner")
         _check(self.time_limit_s > 0, "planner.time_limit_s", "> 0", self.time_limit_s)
         _check(self.replan_every_steps >= 0, "planner.replan_every_steps", ">= 0 (0 = off)",
                self.replan_every_steps)
@@ -332,6 +364,7 @@ class DistConfig:
     on one host, a rough figure to replace with a measured one."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "dist")
         _check(self.nproc_per_node >= 1, "dist.nproc_per_node", ">= 1", self.nproc_per_node)
         _check(self.timeout_s > 0, "dist.timeout_s", "> 0", self.timeout_s)
         _check(self.allreduce_gb_per_s > 0, "dist.allreduce_gb_per_s", "> 0",
@@ -389,8 +422,9 @@ def load_config(path: str | Path | None = None,
 
     Raises:
         FileNotFoundError: `path` does not exist.
-        ValueError: unknown key (dotted path and closest valid key named), malformed override,
-            or a value out of range (`train.lr must be > 0; got -1`).
+        ValueError: malformed YAML (file, line and problem named), unknown key (dotted path
+            and closest valid key named), malformed override, or a value out of range or
+            non-finite (`train.lr must be > 0; got -1`, `train.lr must be a finite number`).
         TypeError: a value of the wrong type (key and expected type named).
     """
     raw: dict = {}
@@ -399,7 +433,11 @@ def load_config(path: str | Path | None = None,
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
-        loaded = yaml.safe_load(path.read_text())
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML ({_yaml_problem(exc)}); fix the "
+                             f"syntax at that line") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise TypeError(f"{path}: top level must be a mapping of sections; "
                             f"got {type(loaded).__name__}")
@@ -434,11 +472,25 @@ def apply_overrides_to_dict(raw: dict, overrides: typing.Sequence[str]) -> dict:
             raise ValueError(f"override key {dotted!r} must be section.key "
                              f"(e.g. train.lr=3e-4)")
         section, key = parts
-        out.setdefault(section, {})
+        if out.get(section) is None:  # absent, or an empty `section:` in the YAML
+            out[section] = {}
         if not isinstance(out[section], dict):
             raise TypeError(f"{section} must be a mapping; got {out[section]!r}")
-        out[section][key] = yaml.safe_load(text) if text.strip() else ""
+        try:
+            out[section][key] = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ValueError(f"override {item!r}: the value is not valid YAML "
+                             f"({_yaml_problem(exc)}); quote it or fix it") from None
     return out
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """One line describing a PyYAML error: "line 2, column 1: expected ',' or ']'"."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    if mark is not None:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return str(problem)
 
 
 def config_from_dict(raw: dict) -> RunConfig:
@@ -546,6 +598,7 @@ def _build_section(section: str, cls: type, values: dict):
 
 
 def _unknown(dotted: str, valid: list[str]) -> str:
+    dotted = str(dotted)  # a YAML key may be an int or a bool (`1: 2`)
     close = difflib.get_close_matches(dotted, valid, n=1, cutoff=0.5)
     hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(valid)}"
     return f"unknown config key {dotted}; {hint}"
