@@ -81,3 +81,22 @@ def test_invalid_figures_are_rejected_with_the_field_named():
         HardwareSpec.from_dict(d)
     with pytest.raises(ValueError, match="unknown hardware field"):
         HardwareSpec.from_dict(PRESETS["cpu"].to_dict() | {"tflops": 1})
+
+
+@pytest.mark.parametrize("field,value,rule", [
+    ("h2d_bytes_per_s", float("inf"), r"h2d_bytes_per_s must be in \[1e\+06, 1e\+15\] bytes/s"),
+    ("d2h_bytes_per_s", 1e-300, r"d2h_bytes_per_s must be in \[1e\+06"),
+    ("peak_flops", 1e-300, r"peak_flops must be in \[1e\+09, 1e\+18\] FLOP/s"),
+    ("matmul_efficiency", float("nan"), r"matmul_efficiency must be in \[0.001, 1\]"),
+    ("hbm_bytes", 10**30, r"hbm_bytes must be in \(0, 1e\+15\] bytes"),
+    ("nvme_bytes", -1, r"nvme_bytes must be in \[0, 1e\+15\] bytes"),
+    ("gpus_per_node", 0, r"gpus_per_node must be >= 1"),
+])
+def test_non_finite_or_implausible_spec_figures_are_rejected_with_their_range(field, value, rule):
+    with pytest.raises(ValueError, match=rule):
+        HardwareSpec.from_dict(PRESETS["cpu"].to_dict() | {field: value})
+
+
+def test_every_preset_lies_within_the_plausible_ranges():
+    for spec in PRESETS.values():
+        assert HardwareSpec.from_dict(spec.to_dict()) == spec

@@ -53,6 +53,19 @@ eff = 0.27278, rounded to 0.2728. The other GPU presets reuse it (same kernels, 
 """
 
 
+SPEC_RANGES: dict[str, tuple[float, float]] = {
+    "bandwidth": (1e-3 * GB, 1e6 * GB),
+    "peak_flops": (1e-3 * TFLOPS, 1e6 * TFLOPS),
+    "matmul_efficiency": (1e-3, 1.0),
+    "capacity_bytes": (0.0, 1e6 * GB),
+}
+"""Plausible ranges of a spec's figures (also what the config's `hardware:` overrides allow,
+in GB, GB/s and TFLOP/s): bandwidths 1 MB/s..1 PB/s, peak 1 GFLOP/s..1 EFLOP/s, efficiency
+1e-3..1, capacities up to 1 PB. Far outside any real machine; outside them the figures are
+typos or overflow (`.inf`, `1e400`), and the planner's LP (ms costs, 1e9..1e12-byte sizes)
+loses its numeric precision (1e-300 GB/s: HiGHS ends with status error)."""
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class HardwareSpec:
     """One machine as the planner sees it (one GPU, or this CPU)."""
@@ -95,20 +108,34 @@ class HardwareSpec:
     """NVMe drives in the node (the paper's host has 2); `nvme_*_bytes_per_s` are their total."""
 
     def __post_init__(self) -> None:
+        """Range checks (`SPEC_RANGES`; counts >= 1).
+
+        Raises:
+            ValueError: a non-finite or out-of-range figure (field, range and value named).
+        """
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in ("name", "copies_overlap_compute"):
                 continue
-            if f.name == "nvme_bytes":
-                ok = value >= 0
+            if f.name.endswith("_bytes_per_s"):
+                lo, hi = SPEC_RANGES["bandwidth"]
+                ok, rule = lo <= value <= hi, f"in [{lo:g}, {hi:g}] bytes/s"
+            elif f.name == "peak_flops":
+                lo, hi = SPEC_RANGES["peak_flops"]
+                ok, rule = lo <= value <= hi, f"in [{lo:g}, {hi:g}] FLOP/s"
             elif f.name == "matmul_efficiency":
-                ok = 0 < value <= 1
+                lo, hi = SPEC_RANGES["matmul_efficiency"]
+                ok, rule = lo <= value <= hi, f"in [{lo:g}, {hi:g}]"
+            elif f.name.endswith("_bytes"):
+                hi = SPEC_RANGES["capacity_bytes"][1]
+                lo_ok = value >= 0 if f.name == "nvme_bytes" else value > 0
+                ok = lo_ok and value <= hi
+                rule = f"in [0, {hi:g}] bytes" if f.name == "nvme_bytes" else \
+                    f"in (0, {hi:g}] bytes"
             else:
-                ok = value > 0
-            if not ok:
-                raise ValueError(f"hardware {f.name} must be "
-                                 f"{'in (0, 1]' if f.name == 'matmul_efficiency' else '> 0'}"
-                                 f"; got {value!r} ({self.name})")
+                ok, rule = value >= 1, ">= 1"
+            if not ok:  # also catches nan, which fails every comparison
+                raise ValueError(f"hardware {f.name} must be {rule}; got {value!r} ({self.name})")
 
     @property
     def achieved_flops(self) -> float:
