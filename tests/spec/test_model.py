@@ -152,3 +152,11 @@ def test_unsupported_model_type_names_the_type_and_the_supported_ones():
 def test_missing_config_file_says_what_is_accepted(tmp_path):
     with pytest.raises(FileNotFoundError, match="built-in names"):
         ModelSpec.from_hf_config(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("text", ["myhost\n", "[1, 2]\n", "\udcff"])
+def test_a_file_that_is_not_a_json_object_is_named_as_not_a_hf_config(tmp_path, text):
+    path = tmp_path / "hostname"
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ValueError, match=f"model config {path} is not a JSON HF config"):
+        ModelSpec.from_hf_config(path)

@@ -211,7 +211,8 @@ class ModelSpec:
 
         Raises:
             FileNotFoundError: no such file, directory config.json or built-in name.
-            ValueError: unsupported `model_type` or a missing required key (named).
+            ValueError: the file is not a JSON object (path named), unsupported `model_type`
+                or a missing required key (named).
         """
         config, default_name = _read_config(path_or_dict)
         return parse_config(config, name=name or default_name)
@@ -237,7 +238,17 @@ def _read_config(path_or_dict: str | Path | dict) -> tuple[dict, str]:
         raise FileNotFoundError(
             f"model config not found: {path_or_dict} (a config.json, a model directory, or one "
             f"of the built-in names {sorted(BUILTIN_CONFIGS)})")
-    return json.loads(path.read_text()), stem
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"model config {path} is not a JSON HF config ({exc}); point "
+                         f"model.config_path at a config.json, a model directory or a "
+                         f"built-in name") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"model config {path} is not a JSON HF config (top level is "
+                         f"{type(config).__name__}, not an object); point model.config_path "
+                         f"at a config.json, a model directory or a built-in name")
+    return config, stem
 
 
 def parse_config(config: dict, *, name: str) -> ModelSpec:
