@@ -192,3 +192,60 @@ def test_plan_module_imports_no_solver_or_torch():
             "bad=[m for m in ('torch','pyscipopt','highspy') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def _window_with(name: str, **kw) -> tuple[WindowRecord, ...]:
+    import dataclasses
+    return tuple(dataclasses.replace(w, **kw) if w.name == name else w for w in _windows())
+
+
+@pytest.mark.parametrize("case,kw,pattern", [
+    ("nan checkpoint bytes", dict(windows=_window_with("b1", hbm_checkpoint_bytes=float("nan"))),
+     r"window b1: hbm_checkpoint_bytes must be a finite number >= 0; got nan"),
+    ("negative checkpoint bytes", dict(windows=_window_with("f0", hbm_checkpoint_bytes=-1)),
+     r"window f0: hbm_checkpoint_bytes must be a finite number >= 0; got -1"),
+    ("infinite time", dict(windows=_window_with("turn", time_ms=float("inf"))),
+     r"window turn: time_ms must be a finite number >= 0; got inf"),
+    ("negative bytes", dict(windows=_window_with("f2", h2d_bytes=-5.0)),
+     r"window f2: h2d_bytes must be a finite number >= 0"),
+    ("string bytes", dict(windows=_window_with("f1", d2h_bytes="5")),
+     r"window f1: d2h_bytes must be a finite number >= 0; got '5'"),
+    ("nan predicted step", dict(predicted=Predicted(
+        step_ms=float("nan"), model_tflops=1.0, hardware_tflops=1.5, tokens_per_s=2.0,
+        peak_hbm_bytes=10.0, dram_bytes=3.0, nvme_bytes=1.0)),
+     r"predicted: step_ms must be a finite number >= 0; got nan"),
+    ("negative predicted peak", dict(predicted=Predicted(
+        step_ms=7.0, model_tflops=1.0, hardware_tflops=1.5, tokens_per_s=2.0,
+        peak_hbm_bytes=-10.0, dram_bytes=3.0, nvme_bytes=1.0)),
+     r"predicted: peak_hbm_bytes must be a finite number >= 0"),
+    ("k_max as a string", dict(provenance={"horizons": dict(HORIZONS), "k_max": "2"}),
+     r"provenance k_max must be an integer >= 1 \(or null\); got '2'"),
+    ("horizon as a string", dict(provenance={"horizons": dict(HORIZONS, drain_windows="2")}),
+     r"provenance horizons drain_windows must be an integer >= 1 \(or null\); got '2'"),
+    ("horizons as a list", dict(provenance={"horizons": [2, 2, 1]}),
+     r"provenance horizons must be an object; got \[2, 2, 1\]"),
+])
+def test_validate_rejects_bad_numbers_and_provenance_types(case, kw, pattern):
+    with pytest.raises(PlanValidationError, match=pattern):
+        _plan(**kw).validate()
+
+
+@pytest.mark.parametrize("case,edit,pattern", [
+    ("float keep index", lambda d: d.update(keep_internals=[2.7], resident_weights=[2]),
+     r"keep_internals must be an integer; got 2.7 \(float\)"),
+    ("float resident index", lambda d: d.update(resident_weights=[2.2]),
+     r"resident_weights must be an integer; got 2.2"),
+    ("float transfer boundary", lambda d: d["transfers"][0].update(boundary=0.9),
+     r"transfer boundary must be an integer; got 0.9"),
+    ("bool version", lambda d: d.update(version=True),
+     r"version must be an integer; got True \(bool\)"),
+    ("string version", lambda d: d.update(version="1"), r"version must be an integer; got '1'"),
+    ("provenance as a list", lambda d: d.update(provenance=[["k_max", 1]]),
+     r"plan provenance must be a JSON object; got list"),
+])
+def test_from_dict_rejects_non_integer_indices_and_versions_instead_of_truncating(case, edit,
+                                                                                   pattern):
+    d = json.loads(_plan().to_json())
+    edit(d)
+    with pytest.raises(PlanValidationError, match=pattern):
+        Plan.from_dict(d)

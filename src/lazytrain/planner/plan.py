@@ -17,6 +17,8 @@ extension (docs/execution_model.md, "Decisions in a Plan").
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -295,23 +297,31 @@ class Plan:
         `resident_weights` defaults to `keep_internals` for plans written without the extension.
 
         Raises:
-            PlanValidationError: missing or malformed keys (the plan is not validated here).
+            PlanValidationError: missing or malformed keys, a non-int index or version (2.7,
+                true, "1": never truncated or converted), a provenance that is not an object
+                (the plan is not validated here).
         """
         try:
-            bounds = sorted(d["boundaries"], key=lambda b: int(b["index"]))
-            if [int(b["index"]) for b in bounds] != list(range(len(bounds))):
+            bounds = sorted(d["boundaries"], key=lambda b: _int(b["index"], "boundary index"))
+            if [b["index"] for b in bounds] != list(range(len(bounds))):
                 raise PlanValidationError("boundaries must list every index 0..L once")
-            keep = tuple(int(j) for j in d.get("keep_internals", ()))
+            keep = tuple(_int(j, "keep_internals") for j in d.get("keep_internals", ()))
             resident = d.get("resident_weights")
+            provenance = d.get("provenance") or {}
+            if not isinstance(provenance, dict):
+                raise PlanValidationError(f"plan provenance must be a JSON object; got "
+                                          f"{type(provenance).__name__}")
             return cls(
-                version=int(d["version"]),
-                provenance=dict(d.get("provenance") or {}),
+                version=_int(d["version"], "version"),
+                provenance=dict(provenance),
                 tiers=tuple(str(b["tier"]) for b in bounds),
                 keep_internals=keep,
-                resident_weights=keep if resident is None else tuple(int(j) for j in resident),
-                q8_blocks=tuple(int(j) for j in d.get("q8_blocks", ())),
+                resident_weights=keep if resident is None else tuple(
+                    _int(j, "resident_weights") for j in resident),
+                q8_blocks=tuple(_int(j, "q8_blocks") for j in d.get("q8_blocks", ())),
                 windows=tuple(WindowRecord(**w) for w in d.get("windows", ())),
-                transfers=tuple(Transfer(boundary=int(t["boundary"]), kind=str(t["kind"]),
+                transfers=tuple(Transfer(boundary=_int(t["boundary"], "transfer boundary"),
+                                         kind=str(t["kind"]),
                                          window=str(t["window"]), fraction=float(t["fraction"]))
                                 for t in d.get("transfers", ())),
                 predicted=None if d.get("predicted") is None else Predicted(**d["predicted"]),
@@ -376,7 +386,9 @@ class Plan:
         Raises:
             PlanValidationError: naming the boundary and window of the first inconsistency.
         """
+        _check_provenance(self)
         _check_structure(self)
+        _check_numbers(self)
         _check_transfers(self)
         return self
 
@@ -387,6 +399,54 @@ class Plan:
 
 def _fail(msg: str) -> None:
     raise PlanValidationError(msg)
+
+
+def _int(value, what: str) -> int:
+    """`value` if it is an int (not a bool), else PlanValidationError naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        _fail(f"{what} must be an integer; got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
+def _is_count(value, minimum: int) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, numbers.Integral)
+            and value >= minimum)
+
+
+def _check_provenance(plan: Plan) -> None:
+    """Types of the provenance fields validation reads: k_max int >= 1, horizons an object of
+    ints (drain, prefetch >= 1; nvme lead >= 0) or nulls (unlimited)."""
+    prov = plan.provenance
+    if not isinstance(prov, dict):
+        _fail(f"plan provenance must be an object; got {type(prov).__name__}")
+    horizons = prov.get("horizons")
+    if horizons is not None and not isinstance(horizons, dict):
+        _fail(f"provenance horizons must be an object; got {horizons!r}")
+    horizons = horizons or {}
+    for where, key, minimum in (("provenance", "k_max", 1),
+                                ("provenance horizons", "k_max", 1),
+                                ("provenance horizons", "drain_windows", 1),
+                                ("provenance horizons", "prefetch_windows", 1),
+                                ("provenance horizons", "nvme_lead_windows", 0)):
+        value = (prov if where == "provenance" else horizons).get(key)
+        if value is not None and not _is_count(value, minimum):
+            _fail(f"{where} {key} must be an integer >= {minimum} (or null); got {value!r}")
+
+
+def _check_numbers(plan: Plan) -> None:
+    """Every window record figure and predicted figure is a finite number >= 0 (the engine
+    uses `hbm_checkpoint_bytes` as a hard limit: NaN would switch the check off, a negative
+    one fail it mid-step)."""
+    records = [(f"window {w.name}", w) for w in plan.windows]
+    if plan.predicted is not None:
+        records.append(("predicted", plan.predicted))
+    for where, rec in records:
+        for key, value in asdict(rec).items():
+            if key == "name":
+                continue
+            if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                    or not math.isfinite(value) or value < 0):
+                _fail(f"{where}: {key} must be a finite number >= 0; got {value!r}")
 
 
 def _check_structure(plan: Plan) -> None:
