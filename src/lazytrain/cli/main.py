@@ -1,8 +1,8 @@
 """`lazytrain` console entry point: one argparse subparser per verb, one module per verb.
 
 Each verb module exposes `register(subparsers)` (adds its parser, sets `func=run`) and
-`run(args) -> int`. Exit codes: 0 ok; 1 the job failed (infeasible budget, I/O error);
-2 bad usage or config (STYLE.md section 5).
+`run(args) -> int`. Exit codes: 0 ok; 1 the job failed (infeasible budget, I/O error, the
+plan's HBM accounting exceeded at run time); 2 bad usage or config (STYLE.md section 5).
 """
 
 from __future__ import annotations
@@ -56,8 +56,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _exit_code(exc: Exception, infeasible: type) -> int | None:
-    """1 for a job failure, 2 for bad usage or config, None for a bug (re-raised)."""
+    """1 for a job failure, 2 for bad usage or config, None for a bug (re-raised).
+
+    `HbmBudgetExceeded` (the runtime store held more HBM than the plan's per-window
+    accounting) is a job failure, 1. It is looked up in `sys.modules`, not imported: it can only
+    have been raised when the runtime was loaded, and `plan` must not pull the runtime in.
+    """
     if isinstance(exc, infeasible):  # a ValueError, but the config was fine: the budget is not
+        return 1
+    errors = sys.modules.get("lazytrain.runtime.errors")
+    if errors is not None and isinstance(exc, errors.HbmBudgetExceeded):
         return 1
     if isinstance(exc, (ValueError, TypeError, FileNotFoundError)):
         return 2

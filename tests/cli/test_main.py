@@ -1,0 +1,78 @@
+"""`lazytrain` entry point: exit-code mapping of job failures, bad configs and bugs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import lazytrain.cli.main as cli_main
+import lazytrain.cli.plan as cli_plan
+from lazytrain.cli.main import main
+
+
+@pytest.fixture
+def plan_only(monkeypatch):
+    """Register only `plan`, so another verb's import cannot fail these tests."""
+    monkeypatch.setattr(cli_main, "COMMANDS", {"plan": cli_main.COMMANDS["plan"]})
+
+
+def _raising(exc: BaseException):
+    def run(args):
+        raise exc
+    return run
+
+
+def test_hbm_budget_exceeded_during_a_job_exits_1_with_one_line(plan_only, monkeypatch, capsys):
+    from lazytrain.runtime.errors import HbmBudgetExceeded
+    exc = HbmBudgetExceeded(window="b3", held_bytes=12, limit_bytes=10)
+    monkeypatch.setattr(cli_plan, "run", _raising(exc))
+    assert main(["plan"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: window b3: checkpoint store holds 12 HBM bytes, over the plan's "
+                   "hbm_checkpoint_bytes 10 by 2")
+
+
+def test_a_plain_assertion_error_is_a_bug_and_keeps_its_traceback(plan_only, monkeypatch):
+    monkeypatch.setattr(cli_plan, "run", _raising(AssertionError("internal invariant")))
+    with pytest.raises(AssertionError, match="internal invariant"):
+        main(["plan"])
+
+
+def test_plan_loads_neither_torch_nor_the_runtime(repo_root):
+    code = ("import sys; from lazytrain.cli.main import main; "
+            f"rc = main(['plan', '--policy', 'megatrain', '--config', "
+            f"{str(repo_root / 'configs' / 'tiny-llama-cpu.yaml')!r}]); "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('lazytrain.runtime')]; "
+            "print(bad); sys.exit(rc or (3 if bad else 0))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-500:] + res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--set", "hardware.hbm_gb=.inf"], "hardware.hbm_gb must be a finite number"),
+    (["--set", "hardware.h2d_gb_per_s=1e-300"], "hardware.h2d_gb_per_s must be in [0.001"),
+    (["--set", "train.lr=.inf"], "train.lr must be a finite number"),
+    (["--model", "{tmp}/hostname"], "/hostname is not a JSON HF config"),
+])
+def test_garbage_config_values_exit_2_with_one_line_naming_the_key(plan_only, tmp_path, args,
+                                                                   needle, capsys):
+    (tmp_path / "hostname").write_text("myhost\n")
+    args = [a.format(tmp=tmp_path) for a in args]
+    assert main(["plan", "--policy", "megatrain", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and needle in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("train: [\n", "not valid YAML (line 2, column 1"),
+    ("1: 2\n", "unknown config key 1;"),
+])
+def test_broken_config_files_exit_2_with_one_line_naming_the_problem(plan_only, tmp_path, text,
+                                                                     needle, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert main(["plan", "--policy", "megatrain", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and needle in err and len(err.splitlines()) == 1
