@@ -30,8 +30,6 @@ import dataclasses
 import difflib
 import inspect
 import math
-import os
-import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -39,6 +37,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from lazytrain.atomic import write_text_atomic
 
 Dtype = Literal["bf16", "fp32"]
 
@@ -518,18 +518,7 @@ def save_config(cfg: RunConfig, path: str | Path) -> Path:
     Returns:
         The path written.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -8,13 +8,12 @@ copy of the model, and writing the store back in the same sharded layout with an
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from lazytrain.atomic import atomic_path
 from lazytrain.models.adapter import ModelAdapter
 from lazytrain.models.families import _get, resolve_layout
 from lazytrain.runtime.params import HostParams
@@ -220,11 +219,5 @@ def save_hf_dir(adapter_or_state_dict, model_dir: str | Path, *, dtype: torch.dt
 
 
 def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        write(tmp)

@@ -304,7 +304,7 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
 def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
             step: float) -> Evaluation:
     """Capacities, violations and throughput figures."""
-    A, L = p.boundary_bytes, p.num_blocks
+    A = p.boundary_bytes
     q8 = set(d.q8_blocks)
     states = sum(n * (p.host_bytes_per_param_q8 if j in q8 else p.host_bytes_per_param)
                  for j, n in enumerate(p.params_per_block)) + p.ends_params * p.host_bytes_per_param

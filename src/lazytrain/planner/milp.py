@@ -83,7 +83,7 @@ from lazytrain.planner.plan import (
     Bounds, Plan, SolveRecord, Transfer, legal_ords, window_name, window_ord,
 )
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.planner.solvers import INF, LinearModel, SolveResult, resolve_backend, solve
+from lazytrain.planner.solvers import LinearModel, SolveResult, resolve_backend, solve
 
 GB = 1e9
 WHOLE_TRANSFERS = ("d2h", "h2d")

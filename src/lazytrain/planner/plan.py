@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from lazytrain.atomic import write_text_atomic
 
 TIERS = ("hbm", "dram", "nvme", "recompute")
 """Tier vocabulary; a boundary that is not materialized has tier `recompute`."""
@@ -338,21 +338,8 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent)
 
     def save(self, path: str | Path) -> Path:
-        """Write the plan as JSON atomically (temp file in the same folder + os.replace)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
+        """Write the plan as JSON atomically (lazytrain.atomic: temp file, fsync, rename)."""
+        return write_text_atomic(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":

@@ -11,11 +11,11 @@ is imported only when a chart is drawn; it is the `report` extra.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from lazytrain.atomic import atomic_path
 
 ROWS = ("compute", "h2d", "d2h", "nvme_read", "nvme_write")
 """Rows top to bottom: the compute stream and the four copy channels."""
@@ -131,16 +131,11 @@ def render_panels(path: str | Path, *, panels: Sequence[tuple[Sequence[Bar], Seq
         _draw(ax, bars=bars, windows=spans, title=title, rows=rows, end=end)
     axes[-1, 0].set_xlabel("time (ms)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=150)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=150)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 

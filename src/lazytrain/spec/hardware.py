@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from lazytrain.atomic import write_text_atomic
 
 GB = 1e9
 TFLOPS = 1e12
@@ -306,16 +307,7 @@ def save_hardware(spec: HardwareSpec, path: str | Path) -> Path:
     d = spec.to_dict()
     text = (json.dumps(d, indent=2) + "\n" if path.suffix.lower() == ".json"
             else yaml.safe_dump(d, sort_keys=False))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text_atomic(path, text)
 
 
 def load_hardware(path: str | Path) -> HardwareSpec:
