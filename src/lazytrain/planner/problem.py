@@ -2,7 +2,7 @@
 
 `PlanningProblem` is the one input of the window evaluator, the MILP, the heuristics, the bounds
 and the event simulator. It is built from a `ModelSpec`, a `HardwareSpec` and the run config by
-`lazytrain.spec.costs.build_problem`; tests build tiny ones by hand. It knows nothing of torch or
+`lazytrain.planner.build.build_problem`; tests build tiny ones by hand. It knows nothing of torch or
 of a solver. The meaning of every field is fixed by `docs/execution_model.md`.
 
 Index legend: block j = 0..L-1 maps boundary j to boundary j+1; boundary i = 0..L.
@@ -79,7 +79,9 @@ class PlanningProblem:
     nvme_bytes: int = 0
     """NVMe scratch budget for checkpoints, bytes (0: no NVMe tier)."""
     nvme_staging_bytes: int = 0
-    """DRAM bounce pool used by the NVMe tier, bytes (constant)."""
+    """Constant DRAM staging, bytes: the NVMe bounce pool plus the pinned weight pool and gradient
+    landing buffers (planner/build.py puts all three here; the split is in provenance "memory").
+    The name is kept for compatibility with saved problems and plans."""
     host_bytes_per_param: float = 16.0
     """Host bytes per parameter for master weights + grads + Adam moments (fp32 master: 16;
     MegaTrain bf16 master: 12). Source: DESIGN.md section 2, runtime/optim.py row."""
