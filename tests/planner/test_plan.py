@@ -249,3 +249,20 @@ def test_from_dict_rejects_non_integer_indices_and_versions_instead_of_truncatin
     edit(d)
     with pytest.raises(PlanValidationError, match=pattern):
         Plan.from_dict(d)
+
+
+def test_loading_a_missing_or_non_plan_file_names_the_path(tmp_path):
+    import pytest as _pytest
+
+    from lazytrain.planner.plan import Plan, PlanValidationError
+
+    with _pytest.raises(FileNotFoundError, match="nope.json does not exist"):
+        Plan.load(tmp_path / "nope.json")
+    text = tmp_path / "notes.md"
+    text.write_text("# not json\n")
+    with _pytest.raises(PlanValidationError, match="notes.md is not a plan JSON file"):
+        Plan.load(text)
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    with _pytest.raises(PlanValidationError, match="list.json is not a plan JSON object"):
+        Plan.load(listed)

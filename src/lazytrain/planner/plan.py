@@ -343,9 +343,25 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
-        """Read a plan written by `save` (not validated; call `validate()`)."""
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
+        """Read a plan written by `save` (not validated; call `validate()`).
+
+        Raises:
+            FileNotFoundError: no such file (the message names the path).
+            PlanValidationError: the file is not JSON, or not a Plan JSON object.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"plan file {path} does not exist; write one with "
+                                    f"`lazytrain plan --out {path.name}`")
+        try:
+            raw = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise PlanValidationError(f"{path} is not a plan JSON file ({exc}); give the file "
+                                      f"`lazytrain plan --out` wrote") from None
+        if not isinstance(raw, dict):
+            raise PlanValidationError(f"{path} is not a plan JSON object; give the file "
+                                      f"`lazytrain plan --out` wrote")
+        return cls.from_dict(raw)
 
     # --- checks ------------------------------------------------------------------------------
 
