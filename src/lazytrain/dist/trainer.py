@@ -106,7 +106,8 @@ class DataParallelTrainer(Trainer):
         except RuntimeError as exc:
             raise self._failure(exc) from exc
         self.step += 1
-        real_tokens = int(sum(b["attention_mask"].sum() for b in batches))
+        from lazytrain.data import real_token_count  # padded or packed batches (no mask key)
+        real_tokens = sum(real_token_count(b) for b in batches)
         record = {"step": self.step, "loss": stats.loss, "tokens": real_tokens,
                   "label_tokens": stats.tokens, "step_s": stats.step_s,
                   "tokens_per_s": real_tokens / stats.step_s,
