@@ -16,6 +16,7 @@ extension (docs/execution_model.md, "Decisions in a Plan").
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
@@ -33,6 +34,13 @@ TRANSFER_KINDS = ("d2h", "h2d", "nvme_write", "nvme_read")
 PLAN_VERSION = 1
 FRACTION_TOL = 1e-6
 """Tolerance on sums and cumulative comparisons of transfer fractions (dimensionless)."""
+
+
+def plan_digest(plan_dict: dict) -> str:
+    """16 hex digits of sha256 over a plan's canonical JSON (sorted keys, no spaces): the
+    `plan_id` that windows.jsonl records and `lazytrain report` matches against plan.json."""
+    text = json.dumps(plan_dict, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class PlanValidationError(ValueError):
@@ -332,6 +340,10 @@ class Plan:
             if isinstance(exc, PlanValidationError):
                 raise
             raise PlanValidationError(f"malformed plan JSON: {exc!r}") from exc
+
+    def digest(self) -> str:
+        """`plan_digest` of this plan (same value as for its saved JSON)."""
+        return plan_digest(self.to_dict())
 
     def to_json(self, *, indent: int | None = 1) -> str:
         """JSON text of `to_dict()`."""

@@ -14,20 +14,20 @@ Must not know torch or the runtime: it reads JSON only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+
+from lazytrain.planner.plan import plan_digest
 
 CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write", "optimizer")
 """`wait_ms` keys of windows.jsonl (runtime/instrument.py)."""
 
 
 def plan_id_of_dict(plan_dict: dict) -> str:
-    """Same digest as `runtime.instrument.plan_id`: sha256 of the canonical JSON, 16 hex."""
-    text = json.dumps(plan_dict, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """Same digest as `runtime.instrument.plan_id` (`planner.plan.plan_digest`)."""
+    return plan_digest(plan_dict)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

@@ -199,6 +199,11 @@ class CheckpointStore:
 
     # ---- windows -------------------------------------------------------------------------
 
+    def set_hbm_limits(self, hbm_limits: dict[str, int] | None) -> None:
+        """Replace the per-window HBM limits (a new plan's `hbm_checkpoint_bytes`; call
+        between steps, as `Engine.set_plan` does)."""
+        self._limits = dict(hbm_limits or {})
+
     def begin_window(self, name: str) -> None:
         """Open window ``name``; its peaks start at the bytes held now.
 

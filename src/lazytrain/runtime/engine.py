@@ -178,7 +178,7 @@ class Engine:
         self.keep = set(plan.keep_internals)
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # converts moments of blocks that change
         # the store's per-window HBM limits come from the plan (constructor argument)
-        self.store._limits = {w.name: w.hbm_checkpoint_bytes for w in plan.windows}
+        self.store.set_hbm_limits({w.name: w.hbm_checkpoint_bytes for w in plan.windows})
         if self.instrument is not None:
             self.instrument.set_plan(plan)
 

@@ -60,7 +60,6 @@ re-planning/refit code reads these key names):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -78,12 +77,8 @@ _FUTURE_KIND_ATTR = "_lazytrain_kind"
 
 
 def plan_id(plan) -> str:
-    """16 hex digits of sha256 over the plan's canonical JSON (sorted keys, no spaces).
-
-    `lazytrain.report.tables.plan_id_of_dict` computes the same from a loaded plan.json dict.
-    """
-    text = json.dumps(plan.to_dict(), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """The plan's digest (`lazytrain.planner.plan.plan_digest`), recorded in windows.jsonl."""
+    return plan.digest()
 
 
 class _Window:
