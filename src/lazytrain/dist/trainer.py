@@ -33,7 +33,8 @@ from lazytrain.dist.process_group import (DistContext, barrier, broadcast_object
 from lazytrain.planner.plan import Plan
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
-from lazytrain.train.loop import Trainer, _device, _get_plan, _truncate_metrics
+from lazytrain.train.loop import (Trainer, _device, _get_plan, _truncate_metrics,
+                                   step_record)
 
 
 class RankFailureError(RuntimeError):
@@ -106,14 +107,8 @@ class DataParallelTrainer(Trainer):
         except RuntimeError as exc:
             raise self._failure(exc) from exc
         self.step += 1
-        from lazytrain.data import real_token_count  # padded or packed batches (no mask key)
-        real_tokens = sum(real_token_count(b) for b in batches)
-        record = {"step": self.step, "loss": stats.loss, "tokens": real_tokens,
-                  "label_tokens": stats.tokens, "step_s": stats.step_s,
-                  "tokens_per_s": real_tokens / stats.step_s,
-                  "model_tflops": 6 * self.flops_params * real_tokens / stats.step_s / 1e12,
-                  "lr": stats.lr, "grad_norm": stats.grad_norm,
-                  "peak_bytes": dict(stats.peak_bytes), "world_size": self.ctx.world_size}
+        record = {**step_record(self.step, stats, batches, flops_params=self.flops_params),
+                  "world_size": self.ctx.world_size}
         from lazytrain.runtime.instrument import write_windows_jsonl
         write_windows_jsonl(self.windows_path, step=self.step, records=stats.windows)
         if self.is_main:

@@ -44,6 +44,27 @@ EVAL_BYTES_PER_PARAM = 4
 """The fp32 evaluation copy of the weights (`evaluate.py`)."""
 
 
+def step_record(step: int, stats, batches: list[dict], *, flops_params: float) -> dict:
+    """The metrics.jsonl record of one optimizer step (single-process and data-parallel).
+
+    Args:
+        step: the step number just completed (1-based).
+        stats: the engine's `StepStats`.
+        batches: every micro-batch of the step (all ranks' under data parallelism), so tokens
+            and model TFLOPS count the global batch; real tokens exclude padding.
+        flops_params: N of the model-FLOPs rule 6 * N * tokens (ModelSpec.model_flops_params).
+    """
+    from lazytrain.data import real_token_count  # padded or packed batches
+
+    real_tokens = sum(real_token_count(b) for b in batches)
+    return {"step": step, "loss": stats.loss, "tokens": real_tokens,
+            "label_tokens": stats.tokens, "step_s": stats.step_s,
+            "tokens_per_s": real_tokens / stats.step_s,
+            "model_tflops": 6 * flops_params * real_tokens / stats.step_s / 1e12,
+            "lr": stats.lr, "grad_norm": stats.grad_norm,
+            "peak_bytes": dict(stats.peak_bytes)}
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class TrainHooks:
     """Test hooks (all optional)."""
@@ -195,14 +216,7 @@ class Trainer:
         batches = [self.data.train.next_micro_batch() for _ in range(self.cfg.train.grad_accum)]
         stats = self.engine.step(batches, lr=self.lr_at(self.step))
         self.step += 1
-        from lazytrain.data import real_token_count  # padded or packed batches
-        real_tokens = sum(real_token_count(b) for b in batches)
-        record = {"step": self.step, "loss": stats.loss, "tokens": real_tokens,
-                  "label_tokens": stats.tokens, "step_s": stats.step_s,
-                  "tokens_per_s": real_tokens / stats.step_s,
-                  "model_tflops": 6 * self.flops_params * real_tokens / stats.step_s / 1e12,
-                  "lr": stats.lr, "grad_norm": stats.grad_norm,
-                  "peak_bytes": dict(stats.peak_bytes)}
+        record = step_record(self.step, stats, batches, flops_params=self.flops_params)
         with open(self.run_dir / "metrics.jsonl", "a") as fh:
             fh.write(json.dumps(record) + "\n")
         from lazytrain.runtime.instrument import write_windows_jsonl
