@@ -67,7 +67,16 @@ class HbmBudgetExceeded(AssertionError):
         self.limit_bytes = limit_bytes
 
 
-class CheckpointNotResidentError(RuntimeError):
+class BoundaryError(RuntimeError):
+    """A runtime error about one stored boundary (fields `boundary`, `micro_batch`)."""
+
+    def __init__(self, message: str, *, boundary: int, micro_batch: int = 0) -> None:
+        super().__init__(message)
+        self.boundary = boundary
+        self.micro_batch = micro_batch
+
+
+class CheckpointNotResidentError(BoundaryError):
     """``get()`` was called for a boundary that is not fully resident in HBM.
 
     Typically the plan (or the engine) forgot a prefetch: the h2d fractions issued so far do not
@@ -78,13 +87,8 @@ class CheckpointNotResidentError(RuntimeError):
         micro_batch: micro-batch index.
     """
 
-    def __init__(self, message: str, *, boundary: int, micro_batch: int = 0) -> None:
-        super().__init__(message)
-        self.boundary = boundary
-        self.micro_batch = micro_batch
 
-
-class TransferOrderError(RuntimeError):
+class TransferOrderError(BoundaryError):
     """A transfer was issued whose source bytes are not there yet (e.g. the last nvme_write
     fraction before the d2h completed, h2d of a boundary that was never read back), or outside
     a window.
@@ -93,8 +97,3 @@ class TransferOrderError(RuntimeError):
         boundary: boundary index.
         micro_batch: micro-batch index.
     """
-
-    def __init__(self, message: str, *, boundary: int, micro_batch: int = 0) -> None:
-        super().__init__(message)
-        self.boundary = boundary
-        self.micro_batch = micro_batch
