@@ -218,8 +218,10 @@ def scaling_text(node_problem, topo, kw: dict, *, policy: str) -> str:
     policy = "heuristic" if policy == "milp" else policy
     with solver_output_to_stderr():
         rows = scaling_table(node_problem, topo, policy=policy, **kw)
+    masters = ("one shared master copy per node" if topo.shared_masters
+               else "a master copy per rank (dist.shared_masters: false)")
     return (f"scaling (policy {policy}; per-rank plan + exposed gradient all-reduce; "
-            f"tokens/s of the whole node):\n" + format_scaling_table(rows))
+            f"{masters}; tokens/s of the whole node):\n" + format_scaling_table(rows))
 
 
 def write_outputs(problem, plan, *, out: str | None, gantt: str | None) -> None:

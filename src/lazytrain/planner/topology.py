@@ -4,30 +4,50 @@ all-reduce term, and the predicted scaling table.
 Decomposition (stated, not solved jointly): data-parallel ranks run the same model on equal
 micro-batches, so on one node every rank faces the same problem; the planner solves ONE
 per-rank problem and every rank runs that plan. The per-rank problem divides what the node's
-ranks share (N = ranks per node, S = min(N, gpus_per_pcie_switch) busy GPUs per switch):
+ranks share (N = ranks per node, N_world = N x nnodes, S = min(N, gpus_per_pcie_switch) busy
+GPUs per switch):
 
     dram_bytes           node DRAM / N
     nvme_bytes           node NVMe capacity / N
     nvme_read/write      node NVMe bandwidth (all drives together) / N   (all ranks stream at once)
     h2d, d2h, duplex     per-GPU link / S  (GPUs behind one switch share its x16 uplink, assumed
                          of the same generation as the GPU links; S = 1: a root port per GPU)
-    host bytes/param     (master + grad) + moments / N_world   (ZeRO-1: Adam moments sharded
-                         over all ranks, `lazytrain.dist.sharding`; moments 8 B/param, 2 B with
-                         8-bit Adam)
+    host bytes/param     master / N + grad + moments / N_world   (shared masters, the default)
+                         master + grad + moments / N_world       (dist.shared_masters: false)
+
+Host bytes/param: with `dist.shared_masters` the node holds ONE master copy in shared memory,
+mapped by its N local ranks (each group's owner updates it in place), so each rank is charged
+1/N of it; the gradient accumulator stays per rank (every rank accumulates its own); the Adam
+moments are ZeRO-1 sharded over all N_world ranks (`lazytrain.dist.sharding`; 8 B/param, 2 B
+with 8-bit Adam). Seed scenario (Qwen3.5-27B, 26.90e9 params, bf16 row 2 + 2 + 8 B/param) on a
+1000 GB node, states only (staging and DRAM-tier checkpoints come on top), one node:
+
+    N   shared: 2/N + 2 + 8/N        unshared: 2 + 2 + 8/N     DRAM budget 1000 GB / N
+    1   12.00 B/param = 322.8 GB     12 B/param = 322.8 GB     1000 GB
+    2    7.00 B/param = 188.3 GB      8 B/param = 215.2 GB      500 GB
+    4    4.50 B/param = 121.1 GB      6 B/param = 161.4 GB      250 GB
+    8    3.25 B/param =  87.4 GB      5 B/param = 134.5 GB      125 GB  (unshared: no plan)
 
 What is not divided: HBM (per GPU), compute. Host memory bandwidth and the root complex are
 assumed not to be the bottleneck (not modelled).
 
 All-reduce (a separate term, not a window channel): the runtime reduces each group's fp32
-gradient in host DRAM to its owner and broadcasts the updated fp32 master back over gloo, the
-bytes of a ring all-reduce, 2 (N_world - 1) / N_world x 4 B x params, at `allreduce_bytes_per_s`
-per rank. It does not use the PCIe channels of the windows (host-side tensors), so it is
-modelled as one serial link: group j's reduction starts when window b{j} of the step's last
-micro-batch ends (its gradient is final) or when the previous reduction ends; the ends' after
-the backward. What runs past the end of the backward is exposed (the next step's block 0 and
-ends wait for their updated masters) and is added to the step:
+gradient in host DRAM to its owner and sends the updated fp32 master back over gloo. Bytes per
+group of P params, at `allreduce_bytes_per_s` per rank (bytes/s):
 
-    step_ms(N) = plan.step_ms(per-rank problem) + exposed_allreduce_ms
+    shared masters:  reduce (W - 1)/W x 4 B x P  +  broadcast (nnodes - 1)/nnodes x 4 B x P
+    unshared:        reduce (W - 1)/W x 4 B x P  +  broadcast (W - 1)/W x 4 B x P
+                     (= 2 (W - 1)/W x 4 B x P, a ring all-reduce)          W = N_world
+
+With shared masters the broadcast only crosses nodes (the owner sends to the rank of the same
+local index on every other node; inside a node a 1-element token says the update is in, not
+counted); on one node it is free. The term does not use the PCIe channels of the windows
+(host-side tensors), so it is modelled as one serial link: group j's reduction starts when
+window b{j} of the step's last micro-batch ends (its gradient is final) or when the previous
+reduction ends; the ends' after the backward. What runs past the end of the backward is exposed
+(the next step's block 0 and ends wait for their updated masters) and is added to the step:
+
+    step_ms(N) = plan.step_ms(per-rank problem) + exposed_allreduce_ms      (ms)
 
 Imports only the planner's types (no torch; the solver only inside `scaling_table`).
 """
@@ -66,6 +86,8 @@ class Topology:
     """NVMe drives whose total bandwidth the hardware spec gives (informational)."""
     allreduce_bytes_per_s: float = 10e9
     """Bus bandwidth of the gradient reduce + master broadcast per rank, bytes/s."""
+    shared_masters: bool = True
+    """One master copy per node in shared memory (module docstring), not one per rank."""
 
     def __post_init__(self) -> None:
         for name in ("nproc_per_node", "nnodes", "gpus_per_node", "gpus_per_pcie_switch",
@@ -96,24 +118,40 @@ def topology_from_config(cfg, hardware) -> Topology:
                                               hardware.gpus_per_pcie_switch),
                     nvme_devices_per_node=pick(h.nvme_devices_per_node,
                                                hardware.nvme_devices_per_node),
-                    allreduce_bytes_per_s=cfg.dist.allreduce_gb_per_s * 1e9)
+                    allreduce_bytes_per_s=cfg.dist.allreduce_gb_per_s * 1e9,
+                    shared_masters=cfg.dist.shared_masters)
 
 
-def host_bytes_per_param_rank(full: float, *, moments: float, world_size: int) -> float:
-    """Host bytes per parameter on one rank with ZeRO-1: (full - moments) + moments / N."""
-    return full - moments + moments / world_size
+def host_bytes_per_param_rank(full: float, *, moments: float, local_ranks: int,
+                              world_size: int, shared_masters: bool) -> float:
+    """Host bytes per parameter on one rank: master / N_local (shared masters) + grad +
+    moments / N_world (ZeRO-1), bytes.
+
+    Args:
+        full: master + grad + moments of one process, bytes/param (the problem's
+            `host_bytes_per_param` or `host_bytes_per_param_q8`).
+        moments: the Adam moments' part of `full`, bytes/param.
+        local_ranks, world_size: N_local ranks sharing the node, N_world ranks in the job.
+        shared_masters: one master copy per node (charged 1/N_local to each rank).
+    """
+    # The problem gives only the sum; master and grad have the same width (2 + 2 bf16, 4 + 4
+    # fp32: planner/build.py HOST_BYTES_PER_PARAM), so each is half of what the moments leave.
+    master = grad = (full - moments) / 2
+    return master / (local_ranks if shared_masters else 1) + grad + moments / world_size
 
 
 def rank_problem(problem: PlanningProblem, topo: Topology) -> PlanningProblem:
     """The per-rank problem of the module docstring (node-level `problem` in, one rank's out)."""
     n, world = topo.nproc_per_node, topo.world_size
     share = min(n, topo.gpus_per_pcie_switch)
+    ranks = dict(local_ranks=n, world_size=world, shared_masters=topo.shared_masters)
     prov = dict(problem.provenance)
     prov["dist"] = {"nproc_per_node": n, "nnodes": topo.nnodes, "world_size": world,
                     "gpus_per_pcie_switch": topo.gpus_per_pcie_switch,
                     "nvme_devices_per_node": topo.nvme_devices_per_node,
                     "node_dram_bytes": problem.dram_bytes,
-                    "allreduce_bytes_per_s": topo.allreduce_bytes_per_s}
+                    "allreduce_bytes_per_s": topo.allreduce_bytes_per_s,
+                    "shared_masters": topo.shared_masters}
     return problem.replace(
         name=problem.name if n == 1 else f"{problem.name} [1 of {n} ranks/node]",
         dram_bytes=problem.dram_bytes // n, nvme_bytes=problem.nvme_bytes // n,
@@ -123,17 +161,19 @@ def rank_problem(problem: PlanningProblem, topo: Topology) -> PlanningProblem:
         d2h_bytes_per_s=problem.d2h_bytes_per_s / share,
         duplex_bytes_per_s=problem.duplex_bytes_per_s / share,
         host_bytes_per_param=host_bytes_per_param_rank(
-            problem.host_bytes_per_param, moments=MOMENT_BYTES_PER_PARAM, world_size=world),
+            problem.host_bytes_per_param, moments=MOMENT_BYTES_PER_PARAM, **ranks),
         host_bytes_per_param_q8=host_bytes_per_param_rank(
-            problem.host_bytes_per_param_q8, moments=MOMENT_BYTES_PER_PARAM_Q8,
-            world_size=world),
+            problem.host_bytes_per_param_q8, moments=MOMENT_BYTES_PER_PARAM_Q8, **ranks),
         provenance=prov)
 
 
 def allreduce_ms(params: int, topo: Topology) -> float:
-    """Ring all-reduce time of one group: 2 (N-1)/N x 4 B x params / bandwidth, ms."""
+    """Reduce + master broadcast time of one group of `params` parameters, ms:
+    ((W-1)/W + (M-1)/M) x 4 B x params / bandwidth, with W = N_world and M = nnodes for shared
+    masters (the broadcast only crosses nodes) or M = W without (a ring all-reduce)."""
     world = topo.world_size
-    nbytes = 2 * (world - 1) / world * GRAD_REDUCE_BYTES_PER_PARAM * params
+    bcast = topo.nnodes if topo.shared_masters else world
+    nbytes = ((world - 1) / world + (bcast - 1) / bcast) * GRAD_REDUCE_BYTES_PER_PARAM * params
     return nbytes / topo.allreduce_bytes_per_s * 1e3
 
 
