@@ -360,11 +360,21 @@ class DistConfig:
     of hanging (300 s: longer than any step, evaluation or checkpoint of the shipped jobs)."""
     allreduce_gb_per_s: float = 10.0
     """Bus bandwidth of the per-block gradient reduction + master broadcast path per rank,
-    GB/s, > 0 (ring all-reduce bytes 2(N-1)/N x G go through it). 10: gloo over shared memory
-    on one host, a rough figure to replace with a measured one."""
+    GB/s, > 0 (the reduce's (W-1)/W x G bytes and the master broadcast's, across nodes only
+    with shared masters, go through it; `lazytrain.planner.topology`). 10: gloo over shared
+    memory on one host, a rough figure to replace with a measured one."""
+    shared_masters: bool = True
+    """One fp32 master copy per node, in shared memory mapped by every local rank
+    (`lazytrain.dist.shared_masters`), instead of one copy per rank: each block's owner updates
+    it in place and the other local ranks read it. False: every rank holds its own copy and the
+    owner broadcasts each update (N x the master bytes per node)."""
+    shm_dir: str = "/dev/shm"
+    """Directory (a tmpfs) of the node's shared master file when `shared_masters` is on; the
+    file is unlinked as soon as every local rank has mapped it, so nothing is left behind."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "dist")
+        _check(bool(self.shm_dir), "dist.shm_dir", "a directory", self.shm_dir)
         _check(self.nproc_per_node >= 1, "dist.nproc_per_node", ">= 1", self.nproc_per_node)
         _check(self.timeout_s > 0, "dist.timeout_s", "> 0", self.timeout_s)
         _check(self.allreduce_gb_per_s > 0, "dist.allreduce_gb_per_s", "> 0",

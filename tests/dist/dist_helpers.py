@@ -18,8 +18,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tiny_adapter(seed: int = 0):
-    """A 3-layer hidden-64 fp32 Llama adapter, identical on every rank for the same seed."""
+def tiny_adapter(seed: int = 0, **where):
+    """A 3-layer hidden-64 fp32 Llama adapter, identical on every rank for the same seed
+    (`where`: `masters`, `fills_masters` of `adapter_from_model`)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from lazytrain.models import adapter_from_model
@@ -28,7 +29,8 @@ def tiny_adapter(seed: int = 0):
                          num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=64, pad_token_id=0)
     torch.manual_seed(seed)
-    return adapter_from_model(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+    return adapter_from_model(AutoModelForCausalLM.from_config(config, dtype=torch.float32),
+                              **where)
 
 
 def tiny_plan(adapter, tiers, keep=()):
@@ -100,27 +102,52 @@ def reference_params(plan_name: str, *, steps: int, world: int, clip: float, nvm
         engine.close()
 
 
+PROBE = 12345.0
+"""PROBE + node index is written by each node's local rank 0 into its ends master after
+training (sharing probe)."""
+
+
 def dp_worker(rank: int, world: int, port: int, out_dir: str, plan_name: str, steps: int,
-              clip: float) -> None:
-    """One rank of the data-parallel run (torch.multiprocessing.spawn target)."""
+              clip: float, shared: bool = False, per_node: int | None = None) -> None:
+    """One rank of the data-parallel run (torch.multiprocessing.start_processes target).
+
+    `per_node` ranks per "node" (default: all on one), node by node as torchrun numbers them;
+    `shared`: the node's ranks share one master copy (`lazytrain.dist.shared_masters`, files in
+    OUT_DIR/shm). Saves OUT_DIR/rankR.pt: the final masters, the Adam bytes this rank holds and,
+    and the value of ends.master[0] this rank reads after its node's local rank 0 wrote
+    `PROBE` + node index there."""
     torch.set_num_threads(1)
+    per_node = per_node or world
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
+                      LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(rank // per_node))
+    from lazytrain.dist import shared_masters
     from lazytrain.dist.parallel import build_engine, local_share
-    from lazytrain.dist.process_group import init_from_env, shutdown
+    from lazytrain.dist.process_group import barrier, init_from_env, shutdown
     from lazytrain.dist.sharding import owned_moment_bytes
 
     ctx = init_from_env(backend="gloo", device="cpu", timeout_s=60)
-    adapter = tiny_adapter()
+    where = {}
+    if shared:
+        where = dict(masters=shared_masters.node_master_allocator(
+            ctx, shm_dir=os.path.join(out_dir, "shm"), job_id=shared_masters.new_job_id(ctx)),
+            fills_masters=ctx.local_rank == 0)
+    adapter = tiny_adapter(**where)
+    barrier(ctx)
     plan = tiny_plan(adapter, *PLANS[plan_name])
     kw = engine_kwargs(os.path.join(out_dir, f"nvme{rank}"), clip=clip, grad_accum=1)
     lr = kw.pop("lr")
-    engine = build_engine(adapter, plan, ctx=ctx, lr=lr, **kw)
+    engine = build_engine(adapter, plan, ctx=ctx, lr=lr, shared_masters=shared, **kw)
     try:
         for batches in global_batches(steps, world):
             engine.step(local_share(batches, ctx=ctx, grad_accum=1))
         params = {k: v.clone() for k, v in engine.named_parameters_fp32().items()}
-        torch.save({"params": params, "moment_bytes": owned_moment_bytes(engine.optimizer)},
+        barrier(ctx)  # every rank has its copy of the final masters before the probe
+        if ctx.local_rank == 0:
+            adapter.params.ends.master[0] = PROBE + ctx.node_rank
+        barrier(ctx)
+        torch.save({"params": params, "moment_bytes": owned_moment_bytes(engine.optimizer),
+                    "probe": float(adapter.params.ends.master[0])},
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         engine.close()

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dist_helpers import PLANS, dp_worker, free_port, reference_params, tiny_adapter
+from dist_helpers import PLANS, PROBE, dp_worker, free_port, reference_params, tiny_adapter
 from lazytrain.dist.parallel import local_share
 from lazytrain.dist.process_group import DistContext
 from lazytrain.dist.sharding import assign_owners
@@ -14,17 +14,20 @@ from lazytrain.dist.sharding import assign_owners
 STEPS, WORLD = 3, 2
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("plan_name,clip", [("all_hbm", 0.0), ("mixed_tiers", 0.05)],
-                         ids=["all_hbm-no_clip", "mixed_tiers-clipped"])
-def test_two_ranks_equal_one_process_after_three_steps(plan_name, clip, tmp_path):
+def _run_ranks(tmp_path, *, world: int, plan_name: str, clip: float, shared: bool,
+               per_node: int | None = None) -> list[dict]:
     tiny_adapter()  # import transformers here, before the fork
+    (tmp_path / "shm").mkdir()
     # fork: the children inherit the imported torch/transformers (a spawn re-imports them, ~10 s)
-    mp.start_processes(dp_worker, args=(WORLD, free_port(), str(tmp_path), plan_name, STEPS,
-                                        clip), nprocs=WORLD, join=True, start_method="fork")
-    reference = reference_params(plan_name, steps=STEPS, world=WORLD, clip=clip,
+    mp.start_processes(dp_worker, args=(world, free_port(), str(tmp_path), plan_name, STEPS,
+                                        clip, shared, per_node),
+                       nprocs=world, join=True, start_method="fork")
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+
+
+def _assert_equal_to_one_process(ranks, *, plan_name, clip, tmp_path) -> None:
+    reference = reference_params(plan_name, steps=STEPS, world=len(ranks), clip=clip,
                                  nvme_dir=tmp_path / "nvme_ref")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     for shard in ranks:  # every rank holds the same, updated masters
         assert shard["params"].keys() == reference.keys()
         for name, ref in reference.items():
@@ -34,6 +37,32 @@ def test_two_ranks_equal_one_process_after_three_steps(plan_name, clip, tmp_path
     numel = sum(v.numel() for v in reference.values())
     assert sum(s["moment_bytes"] for s in ranks) == 8 * numel
     assert all(0 < s["moment_bytes"] < 8 * numel for s in ranks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan_name,clip,shared",
+                         [("all_hbm", 0.0, True), ("mixed_tiers", 0.05, True),
+                          ("mixed_tiers", 0.05, False)],
+                         ids=["all_hbm-no_clip-shared", "mixed_tiers-clipped-shared",
+                              "mixed_tiers-clipped-private"])
+def test_two_ranks_equal_one_process_after_three_steps(plan_name, clip, shared, tmp_path):
+    ranks = _run_ranks(tmp_path, world=WORLD, plan_name=plan_name, clip=clip, shared=shared)
+    _assert_equal_to_one_process(ranks, plan_name=plan_name, clip=clip, tmp_path=tmp_path)
+    # shared: rank 1 reads what rank 0 wrote into the one copy; private: its own copy
+    assert [s["probe"] == PROBE for s in ranks] == [True, shared]
+
+
+@pytest.mark.slow
+def test_two_nodes_of_two_ranks_share_one_copy_per_node_and_equal_one_process(tmp_path):
+    """4 ranks as 2 "nodes" x 2: in-place updates inside a node, broadcasts across nodes."""
+    ranks = _run_ranks(tmp_path, world=4, plan_name="mixed_tiers", clip=0.05, shared=True,
+                       per_node=2)
+    _assert_equal_to_one_process(ranks, plan_name="mixed_tiers", clip=0.05, tmp_path=tmp_path)
+    # node 0's copy is ranks 0 and 1's, node 1's is ranks 2 and 3's: the probe written by
+    # each node's local rank 0 is seen by its node only (two copies, not one, not four)
+    assert [s["probe"] for s in ranks] == [PROBE, PROBE, PROBE + 1, PROBE + 1]
+    # every node's file was unlinked once mapped: nothing is left in the shm directory
+    assert list((tmp_path / "shm").iterdir()) == []
 
 
 def test_owners_balance_group_sizes_greedily_in_group_order():

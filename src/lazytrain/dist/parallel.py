@@ -14,19 +14,24 @@ from typing import Sequence, TypeVar
 
 from lazytrain.dist.process_group import DistContext
 from lazytrain.dist.reducer import GradReducer
+from lazytrain.dist.shared_masters import BroadcastSync, SharedMasterSync
 from lazytrain.dist.sharding import ShardedOptimizer, group_owners
 
 T = TypeVar("T")
 
 
 def build_engine(adapter, plan, *, ctx: DistContext, lr: float, betas=(0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.01, **engine_kwargs):
+                 eps: float = 1e-8, weight_decay: float = 0.01, shared_masters: bool = False,
+                 **engine_kwargs):
     """An `Engine` for this rank: `GradReducer` as grad_sync and a `ShardedOptimizer`.
 
     Args:
         adapter, plan: as `Engine`.
         ctx: the rank context (`process_group.init_from_env`).
         lr, betas, eps, weight_decay: AdamW.
+        shared_masters: the adapter's masters are the node's shared copy
+            (`shared_masters.node_master_allocator`): updates are published in place; False:
+            private copies, updates are broadcast.
         engine_kwargs: the other `Engine` arguments (device, clip_grad_norm, grad_accum, ...).
     """
     from lazytrain.runtime.engine import Engine
@@ -34,9 +39,12 @@ def build_engine(adapter, plan, *, ctx: DistContext, lr: float, betas=(0.9, 0.99
     owners = group_owners(adapter.params, ctx.world_size)
     reducer = GradReducer(adapter.params, owners=owners, rank=ctx.rank,
                           group=ctx.grads_group if ctx.distributed else None)
+    sync = None
+    if ctx.distributed:
+        sync = SharedMasterSync(ctx) if shared_masters else BroadcastSync(ctx.params_group)
     optimizer = ShardedOptimizer(adapter.params, reducer=reducer, owners=owners, rank=ctx.rank,
-                                 params_group=ctx.params_group if ctx.distributed else None,
-                                 lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+                                 sync=sync, lr=lr, betas=betas, eps=eps,
+                                 weight_decay=weight_decay)
     return Engine(adapter, plan, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                   optimizer=optimizer, grad_sync=reducer, **engine_kwargs)
 

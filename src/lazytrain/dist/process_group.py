@@ -4,10 +4,16 @@ context every other `dist` module receives.
 Owns: reading torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR/PORT), choosing the backend (`auto`: nccl when the engine runs on CUDA, else gloo),
 the collective timeout (a dead peer makes every survivor raise within `timeout_s` instead of
-hanging), and the two extra gloo groups the runtime needs:
+hanging), and the extra gloo groups the runtime needs:
 
 - `grads`: the per-block gradient reductions and scalar sums, issued from the main thread;
-- `params`: the broadcasts of updated masters, issued from the optimizer worker thread.
+- `params`: the broadcasts of updated masters, issued from the optimizer worker thread;
+- `node`: the ranks of this node (the "update is in" tokens of node-shared masters, worker
+  thread), and `cross`: the ranks with this rank's local index on every node (the cross-node
+  broadcasts of node-shared masters, worker thread); `lazytrain.dist.shared_masters`.
+
+Rank layout: torchrun numbers ranks node by node, rank = node_rank x LOCAL_WORLD_SIZE +
+local_rank, with the same LOCAL_WORLD_SIZE on every node; `init_from_env` checks it.
 
 Both act on host fp32 tensors (the engine's gradient accumulators and masters live in DRAM), so
 both are gloo groups even when the default group is nccl; two groups because collectives on one
@@ -45,6 +51,14 @@ class DistContext:
     """gloo group for gradient reductions and scalar sums (main thread); None: one process."""
     params_group: object = None
     """gloo group for master broadcasts (optimizer worker thread); None: one process."""
+    node_rank: int = 0
+    """Index of this node (torchrun's GROUP_RANK), 0..nnodes-1."""
+    nnodes: int = 1
+    """Nodes in the job (world_size / local_world_size)."""
+    node_group: object = None
+    """gloo group of this node's ranks (worker thread); None: one process."""
+    cross_group: object = None
+    """gloo group of the ranks with this local_rank on every node (worker thread)."""
 
     @property
     def distributed(self) -> bool:
@@ -54,6 +68,14 @@ class DistContext:
     def is_main(self) -> bool:
         """Rank 0: writes metrics, summary and checkpoint markers; logs."""
         return self.rank == 0
+
+    def global_rank(self, *, node: int, local: int) -> int:
+        """The rank of local rank `local` on node `node` (module docstring's layout)."""
+        return node * self.local_world_size + local
+
+    def node_of(self, rank: int) -> tuple[int, int]:
+        """(node, local rank) of global `rank`."""
+        return divmod(rank, self.local_world_size)
 
 
 def env_world_size() -> int:
@@ -104,10 +126,23 @@ def init_from_env(*, backend: str = "auto", device: str = "cpu",
         dist.init_process_group(backend=name, timeout=timeout)
     grads = dist.new_group(backend="gloo", timeout=timeout)
     params = dist.new_group(backend="gloo", timeout=timeout)
-    return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                       local_rank=local_rank,
-                       local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
-                       backend=name, grads_group=grads, params_group=params)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    node_rank = int(os.environ.get("GROUP_RANK", "0"))
+    if world % local_world or rank != node_rank * local_world + local_rank:
+        raise RuntimeError(f"rank {rank}: torchrun's layout is not node by node (GROUP_RANK "
+                           f"{node_rank}, LOCAL_RANK {local_rank}, LOCAL_WORLD_SIZE "
+                           f"{local_world}, WORLD_SIZE {world}); start every node with the "
+                           f"same --nproc_per_node")
+    nnodes = world // local_world
+    node_groups = [dist.new_group([n * local_world + k for k in range(local_world)],
+                                  backend="gloo", timeout=timeout) for n in range(nnodes)]
+    cross_groups = [dist.new_group([n * local_world + k for n in range(nnodes)],
+                                   backend="gloo", timeout=timeout) for k in range(local_world)]
+    return DistContext(rank=rank, world_size=world, local_rank=local_rank,
+                       local_world_size=local_world, backend=name, grads_group=grads,
+                       params_group=params, node_rank=node_rank, nnodes=nnodes,
+                       node_group=node_groups[node_rank], cross_group=cross_groups[local_rank])
 
 
 def barrier(ctx: DistContext) -> None:

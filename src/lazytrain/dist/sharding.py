@@ -1,34 +1,39 @@
 """ZeRO-1 optimizer-state sharding: each parameter group (a block, or the ends) has one owner
-rank, which alone holds its AdamW moments and steps it; the updated fp32 master is then
-broadcast from the owner to every rank.
+rank, which alone holds its AdamW moments and steps it; the updated fp32 master then reaches
+every rank (`lazytrain.dist.shared_masters`: in place in the node's shared copy, plus a
+broadcast across nodes; or a broadcast to every private copy).
 
-Why ZeRO-1 by group, and not shared host memory between local ranks: every rank streams every
-block's weights to its own GPU, so every rank needs the masters readable, but only one rank needs
-each block's Adam moments. Sharding the moments by group keeps the engine's flat per-group
-buffers and its per-block update pipeline unchanged (the owner steps group j as soon as its
-reduced gradient is in, exactly like one process), needs only `torch.distributed` collectives
-(reduce + broadcast, no shared-memory protocol of our own), and works across nodes. Sharing one
-master copy per node in shared memory would save more DRAM but needs a cross-process update
-protocol; it is left for later (TODO(#6)).
+Which memory is shared and which sharded, and why: every rank streams every block's weights to
+its own GPU, so every rank needs every master readable: the node keeps ONE master copy in shared
+memory (`dist.shared_masters`, default). Only one rank needs each block's Adam moments: they
+are sharded by group over all ranks of the job (ZeRO-1), which keeps the engine's flat
+per-group buffers and its per-block update pipeline unchanged (the owner steps group j as soon
+as its reduced gradient is in, exactly like one process) and works across nodes. Gradient
+accumulators stay per rank (each rank accumulates its own micro-batches' gradient before the
+reduction).
 
-DRAM per rank, fp32 masters (P parameters, N ranks; staging pools not counted):
-    master 4 P + gradient accumulator 4 P + Adam m, v 8 P / N   = (8 + 8/N) P bytes
-    (one process: 16 P). SmolLM2-135M (P = 134.5e6): N=1 2.15 GB, N=2 1.61 GB, N=8 1.21 GB.
-  With bf16 masters (the planner's 12 B/param row; the engine implements fp32 only):
-    (2 + 2 + 8/N) P; Qwen3.5-27B (P = 26.90e9): N=1 323 GB, N=4 161 GB, N=8 134.5 GB.
-`lazytrain.planner.topology.host_bytes_per_param_rank` is the same formula for the planner.
+DRAM per rank (P parameters, N ranks on the node, W in the job; staging pools not counted):
+    fp32 (the engine): master 4 P / N (shared; 4 P private) + gradient 4 P + Adam m, v 8 P / W
+      SmolLM2-135M (P = 134.5e6), one node (N = W):
+        N=1 16 B/param 2.15 GB; N=2 shared 10 B 1.35 GB (private 12 B 1.61 GB);
+        N=8 shared 5.5 B 0.74 GB (private 9 B 1.21 GB).
+    bf16 (the planner's 12 B/param MegaTrain row; the engine implements fp32 only):
+    master 2 P / N + gradient 2 P + 8 P / W
+      Qwen3.6-27B (P = 26.90e9), 1 TB node: N=1 12 B 323 GB; N=4 shared 4.5 B 121 GB (private
+      6 B 161 GB); N=8 shared 3.25 B 87.4 GB (private 5 B 134.5 GB, over the 125 GB share).
+`lazytrain.planner.topology` uses the same accounting for the per-rank plan.
 
 Ownership (`assign_owners`): greedy by size in group order, each group to the rank with the
 fewest owned elements so far (ties: lowest rank): deterministic, and balances both the moments'
-bytes and the optimizer work. Traffic per step per rank: the reduce of a group's fp32 gradient to
-its owner, then the broadcast of its fp32 master: together the 2 (N-1)/N x 4 P bytes of a ring
-all-reduce.
+bytes and the optimizer work. Traffic per step per rank (W ranks, M nodes): the reduce of a
+group's fp32 gradient to its owner, (W-1)/W x 4 P bytes, then the master's way back: across nodes
+only with shared masters, (M-1)/M x 4 P; to every private copy otherwise, (W-1)/W x 4 P (the two
+halves of a ring all-reduce).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from lazytrain.runtime.optim import BlockOptimizer
 from lazytrain.runtime.params import HostParams, ParamGroup
@@ -61,23 +66,23 @@ class ShardedOptimizer(BlockOptimizer):
     A queued update of group g (on the worker thread, in submission order, which is the same on
     every rank): wait for g's gradient reduction (`reducer.wait`), step AdamW if this rank owns g
     (non-owners never create moments for g: torch's AdamW allocates them at the first step),
-    then broadcast g's master from its owner over the `params` gloo group.
+    then `sync.publish(g, owner)`: the updated master reaches every rank.
 
     Args:
         params: the host store (masters and gradient accumulators of every group).
         reducer: the `GradReducer` whose pending reductions the updates wait for.
         owners: group name -> owner rank (`group_owners`).
         rank: this process's rank.
-        params_group: gloo group for the broadcasts (None: one process, no broadcast).
+        sync: `shared_masters.SharedMasterSync` or `BroadcastSync` (None: one process).
         lr, betas, eps, weight_decay: AdamW (torch semantics).
     """
 
     def __init__(self, params: HostParams, *, reducer, owners: dict[str, int], rank: int,
-                 params_group=None, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                 sync=None, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.reducer, self.owners, self.rank = reducer, owners, rank
-        self.params_group = params_group
+        self.sync = sync
 
     def owns(self, group: ParamGroup) -> bool:
         return self.owners[group.name] == self.rank
@@ -86,8 +91,8 @@ class ShardedOptimizer(BlockOptimizer):
         self.reducer.wait(group)  # the owner's accumulator now holds the global gradient
         if self.owns(group):
             super()._update(group, lr, grad_scale)
-        if self.params_group is not None:
-            dist.broadcast(group.master, src=self.owners[group.name], group=self.params_group)
+        if self.sync is not None:
+            self.sync.publish(group, self.owners[group.name])
 
     def state_dict(self) -> dict:
         """AdamW states of the owned groups only (this rank's shard)."""

@@ -7,7 +7,10 @@ What changes against one process (`lazytrain.train.loop.Trainer`):
   the same plan even when a time-limited MILP would not be repeatable; each rank writes
   `RUN_DIR/rank-R/plan.json` and appends its measured windows to `RUN_DIR/rank-R/windows.jsonl`
   (`lazytrain.runtime.instrument` records); online re-planning is off;
-- the engine: `parallel.build_engine` (per-group reduction + ZeRO-1 sharded AdamW);
+- the masters: one copy per node in shared memory, written by local rank 0
+  (`shared_masters`, `dist.shared_masters`), or one private copy per rank;
+- the engine: `parallel.build_engine` (per-group reduction + ZeRO-1 sharded AdamW), seeded per
+  rank (`rank_seed`: independent dropout masks);
 - the data: every rank draws world_size x grad_accum micro-batches per step and keeps its share
   (`parallel.local_share`); metrics count the global batch;
 - rank 0 alone logs, shows progress, writes metrics.jsonl and summary.json, and evaluates;
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from lazytrain.dist import shared_masters
 from lazytrain.dist.checkpoint import load_shard, save_sharded_checkpoint
 from lazytrain.dist.parallel import build_engine, local_share
 from lazytrain.dist.process_group import (DistContext, barrier, broadcast_object,
@@ -35,6 +39,13 @@ from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
 from lazytrain.train.loop import (Trainer, _device, _get_plan, _truncate_metrics,
                                    step_record)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The engine's RNG seed on `rank`: different per rank, so the ranks' micro-batches get
+    independent dropout masks (one seed everywhere would repeat rank 0's masks on every rank).
+    Rank 0 keeps `seed`. The model's initial weights use `seed` on every rank (equal masters)."""
+    return seed + 1_000_003 * rank
 
 
 class RankFailureError(RuntimeError):
@@ -62,6 +73,21 @@ class DataParallelTrainer(Trainer):
         rank_dir.mkdir(parents=True, exist_ok=True)
         self.plan.save(rank_dir / "plan.json")
 
+    def _load_adapter(self, source):
+        """With `dist.shared_masters` and several ranks on the node: the masters live in the
+        node's shared mapping, local rank 0 writes them and the others wait for it."""
+        self.masters_shared = shared_masters.enabled(self.ctx, self.cfg.dist.shared_masters)
+        if not self.masters_shared:
+            return super()._load_adapter(source)
+        tc = self.cfg.train
+        allocate = shared_masters.node_master_allocator(
+            self.ctx, shm_dir=self.cfg.dist.shm_dir, job_id=shared_masters.new_job_id(self.ctx))
+        adapter = setup.load_adapter(source, compute_dtype=tc.compute_dtype,
+                                     master_dtype=tc.master_dtype, seed=tc.seed,
+                                     masters=allocate, fills_masters=self.ctx.local_rank == 0)
+        barrier(self.ctx)  # local rank 0 has written the node's masters
+        return adapter
+
     def _make_engine(self):
         tc = self.cfg.train
         from lazytrain.runtime.activations import CheckpointStore
@@ -75,7 +101,8 @@ class DataParallelTrainer(Trainer):
             betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps, weight_decay=tc.weight_decay,
             device=self.device, nvme_dir=self.nvme_dir / f"rank-{self.ctx.rank}",
             compute_dtype=tc.compute_dtype, clip_grad_norm=tc.clip_grad_norm or None,
-            grad_accum=tc.grad_accum, seed=tc.seed, io_threads=self.cfg.runtime.io_threads,
+            grad_accum=tc.grad_accum, seed=rank_seed(tc.seed, self.ctx.rank),
+            io_threads=self.cfg.runtime.io_threads, shared_masters=self.masters_shared,
             model_config_sha256=setup.model_config_sha256(self.adapter.config), store=store,
             instrument=True)
 

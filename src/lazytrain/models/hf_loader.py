@@ -22,15 +22,18 @@ SHARD_BYTES = 2 * 1024**3
 """Largest safetensors shard written by `save_hf_dir`, bytes (HF's default is 5 GB)."""
 
 
-def _store_for(model: nn.Module, *, master_dtype: str) -> HostParams:
-    """An empty host store with the layout of `model`'s blocks and ends."""
+def _store_for(model: nn.Module, *, master_dtype: str, masters=None,
+               fills_masters: bool = True) -> HostParams:
+    """An empty host store with the layout of `model`'s blocks and ends (`masters`,
+    `fills_masters`: as `HostParams`)."""
     layout = resolve_layout(model)
     layers = list(_get(model, layout.layers))
     block_shapes = [{n: tuple(p.shape) for n, p in layer.named_parameters()} for layer in layers]
     prefixes = [f"{layout.layers}.{j}." for j in range(len(layers))]
     block_ids = {id(p) for layer in layers for p in layer.parameters()}
     ends = {n: tuple(p.shape) for n, p in model.named_parameters() if id(p) not in block_ids}
-    return HostParams(block_shapes, prefixes, ends, master_dtype=master_dtype)
+    return HostParams(block_shapes, prefixes, ends, master_dtype=master_dtype, masters=masters,
+                      fills_masters=fills_masters)
 
 
 def _to_meta(model: nn.Module, layout) -> None:
@@ -40,7 +43,8 @@ def _to_meta(model: nn.Module, layout) -> None:
 
 
 def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: str = "fp32",
-                             seed: int | None = None) -> ModelAdapter:
+                             seed: int | None = None, masters=None,
+                             fills_masters: bool = True) -> ModelAdapter:
     """Random-init model from an HF config (tests, tiny models), weights moved into the store.
 
     Args:
@@ -49,26 +53,32 @@ def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: st
             the host store always holds `master_dtype` and the Engine casts device copies.
         master_dtype: "fp32" (bf16 raises ValueError, see `runtime.params.check_master_dtype`).
         seed: torch seed for the initialization (None: current RNG).
+        masters, fills_masters: where the store's masters live and whether this process
+            writes them (`HostParams`; data parallel: one shared copy per node).
     """
     from transformers import AutoModelForCausalLM
     if seed is not None:
         torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-    return adapter_from_model(model, master_dtype=master_dtype)
+    return adapter_from_model(model, master_dtype=master_dtype, masters=masters,
+                              fills_masters=fills_masters)
 
 
-def adapter_from_model(model: nn.Module, *, master_dtype: str = "fp32") -> ModelAdapter:
+def adapter_from_model(model: nn.Module, *, master_dtype: str = "fp32", masters=None,
+                       fills_masters: bool = True) -> ModelAdapter:
     """Move an instantiated HF model's weights into a new host store (the model becomes a
     meta-device skeleton) and wrap it.
 
     Each parameter's storage is released right after its copy, so the model must not share
     parameter storage with tensors the caller still uses (e.g. `load_state_dict(assign=True)`).
     """
-    store = _store_for(model, master_dtype=master_dtype)
+    store = _store_for(model, master_dtype=master_dtype, masters=masters,
+                       fills_masters=fills_masters)
     with torch.no_grad():
         for name, p in model.named_parameters():
             group, local = store.locate(name)
-            group.master_views[local].copy_(p.detach())
+            if fills_masters:
+                group.master_views[local].copy_(p.detach())
             # free the module's copy at once (shape kept for `_to_meta`): host memory peaks
             # near one model, not two; file-mapped (safetensors mmap) storage is not resizable
             # and costs no anonymous memory anyway
@@ -116,7 +126,8 @@ def _needs_hf_conversion(model_dir: Path, model: nn.Module, layout) -> bool:
 
 
 def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
-                          master_dtype: str = "fp32") -> ModelAdapter:
+                          master_dtype: str = "fp32", masters=None,
+                          fills_masters: bool = True) -> ModelAdapter:
     """Load a local HF model directory block by block into the host store.
 
     The skeleton is built on the meta device; each safetensors tensor is read and copied
@@ -128,6 +139,9 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
     fused into `experts.gate_up_proj`/`down_proj` by `transformers.conversion_mapping`) are
     loaded by HF's `from_pretrained` in fp32 and moved into the store parameter by parameter
     (`adapter_from_model`): HF owns the conversion rules; host memory peaks near one fp32 model.
+
+    `masters`, `fills_masters`: as `load_adapter_from_config` (a rank that does not fill the
+    masters still reads the tensor names, so a missing weight is reported on every rank).
 
     Raises:
         FileNotFoundError: no safetensors weights in the directory.
@@ -142,12 +156,14 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
     layout = resolve_layout(model)
     if _needs_hf_conversion(model_dir, model, layout):
         converted = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        return adapter_from_model(converted, master_dtype=master_dtype)
+        return adapter_from_model(converted, master_dtype=master_dtype, masters=masters,
+                                  fills_masters=fills_masters)
     rotary = _get(model, layout.rotary)
     parent_path, _, attr = layout.rotary.rpartition(".")
     with torch.device("cpu"):  # the rotary inv_freq buffer must be real, not meta
         setattr(_get(model, parent_path), attr, type(rotary)(config=model.config))
-    store = _store_for(model, master_dtype=master_dtype)
+    store = _store_for(model, master_dtype=master_dtype, masters=masters,
+                       fills_masters=fills_masters)
     seen = set()
     tied_head = f"{layout.head}.weight"
     for path in _weight_files(model_dir):
@@ -159,7 +175,8 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
                 if getattr(model.config, "tie_word_embeddings", False) and name == tied_head:
                     continue  # the tied head is the embedding
                 group, local = store.locate(name)
-                group.master_views[local].copy_(f.get_tensor(stored))
+                if fills_masters:
+                    group.master_views[local].copy_(f.get_tensor(stored))
                 seen.add(name)
     missing = set(store.named_master()) - seen
     if missing:

@@ -57,10 +57,15 @@ class ParamGroup:
         prefix: HF name prefix of the group's parameters ("model.layers.3." or "").
         shapes: local parameter name -> shape, in module order.
         dtype: master dtype (fp32).
+        master: [numel] buffer to use as the master (a slice of a node-shared mapping);
+            None: a private zeroed buffer.
+
+    Raises:
+        ValueError: `master` has another size or dtype than the layout.
     """
 
     def __init__(self, name: str, prefix: str, shapes: dict[str, tuple[int, ...]], *,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, master: torch.Tensor | None = None) -> None:
         self.name = name
         self.prefix = prefix
         slots, offset = [], 0
@@ -70,7 +75,10 @@ class ParamGroup:
             offset += numel
         self.slots: tuple[Slot, ...] = tuple(slots)
         self.numel = offset
-        self.master = torch.zeros(offset, dtype=dtype)
+        if master is not None and (master.numel() != offset or master.dtype != dtype):
+            raise ValueError(f"{name}: master buffer has {master.numel()} {master.dtype} "
+                             f"elements; the layout needs {offset} {dtype}")
+        self.master = torch.zeros(offset, dtype=dtype) if master is None else master
         self.grad = torch.zeros(offset, dtype=dtype)
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -106,19 +114,44 @@ class ParamGroup:
 class HostParams:
     """All groups of one model: `blocks[j]` and `ends`.
 
+    Masters come from `masters`, when given: one flat buffer for every group (blocks in order,
+    then the ends) that the caller allocates, e.g. a shared-memory mapping every rank of a node
+    maps (`lazytrain.dist.shared_masters`). `fills_masters` then says whether this process
+    writes the initial weights into it (the loaders skip the copy when it is False: another
+    process of the node writes the same bytes once).
+
     Args:
         block_shapes: per block, local name -> shape.
         block_prefixes: per block, HF name prefix.
         ends_shapes: HF name -> shape of the embedding, final norm and untied head.
         master_dtype: "fp32" (bf16 raises, see `check_master_dtype`).
+        masters: callable (total elements, dtype) -> [total] tensor holding every master;
+            None: private per-group buffers.
+        fills_masters: False when another process writes the initial masters.
+
+    Raises:
+        ValueError: `masters` returned a tensor of another size or dtype.
     """
 
     def __init__(self, block_shapes: list[dict[str, tuple[int, ...]]], block_prefixes: list[str],
-                 ends_shapes: dict[str, tuple[int, ...]], *, master_dtype: str = "fp32") -> None:
+                 ends_shapes: dict[str, tuple[int, ...]], *, master_dtype: str = "fp32",
+                 masters=None, fills_masters: bool = True) -> None:
         dtype = check_master_dtype(master_dtype)
-        self.blocks = [ParamGroup(f"block{j}", p, s, dtype=dtype)
-                       for j, (s, p) in enumerate(zip(block_shapes, block_prefixes))]
-        self.ends = ParamGroup("ends", "", ends_shapes, dtype=dtype)
+        layouts = [(f"block{j}", p, s) for j, (s, p) in enumerate(zip(block_shapes,
+                                                                       block_prefixes))]
+        layouts.append(("ends", "", ends_shapes))
+        flats = [None] * len(layouts)
+        if masters is not None:
+            sizes = [sum(math.prod(shape) for shape in s.values()) for _, _, s in layouts]
+            flat = masters(sum(sizes), dtype)
+            if flat.numel() != sum(sizes) or flat.dtype != dtype:
+                raise ValueError(f"shared master buffer has {flat.numel()} {flat.dtype} "
+                                 f"elements; the model needs {sum(sizes)} {dtype}")
+            flats = list(torch.split(flat, sizes))
+        groups = [ParamGroup(name, p, s, dtype=dtype, master=m)
+                  for (name, p, s), m in zip(layouts, flats)]
+        self.blocks, self.ends = groups[:-1], groups[-1]
+        self.fills_masters = fills_masters
 
     @property
     def groups(self) -> list[ParamGroup]:

@@ -165,8 +165,7 @@ class Trainer:
         self.tokenizer = setup.load_tokenizer(
             source, vocab_size=hf_config.vocab_size,
             corpus=lambda: corpus_texts(cfg.data, seed=tc.seed))
-        self.adapter = setup.load_adapter(source, compute_dtype=tc.compute_dtype,
-                                          master_dtype=tc.master_dtype, seed=tc.seed)
+        self.adapter = self._load_adapter(source)
         from lazytrain.data import build_data
         self.data = build_data(cfg.data, self.tokenizer, micro_batch=tc.micro_batch,
                                seed=tc.seed, hf_config=hf_config)
@@ -177,6 +176,12 @@ class Trainer:
             self._restore(self.resumed_from.load_state())
         self.flops_params = spec.model_flops_params  # N of 6 * N * tokens (DESIGN 5)
         self.eval_model = None
+
+    def _load_adapter(self, source):
+        """The model with its weights in the host store (`setup.load_adapter`)."""
+        tc = self.cfg.train
+        return setup.load_adapter(source, compute_dtype=tc.compute_dtype,
+                                  master_dtype=tc.master_dtype, seed=tc.seed)
 
     def _make_engine(self):
         from lazytrain.runtime.activations import CheckpointStore

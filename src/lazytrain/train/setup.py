@@ -103,16 +103,19 @@ def load_tokenizer(source: ModelSource, *, corpus=None, vocab_size: int | None =
     return tokenizer
 
 
-def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, seed: int):
-    """The `ModelAdapter`: weights from the directory, or random init seeded by `seed`."""
+def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, seed: int,
+                 masters=None, fills_masters: bool = True):
+    """The `ModelAdapter`: weights from the directory, or random init seeded by `seed`
+    (`masters`, `fills_masters`: where the masters live, `runtime.params.HostParams`)."""
     from lazytrain.models import load_adapter_from_config, load_adapter_from_dir
 
+    where = dict(masters=masters, fills_masters=fills_masters)
     if source.has_weights:
         return load_adapter_from_dir(source.directory, dtype=compute_dtype,
-                                     master_dtype=master_dtype)
+                                     master_dtype=master_dtype, **where)
     config = load_hf_config(source)
     return load_adapter_from_config(config, dtype=compute_dtype, master_dtype=master_dtype,
-                                    seed=seed)
+                                    seed=seed, **where)
 
 
 def make_plan(cfg: Any) -> Plan:

@@ -1,0 +1,158 @@
+"""One fp32 master copy per node, shared by the node's ranks, and how an update reaches them.
+
+Why: every data-parallel rank streams every block's weights to its GPU, so every rank must read
+every master; with private copies a node of N ranks holds N identical masters. For the seed
+scenario (Qwen3.6-27B, 26.90e9 params, bf16 layout 2 B master + 2 B grad + 8 B Adam moments) on
+8 x H800 sharing 1 TB that is 8 x 2 + 8 x 2 + 8 = 40 B/param per node (134.5 GB a rank, over
+the 125 GB share); one shared master makes it 2 + 8 x 2 + 8 = 26 B/param (87.4 GB a rank).
+In the engine's fp32 layout (SmolLM2-135M, P = 134.5e6, N = 2 ranks on one node, 4 B master +
+4 B grad + 8 B moments): private 2 x (4 + 4) + 8 = 24 B/param (3.23 GB a node), shared
+4 + 2 x 4 + 8 = 20 B/param (2.69 GB).
+
+Memory: local rank 0 of each node creates `dist.shm_dir/lazytrain-<job>-node<k>-masters.bin`
+(tmpfs), reserves its pages with posix_fallocate (a full tmpfs fails here with a clear error,
+not later with SIGBUS), and every local rank maps it with `torch.from_file(shared=True)`;
+once all have mapped it, local rank 0 unlinks it, so the memory goes away with the last
+process, whatever way the job ends. Local rank 0 writes the initial weights
+(`HostParams.fills_masters`); the others wait at a barrier before reading them.
+
+Updates (`SharedMasterSync.publish`, on the optimizer worker thread, in the same group order on
+every rank, after the group's reduced gradient is in):
+  1. the owner has stepped AdamW in place on its node's copy;
+  2. more than one node: the owner broadcasts the master over its `cross` group (the ranks with
+     its local index, one per node), which writes it into every other node's copy once;
+  3. more than one rank on the node: the node's writer (the owner, or the rank that received
+     the broadcast) broadcasts a 1-element token over the `node` group; the node's other ranks
+     return from `publish` only then, so their next weight load of the group (which waits for
+     the update) reads the new master.
+Why the in-place update cannot race with a reader: the owner's reduction of group g completes
+only after every rank contributed g's final gradient, i.e. after every rank finished the last
+backward that reads g's master in this step; the next read (the next step's load of g) waits
+for step 3. Traffic per group: reduce (W-1)/W x 4 B x P plus, across nodes only,
+(nnodes-1)/nnodes x 4 B x P (`lazytrain.planner.topology`).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from lazytrain.dist.process_group import DistContext, barrier, broadcast_object
+from lazytrain.runtime.params import ParamGroup
+
+
+def enabled(ctx: DistContext, shared_masters: bool) -> bool:
+    """True when the node's ranks share one master copy (`dist.shared_masters` and more than
+    one rank on the node; a lone rank gains nothing from a shared mapping)."""
+    return bool(shared_masters) and ctx.distributed and ctx.local_world_size > 1
+
+
+def new_job_id(ctx: DistContext) -> str:
+    """A random id from rank 0, the same on every rank (collective): names the shared files."""
+    return broadcast_object(ctx, uuid.uuid4().hex[:12] if ctx.is_main else None)
+
+
+def master_file(shm_dir: str | Path, job_id: str, node_rank: int) -> Path:
+    return Path(shm_dir) / f"lazytrain-{job_id}-node{node_rank}-masters.bin"
+
+
+def _create(path: Path, nbytes: int) -> None:
+    """Create `path` with `nbytes` reserved (local rank 0).
+
+    Raises:
+        ValueError: the directory is missing or has less than `nbytes` free.
+        OSError: the file could not be created or reserved.
+    """
+    if not path.parent.is_dir():
+        raise ValueError(f"dist.shm_dir {path.parent} is not a directory; point it at a tmpfs "
+                         f"such as /dev/shm, or set dist.shared_masters: false")
+    st = os.statvfs(path.parent)
+    free = st.f_bavail * st.f_frsize
+    if free < nbytes:
+        raise ValueError(f"dist.shm_dir {path.parent} has {free / 1e9:.2f} GB free; the node's "
+                         f"shared masters need {nbytes / 1e9:.2f} GB: enlarge it (docker "
+                         f"--shm-size, or mount a bigger tmpfs) or set dist.shared_masters: "
+                         f"false (one private copy per rank)")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, max(nbytes, 1))
+    except OSError:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+
+
+def node_master_allocator(ctx: DistContext, *, shm_dir: str | Path,
+                          job_id: str) -> Callable[[int, torch.dtype], torch.Tensor]:
+    """The `masters` callable of `HostParams`: (elements, dtype) -> [elements] tensor mapped
+    from the node's shared file (module docstring). Collective: every rank calls it once, at
+    the same point.
+
+    Raises:
+        RuntimeError: on every rank, when local rank 0 of some node could not create its file
+            (names the node, the directory and the fix).
+    """
+    def allocate(numel: int, dtype: torch.dtype) -> torch.Tensor:
+        path = master_file(shm_dir, job_id, ctx.node_rank)
+        error = None
+        if ctx.local_rank == 0:
+            try:
+                _create(path, numel * dtype.itemsize)
+            except (OSError, ValueError) as exc:
+                error = f"node {ctx.node_rank}: {exc}"
+        errors: list = [None] * ctx.world_size
+        dist.all_gather_object(errors, error, group=ctx.grads_group)
+        failed = [e for e in errors if e]
+        if failed:
+            raise RuntimeError(f"shared masters: {failed[0]}")
+        try:
+            flat = torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
+        finally:
+            barrier(ctx)  # every local rank has mapped the file (or failed trying)
+            if ctx.local_rank == 0:
+                path.unlink(missing_ok=True)  # the mappings keep the memory alive
+        return flat
+
+    return allocate
+
+
+class SharedMasterSync:
+    """Step 2-3 of the module docstring for one rank.
+
+    Args:
+        ctx: the rank context (its `node_group` and `cross_group`).
+    """
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+
+    def publish(self, group: ParamGroup, owner: int) -> None:
+        """Make the owner's in-place update of `group.master` visible on every rank; returns
+        when this rank's node copy holds it (worker thread, the same group order everywhere)."""
+        ctx = self.ctx
+        _, owner_local = ctx.node_of(owner)
+        if ctx.nnodes > 1 and ctx.local_rank == owner_local:
+            dist.broadcast(group.master, src=owner, group=ctx.cross_group)
+        if ctx.local_world_size > 1:
+            writer = ctx.global_rank(node=ctx.node_rank, local=owner_local)
+            dist.broadcast(torch.zeros(1), src=writer, group=ctx.node_group)
+
+
+class BroadcastSync:
+    """Private masters: the owner broadcasts the updated master to every rank (`params` group).
+
+    Args:
+        params_group: gloo group of every rank.
+    """
+
+    def __init__(self, params_group) -> None:
+        self.params_group = params_group
+
+    def publish(self, group: ParamGroup, owner: int) -> None:
+        dist.broadcast(group.master, src=owner, group=self.params_group)
