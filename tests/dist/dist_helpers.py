@@ -185,10 +185,13 @@ def run_overrides(model_dir, run_dir, *extra: str) -> list[str]:
 
 
 def train_worker(rank: int, world: int, port: int, overrides: list[str], resume: bool,
-                 sigterm_at: int, sigkill_at: int, error_dir: str) -> None:
+                 sigterm_at: int, sigkill_at: int, error_dir: str, plan_path: str = "",
+                 read_delay_ms: float = 0.0) -> None:
     """One rank calling `lazytrain.train.loop.train` as torchrun would start it (env://).
 
     `sigterm_at` / `sigkill_at` > 0: rank 1 sends itself SIGTERM / SIGKILL after that step.
+    `plan_path`: train with this plan; `read_delay_ms` > 0: every NVMe checkpoint read of every
+    rank sleeps that long (`FaultInjector.delay_reads`).
     Any exception is written to `error_dir/rank{rank}.txt` and re-raised (exit code 1).
     """
     import signal
@@ -204,9 +207,17 @@ def train_worker(rank: int, world: int, port: int, overrides: list[str], resume:
         if rank == 1 and step == sigkill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
+    from lazytrain.planner.plan import Plan
+    from lazytrain.runtime.nvme import FaultInjector
+
+    faults = None
+    if read_delay_ms:
+        faults = FaultInjector()
+        faults.delay_reads(read_delay_ms)
     try:
         train(load_config(None, overrides), resume=resume, progress=False,
-              hooks=TrainHooks(on_step_end=on_step_end), log=lambda msg: None)
+              plan=Plan.load(plan_path) if plan_path else None,
+              hooks=TrainHooks(on_step_end=on_step_end, fault_hook=faults), log=lambda msg: None)
     except BaseException as exc:
         with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as fh:
             fh.write(f"{type(exc).__name__}: {exc}")
@@ -214,14 +225,16 @@ def train_worker(rank: int, world: int, port: int, overrides: list[str], resume:
 
 
 def launch(overrides, *, world: int = 2, resume: bool = False, sigterm_at: int = 0,
-           sigkill_at: int = 0, error_dir: str = "", timeout_s: float = 60.0) -> list[int]:
+           sigkill_at: int = 0, error_dir: str = "", timeout_s: float = 60.0,
+           plan_path: str = "", read_delay_ms: float = 0.0) -> list[int]:
     """Fork `world` ranks of `train_worker`; returns their exit codes (-9: killed)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")  # inherit the imported modules (a spawn re-imports: ~10 s)
     port = free_port()
     procs = [ctx.Process(target=train_worker, args=(r, world, port, list(overrides), resume,
-                                                    sigterm_at, sigkill_at, error_dir))
+                                                    sigterm_at, sigkill_at, error_dir,
+                                                    plan_path, read_delay_ms))
              for r in range(world)]
     for p in procs:
         p.start()

@@ -3,10 +3,12 @@ started the process (WORLD_SIZE > 1).
 
 What changes against one process (`lazytrain.train.loop.Trainer`):
 - process groups from torchrun's environment (`process_group.init_from_env`, `dist.*` config);
-- the plan: rank 0 plans (or loads the run's plan.json) and broadcasts it, so every rank runs
-  the same plan even when a time-limited MILP would not be repeatable; each rank writes
-  `RUN_DIR/rank-R/plan.json` and appends its measured windows to `RUN_DIR/rank-R/windows.jsonl`
-  (`lazytrain.runtime.instrument` records); online re-planning is off;
+- the plan: rank 0 plans one rank's share of the node (`launch_config` sets
+  `dist.nproc_per_node` to torchrun's ranks per node; `planner.topology`), or loads the run's
+  plan.json, and broadcasts it, so every rank runs the same plan even when a time-limited MILP
+  would not be repeatable; each rank writes `RUN_DIR/rank-R/plan.json` and appends its
+  measured windows to `RUN_DIR/rank-R/windows.jsonl` (`lazytrain.runtime.instrument` records);
+  online re-planning runs on rank 0 and every rank switches with it at the same step;
 - the masters: one copy per node in shared memory, written by local rank 0
   (`shared_masters`, `dist.shared_masters`), or one private copy per rank;
 - the engine: `parallel.build_engine` (per-group reduction + ZeRO-1 sharded AdamW), seeded per
@@ -61,9 +63,6 @@ class DataParallelTrainer(Trainer):
         self.is_main = ctx.is_main
         self._failed = False
         self.windows_path = run_dir / f"rank-{ctx.rank}" / "windows.jsonl"
-        if ctx.local_world_size != cfg.dist.nproc_per_node and cfg.dist.nproc_per_node > 1:
-            log(f"warning: dist.nproc_per_node is {cfg.dist.nproc_per_node} but torchrun "
-                f"started {ctx.local_world_size} ranks on this node; the plan's shares differ")
         quiet = contextlib.redirect_stdout(io.StringIO()) if not ctx.is_main \
             else contextlib.nullcontext()
         with quiet:
@@ -107,11 +106,35 @@ class DataParallelTrainer(Trainer):
             instrument=True)
 
     def _make_replanner(self):
-        """None: online re-planning is per process and would give ranks different plans
-        (TODO(#6): re-plan on rank 0 and broadcast, as the initial plan)."""
-        if self.cfg.planner.replan_every_steps:
-            self.log("warning: planner.replan_every_steps is ignored under data parallelism")
-        return None
+        """Rank 0's online re-planner (`planner.replan_every_steps`), fed with rank 0's measured
+        windows; the other ranks get None and follow rank 0's switches (`_maybe_switch_plan`).
+        Rank 0 stands for the node: the ranks run the same plan on links of the same kind."""
+        return super()._make_replanner() if self.is_main else None
+
+    def _maybe_switch_plan(self, records) -> None:
+        """Collective, every step with re-planning on: rank 0's finished re-plan (if any) is
+        broadcast and every rank switches to it from the next step on, so all ranks always run
+        one plan; rank 0 logs the event to metrics.jsonl."""
+        switch = self.replanner.after_step(self.step, records) if self.is_main else None
+        box = None
+        if switch is not None:
+            box = (switch.plan.to_dict() if switch.event.get("switched") else None, switch.event)
+        try:
+            box = broadcast_object(self.ctx, box)
+        except RuntimeError as exc:
+            raise self._failure(exc) from exc
+        if box is None:
+            return
+        plan_dict, event = box
+        if plan_dict is not None:
+            self.plan = Plan.from_dict(plan_dict)
+            self.engine.set_plan(self.plan)
+            self.plan.save(self.run_dir / f"rank-{self.ctx.rank}" / "plan.json")
+            if self.is_main:
+                self.plan.save(self.run_dir / "plan.json")
+        if self.is_main:
+            with open(self.run_dir / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(event) + "\n")
 
     def _restore(self, state: dict) -> None:
         shard = load_shard(self.resumed_from, self.ctx)
@@ -141,6 +164,8 @@ class DataParallelTrainer(Trainer):
         if self.is_main:
             with open(self.run_dir / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")
+        if self.cfg.planner.replan_every_steps:
+            self._maybe_switch_plan(stats.windows)
         if self.hooks.on_step_end is not None:
             self.hooks.on_step_end(self.step, stats)
         return record
@@ -195,6 +220,23 @@ class DataParallelTrainer(Trainer):
             f"{str(exc).splitlines()[0] if str(exc) else ''}")
 
 
+def launch_config(cfg, ctx: DistContext, log):
+    """`cfg` with `dist.nproc_per_node` set to the ranks torchrun started on this node (and
+    `hardware.gpus_per_node` raised to it when the preset has fewer), so each rank's plan gets
+    its real share of the node (`planner.build.rank_problem_from_config`)."""
+    from lazytrain.config import apply_overrides
+    from lazytrain.planner.build import hardware_from_config
+
+    n = ctx.local_world_size
+    if cfg.dist.nproc_per_node == n:
+        return cfg
+    sets = [f"dist.nproc_per_node={n}"]
+    if (cfg.hardware.gpus_per_node or hardware_from_config(cfg).gpus_per_node) < n:
+        sets.append(f"hardware.gpus_per_node={n}")
+    log(f"note: torchrun started {n} ranks on this node; planning with {', '.join(sets)}")
+    return apply_overrides(cfg, sets)
+
+
 def start(cfg, *, run_dir: Path, plan: Plan | None, resume: bool, hooks, log):
     """Join the job and build this rank's trainer (rank 0 plans, the others receive the plan).
 
@@ -205,6 +247,7 @@ def start(cfg, *, run_dir: Path, plan: Plan | None, resume: bool, hooks, log):
     ctx = init_from_env(backend=cfg.dist.backend, device=device, timeout_s=cfg.dist.timeout_s)
     if not ctx.is_main:
         log = lambda msg: None  # noqa: E731  (rank-0 logging)
+    cfg = launch_config(cfg, ctx, log)
     resuming = resume and ckpt.latest_checkpoint(run_dir) is not None
     plan_dict = None
     if ctx.is_main:

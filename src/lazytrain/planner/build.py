@@ -186,6 +186,21 @@ def problem_from_config(cfg: RunConfig) -> PlanningProblem:
     return build_problem(model, hardware_from_config(cfg), cfg)
 
 
+def rank_problem_from_config(cfg: RunConfig) -> PlanningProblem:
+    """The problem one rank plans: `problem_from_config`, and with `dist.nproc_per_node` > 1
+    the node's DRAM, NVMe and PCIe divided among its ranks (`lazytrain.planner.topology`).
+
+    Raises:
+        as `problem_from_config`; ValueError: more ranks than `hardware.gpus_per_node`.
+    """
+    from lazytrain.planner.topology import rank_problem, topology_from_config
+
+    problem = problem_from_config(cfg)
+    if cfg.dist.nproc_per_node == 1:
+        return problem
+    return rank_problem(problem, topology_from_config(cfg, hardware_from_config(cfg)))
+
+
 def _costs(model: ModelSpec, hw: HardwareSpec, cfg: RunConfig) -> ModelCosts:
     kwargs = dict(seq_len=cfg.data.seq_len, micro_batch=cfg.train.micro_batch,
                   compute_dtype=cfg.train.compute_dtype,

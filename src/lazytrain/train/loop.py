@@ -259,7 +259,7 @@ class Trainer:
         pc = self.cfg.planner
         if not pc.replan_every_steps:
             return None
-        from lazytrain.planner.build import problem_from_config
+        from lazytrain.planner.build import rank_problem_from_config
         from lazytrain.train.replan import OnlineReplanner, resolve
 
         def solve(problem, current):
@@ -267,7 +267,7 @@ class Trainer:
                            time_limit_s=pc.time_limit_s, gap=pc.gap, threads=pc.threads,
                            seed=pc.seed, megatrain_k=pc.megatrain_k)
 
-        return OnlineReplanner(problem_from_config(self.cfg), self.plan,
+        return OnlineReplanner(rank_problem_from_config(self.cfg), self.plan,
                                every=pc.replan_every_steps, threshold=pc.drift_threshold,
                                patience=pc.drift_patience_steps, solve=solve, log=self.log)
 

@@ -119,16 +119,17 @@ def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, 
 
 
 def make_plan(cfg: Any) -> Plan:
-    """Plan from the config with its planner policy (the same path as `lazytrain plan`).
+    """Plan from the config with its planner policy (the same path as `lazytrain plan`; with
+    `dist.nproc_per_node` > 1, one rank's share of the node).
 
     Raises:
         PlanInfeasibleError: (milp) no plan fits the budgets.
     """
-    from lazytrain.planner.build import problem_from_config
+    from lazytrain.planner.build import rank_problem_from_config
     from lazytrain.planner.policy import plan_with_policy
 
     pc = cfg.planner
-    return plan_with_policy(problem_from_config(cfg), pc.policy, backend=pc.backend,
+    return plan_with_policy(rank_problem_from_config(cfg), pc.policy, backend=pc.backend,
                             time_limit_s=pc.time_limit_s, gap=pc.gap, threads=pc.threads,
                             seed=pc.seed, megatrain_k=pc.megatrain_k)
 
