@@ -51,7 +51,8 @@ def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: st
         hf_config: `transformers.PretrainedConfig` of a supported decoder-only family.
         dtype: compute dtype name ("fp32"|"bf16"); accepted for symmetry with the run config,
             the host store always holds `master_dtype` and the Engine casts device copies.
-        master_dtype: "fp32" (bf16 raises ValueError, see `runtime.params.check_master_dtype`).
+        master_dtype: "fp32" or "bf16" (`runtime.params.MASTER_DTYPES`); bf16 masters hold the
+            initial fp32 weights rounded to nearest.
         seed: torch seed for the initialization (None: current RNG).
         masters, fills_masters: where the store's masters live and whether this process
             writes them (`HostParams`; data parallel: one shared copy per node).
@@ -131,8 +132,10 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
     """Load a local HF model directory block by block into the host store.
 
     The skeleton is built on the meta device; each safetensors tensor is read and copied
-    straight into its slot of the fp32 master buffers, so host memory peaks at one model copy
-    plus one tensor. `dtype` is accepted for symmetry (see `load_adapter_from_config`).
+    straight into its slot of the master buffers (converted by `copy_`: a fp32 checkpoint into
+    bf16 masters is rounded to nearest, a bf16 one into fp32 masters upcast exactly), so host
+    memory peaks at one model copy plus one tensor. `dtype` is accepted for symmetry (see
+    `load_adapter_from_config`); `master_dtype` as there.
 
     Checkpoints whose tensors need HF's checkpoint conversion (the per-expert MoE layout
     `experts.<e>.gate_proj/up_proj/down_proj` or Mixtral's `block_sparse_moe.experts.<e>.w1..w3`,
@@ -191,7 +194,8 @@ def save_hf_dir(adapter_or_state_dict, model_dir: str | Path, *, dtype: torch.dt
     Each file is written to a temporary name and renamed (atomic per file).
 
     Args:
-        adapter_or_state_dict: a `ModelAdapter` (its fp32 master weights) or a name->tensor dict.
+        adapter_or_state_dict: a `ModelAdapter` (its master weights, fp32 or bf16) or a
+            name->tensor dict.
         model_dir: target directory (created).
         dtype: save dtype (None: as stored).
         shard_bytes: largest shard, bytes.

@@ -86,7 +86,9 @@ class Engine:
     """Executes a Plan, step by step, on one device.
 
     Args:
-        adapter: the model (weights in `adapter.params`, fp32 master).
+        adapter: the model (weights in `adapter.params`: fp32 or bf16 masters and gradients;
+            bf16 masters are upcast to the compute dtype on load and stepped through the
+            optimizer's fp32 scratch, `runtime/optim.py`).
         plan: the Plan; refused (PlanValidationError) if its provenance names another model,
             and at the first step another seq_len or micro_batch.
         device: "cpu" or "cuda" (chosen once; the CUDA path uses streams and pinned buffers).
@@ -199,7 +201,8 @@ class Engine:
         return self._stats(loss, tokens, time.perf_counter() - t0, lr, grad_norm)
 
     def compute_gradients(self, micro_batches: list[dict]) -> float:
-        """Forward + backward only; fp32 gradients are left in the host store. Returns the loss."""
+        """Forward + backward only; the gradients are left in the host store (master dtype).
+        Returns the loss."""
         loss, _ = self._run(micro_batches, step_lr=None)
         return loss
 
@@ -537,14 +540,22 @@ class Engine:
     # --- state ---------------------------------------------------------------------------------
 
     def gradients(self) -> dict[str, torch.Tensor]:
-        """HF parameter name -> accumulated fp32 gradient (views; tied head not repeated)."""
+        """HF parameter name -> accumulated gradient (views in the master dtype, fp32 or bf16;
+        tied head not repeated)."""
         self.drain.flush()
         return self.params.named_grads()
 
     def named_parameters_fp32(self) -> dict[str, torch.Tensor]:
-        """HF parameter name -> fp32 master weight, after every queued update."""
+        """HF parameter name -> fp32 master weight, after every queued update.
+
+        fp32 masters: views of the masters (no copy). bf16 masters: fp32 copies (exact
+        upcasts; 4 B per parameter of new host memory while the caller holds them), so
+        checkpoints and the evaluation model read fp32 either way and a bf16 run resumes from
+        them bit for bit (fp32 -> bf16 of an upcast value is exact).
+        """
         self.optimizer.wait_all()
-        return self.params.named_master()
+        return {name: (t if t.dtype == torch.float32 else t.float())
+                for name, t in self.params.named_master().items()}
 
     def state_dict(self) -> dict:
         """Optimizer states (per group) and RNG states; weights are saved by `save_hf_dir`."""

@@ -1,4 +1,4 @@
-"""Per-block CPU AdamW on the flat fp32 master buffers, run by one worker thread; LR schedule.
+"""Per-block CPU AdamW on the flat host master buffers, run by one worker thread; LR schedule.
 
 Owns the optimizer states (one `torch.optim.AdamW(fused=True)` per parameter group of
 `runtime.params.HostParams`: AdamW is elementwise, so one flat tensor per block gives exactly
@@ -8,9 +8,24 @@ clipping scale, and the warmup + cosine learning-rate schedule.
 `torch.optim.AdamW(fused=True)` runs on CPU tensors in torch 2.13 (checked at import by the
 tests), so fused is used on every device.
 
+Master precision (`train.master_dtype`):
+- fp32: AdamW steps the group's fp32 master in place from its fp32 gradient (16 B/param:
+  4 master + 4 grad + 8 moments).
+- bf16 (MegaTrain's 12 B/param layout: 2 master + 2 grad + 8 moments): the moments stay fp32.
+  An update upcasts the group's bf16 master and gradient into a shared fp32 scratch, steps
+  AdamW there, and rounds the result back into the bf16 master (round to nearest even, `copy_`).
+  The scratch is one [2, n] fp32 buffer (n = the largest group's elements; 8 B x n of host
+  memory, independent of the model size) shared by every group: updates run one at a time on
+  the worker thread. Each group's AdamW steps its own view of that storage, so each group's
+  moments are its own. An update smaller than half a bf16 step of the weight (2^-9 to 2^-8 of
+  its magnitude) is lost in the rounding, as in MegaTrain's layout; stochastic rounding and
+  Kahan-style compensation are not done.
+
 Groups whose block index is in the plan's `q8_blocks` use the 8-bit AdamW of
 `runtime/optim8bit.py` instead (same update, moments block-wise quantized); `set_q8_blocks`
-switches a group between the two between steps, carrying its moments over.
+switches a group between the two between steps, carrying its moments over. 8-bit moments work
+with both master dtypes: with bf16 masters the 8-bit AdamW steps the same fp32 scratch (6
+B/param: 2 master + 2 grad + 2 moments, the planner's `HOST_BYTES_PER_PARAM_Q8["bf16"]`).
 """
 
 from __future__ import annotations
@@ -54,7 +69,9 @@ class BlockOptimizer:
     """AdamW per group, stepped in submission order by a worker thread.
 
     Args:
-        params: the host store; group k's `master` is updated in place from its `grad`.
+        params: the host store; group k's `master` ([numel], fp32 or bf16) is updated in place
+            from its `grad` (same shape and dtype). bf16 masters are stepped through the fp32
+            scratch (module docstring); their moments are fp32.
         lr, betas, eps, weight_decay: AdamW hyper-parameters (torch semantics).
         q8_blocks: block indices whose Adam moments are 8-bit (the plan's `q8_blocks`); the
             ends group always keeps fp32 moments.
@@ -69,19 +86,38 @@ class BlockOptimizer:
         self.params = params
         self.hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.q8: set[str] = set()
-        self.optims: dict[str, torch.optim.Optimizer] = {}
-        for g in params.groups:
-            g.master.grad = g.grad  # the accumulator *is* the .grad the optimizer reads
-            self.optims[g.name] = self._fp32(g)
+        # bf16 masters only: [2, largest group] fp32, row 0 the weights and row 1 the gradient
+        # of the group being updated (None for fp32 masters)
+        self.scratch: torch.Tensor | None = None
+        if any(g.master.dtype != torch.float32 for g in params.groups):
+            self.scratch = torch.empty(2, max(g.numel for g in params.groups),
+                                       dtype=torch.float32)
+        # group name -> the fp32 [numel] tensor its optimizer steps, `.grad` bound: the master
+        # itself (fp32) or the group's own view of the scratch (bf16)
+        self.stepped: dict[str, torch.Tensor] = {g.name: self._stepped_tensor(g)
+                                                 for g in params.groups}
+        self.optims: dict[str, torch.optim.Optimizer] = {g.name: self._fp32(g)
+                                                         for g in params.groups}
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytrain-adamw")
         self.futures: dict[str, Future] = {}
         self.set_q8_blocks(q8_blocks)
 
+    def _stepped_tensor(self, g: ParamGroup) -> torch.Tensor:
+        if g.master.dtype == torch.float32:
+            g.master.grad = g.grad  # the accumulator *is* the .grad the optimizer reads
+            return g.master
+        # a new view object per group: torch keys optimizer state by tensor, so each group's
+        # moments are its own although every view shares the scratch's storage
+        p = self.scratch[0, :g.numel]
+        p.grad = self.scratch[1, :g.numel]
+        return p
+
     def _fp32(self, g: ParamGroup) -> torch.optim.Optimizer:
-        return torch.optim.AdamW([g.master], fused=True, **self.hyper)
+        return torch.optim.AdamW([self.stepped[g.name]], fused=True, **self.hyper)
 
     def _q8(self, g: ParamGroup):
-        return optim8bit.adamw8bit(g.master, g.grad, **self.hyper)
+        p = self.stepped[g.name]
+        return optim8bit.adamw8bit(p, p.grad, **self.hyper)
 
     def set_q8_blocks(self, q8_blocks) -> None:
         """Make exactly the blocks in `q8_blocks` 8-bit (call between steps).
@@ -109,33 +145,47 @@ class BlockOptimizer:
     def _convert(self, g: ParamGroup, *, to_q8: bool) -> None:
         old, lr = self.optims[g.name], self.optims[g.name].param_groups[0]["lr"]
         if to_q8:
-            m, v, step = _fp32_moments(old, g)
+            m, v, step = _fp32_moments(old, self.stepped[g.name])
             new = self._q8(g)
             optim8bit.load_q8_moments(new, m, v, step)
             self.q8.add(g.name)
         else:
             m, v, step = optim8bit.moments_from_q8(old)
-            g.master.grad = g.grad
             new = self._fp32(g)
             if step:
-                new.state[g.master] = {"step": torch.tensor(float(step)), "exp_avg": m,
-                                       "exp_avg_sq": v}
+                new.state[self.stepped[g.name]] = {"step": torch.tensor(float(step)),
+                                                   "exp_avg": m, "exp_avg_sq": v}
             self.q8.discard(g.name)
         for pg in new.param_groups:
             pg["lr"] = lr
         self.optims[g.name] = new
 
     def submit(self, group: ParamGroup, *, lr: float, grad_scale: float = 1.0) -> None:
-        """Queue one group's update; it runs after every update queued before it."""
+        """Queue one group's update; it runs after every update queued before it.
+
+        Args:
+            group: the group to step (its gradient must be final).
+            lr: learning rate of this update.
+            grad_scale: factor applied to the gradient first (the clipping scale, <= 1).
+        """
         self.futures[group.name] = self.worker.submit(self._update, group, lr, grad_scale)
 
     def _update(self, group: ParamGroup, lr: float, grad_scale: float) -> None:
-        opt = self.optims[group.name]
+        """One group's AdamW step (worker thread). fp32 masters: in place, the accumulator
+        itself is scaled. bf16 masters: master and gradient upcast into the scratch, the
+        scaling and the step in fp32, the weights rounded back (the accumulator is unscaled)."""
+        opt, p = self.optims[group.name], self.stepped[group.name]
+        through_scratch = p is not group.master
+        if through_scratch:  # the scratch is free: updates run one at a time on this thread
+            p.copy_(group.master)
+            p.grad.copy_(group.grad)
         if grad_scale != 1.0:
-            group.grad.mul_(grad_scale)
+            p.grad.mul_(grad_scale)
         for pg in opt.param_groups:
             pg["lr"] = lr
         opt.step()
+        if through_scratch:
+            group.master.copy_(p)  # round to nearest even; no stochastic rounding
 
     def wait(self, group: ParamGroup) -> None:
         """Block until `group`'s queued update (if any) has finished; re-raises its error."""
@@ -170,12 +220,13 @@ class BlockOptimizer:
         self.worker.shutdown(wait=True)
 
 
-def _fp32_moments(opt: torch.optim.Optimizer, g: ParamGroup
+def _fp32_moments(opt: torch.optim.Optimizer, p: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(exp_avg, exp_avg_sq, step) of torch's AdamW on `g.master` (zeros, 0 before any step)."""
-    st = opt.state.get(g.master) or {}
+    """(exp_avg, exp_avg_sq, step) of torch's AdamW on its fp32 parameter `p` [numel] (zeros
+    and 0 before any step)."""
+    st = opt.state.get(p) or {}
     if "exp_avg" not in st:
-        return torch.zeros_like(g.master), torch.zeros_like(g.master), 0
+        return torch.zeros_like(p), torch.zeros_like(p), 0
     return st["exp_avg"], st["exp_avg_sq"], int(st["step"])
 
 
@@ -190,8 +241,9 @@ def _is_q8_state(sd: dict) -> bool:
 
 def global_grad_norm(params: HostParams) -> float:
     """L2 norm over every accumulated gradient (tied weights counted once), as
-    `torch.nn.utils.clip_grad_norm_` computes it."""
-    sq = sum(float(torch.linalg.vector_norm(g.grad).double() ** 2) for g in params.groups)
+    `torch.nn.utils.clip_grad_norm_` computes it; bf16 gradients are reduced in fp32."""
+    sq = sum(float(torch.linalg.vector_norm(g.grad, dtype=torch.float32).double() ** 2)
+             for g in params.groups)
     return math.sqrt(sq)
 
 

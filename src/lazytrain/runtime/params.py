@@ -1,9 +1,11 @@
-"""Host parameter store: fp32 master weights and fp32 gradient accumulators, one region per group.
+"""Host parameter store: master weights and gradient accumulators, one flat region per group.
 
 Owns the host copy of every trainable weight. A *group* is one transformer block, or the
-"ends" (embedding, final norm, untied LM head). Each group has one contiguous fp32 master
-buffer and one contiguous fp32 gradient buffer; the parameters are views into them, so the
-optimizer runs over one flat tensor per block and a block's gradient arrives as one flat copy.
+"ends" (embedding, final norm, untied LM head). Each group has one contiguous master buffer
+and one contiguous gradient buffer, both in the master dtype (`train.master_dtype`: fp32, or
+bf16 for MegaTrain's 12 B/param layout, whose fp32 Adam moments live in `runtime/optim.py`);
+the parameters are views into them, so the optimizer runs over one flat tensor per block and a
+block's gradient arrives as one flat copy.
 Parameters that received no gradient in a step hold zeros in their slice of the flat gradient
 (the flat layout makes "shifted" gradients impossible: offsets are fixed at construction).
 
@@ -20,20 +22,20 @@ from dataclasses import dataclass
 
 import torch
 
-MASTER_DTYPES = {"fp32": torch.float32}
-"""Implemented master dtypes (train.master_dtype)."""
+MASTER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""train.master_dtype -> dtype of the host masters and gradient accumulators. fp32: 4 + 4 B per
+parameter; bf16: 2 + 2 B (MegaTrain's layout; the optimizer keeps fp32 moments either way)."""
 
 
 def check_master_dtype(master_dtype: str) -> torch.dtype:
     """Map `train.master_dtype` to a torch dtype.
 
     Raises:
-        ValueError: "bf16" (MegaTrain's 12 B/param layout is not implemented yet) or unknown.
+        ValueError: not a key of `MASTER_DTYPES`.
     """
-    if master_dtype == "bf16":
-        raise ValueError("train.master_dtype: bf16 is not implemented by the engine yet; use fp32")
     if master_dtype not in MASTER_DTYPES:
-        raise ValueError(f"train.master_dtype: unknown value {master_dtype!r}; use fp32")
+        raise ValueError(f"train.master_dtype: unknown value {master_dtype!r}; "
+                         f"use one of {sorted(MASTER_DTYPES)}")
     return MASTER_DTYPES[master_dtype]
 
 
@@ -50,13 +52,13 @@ class Slot:
 
 
 class ParamGroup:
-    """One block's (or the ends') flat fp32 master and gradient buffers.
+    """One block's (or the ends') flat master and gradient buffers, both [numel] of `dtype`.
 
     Args:
         name: "block3" or "ends".
         prefix: HF name prefix of the group's parameters ("model.layers.3." or "").
         shapes: local parameter name -> shape, in module order.
-        dtype: master dtype (fp32).
+        dtype: master dtype (torch.float32 or torch.bfloat16), also the gradient's.
         master: [numel] buffer to use as the master (a slice of a node-shared mapping);
             None: a private zeroed buffer.
 
@@ -96,6 +98,10 @@ class ParamGroup:
     def accumulate_grad(self, flat_grad: torch.Tensor | None, *, first: bool) -> None:
         """Add one backward's flat gradient (host, fp32 or compute dtype) into the accumulator.
 
+        A bf16 accumulator rounds to nearest once per contribution: `add_` computes the sum
+        in fp32 (type promotion) and rounds the result, so gradient accumulation over
+        micro-batches rounds once per micro-batch (MegaTrain's bf16 gradient layout).
+
         Args:
             flat_grad: [numel] gradient of the group, or None when no parameter of the group
                 was used (the accumulator then gets zeros).
@@ -124,13 +130,14 @@ class HostParams:
         block_shapes: per block, local name -> shape.
         block_prefixes: per block, HF name prefix.
         ends_shapes: HF name -> shape of the embedding, final norm and untied head.
-        master_dtype: "fp32" (bf16 raises, see `check_master_dtype`).
+        master_dtype: "fp32" or "bf16" (`MASTER_DTYPES`): dtype of masters and gradients.
         masters: callable (total elements, dtype) -> [total] tensor holding every master;
             None: private per-group buffers.
         fills_masters: False when another process writes the initial masters.
 
     Raises:
-        ValueError: `masters` returned a tensor of another size or dtype.
+        ValueError: `masters` returned a tensor of another size or dtype; unknown
+            `master_dtype`.
     """
 
     def __init__(self, block_shapes: list[dict[str, tuple[int, ...]]], block_prefixes: list[str],
@@ -158,11 +165,12 @@ class HostParams:
         return [*self.blocks, self.ends]
 
     def named_master(self) -> dict[str, torch.Tensor]:
-        """HF name -> fp32 master view (every trainable parameter once; tied head omitted)."""
+        """HF name -> master view in the master dtype (every trainable parameter once; tied
+        head omitted)."""
         return {g.prefix + n: t for g in self.groups for n, t in g.master_views.items()}
 
     def named_grads(self) -> dict[str, torch.Tensor]:
-        """HF name -> fp32 accumulated gradient view."""
+        """HF name -> accumulated gradient view in the master dtype."""
         return {g.prefix + n: t for g in self.groups for n, t in g.grad_views.items()}
 
     def locate(self, hf_name: str) -> tuple[ParamGroup, str]:

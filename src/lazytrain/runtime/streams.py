@@ -157,7 +157,7 @@ class DeviceWeights:
             event = self.streams.h2d(dst, group.master, after=after)
         else:
             k, buf = self.staging.acquire()
-            buf[:group.numel].copy_(group.master)  # fp32 -> compute dtype on the host
+            buf[:group.numel].copy_(group.master)  # master -> compute dtype on the host
             event = self.streams.h2d(dst, buf[:group.numel], after=after)
             self.staging.mark_in_flight(k, event)
         return WeightHandle(block=block, flat=dst, event=event, slot=slot)
@@ -176,11 +176,12 @@ class DeviceWeights:
 
 
 class GradDrain:
-    """Device gradients -> host fp32 accumulators, in order, through a bounded buffer pool.
+    """Device gradients -> host accumulators, in order, through a bounded buffer pool.
 
     On CPU the accumulation happens at once. On CUDA each drain copies into a pinned fp32
     buffer on the D2H stream; the host adds it into the accumulator only after the copy's
-    event completed, and the buffer is reused only then.
+    event completed, and the buffer is reused only then. The accumulator has the master
+    dtype: a bf16 one rounds each fp32 contribution once (`ParamGroup.accumulate_grad`).
 
     Args:
         streams: the device's streams.
