@@ -1,5 +1,5 @@
 """Host parameter store: flat per-block layout, zero gradients for unused parameters, the
-master-dtype guard, and the LR schedule."""
+master-dtype choices, and the LR schedule."""
 
 from __future__ import annotations
 
@@ -17,11 +17,17 @@ from lazytrain.runtime.optim import lr_at
 from lazytrain.runtime.params import HostParams, check_master_dtype
 
 
-def test_master_dtype_bf16_is_refused_with_the_key_and_the_fix():
-    with pytest.raises(ValueError, match=r"train.master_dtype: bf16 is not implemented.*use fp32"):
-        check_master_dtype("bf16")
+def test_unknown_master_dtype_is_refused_with_the_key_and_the_choices():
+    with pytest.raises(ValueError, match=r"train.master_dtype: unknown value 'fp16'.*bf16"):
+        check_master_dtype("fp16")
     with pytest.raises(ValueError, match="master_dtype"):
-        HostParams([], [], {"w": (2,)}, master_dtype="bf16")
+        HostParams([], [], {"w": (2,)}, master_dtype="fp16")
+
+
+def test_bf16_master_dtype_gives_bf16_masters_and_gradients():
+    store = HostParams([{"a": (2, 3)}], ["layers.0."], {"emb": (5, 2)}, master_dtype="bf16")
+    for g in store.groups:
+        assert g.master.dtype == g.grad.dtype == torch.bfloat16
 
 
 def test_parameters_are_views_into_one_contiguous_region_per_block():

@@ -27,10 +27,14 @@ def _losses(run_dir):
     return [json.loads(ln)["loss"] for ln in lines]
 
 
+@pytest.mark.parametrize("master_dtype", ["fp32", "bf16"])
 def test_two_steps_plus_sigterm_resume_equals_four_steps_bit_for_bit(arithmetic_model_dir,
-                                                                     tiny_plan, tmp_path):
+                                                                     tiny_plan, tmp_path,
+                                                                     master_dtype):
     # No evaluation here (it is the CLI test's subject); evaluation never touches the RNG.
-    straight = train(tiny_config(arithmetic_model_dir, tmp_path / "a", "data.num_eval=0"),
+    # bf16: the checkpoint holds fp32 upcasts of the masters, which round back exactly.
+    dtype = f"train.master_dtype={master_dtype}"
+    straight = train(tiny_config(arithmetic_model_dir, tmp_path / "a", "data.num_eval=0", dtype),
                      plan=tiny_plan, progress=False)
     assert straight["steps_completed"] == 4
 
@@ -38,7 +42,7 @@ def test_two_steps_plus_sigterm_resume_equals_four_steps_bit_for_bit(arithmetic_
         if step == 2:
             os.kill(os.getpid(), signal.SIGTERM)  # the loop saves after this step and returns
 
-    cfg = tiny_config(arithmetic_model_dir, tmp_path / "b", "data.num_eval=0")
+    cfg = tiny_config(arithmetic_model_dir, tmp_path / "b", "data.num_eval=0", dtype)
     first = train(cfg, plan=tiny_plan, progress=False,
                   hooks=TrainHooks(on_step_end=stop_after_two))
     assert first["stopped_by"] == "SIGTERM" and first["steps_completed"] == 2
@@ -49,6 +53,8 @@ def test_two_steps_plus_sigterm_resume_equals_four_steps_bit_for_bit(arithmetic_
     a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    if master_dtype == "bf16":  # the run really kept bf16 masters
+        assert all(torch.equal(t, t.bfloat16().float()) for t in a.values())
 
 
 def test_a_checkpoint_without_marker_or_crashed_mid_save_is_never_picked_up(
