@@ -87,17 +87,18 @@ def engine_kwargs(nvme_dir, *, clip: float, grad_accum: int) -> dict:
                 clip_grad_norm=clip, grad_accum=grad_accum, seed=0, io_threads=1)
 
 
-def reference_params(plan_name: str, *, steps: int, world: int, clip: float, nvme_dir):
+def reference_params(plan_name: str, *, steps: int, world: int, clip: float, nvme_dir,
+                     master_dtype: str = "fp32"):
     """One process, grad_accum = world: the parameters after `steps` steps (the reference)."""
     from lazytrain.runtime.engine import Engine
 
-    adapter = tiny_adapter()
+    adapter = tiny_adapter(master_dtype=master_dtype)
     plan = tiny_plan(adapter, *PLANS[plan_name])
     engine = Engine(adapter, plan, **engine_kwargs(nvme_dir, clip=clip, grad_accum=world))
     try:
         for batches in global_batches(steps, world):
             engine.step(batches)
-        return {k: v.clone() for k, v in engine.named_parameters_fp32().items()}
+        return {k: v.clone() for k, v in engine.named_masters().items()}
     finally:
         engine.close()
 
@@ -108,7 +109,8 @@ training (sharing probe)."""
 
 
 def dp_worker(rank: int, world: int, port: int, out_dir: str, plan_name: str, steps: int,
-              clip: float, shared: bool = False, per_node: int | None = None) -> None:
+              clip: float, shared: bool = False, per_node: int | None = None,
+              master_dtype: str = "fp32") -> None:
     """One rank of the data-parallel run (torch.multiprocessing.start_processes target).
 
     `per_node` ranks per "node" (default: all on one), node by node as torchrun numbers them;
@@ -127,9 +129,9 @@ def dp_worker(rank: int, world: int, port: int, out_dir: str, plan_name: str, st
     from lazytrain.dist.sharding import owned_moment_bytes
 
     ctx = init_from_env(backend="gloo", device="cpu", timeout_s=60)
-    where = {}
+    where = {"master_dtype": master_dtype}
     if shared:
-        where = dict(masters=shared_masters.node_master_allocator(
+        where.update(masters=shared_masters.node_master_allocator(
             ctx, shm_dir=os.path.join(out_dir, "shm"), job_id=shared_masters.new_job_id(ctx)),
             fills_masters=ctx.local_rank == 0)
     adapter = tiny_adapter(**where)
@@ -141,7 +143,7 @@ def dp_worker(rank: int, world: int, port: int, out_dir: str, plan_name: str, st
     try:
         for batches in global_batches(steps, world):
             engine.step(local_share(batches, ctx=ctx, grad_accum=1))
-        params = {k: v.clone() for k, v in engine.named_parameters_fp32().items()}
+        params = {k: v.clone() for k, v in engine.named_masters().items()}
         barrier(ctx)  # every rank has its copy of the final masters before the probe
         if ctx.local_rank == 0:
             adapter.params.ends.master[0] = PROBE + ctx.node_rank

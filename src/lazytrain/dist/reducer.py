@@ -85,6 +85,6 @@ class GradReducer:
     def global_grad_norm(self) -> float:
         """L2 norm of the global gradient (module docstring), after every reduction."""
         self.wait_all()
-        sq = sum(float(torch.linalg.vector_norm(g.grad).double() ** 2)
+        sq = sum(float(torch.linalg.vector_norm(g.grad, dtype=torch.float32).double() ** 2)
                  for g in self.params.groups if self.owners[g.name] == self.rank)
         return math.sqrt(self.all_sum(sq))

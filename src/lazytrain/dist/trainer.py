@@ -185,7 +185,7 @@ class DataParallelTrainer(Trainer):
         try:
             saved = save_sharded_checkpoint(
                 self.run_dir, self.ctx, step=self.step,
-                weights=self.engine.named_parameters_fp32(), hf_config=self.adapter.config,
+                weights=self.engine.named_masters(), hf_config=self.adapter.config,
                 tokenizer=self.tokenizer, state=state, shard={"engine": self.engine.state_dict()},
                 before_marker=self.hooks.before_marker)
         except RuntimeError as exc:

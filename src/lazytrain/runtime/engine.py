@@ -545,6 +545,13 @@ class Engine:
         self.drain.flush()
         return self.params.named_grads()
 
+    def named_masters(self) -> dict[str, torch.Tensor]:
+        """HF parameter name -> master weight in the master dtype (views, no copy), after every
+        queued update: what checkpoints save (bf16 masters are written as bf16) and the
+        evaluation model loads (`load_state_dict` upcasts)."""
+        self.optimizer.wait_all()
+        return self.params.named_master()
+
     def named_parameters_fp32(self) -> dict[str, torch.Tensor]:
         """HF parameter name -> fp32 master weight, after every queued update.
 

@@ -237,7 +237,7 @@ class Trainer:
         state = {"engine": self.engine.state_dict(), "data": self.data.train.state_dict(),
                  "step": self.step, "config": self.cfg.to_dict()}
         saved = ckpt.save_checkpoint(self.run_dir, step=self.step,
-                                     weights=self.engine.named_parameters_fp32(),
+                                     weights=self.engine.named_masters(),
                                      hf_config=self.adapter.config, tokenizer=self.tokenizer,
                                      state=state, before_marker=self.hooks.before_marker)
         self.log(f"saved checkpoint {saved.path}")
@@ -249,7 +249,7 @@ class Trainer:
             return None
         if self.eval_model is None:
             self.eval_model = build_eval_model(self.adapter.config)
-        load_weights(self.eval_model, self.engine.named_parameters_fp32())
+        load_weights(self.eval_model, self.engine.named_masters())
         return evaluate(self.eval_model, self.tokenizer, list(self.data.eval_examples),
                         seq_len=self.cfg.data.seq_len, pad_id=self.data.train.pad_id,
                         data_format=self.data.format)
