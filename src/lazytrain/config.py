@@ -364,7 +364,7 @@ class DistConfig:
     with shared masters, go through it; `lazytrain.planner.topology`). 10: gloo over shared
     memory on one host, a rough figure to replace with a measured one."""
     shared_masters: bool = True
-    """One fp32 master copy per node, in shared memory mapped by every local rank
+    """One master copy per node (`train.master_dtype`), in shared memory mapped by every local rank
     (`lazytrain.dist.shared_masters`), instead of one copy per rank: each block's owner updates
     it in place and the other local ranks read it. False: every rank holds its own copy and the
     owner broadcasts each update (N x the master bytes per node)."""

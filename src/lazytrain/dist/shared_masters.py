@@ -1,4 +1,5 @@
-"""One fp32 master copy per node, shared by the node's ranks, and how an update reaches them.
+"""One master copy per node (fp32 or bf16, `train.master_dtype`), shared by the node's ranks, and
+how an update reaches them.
 
 Why: every data-parallel rank streams every block's weights to its GPU, so every rank must read
 every master; with private copies a node of N ranks holds N identical masters. For the seed
