@@ -39,7 +39,7 @@ EPILOG = """\
 examples:
   lazytrain plan --config configs/qwen3.6-27b-h800.yaml --out plan.json --gantt plan.png
   lazytrain plan --config configs/qwen3.6-27b-h800.yaml --policy heuristic --micro-batch 36
-  lazytrain plan --config configs/qwen3.6-27b-h800.yaml --policy heuristic --max-batch \
+  lazytrain plan --config configs/qwen3.6-27b-h800.yaml --policy heuristic --max-batch \\
       --hardware h200 --grad-accums 1,4
   lazytrain plan --model ../shared/models/qwen3-8b.json --hardware h100-pcie --seq-len 4096 \\
       --micro-batch 8 --set planner.time_limit_s=30 --json
@@ -143,6 +143,13 @@ def run(args: argparse.Namespace) -> int:
             baseline = plan if pc.policy == "megatrain" else plan_with_policy(
                 problem, "megatrain", lp_bound=False, **kw)
     except PlanInfeasibleError as exc:
+        if topo is not None:  # which rank counts do fit, and what to change
+            print(scaling_text(node_problem, topo, kw, policy=pc.policy))
+            exc = (f"{exc}; with {topo.nproc_per_node} ranks per node each gets "
+                   f"1/{topo.nproc_per_node} of the node's DRAM: use fewer ranks per node "
+                   f"(table above)" + ("" if topo.shared_masters else
+                                       " or dist.shared_masters: true (one master copy per "
+                                       "node)"))
         print(f"error: {exc}", file=sys.stderr)
         return 1
     report = build_report(problem, plan, baseline, policy=pc.policy, megatrain_k=pc.megatrain_k)

@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     plan_path = Path(args.plan) if args.plan else run_dir / "plan.json"
     if args.skip_steps < 0:
         raise ValueError(f"--skip-steps must be >= 0; got {args.skip_steps}")
+    if not (run_dir / "windows.jsonl").is_file() and (run_dir / "rank-0").is_dir():
+        raise FileNotFoundError(f"{run_dir} is a data-parallel run: each rank measured its own "
+                                f"windows; pass one rank's directory, e.g. `lazytrain report "
+                                f"{run_dir / 'rank-0'}`")
     if not (run_dir / "windows.jsonl").is_file():
         raise FileNotFoundError(f"{run_dir / 'windows.jsonl'}: no measured windows; run "
                                 "`lazytrain train --run-dir RUN_DIR` first")

@@ -10,6 +10,7 @@ checkpoint.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(_final_line(summary))
+    if int(os.environ.get("RANK", "0")) == 0:  # torchrun: rank 0 alone reports
+        print(_final_line(summary))
     return SIGTERM_EXIT if summary["stopped_by"] == "SIGTERM" else 0
 
 

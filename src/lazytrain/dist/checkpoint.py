@@ -119,7 +119,7 @@ def load_shard(checkpoint: Checkpoint, ctx: DistContext) -> dict[str, Any]:
     marker = json.loads((checkpoint.path / MARKER).read_text())
     saved = marker.get("world_size")
     if saved != ctx.world_size:
-        raise ValueError(f"checkpoint {checkpoint.path} was written by {saved or 'a single'} "
+        raise ValueError(f"checkpoint {checkpoint.path} was written by {saved or 1} "
                          f"rank(s); this job has {ctx.world_size}: resume with the same world "
                          f"size")
     return torch.load(checkpoint.path / shard_name(ctx.rank), map_location="cpu",

@@ -10,11 +10,14 @@ In the engine's fp32 layout (SmolLM2-135M, P = 134.5e6, N = 2 ranks on one node,
 4 B grad + 8 B moments): private 2 x (4 + 4) + 8 = 24 B/param (3.23 GB a node), shared
 4 + 2 x 4 + 8 = 20 B/param (2.69 GB).
 
-Memory: local rank 0 of each node creates `dist.shm_dir/lazytrain-<job>-node<k>-masters.bin`
+Memory: local rank 0 of each node creates
+`dist.shm_dir/lazytrain-<job>-node<k>-pid<p>-masters.bin`
 (tmpfs), reserves its pages with posix_fallocate (a full tmpfs fails here with a clear error,
 not later with SIGBUS), and every local rank maps it with `torch.from_file(shared=True)`;
 once all have mapped it, local rank 0 unlinks it, so the memory goes away with the last
-process, whatever way the job ends. Local rank 0 writes the initial weights
+process, whatever way the job ends. A job killed between creation and unlink leaves the file;
+the next job's local rank 0 removes such leftovers of dead creators (`remove_stale_files`,
+the pid in the name). Local rank 0 writes the initial weights
 (`HostParams.fills_masters`); the others wait at a barrier before reading them.
 
 Updates (`SharedMasterSync.publish`, on the optimizer worker thread, in the same group order on
@@ -36,6 +39,7 @@ for step 3. Traffic per group: reduce (W-1)/W x 4 B x P plus, across nodes only,
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -58,8 +62,47 @@ def new_job_id(ctx: DistContext) -> str:
     return broadcast_object(ctx, uuid.uuid4().hex[:12] if ctx.is_main else None)
 
 
-def master_file(shm_dir: str | Path, job_id: str, node_rank: int) -> Path:
-    return Path(shm_dir) / f"lazytrain-{job_id}-node{node_rank}-masters.bin"
+def master_file(shm_dir: str | Path, job_id: str, node_rank: int, *,
+                pid: int | None = None) -> Path:
+    """The node's file; named after the creating process so a later job can tell a leftover
+    (its creator is dead) from a live job's file (`remove_stale_files`)."""
+    pid = os.getpid() if pid is None else pid
+    return Path(shm_dir) / f"lazytrain-{job_id}-node{node_rank}-pid{pid}-masters.bin"
+
+
+_STALE_RE = re.compile(r"^lazytrain-[0-9a-f]+-node\d+-pid(\d+)-masters\.bin$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_files(shm_dir: str | Path) -> list[Path]:
+    """Unlink this user's shared-master files whose creating process is gone.
+
+    A file lives only between its creation and the moment every local rank has mapped it; a job
+    killed in between (SIGKILL, OOM) leaves it behind, holding the master's bytes of tmpfs
+    memory. Called by local rank 0 before it creates its own file. Returns the removed paths.
+    """
+    removed = []
+    root = Path(shm_dir)
+    if not root.is_dir():
+        return removed
+    for path in root.iterdir():
+        m = _STALE_RE.match(path.name)
+        try:
+            if m and path.stat().st_uid == os.getuid() and not _alive(int(m.group(1))):
+                path.unlink()
+                removed.append(path)
+        except OSError:  # raced with another cleaner, or not ours to remove
+            continue
+    return removed
 
 
 def _create(path: Path, nbytes: int) -> None:
@@ -100,10 +143,14 @@ def node_master_allocator(ctx: DistContext, *, shm_dir: str | Path,
             (names the node, the directory and the fix).
     """
     def allocate(numel: int, dtype: torch.dtype) -> torch.Tensor:
-        path = master_file(shm_dir, job_id, ctx.node_rank)
+        pids: list = [None] * ctx.world_size  # the creator's pid names the node's file
+        dist.all_gather_object(pids, os.getpid(), group=ctx.grads_group)
+        creator = pids[ctx.global_rank(node=ctx.node_rank, local=0)]
+        path = master_file(shm_dir, job_id, ctx.node_rank, pid=creator)
         error = None
         if ctx.local_rank == 0:
             try:
+                remove_stale_files(shm_dir)
                 _create(path, numel * dtype.itemsize)
             except (OSError, ValueError) as exc:
                 error = f"node {ctx.node_rank}: {exc}"

@@ -61,6 +61,7 @@ class DataParallelTrainer(Trainer):
                  ctx: DistContext) -> None:
         self.ctx = ctx
         self.is_main = ctx.is_main
+        self.world_size = ctx.world_size
         self._failed = False
         self.windows_path = run_dir / f"rank-{ctx.rank}" / "windows.jsonl"
         quiet = contextlib.redirect_stdout(io.StringIO()) if not ctx.is_main \
@@ -237,6 +238,39 @@ def launch_config(cfg, ctx: DistContext, log):
     return apply_overrides(cfg, sets)
 
 
+def check_shared_run_dir(ctx: DistContext, run_dir: Path) -> None:
+    """Collective: every rank must see rank 0's run directory (checkpoints are written there by
+    all ranks, metrics by rank 0); on several hosts it must be on a shared file system.
+
+    Raises:
+        RuntimeError: on every rank, naming the ranks that do not see it and the fix.
+    """
+    import uuid
+
+    token = broadcast_object(ctx, uuid.uuid4().hex if ctx.is_main else None)
+    probe = run_dir / f".lazytrain-rank0-{token}"
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token)
+    barrier(ctx)
+    try:
+        seen = probe.is_file() and probe.read_text() == token
+    except OSError:
+        seen = False
+    flags: list = [None] * ctx.world_size
+    import torch.distributed as dist
+    dist.all_gather_object(flags, (ctx.rank, ctx.node_rank, seen), group=ctx.grads_group)
+    if ctx.is_main:
+        probe.unlink(missing_ok=True)
+    blind = [(r, n) for r, n, ok in flags if not ok]
+    if blind:
+        names = ", ".join(f"rank {r} (node {n})" for r, n in blind)
+        raise RuntimeError(f"train.run_dir {run_dir} is not shared: {names} cannot see the file "
+                           f"rank 0 wrote there; every rank writes its checkpoint shard into "
+                           f"it, so on several hosts put it on a shared file system (NFS, "
+                           f"Lustre) and pass the same path on every node")
+
+
 def start(cfg, *, run_dir: Path, plan: Plan | None, resume: bool, hooks, log):
     """Join the job and build this rank's trainer (rank 0 plans, the others receive the plan).
 
@@ -248,6 +282,7 @@ def start(cfg, *, run_dir: Path, plan: Plan | None, resume: bool, hooks, log):
     if not ctx.is_main:
         log = lambda msg: None  # noqa: E731  (rank-0 logging)
     cfg = launch_config(cfg, ctx, log)
+    check_shared_run_dir(ctx, run_dir)
     resuming = resume and ckpt.latest_checkpoint(run_dir) is not None
     plan_dict = None
     if ctx.is_main:

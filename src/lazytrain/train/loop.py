@@ -149,6 +149,7 @@ class Trainer:
         self.resumed_from = ckpt.latest_checkpoint(run_dir) if resume else None
         if resume and self.resumed_from is None:
             log(f"resume: no valid checkpoint in {run_dir / 'checkpoints'}; starting fresh")
+        self._check_world_size(self.resumed_from)
         source = setup.resolve_model_source(cfg.model.config_path)
         if self.resumed_from is not None:
             source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
@@ -176,6 +177,24 @@ class Trainer:
             self._restore(self.resumed_from.load_state())
         self.flops_params = spec.model_flops_params  # N of 6 * N * tokens (DESIGN 5)
         self.eval_model = None
+
+    world_size = 1
+    """Ranks of this job (the data-parallel trainer sets its own)."""
+
+    def _check_world_size(self, checkpoint) -> None:
+        """Refuse a checkpoint written by another number of ranks (its marker says how many).
+
+        Raises:
+            ValueError: names the checkpoint, both world sizes and the torchrun fix.
+        """
+        if checkpoint is None:
+            return
+        saved = json.loads((checkpoint.path / ckpt.MARKER).read_text()).get("world_size") or 1
+        if saved != self.world_size:
+            raise ValueError(
+                f"checkpoint {checkpoint.path} was written by {saved} rank(s); this job has "
+                f"{self.world_size}: resume with the same world size (e.g. torchrun "
+                f"--nproc_per_node {saved} -m lazytrain.cli.main train --resume RUN_DIR)")
 
     def _load_adapter(self, source):
         """The model with its weights in the host store (`setup.load_adapter`)."""

@@ -1,0 +1,84 @@
+"""Start-up checks of data-parallel jobs: leftover shared-master files, a run directory that
+some rank cannot see, a checkpoint of another world size, a data-parallel run given to report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch.multiprocessing as mp
+
+from dist_helpers import free_port
+from lazytrain.dist.shared_masters import master_file, remove_stale_files
+from lazytrain.train.loop import Trainer
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_only_files_of_dead_creators_are_removed(tmp_path):
+    dead = master_file(tmp_path, "abc123", 0, pid=_dead_pid())
+    live = master_file(tmp_path, "abc123", 1, pid=os.getpid())
+    other = tmp_path / "lazytrain-notes.txt"
+    for p in (dead, live, other):
+        p.write_bytes(b"x")
+    assert remove_stale_files(tmp_path) == [dead]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
+    assert remove_stale_files(tmp_path / "missing") == []
+
+
+def _run_dir_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      GROUP_RANK=str(rank))
+    from pathlib import Path
+
+    from lazytrain.dist.process_group import init_from_env, shutdown
+    from lazytrain.dist.trainer import check_shared_run_dir
+
+    ctx = init_from_env(backend="gloo", device="cpu", timeout_s=30)
+    # rank 1 is a second "host" whose path names another directory (no shared file system)
+    run_dir = Path(root) / ("run" if rank == 0 else "elsewhere/run")
+    try:
+        check_shared_run_dir(ctx, run_dir)
+        message = "ok"
+    except RuntimeError as exc:
+        message = str(exc)
+    Path(out, f"rank{rank}.txt").write_text(message)
+    shutdown(ctx)
+
+
+@pytest.mark.slow
+def test_a_run_dir_that_a_rank_cannot_see_fails_on_every_rank_naming_it(tmp_path):
+    mp.start_processes(_run_dir_worker, args=(2, free_port(), str(tmp_path), str(tmp_path)),
+                       nprocs=2, join=True, start_method="fork")
+    messages = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    assert all("is not shared: rank 1 (node 1)" in m and "shared file system" in m
+               for m in messages), messages
+    assert list((tmp_path / "run").iterdir()) == []  # the probe is removed
+
+
+def test_a_data_parallel_checkpoint_is_refused_by_one_process_naming_torchrun(tmp_path):
+    (tmp_path / "COMPLETE").write_text(json.dumps({"step": 3, "files": {}, "world_size": 2}))
+    one = SimpleNamespace(world_size=1)
+    with pytest.raises(ValueError, match=r"written by 2 rank\(s\); this job has 1.*"
+                                         r"torchrun --nproc_per_node 2"):
+        Trainer._check_world_size(one, SimpleNamespace(path=tmp_path))
+    (tmp_path / "COMPLETE").write_text(json.dumps({"step": 3, "files": {}}))  # one process
+    Trainer._check_world_size(one, SimpleNamespace(path=tmp_path))
+
+
+def test_report_on_a_data_parallel_run_points_at_a_rank_directory(tmp_path):
+    from lazytrain.cli.main import main
+
+    (tmp_path / "rank-0").mkdir()
+    (tmp_path / "plan.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="data-parallel run.*rank-0"):
+        main(["--debug", "report", str(tmp_path)])
