@@ -352,6 +352,10 @@ class DistConfig:
     """Ranks (GPUs) per node the plan is made for, >= 1: each rank's plan gets 1/N of the
     node's DRAM and NVMe and a share of its PCIe switch (`lazytrain.planner.topology`); training
     under torchrun checks it against LOCAL_WORLD_SIZE. 1: one GPU, the whole node."""
+    nnodes: int = 1
+    """Nodes in the job, >= 1 (each has its own DRAM and NVMe): Adam moments are sharded over
+    nproc_per_node x nnodes ranks and masters cross nodes by broadcast
+    (`lazytrain.planner.topology`); training under torchrun sets it from the launch."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Default process group backend: auto is nccl with runtime.device=cuda, gloo on CPU.
     Gradients and masters live in host DRAM and are reduced over gloo groups either way."""
@@ -376,6 +380,7 @@ class DistConfig:
         _check_finite(self, "dist")
         _check(bool(self.shm_dir), "dist.shm_dir", "a directory", self.shm_dir)
         _check(self.nproc_per_node >= 1, "dist.nproc_per_node", ">= 1", self.nproc_per_node)
+        _check(self.nnodes >= 1, "dist.nnodes", ">= 1", self.nnodes)
         _check(self.timeout_s > 0, "dist.timeout_s", "> 0", self.timeout_s)
         _check(self.allreduce_gb_per_s > 0, "dist.allreduce_gb_per_s", "> 0",
                self.allreduce_gb_per_s)

@@ -104,3 +104,38 @@ def test_two_ranks_with_bf16_masters_track_one_process_within_bf16_rounding(tmp_
     assert float(diff.mean()) < 0.02 * float(moved.mean()), (diff.mean(), moved.mean())
     torch.testing.assert_close(ranks[0]["params"], ranks[1]["params"], rtol=0, atol=0)
     assert all(t.dtype == torch.bfloat16 for t in ranks[0]["params"].values())
+
+
+def test_a_shard_saved_in_fp32_loads_into_a_block_now_8bit_and_back():
+    """Resume under another plan's q8_blocks (re-planning rewrote plan.json): the owner's
+    shard converts like one process does, instead of failing on missing keys."""
+    pytest.importorskip("bitsandbytes", reason="8-bit optimizer states need the q8 extra")
+    from lazytrain.dist.reducer import GradReducer
+    from lazytrain.dist.sharding import ShardedOptimizer, group_owners
+    from lazytrain.runtime import optim8bit
+
+    params = tiny_adapter().params
+    owners = group_owners(params, 1)
+
+    def optimizer():
+        return ShardedOptimizer(params, reducer=GradReducer(params, owners=owners, rank=0),
+                                owners=owners, rank=0, lr=1e-3)
+
+    saver = optimizer()
+    g = torch.Generator().manual_seed(0)
+    for group in params.groups:
+        group.grad.copy_(torch.randn(group.numel, generator=g))
+        saver.submit(group, lr=1e-3)
+    state = saver.state_dict()
+    saver.close()
+    m_saved = state["block0"]["state"][0]["exp_avg"].clone()
+
+    loader = optimizer()
+    loader.set_q8_blocks([0])
+    loader.load_state_dict(state)
+    assert loader.q8 == {"block0"}
+    m, _, step = optim8bit.moments_from_q8(loader.optims["block0"])
+    assert step == 1
+    # 8-bit block-wise quantization: errors up to ~1% of the block maximum
+    torch.testing.assert_close(m, m_saved, rtol=0, atol=0.02 * float(m_saved.abs().max()))
+    loader.close()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.planner.topology import (Topology, allreduce_ms, exposed_allreduce_ms,
-                                        host_bytes_per_param_rank, rank_problem, scaling_table,
+from lazytrain.planner.topology import (Topology, allreduce_ms, assign_owners,
+                                        exposed_allreduce_ms, host_bytes_per_param_rank,
+                                        largest_owner_share, rank_problem, scaling_table,
                                         topology_from_config)
 
 GB = 10**9
@@ -28,10 +29,17 @@ def node_problem(**kw) -> PlanningProblem:
     return PlanningProblem(**args)
 
 
+def eight_blocks() -> PlanningProblem:
+    """`node_problem` with 8 equal blocks: each of 8 ranks owns one block's moments (1/8)."""
+    return node_problem(fwd_ms=(10.0,) * 8, fwd_grad_ms=(12.0,) * 8, bwd_ms=(20.0,) * 8,
+                        weight_bytes=(GB,) * 8, grad_bytes=(GB,) * 8, internal_bytes=(GB,) * 8,
+                        boundary_bytes=(GB // 10,) * 9, params_per_block=(10**9,) * 8)
+
+
 def test_eight_ranks_with_two_gpus_per_switch_get_an_eighth_of_dram_and_nvme_half_the_link():
     topo = Topology(nproc_per_node=8, gpus_per_node=8, gpus_per_pcie_switch=2,
                     nvme_devices_per_node=2)
-    p = rank_problem(node_problem(), topo)
+    p = rank_problem(eight_blocks(), topo)
     assert p.dram_bytes == 125 * GB and p.nvme_bytes == 1750 * GB
     assert p.nvme_read_bytes_per_s == 6e9 / 8 and p.nvme_write_bytes_per_s == 1e9
     assert (p.h2d_bytes_per_s, p.d2h_bytes_per_s, p.duplex_bytes_per_s) == (20e9, 20e9, 40e9)
@@ -42,9 +50,20 @@ def test_eight_ranks_with_two_gpus_per_switch_get_an_eighth_of_dram_and_nvme_hal
 
 def test_eight_ranks_without_shared_masters_hold_a_master_each():
     topo = Topology(nproc_per_node=8, gpus_per_node=8, shared_masters=False)
-    p = rank_problem(node_problem(), topo)
+    p = rank_problem(eight_blocks(), topo)
     # bf16 master: 2 + 2 + 8/8 = 5 B/param; 8-bit moments: 2 + 2 + 2/8 = 4.25
     assert p.host_bytes_per_param == 5.0 and p.host_bytes_per_param_q8 == 4.25
+
+
+def test_owners_take_the_largest_group_first_and_the_planner_charges_the_largest_share():
+    sizes = {"block0": 2, "block1": 2, "block2": 2, "block3": 2, "ends": 6}
+    # largest first: ends -> r0 (6), block0..2 -> r1 (2, 4, 6), block3 -> r0 (tie at 6: r0)
+    assert assign_owners(sizes, 2) == {"block0": 1, "block1": 1, "block2": 1, "block3": 0,
+                                       "ends": 0}
+    assert largest_owner_share(sizes, 2) == 8 / 14  # in group order it would be 10 / 14
+    # two equal blocks over 8 ranks: one rank owns half of the moments, not an eighth
+    p = rank_problem(node_problem(), Topology(nproc_per_node=8, gpus_per_node=8))
+    assert p.host_bytes_per_param == 2 / 8 + 2 + 8 / 2
 
 
 def test_one_rank_problem_is_the_node_problem():

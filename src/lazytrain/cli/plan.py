@@ -32,6 +32,7 @@ FLAG_KEYS = {
     "k_max": "planner.k_max",
     "megatrain_k": "planner.megatrain_k",
     "nproc_per_node": "dist.nproc_per_node",
+    "nnodes": "dist.nnodes",
 }
 """argparse dest -> the config key the flag sets (flags are named after config keys)."""
 
@@ -78,6 +79,8 @@ def register(subparsers) -> None:
     p.add_argument("--nproc-per-node", type=int, metavar="N",
                    help="dist.nproc_per_node: plan one of N ranks sharing the node's DRAM, NVMe "
                         "and PCIe switches, and print the predicted 1/2/4/8-rank scaling table")
+    p.add_argument("--nnodes", type=int, metavar="M",
+                   help="dist.nnodes: nodes in the job (Adam moments sharded over all ranks)")
     p.add_argument("--out", metavar="plan.json", help="write the Plan JSON here")
     p.add_argument("--gantt", metavar="plan.png", help="write the simulated timeline as PNG")
     p.add_argument("--json", action="store_true",
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "max_batch", False):
         return run_max_batch(args, cfg)
     node_problem, topo = problem, None
-    if cfg.dist.nproc_per_node > 1:  # data parallel: plan one rank's share of the node
+    if cfg.dist.nproc_per_node > 1 or cfg.dist.nnodes > 1:  # data parallel: one rank's share
         from lazytrain.planner.build import hardware_from_config
         from lazytrain.planner.topology import rank_problem, topology_from_config
         topo = topology_from_config(cfg, hardware_from_config(cfg))
@@ -187,7 +190,7 @@ def run_max_batch(args: argparse.Namespace, cfg) -> int:
         raise ValueError(f"--grad-accums: {args.grad_accums!r} is not a comma-separated list "
                          f"of integers; e.g. 1,4") from None
     topo = None
-    if cfg.dist.nproc_per_node > 1:
+    if cfg.dist.nproc_per_node > 1 or cfg.dist.nnodes > 1:
         from lazytrain.planner.topology import topology_from_config
         topo = topology_from_config(cfg, hardware_from_config(cfg))
 

@@ -23,9 +23,9 @@ DRAM per rank (P parameters, N ranks on the node, W in the job; staging pools no
       6 B 161 GB); N=8 shared 3.25 B 87.4 GB (private 5 B 134.5 GB, over the 125 GB share).
 `lazytrain.planner.topology` uses the same accounting for the per-rank plan.
 
-Ownership (`assign_owners`): greedy by size in group order, each group to the rank with the
-fewest owned elements so far (ties: lowest rank): deterministic, and balances both the moments'
-bytes and the optimizer work. Traffic per step per rank (W ranks, M nodes): the reduce of a
+Ownership (`lazytrain.planner.topology.assign_owners`, which the planner also charges): largest
+group first, each to the rank with the fewest owned elements so far: deterministic, and
+balances both the moments' bytes and the optimizer work. Traffic per step per rank (W ranks, M nodes): the reduce of a
 group's fp32 gradient to its owner, (W-1)/W x 4 P bytes, then the master's way back: across nodes
 only with shared masters, (M-1)/M x 4 P; to every private copy otherwise, (W-1)/W x 4 P (the two
 halves of a ring all-reduce).
@@ -35,24 +35,9 @@ from __future__ import annotations
 
 import torch
 
+from lazytrain.planner.topology import assign_owners
 from lazytrain.runtime.optim import BlockOptimizer
 from lazytrain.runtime.params import HostParams, ParamGroup
-
-
-def assign_owners(numels: dict[str, int], world_size: int) -> dict[str, int]:
-    """Group name -> owner rank (module docstring: greedy by size, in the given order).
-
-    Args:
-        numels: group name -> elements, in group order (blocks 0..L-1, then ends).
-        world_size: number of ranks, >= 1.
-    """
-    load = [0] * world_size
-    owners = {}
-    for name, n in numels.items():
-        r = min(range(world_size), key=lambda k: (load[k], k))
-        owners[name] = r
-        load[r] += n
-    return owners
 
 
 def group_owners(params: HostParams, world_size: int) -> dict[str, int]:
@@ -96,8 +81,7 @@ class ShardedOptimizer(BlockOptimizer):
 
     def state_dict(self) -> dict:
         """AdamW states of the owned groups only (this rank's shard)."""
-        self.wait_all()
-        return {name: opt.state_dict() for name, opt in self.optims.items()
+        return {name: sd for name, sd in super().state_dict().items()
                 if self.owners[name] == self.rank}
 
     def load_state_dict(self, state: dict) -> None:
@@ -107,13 +91,11 @@ class ShardedOptimizer(BlockOptimizer):
             ValueError: the shard's groups are not the groups this rank owns (another world
                 size or model).
         """
-        self.wait_all()
         mine = {n for n, r in self.owners.items() if r == self.rank}
         if set(state) != mine:
             raise ValueError(f"optimizer shard holds groups {sorted(state)}, but rank "
                              f"{self.rank} owns {sorted(mine)}; resume with the same world size")
-        for name in mine:
-            self.optims[name].load_state_dict(state[name])
+        super().load_state_dict(state)  # converts groups saved in the other precision
 
 
 def owned_moment_bytes(optimizer: BlockOptimizer) -> int:

@@ -118,8 +118,9 @@ def _create(path: Path, nbytes: int) -> None:
     st = os.statvfs(path.parent)
     free = st.f_bavail * st.f_frsize
     if free < nbytes:
-        raise ValueError(f"dist.shm_dir {path.parent} has {free / 1e9:.2f} GB free; the node's "
-                         f"shared masters need {nbytes / 1e9:.2f} GB: enlarge it (docker "
+        raise ValueError(f"dist.shm_dir {path.parent} has {free:,} bytes free; the node's "
+                         f"shared masters need {nbytes:,} bytes ({nbytes / 1e9:.2f} GB): "
+                         f"enlarge it (docker "
                          f"--shm-size, or mount a bigger tmpfs) or set dist.shared_masters: "
                          f"false (one private copy per rank)")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -154,15 +155,17 @@ def node_master_allocator(ctx: DistContext, *, shm_dir: str | Path,
                 _create(path, numel * dtype.itemsize)
             except (OSError, ValueError) as exc:
                 error = f"node {ctx.node_rank}: {exc}"
-        errors: list = [None] * ctx.world_size
-        dist.all_gather_object(errors, error, group=ctx.grads_group)
-        failed = [e for e in errors if e]
-        if failed:
-            raise RuntimeError(f"shared masters: {failed[0]}")
         try:
-            flat = torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
-        finally:
-            barrier(ctx)  # every local rank has mapped the file (or failed trying)
+            errors: list = [None] * ctx.world_size
+            dist.all_gather_object(errors, error, group=ctx.grads_group)
+            failed = [e for e in errors if e]
+            if failed:
+                raise RuntimeError(f"shared masters: {failed[0]}")
+            try:
+                flat = torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
+            finally:
+                barrier(ctx)  # every local rank has mapped the file (or failed trying)
+        finally:  # whatever happened (another node failed, a peer died, SIGTERM from torchrun)
             if ctx.local_rank == 0:
                 path.unlink(missing_ok=True)  # the mappings keep the memory alive
         return flat

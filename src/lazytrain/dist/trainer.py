@@ -222,19 +222,23 @@ class DataParallelTrainer(Trainer):
 
 
 def launch_config(cfg, ctx: DistContext, log):
-    """`cfg` with `dist.nproc_per_node` set to the ranks torchrun started on this node (and
-    `hardware.gpus_per_node` raised to it when the preset has fewer), so each rank's plan gets
-    its real share of the node (`planner.build.rank_problem_from_config`)."""
+    """`cfg` with `dist.nproc_per_node` and `dist.nnodes` set to what torchrun started (and
+    `hardware.gpus_per_node` raised to the ranks per node when the preset has fewer), so each
+    rank's plan gets its real share of the node and of the job
+    (`planner.build.rank_problem_from_config`)."""
     from lazytrain.config import apply_overrides
     from lazytrain.planner.build import hardware_from_config
 
     n = ctx.local_world_size
-    if cfg.dist.nproc_per_node == n:
-        return cfg
-    sets = [f"dist.nproc_per_node={n}"]
+    sets = [] if cfg.dist.nproc_per_node == n else [f"dist.nproc_per_node={n}"]
+    if cfg.dist.nnodes != ctx.nnodes:
+        sets.append(f"dist.nnodes={ctx.nnodes}")
     if (cfg.hardware.gpus_per_node or hardware_from_config(cfg).gpus_per_node) < n:
         sets.append(f"hardware.gpus_per_node={n}")
-    log(f"note: torchrun started {n} ranks on this node; planning with {', '.join(sets)}")
+    if not sets:
+        return cfg
+    log(f"note: torchrun started {ctx.nnodes} node(s) x {n} ranks; planning with "
+        f"{', '.join(sets)}")
     return apply_overrides(cfg, sets)
 
 

@@ -196,7 +196,7 @@ def rank_problem_from_config(cfg: RunConfig) -> PlanningProblem:
     from lazytrain.planner.topology import rank_problem, topology_from_config
 
     problem = problem_from_config(cfg)
-    if cfg.dist.nproc_per_node == 1:
+    if cfg.dist.nproc_per_node == 1 and cfg.dist.nnodes == 1:
         return problem
     return rank_problem(problem, topology_from_config(cfg, hardware_from_config(cfg)))
 

@@ -112,7 +112,7 @@ def topology_from_config(cfg, hardware) -> Topology:
     """The topology of `cfg` (dist section, hardware topology overrides) on `hardware`."""
     h = cfg.hardware
     pick = lambda override, default: default if override is None else override  # noqa: E731
-    return Topology(nproc_per_node=cfg.dist.nproc_per_node,
+    return Topology(nproc_per_node=cfg.dist.nproc_per_node, nnodes=cfg.dist.nnodes,
                     gpus_per_node=pick(h.gpus_per_node, hardware.gpus_per_node),
                     gpus_per_pcie_switch=pick(h.gpus_per_pcie_switch,
                                               hardware.gpus_per_pcie_switch),
@@ -122,8 +122,41 @@ def topology_from_config(cfg, hardware) -> Topology:
                     shared_masters=cfg.dist.shared_masters)
 
 
+def assign_owners(numels: dict[str, int], world_size: int) -> dict[str, int]:
+    """Group name -> owner rank of its Adam moments (ZeRO-1 by parameter group): largest group
+    first, each to the rank with the fewest owned elements so far (ties: the lower rank, then
+    the earlier group) - the LPT rule, which keeps the largest rank's share within 4/3 of the
+    optimum; in group order instead, the big embedding/head group (last) lands on top of a full
+    rank (1.66x the mean share for the seed on 8 ranks). Deterministic: every rank computes the
+    same owners. `lazytrain.dist.sharding` uses it; the planner charges the largest share.
+
+    Args:
+        numels: group name -> elements, in group order (blocks 0..L-1, then ends).
+        world_size: number of ranks, >= 1.
+    """
+    load = [0] * world_size
+    owners = {}
+    order = sorted(range(len(numels)), key=lambda i: -list(numels.values())[i])
+    names = list(numels)
+    for i in order:
+        r = min(range(world_size), key=lambda k: (load[k], k))
+        owners[names[i]] = r
+        load[r] += numels[names[i]]
+    return {name: owners[name] for name in names}
+
+
+def largest_owner_share(numels: dict[str, int], world_size: int) -> float:
+    """The largest fraction of all elements one rank owns under `assign_owners` (>= 1/W)."""
+    owners = assign_owners(numels, world_size)
+    load = [0] * world_size
+    for name, r in owners.items():
+        load[r] += numels[name]
+    return max(load) / max(1, sum(load))
+
+
 def host_bytes_per_param_rank(full: float, *, moments: float, local_ranks: int,
-                              world_size: int, shared_masters: bool) -> float:
+                              world_size: int, shared_masters: bool,
+                              moment_share: float | None = None) -> float:
     """Host bytes per parameter on one rank: master / N_local (shared masters) + grad +
     moments / N_world (ZeRO-1), bytes.
 
@@ -133,18 +166,24 @@ def host_bytes_per_param_rank(full: float, *, moments: float, local_ranks: int,
         moments: the Adam moments' part of `full`, bytes/param.
         local_ranks, world_size: N_local ranks sharing the node, N_world ranks in the job.
         shared_masters: one master copy per node (charged 1/N_local to each rank).
+        moment_share: the fraction of all moments the charged rank owns (the largest,
+            `largest_owner_share`); None: an even 1/N_world.
     """
     # The problem gives only the sum; master and grad have the same width (2 + 2 bf16, 4 + 4
     # fp32: planner/build.py HOST_BYTES_PER_PARAM), so each is half of what the moments leave.
     master = grad = (full - moments) / 2
-    return master / (local_ranks if shared_masters else 1) + grad + moments / world_size
+    share = 1 / world_size if moment_share is None else moment_share
+    return master / (local_ranks if shared_masters else 1) + grad + moments * share
 
 
 def rank_problem(problem: PlanningProblem, topo: Topology) -> PlanningProblem:
     """The per-rank problem of the module docstring (node-level `problem` in, one rank's out)."""
     n, world = topo.nproc_per_node, topo.world_size
     share = min(n, topo.gpus_per_pcie_switch)
-    ranks = dict(local_ranks=n, world_size=world, shared_masters=topo.shared_masters)
+    sizes = {f"block{j}": p for j, p in enumerate(problem.params_per_block)}
+    sizes["ends"] = problem.ends_params
+    ranks = dict(local_ranks=n, world_size=world, shared_masters=topo.shared_masters,
+                 moment_share=largest_owner_share(sizes, world))
     prov = dict(problem.provenance)
     prov["dist"] = {"nproc_per_node": n, "nnodes": topo.nnodes, "world_size": world,
                     "gpus_per_pcie_switch": topo.gpus_per_pcie_switch,

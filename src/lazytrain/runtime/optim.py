@@ -205,15 +205,19 @@ class BlockOptimizer:
 
     def load_state_dict(self, state: dict) -> None:
         """Load per-group states saved by `state_dict`, whatever precision each was saved in:
-        a group saved in the other precision is loaded as saved and then converted."""
+        a group saved in the other precision is loaded as saved and then converted back to
+        its current precision. Groups missing from `state` are left as they are (a ZeRO-1
+        shard holds only its owner's groups, `lazytrain.dist.sharding`)."""
         self.wait_all()
-        current = set(self.q8)
-        saved_q8 = {name for name, sd in state.items() if _is_q8_state(sd)}
-        blocks = {g.name: j for j, g in enumerate(self.params.blocks)}
-        self.set_q8_blocks([blocks[n] for n in saved_q8 if n in blocks])
-        for name, opt in self.optims.items():
-            opt.load_state_dict({k: v for k, v in state[name].items() if k != Q8_KEY})
-        self.set_q8_blocks([blocks[n] for n in current])
+        groups = {g.name: g for g in self.params.groups}
+        for name, sd in state.items():
+            g, now_q8 = groups[name], name in self.q8
+            saved_q8 = _is_q8_state(sd)
+            if saved_q8 != now_q8:
+                self._convert(g, to_q8=saved_q8)
+            self.optims[name].load_state_dict({k: v for k, v in sd.items() if k != Q8_KEY})
+            if saved_q8 != now_q8:
+                self._convert(g, to_q8=now_q8)
 
     def close(self) -> None:
         self.wait_all()

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from lazytrain.config import RunConfig, save_config
+from lazytrain.config import RunConfig, apply_overrides, save_config
 from lazytrain.planner.plan import Plan
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
@@ -347,6 +347,11 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
                                       hooks=hooks or TrainHooks(), log=log)
         progress = progress and main
     else:
+        if cfg.dist.nproc_per_node > 1 or cfg.dist.nnodes > 1:  # one process holds it all
+            log(f"note: not started by torchrun: one process plans the whole node "
+                f"(dist.nproc_per_node {cfg.dist.nproc_per_node} -> 1, dist.nnodes "
+                f"{cfg.dist.nnodes} -> 1)")
+            cfg = apply_overrides(cfg, ["dist.nproc_per_node=1", "dist.nnodes=1"])
         trainer = Trainer(cfg, run_dir=run_dir, plan=plan, resume=resume,
                           hooks=hooks or TrainHooks(), log=log)
     stopped_by, records, saved = None, [], None
