@@ -82,3 +82,53 @@ def test_report_on_a_data_parallel_run_points_at_a_rank_directory(tmp_path):
     (tmp_path / "plan.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="data-parallel run.*rank-0"):
         main(["--debug", "report", str(tmp_path)])
+
+
+def _failing_owner_worker(rank: int, world: int, port: int, out: str, shared: bool) -> None:
+    import time
+    from pathlib import Path
+
+    from dist_helpers import PLANS, engine_kwargs, global_batches, tiny_adapter, tiny_plan
+    from lazytrain.dist import shared_masters
+    from lazytrain.dist.parallel import build_engine, local_share
+    from lazytrain.dist.process_group import barrier, init_from_env
+    from lazytrain.runtime import optim
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    ctx = init_from_env(backend="gloo", device="cpu", timeout_s=60)
+    where = {}
+    if shared:
+        where = dict(masters=shared_masters.node_master_allocator(
+            ctx, shm_dir=out, job_id=shared_masters.new_job_id(ctx)),
+            fills_masters=ctx.local_rank == 0)
+    adapter = tiny_adapter(**where)
+    barrier(ctx)
+    if rank == 0:  # rank 0's AdamW breaks on every group it owns
+        def broken(self, group, lr, grad_scale):
+            raise ValueError("injected optimizer failure")
+        optim.BlockOptimizer._update = broken
+    kw = engine_kwargs(os.path.join(out, f"nvme{rank}"), clip=0.0, grad_accum=1)
+    engine = build_engine(adapter, tiny_plan(adapter, *PLANS["all_hbm"]), ctx=ctx,
+                          lr=kw.pop("lr"), shared_masters=shared, **kw)
+    t0 = time.perf_counter()
+    try:
+        for batches in global_batches(2, world):
+            engine.step(local_share(batches, ctx=ctx, grad_accum=1))
+        engine.optimizer.wait_all()
+        message = "no error"
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}"
+    Path(out, f"rank{rank}.txt").write_text(f"{time.perf_counter() - t0:.1f}|{message}")
+    os._exit(0)  # the job is broken: leave without the collectives of a clean shutdown
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "private"])
+def test_an_owner_whose_update_fails_makes_the_others_fail_at_once_naming_it(shared, tmp_path):
+    mp.start_processes(_failing_owner_worker, args=(2, free_port(), str(tmp_path), shared),
+                       nprocs=2, join=True, start_method="fork")
+    results = [(tmp_path / f"rank{r}.txt").read_text().split("|", 1) for r in (0, 1)]
+    assert "injected optimizer failure" in results[0][1]
+    assert "OwnerUpdateError: rank 0 failed to update" in results[1][1], results
+    assert all(float(t) < 30 for t, _ in results)  # not the 60 s collective timeout

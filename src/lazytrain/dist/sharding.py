@@ -74,10 +74,16 @@ class ShardedOptimizer(BlockOptimizer):
 
     def _update(self, group: ParamGroup, lr: float, grad_scale: float) -> None:
         self.reducer.wait(group)  # the owner's accumulator now holds the global gradient
+        error = None
         if self.owns(group):
-            super()._update(group, lr, grad_scale)
+            try:
+                super()._update(group, lr, grad_scale)
+            except Exception as exc:  # tell the others before raising (no timeout wait)
+                error = exc
         if self.sync is not None:
-            self.sync.publish(group, self.owners[group.name])
+            self.sync.publish(group, self.owners[group.name], failed=error is not None)
+        if error is not None:
+            raise error
 
     def state_dict(self) -> dict:
         """AdamW states of the owned groups only (this rank's shard)."""

@@ -183,16 +183,26 @@ class SharedMasterSync:
     def __init__(self, ctx: DistContext) -> None:
         self.ctx = ctx
 
-    def publish(self, group: ParamGroup, owner: int) -> None:
+    def publish(self, group: ParamGroup, owner: int, *, failed: bool = False) -> None:
         """Make the owner's in-place update of `group.master` visible on every rank; returns
-        when this rank's node copy holds it (worker thread, the same group order everywhere)."""
+        when this rank's node copy holds it (worker thread, the same group order everywhere).
+        The tokens carry `failed` (the owner's update raised): every rank then raises at once
+        instead of waiting `dist.timeout_s` for an update that will not come.
+
+        Raises:
+            OwnerUpdateError: on the other ranks, when the owner's update failed.
+        """
         ctx = self.ctx
         _, owner_local = ctx.node_of(owner)
+        status = torch.tensor([1.0 if failed else 0.0])
         if ctx.nnodes > 1 and ctx.local_rank == owner_local:
-            dist.broadcast(group.master, src=owner, group=ctx.cross_group)
+            dist.broadcast(status, src=owner, group=ctx.cross_group)
+            if not status.item():
+                dist.broadcast(group.master, src=owner, group=ctx.cross_group)
         if ctx.local_world_size > 1:
             writer = ctx.global_rank(node=ctx.node_rank, local=owner_local)
-            dist.broadcast(torch.zeros(1), src=writer, group=ctx.node_group)
+            dist.broadcast(status, src=writer, group=ctx.node_group)
+        _raise_if_failed(status, group, owner, ctx.rank)
 
 
 class BroadcastSync:
@@ -205,5 +215,20 @@ class BroadcastSync:
     def __init__(self, params_group) -> None:
         self.params_group = params_group
 
-    def publish(self, group: ParamGroup, owner: int) -> None:
-        dist.broadcast(group.master, src=owner, group=self.params_group)
+    def publish(self, group: ParamGroup, owner: int, *, failed: bool = False) -> None:
+        """As `SharedMasterSync.publish`, by a status then a master broadcast from the owner."""
+        status = torch.tensor([1.0 if failed else 0.0])
+        dist.broadcast(status, src=owner, group=self.params_group)
+        if not status.item():
+            dist.broadcast(group.master, src=owner, group=self.params_group)
+        _raise_if_failed(status, group, owner, dist.get_rank())
+
+
+class OwnerUpdateError(RuntimeError):
+    """The owner of a parameter group failed to update it (its own error is on its rank)."""
+
+
+def _raise_if_failed(status: torch.Tensor, group: ParamGroup, owner: int, rank: int) -> None:
+    if status.item() and rank != owner:
+        raise OwnerUpdateError(f"rank {owner} failed to update {group.name} (its optimizer "
+                               f"step raised; see rank {owner}'s error)")
