@@ -10,6 +10,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 import torch.multiprocessing as mp
 
 from dist_helpers import free_port
@@ -35,6 +36,7 @@ def test_only_files_of_dead_creators_are_removed(tmp_path):
 
 
 def _run_dir_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
+    torch.set_num_threads(1)  # a forked child must not use the parent's intra-op pool
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       GROUP_RANK=str(rank))
@@ -94,6 +96,7 @@ def _failing_owner_worker(rank: int, world: int, port: int, out: str, shared: bo
     from lazytrain.dist.process_group import barrier, init_from_env
     from lazytrain.runtime import optim
 
+    torch.set_num_threads(1)  # a forked child must not use the parent's intra-op pool
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     ctx = init_from_env(backend="gloo", device="cpu", timeout_s=60)
