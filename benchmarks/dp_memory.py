@@ -83,11 +83,7 @@ def _worker(rank, world, port, out_dir, shared, args):
     from lazytrain.dist.sharding import owned_moment_bytes
 
     ctx = init_from_env(backend="gloo", device="cpu", timeout_s=300)
-    where = {}
-    if shared:
-        where = dict(masters=shared_masters.node_master_allocator(
-            ctx, shm_dir="/dev/shm", job_id=shared_masters.new_job_id(ctx)),
-            fills_masters=ctx.local_rank == 0)
+    where = shared_masters.node_store(ctx, shm_dir="/dev/shm") if shared else {}
     adapter = _adapter(args, **where)
     barrier(ctx)
     engine = build_engine(adapter, _plan(adapter, args), ctx=ctx, lr=1e-4, device="cpu",

@@ -131,9 +131,7 @@ def dp_worker(rank: int, world: int, port: int, out_dir: str, plan_name: str, st
     ctx = init_from_env(backend="gloo", device="cpu", timeout_s=60)
     where = {"master_dtype": master_dtype}
     if shared:
-        where.update(masters=shared_masters.node_master_allocator(
-            ctx, shm_dir=os.path.join(out_dir, "shm"), job_id=shared_masters.new_job_id(ctx)),
-            fills_masters=ctx.local_rank == 0)
+        where.update(shared_masters.node_store(ctx, shm_dir=os.path.join(out_dir, "shm")))
     adapter = tiny_adapter(**where)
     barrier(ctx)
     plan = tiny_plan(adapter, *PLANS[plan_name])

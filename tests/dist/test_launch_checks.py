@@ -100,12 +100,7 @@ def _failing_owner_worker(rank: int, world: int, port: int, out: str, shared: bo
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     ctx = init_from_env(backend="gloo", device="cpu", timeout_s=60)
-    where = {}
-    if shared:
-        where = dict(masters=shared_masters.node_master_allocator(
-            ctx, shm_dir=out, job_id=shared_masters.new_job_id(ctx)),
-            fills_masters=ctx.local_rank == 0)
-    adapter = tiny_adapter(**where)
+    adapter = tiny_adapter(**(shared_masters.node_store(ctx, shm_dir=out) if shared else {}))
     barrier(ctx)
     if rank == 0:  # rank 0's AdamW breaks on every group it owns
         def broken(self, group, lr, grad_scale):

@@ -173,6 +173,15 @@ def node_master_allocator(ctx: DistContext, *, shm_dir: str | Path,
     return allocate
 
 
+def node_store(ctx: DistContext, *, shm_dir: str | Path) -> dict:
+    """The `masters` and `fills_masters` arguments of the model loaders (`HostParams`) that
+    put this rank's masters in its node's shared copy: a fresh job id, the allocator, and
+    local rank 0 as the one writer. Collective (every rank, same point); after loading, the
+    caller must `barrier` before any rank reads the masters."""
+    return {"masters": node_master_allocator(ctx, shm_dir=shm_dir, job_id=new_job_id(ctx)),
+            "fills_masters": ctx.local_rank == 0}
+
+
 class SharedMasterSync:
     """Step 2-3 of the module docstring for one rank.
 

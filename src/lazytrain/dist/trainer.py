@@ -80,11 +80,10 @@ class DataParallelTrainer(Trainer):
         if not self.masters_shared:
             return super()._load_adapter(source)
         tc = self.cfg.train
-        allocate = shared_masters.node_master_allocator(
-            self.ctx, shm_dir=self.cfg.dist.shm_dir, job_id=shared_masters.new_job_id(self.ctx))
         adapter = setup.load_adapter(source, compute_dtype=tc.compute_dtype,
                                      master_dtype=tc.master_dtype, seed=tc.seed,
-                                     masters=allocate, fills_masters=self.ctx.local_rank == 0)
+                                     **shared_masters.node_store(self.ctx,
+                                                                 shm_dir=self.cfg.dist.shm_dir))
         barrier(self.ctx)  # local rank 0 has written the node's masters
         return adapter
 
