@@ -108,6 +108,13 @@ def _get_plan(cfg: RunConfig, run_dir: Path, *, plan: Plan | None, resuming: boo
     """The given plan, the run's own plan.json when resuming, or a new plan from the config."""
     if plan is None and resuming and (run_dir / "plan.json").is_file():
         plan = Plan.load(run_dir / "plan.json")
+        dist = plan.provenance.get("dist") or {}
+        planned = (dist.get("nproc_per_node", 1), dist.get("nnodes", 1))
+        if planned != (cfg.dist.nproc_per_node, cfg.dist.nnodes):  # another share of a node
+            print(f"note: {run_dir / 'plan.json'} was planned for {planned[1]} node(s) x "
+                  f"{planned[0]} ranks; this job has {cfg.dist.nnodes} x "
+                  f"{cfg.dist.nproc_per_node}: planning again", file=sys.stderr)
+            plan = None
     if plan is None:
         plan = setup.make_plan(cfg)
     plan.check_matches(seq_len=cfg.data.seq_len, micro_batch=cfg.train.micro_batch)
