@@ -257,6 +257,37 @@ def test_hf_saved_checkpoint_loads_into_the_store_with_hf_conversion(family, tmp
         assert torch.equal(master[name], p.detach()), name
 
 
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "llama"])
+def test_a_rank_that_does_not_fill_the_masters_builds_no_model_and_gets_the_same_layout(
+        family, tmp_path, monkeypatch):
+    """Data parallel with shared masters: local ranks > 0 only map the node's copy, so they
+    must not materialize the model (HF's conversion load or a random init: 4 B/param each)."""
+    from transformers import AutoModelForCausalLM as Auto
+
+    from lazytrain.models import hf_loader, load_adapter_from_config, load_adapter_from_dir
+    torch.manual_seed(0)
+    Auto.from_config(family_config(family), dtype=torch.float32).save_pretrained(tmp_path)
+    filled = load_adapter_from_dir(tmp_path)
+
+    def refuse(*a, **k):
+        raise AssertionError("a non-filling rank built the model")
+    monkeypatch.setattr(Auto, "from_pretrained", refuse)
+    monkeypatch.setattr(hf_loader, "adapter_from_model", refuse)
+    shared = {}
+
+    def alloc(numel, dtype):  # stands for the node's mapping, filled by another process
+        shared["flat"] = torch.full((numel,), 7.0, dtype=dtype)
+        return shared["flat"]
+    for load in (lambda: load_adapter_from_dir(tmp_path, masters=alloc, fills_masters=False),
+                 lambda: load_adapter_from_config(family_config(family), masters=alloc,
+                                                  fills_masters=False)):
+        other = load()
+        assert [(g.name, g.slots) for g in other.params.groups] == [
+            (g.name, g.slots) for g in filled.params.groups]
+        assert all(bool((t == 7.0).all()) for t in other.params.named_master().values())
+        assert all(p.device.type == "meta" for p in other.model.parameters())
+
+
 def test_packed_rows_are_refused_on_linear_attention_layers():
     _, adapter = _pair(family_config("qwen3_5_text"), idle_expert=False)
     pos = torch.cat([torch.arange(5), torch.arange(7)]).repeat(2, 1)  # two documents per row

@@ -58,11 +58,34 @@ def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: st
             writes them (`HostParams`; data parallel: one shared copy per node).
     """
     from transformers import AutoModelForCausalLM
+    if not fills_masters:  # another process writes the weights: never build them here
+        return _layout_only_adapter(_meta_skeleton(hf_config)[0], master_dtype=master_dtype,
+                                    masters=masters)
     if seed is not None:
         torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     return adapter_from_model(model, master_dtype=master_dtype, masters=masters,
                               fills_masters=fills_masters)
+
+
+def _meta_skeleton(hf_config) -> tuple[nn.Module, object]:
+    """(model on the meta device with a real rotary module, its layout): no weight memory."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    layout = resolve_layout(model)
+    rotary = _get(model, layout.rotary)
+    parent_path, _, attr = layout.rotary.rpartition(".")
+    with torch.device("cpu"):  # the rotary inv_freq buffer must be real, not meta
+        setattr(_get(model, parent_path), attr, type(rotary)(config=model.config))
+    return model, layout
+
+
+def _layout_only_adapter(model: nn.Module, *, master_dtype: str, masters) -> ModelAdapter:
+    """The adapter of a rank whose masters another process fills (`fills_masters=False`):
+    the store's layout from the meta skeleton, no weights read or built."""
+    store = _store_for(model, master_dtype=master_dtype, masters=masters, fills_masters=False)
+    return ModelAdapter(model, store)
 
 
 def adapter_from_model(model: nn.Module, *, master_dtype: str = "fp32", masters=None,
@@ -144,7 +167,9 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
     (`adapter_from_model`): HF owns the conversion rules; host memory peaks near one fp32 model.
 
     `masters`, `fills_masters`: as `load_adapter_from_config` (a rank that does not fill the
-    masters still reads the tensor names, so a missing weight is reported on every rank).
+    masters still reads the tensor names, so a missing weight is reported on every rank; for a
+    checkpoint that needs HF's conversion it reads nothing and never builds the model: the meta
+    skeleton already has the converted layout).
 
     Raises:
         FileNotFoundError: no safetensors weights in the directory.
@@ -154,17 +179,13 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
     from transformers import AutoConfig, AutoModelForCausalLM
     model_dir = Path(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    layout = resolve_layout(model)
+    model, layout = _meta_skeleton(config)
     if _needs_hf_conversion(model_dir, model, layout):
+        if not fills_masters:
+            return _layout_only_adapter(model, master_dtype=master_dtype, masters=masters)
         converted = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         return adapter_from_model(converted, master_dtype=master_dtype, masters=masters,
                                   fills_masters=fills_masters)
-    rotary = _get(model, layout.rotary)
-    parent_path, _, attr = layout.rotary.rpartition(".")
-    with torch.device("cpu"):  # the rotary inv_freq buffer must be real, not meta
-        setattr(_get(model, parent_path), attr, type(rotary)(config=model.config))
     store = _store_for(model, master_dtype=master_dtype, masters=masters,
                        fills_masters=fills_masters)
     seen = set()
