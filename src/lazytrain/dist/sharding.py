@@ -100,7 +100,10 @@ class ShardedOptimizer(BlockOptimizer):
         mine = {n for n, r in self.owners.items() if r == self.rank}
         if set(state) != mine:
             raise ValueError(f"optimizer shard holds groups {sorted(state)}, but rank "
-                             f"{self.rank} owns {sorted(mine)}; resume with the same world size")
+                             f"{self.rank} owns {sorted(mine)}: the checkpoint was written by "
+                             f"another world size, or by a LazyTrain with another ownership "
+                             f"rule (largest group first since this version); resume with the "
+                             f"same world size and version")
         super().load_state_dict(state)  # converts groups saved in the other precision
 
 

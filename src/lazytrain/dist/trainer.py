@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from lazytrain.dist import shared_masters
+from lazytrain.dist.shared_masters import OwnerUpdateError
 from lazytrain.dist.checkpoint import load_shard, save_sharded_checkpoint
 from lazytrain.dist.parallel import build_engine, local_share
 from lazytrain.dist.process_group import (DistContext, barrier, broadcast_object,
@@ -212,10 +213,12 @@ class DataParallelTrainer(Trainer):
     def _failure(self, exc: BaseException) -> RankFailureError:
         self._failed = True
         last = ckpt.latest_checkpoint(self.run_dir)
+        cause = ("another rank's optimizer step failed" if isinstance(exc, OwnerUpdateError)
+                 else f"a collective failed (a peer rank died, or waited longer than "
+                      f"dist.timeout_s={self.cfg.dist.timeout_s:g} s)")
         return RankFailureError(
-            f"rank {self.ctx.rank} of {self.ctx.world_size}: a collective failed at step "
-            f"{self.step + 1} (a peer rank died, or waited longer than dist.timeout_s="
-            f"{self.cfg.dist.timeout_s:g} s); the last complete checkpoint is "
+            f"rank {self.ctx.rank} of {self.ctx.world_size}: {cause} at step "
+            f"{self.step + 1}; the last complete checkpoint is "
             f"{last.path if last else 'none'}: {type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}")
 
