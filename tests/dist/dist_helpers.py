@@ -156,23 +156,12 @@ def dp_worker(rank: int, world: int, port: int, out_dir: str, plan_name: str, st
 
 def tiny_model_dir(root):
     """A 2-block tied Llama (random weights) + a BPE tokenizer trained on the arithmetic data."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     from lazytrain.data.synthetic import arithmetic_dataset
-    from lazytrain.data.tiny_tokenizer import train_tokenizer
+    from tiny_models import tiny_model_dir as build
 
     train, _ = arithmetic_dataset(num_train=200, num_eval=0, seed=7)
     texts = [m.content for ex in train for m in ex.messages] + ["Question: Answer: ####"]
-    tokenizer = train_tokenizer(texts, vocab_size=384)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, tie_word_embeddings=True,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(root)
-    tokenizer.save_pretrained(root)
-    return root
+    return build(root, texts, layers=2)
 
 
 def run_overrides(model_dir, run_dir, *extra: str) -> list[str]:

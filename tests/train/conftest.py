@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lazytrain.data.synthetic import arithmetic_dataset
-from train_helpers import tiny_config, tiny_model_dir
+from tiny_models import tiny_model_dir
+from train_helpers import tiny_config
 
 
 @pytest.fixture(scope="session")

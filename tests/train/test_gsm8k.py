@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from train_helpers import tiny_model_dir
+from tiny_models import tiny_model_dir
 from lazytrain.config import load_config
 from lazytrain.data.formats import load_examples
 from lazytrain.train.loop import train
