@@ -111,16 +111,7 @@ def _commit(tmp: Path, final: Path, root: Path, *, step: int, world_size: int,
 
 
 def load_shard(checkpoint: Checkpoint, ctx: DistContext) -> dict[str, Any]:
-    """This rank's shard of a sharded checkpoint.
-
-    Raises:
-        ValueError: the checkpoint was written by another world size (or is not sharded).
-    """
-    marker = json.loads((checkpoint.path / MARKER).read_text())
-    saved = marker.get("world_size")
-    if saved != ctx.world_size:
-        raise ValueError(f"checkpoint {checkpoint.path} was written by {saved or 1} "
-                         f"rank(s); this job has {ctx.world_size}: resume with the same world "
-                         f"size")
+    """This rank's shard of a sharded checkpoint (its world size was checked against the job
+    before planning: `lazytrain.train.loop.Trainer._check_world_size`)."""
     return torch.load(checkpoint.path / shard_name(ctx.rank), map_location="cpu",
                       weights_only=False)
