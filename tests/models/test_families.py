@@ -1,7 +1,10 @@
 """Gradient equivalence of the streaming engine with plain HF autograd for every supported
 family: Llama, Qwen3.5 (hybrid Gated-DeltaNet + full attention, flat and nested configs),
 Qwen3.5-MoE, Qwen3-Next, Qwen3-MoE, Mixtral, GPT-OSS (alternating sliding/full attention with
-sinks) and one model through the generic decoder path (OLMo-2).
+sinks), Gemma2 (scaled embedding, soft-capped attention and final logits, alternating
+sliding/full), Gemma3 (per-kind rotary, q/k norms), Phi3 and Mistral (fused projections; one
+model-wide sliding window) and one model through the generic decoder path (OLMo-2). Every
+sliding window is 4 tokens < SEQ = 12, so a wrong band changes the gradients.
 
 Reference: an independent copy of the same tiny fp32 HF model (copied state_dict) run with
 plain autograd (`engine_helpers.reference_grads`). Each family runs under two plans: all
@@ -28,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from engine_helpers import (HIDDEN, SEQ, VOCAB, micro_batches, plan_for,  # noqa: E402
                             reference_grads)
 from lazytrain.models import adapter_from_model  # noqa: E402
-from lazytrain.models.families import layer_attention_type, layer_sliding_window  # noqa: E402
+from lazytrain.models.families import (layer_attention_type, layer_mask_key,  # noqa: E402
+                                       layer_sliding_window)
 from lazytrain.runtime.engine import Engine  # noqa: E402
 
 R, H, D, N = "recompute", "hbm", "dram", "nvme"
@@ -73,6 +77,20 @@ def family_config(family: str):
                                layer_types=["sliding_attention", "full_attention"] * 2,
                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                                **ATTN)
+    if family == "gemma2":  # eager attention: HF's SDPA path has no soft-capping
+        return tf.Gemma2Config(intermediate_size=128, sliding_window=SLIDING_WINDOW,
+                               query_pre_attn_scalar=16, final_logit_softcapping=3.0,
+                               attn_logit_softcapping=5.0, **ATTN)
+    if family == "gemma3_text":  # local theta 1e4 / global 1e6: a shared rotary would differ
+        return tf.Gemma3TextConfig(intermediate_size=128, sliding_window=SLIDING_WINDOW,
+                                   query_pre_attn_scalar=16,
+                                   layer_types=["sliding_attention", "full_attention"] * 2,
+                                   **ATTN)
+    if family == "phi3":
+        return tf.Phi3Config(intermediate_size=128, sliding_window=SLIDING_WINDOW,
+                             **{k: v for k, v in ATTN.items() if k != "head_dim"})
+    if family == "mistral":
+        return tf.MistralConfig(intermediate_size=128, sliding_window=SLIDING_WINDOW, **ATTN)
     if family == "deepseek_v2":  # MLA (q/kv low rank, decoupled rope), 1 leading dense layer
         return tf.DeepseekV2Config(intermediate_size=128, q_lora_rank=32, kv_lora_rank=16,
                                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
@@ -83,7 +101,8 @@ def family_config(family: str):
 
 
 FAMILIES = ["llama", "qwen3_5_text", "qwen3_5_nested", "qwen3_5_moe_text", "qwen3_next",
-            "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v2", "olmo2_generic"]
+            "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v2", "gemma2", "gemma3_text", "phi3",
+            "mistral", "olmo2_generic"]
 MOE_FAMILIES = ["qwen3_5_moe_text", "qwen3_next", "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v2"]
 AUX_FAMILIES = MOE_FAMILIES[:-1]  # HF's DeepseekV2ForCausalLM defines no router aux loss
 IDLE = 0  # the expert that never receives a token
@@ -236,6 +255,49 @@ def test_router_aux_loss_is_off_by_default_as_in_hf():
     assert adapter.new_router_aux(None) is None
 
 
+def test_gemma3_sliding_and_full_layers_get_their_own_rotary_embedding():
+    _, adapter = _pair(family_config("gemma3_text"), idle_expert=False)
+    kwargs = adapter.block_kwargs(torch.ones(1, SEQ, dtype=torch.long),
+                                  torch.zeros(1, SEQ, HIDDEN))
+    local_cos, global_cos = kwargs[0]["position_embeddings"][0], kwargs[1]["position_embeddings"][0]
+    assert kwargs[2]["position_embeddings"] is kwargs[0]["position_embeddings"]
+    assert not torch.allclose(local_cos, global_cos)  # theta 1e4 vs 1e6
+
+
+def test_gemma2_embedding_is_scaled_and_logits_soft_capped_as_in_hf():
+    ref, adapter = _pair(family_config("gemma2"), idle_expert=False)
+    ids = torch.randint(1, VOCAB, (1, SEQ), generator=torch.Generator().manual_seed(3))
+    weight = adapter.params.ends.views(adapter.params.ends.master)[adapter.embed_name]
+    with torch.no_grad():
+        torch.testing.assert_close(adapter.embed(ids, weight), ref.model.embed_tokens(ids))
+        assert float(ref(ids).logits.abs().max()) <= 3.0  # HF caps at final_logit_softcapping
+    assert adapter.logit_softcap == 3.0
+
+
+@pytest.mark.parametrize("family", ["phi3", "mistral"])
+def test_model_wide_sliding_window_gives_every_layer_the_banded_mask(family):
+    _, adapter = _pair(family_config(family), idle_expert=False)
+    kwargs = adapter.block_kwargs(torch.ones(1, SEQ, dtype=torch.long),
+                                  torch.zeros(1, SEQ, HIDDEN))
+    mask = kwargs[0]["attention_mask"]
+    assert all(k["attention_mask"] is mask for k in kwargs)
+    # query 11 sees keys 8..11 only (window 4): HF's bool mask or an additive float mask
+    row = mask[0, 0, SEQ - 1]
+    visible = row if row.dtype == torch.bool else row == 0
+    assert visible.nonzero().flatten().tolist() == list(range(SEQ - SLIDING_WINDOW, SEQ))
+
+
+def test_gpt2_is_refused_in_one_line_listing_the_supported_families():
+    from lazytrain.models.families import resolve_layout
+    model = AutoModelForCausalLM.from_config(tf.GPT2Config(n_embd=32, n_layer=1, n_head=2,
+                                                           vocab_size=VOCAB, n_positions=32))
+    with pytest.raises(ValueError) as err:
+        resolve_layout(model)
+    message = str(err.value)
+    assert "\n" not in message and "'gpt2'" in message and "absolute" in message
+    assert all(f in message for f in ("llama", "gemma2", "gemma3_text", "phi3", "qwen3_5"))
+
+
 def test_relabelled_model_is_not_taken_by_the_generic_path():
     _, adapter = _pair(family_config("olmo2_generic"), idle_expert=False)
     adapter.model.config.model_type = "mamba"
@@ -324,8 +386,8 @@ def test_planner_spec_sees_the_blocks_the_engine_runs(family):
     spec = ModelSpec.from_hf_config(config.to_dict())
     assert [b.params for b in spec.blocks] == [g.numel for g in adapter.params.blocks]
     for block, layer in zip(spec.blocks, adapter.blocks):
-        kind = layer_attention_type(layer)
+        kind, window = layer_mask_key(layer, adapter.config, adapter.layout)
         if block.attention != "mla":
             assert block.attention == kind, block.index
         assert block.mlp == ("moe" if hasattr(layer.mlp, "experts") else "dense"), block.index
-        assert block.sliding_window == (layer_sliding_window(layer, adapter.config) or 0)
+        assert block.sliding_window == (window or 0)

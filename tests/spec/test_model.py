@@ -54,6 +54,13 @@ TINY = {
                                first_k_dense_replace=2, kv_lora_rank=16, q_lora_rank=24,
                                qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                                num_key_value_heads=4)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(intermediate_size=96, sliding_window=8, pad_token_id=0)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(intermediate_size=96, head_dim=16, sliding_window=8)),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                    dict(intermediate_size=96, head_dim=16, sliding_window=8,
+                         sliding_window_pattern=2)),
 }
 
 
@@ -102,6 +109,44 @@ def test_block_kinds_follow_the_layer_types_of_each_layer():
     _, model = _build("deepseek_v2")
     spec = ModelSpec.from_hf_config(model.config.to_dict())
     assert [b.kind for b in spec.blocks] == ["mla"] + ["mla_moe"] * 3
+
+
+def test_gemma_and_phi3_layer_kinds_match_what_transformers_builds():
+    for case in ("gemma2", "gemma3_text", "phi3"):
+        cfg, model = _build(case)
+        spec = ModelSpec.from_hf_config(cfg.to_dict())
+        if case == "phi3":  # one model-wide window: every layer sliding (Phi3Model's mask)
+            expected = ["sliding_attention"] * 4
+        else:
+            expected = [layer.self_attn.layer_type for layer in model.model.layers]
+        assert [b.attention for b in spec.blocks] == expected, case
+        assert [b.sliding_window for b in spec.blocks] == \
+            [8 if kind == "sliding_attention" else 0 for kind in expected], case
+
+
+def test_gemma3_hub_config_without_layer_types_uses_the_5_to_1_pattern():
+    config = {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 96,
+              "num_hidden_layers": 12, "num_attention_heads": 4, "num_key_value_heads": 1,
+              "head_dim": 16, "vocab_size": 128, "sliding_window": 512}
+    spec = ModelSpec.from_hf_config({"model_type": "gemma3", "text_config": config})
+    full = [b.index for b in spec.blocks if b.attention == "full_attention"]
+    assert full == [5, 11]  # transformers' Gemma3TextConfig: every 6th layer global
+    hf = transformers.Gemma3TextConfig(**{k: v for k, v in config.items() if k != "model_type"})
+    assert [t == "full_attention" for t in hf.layer_types] == \
+        [b.attention == "full_attention" for b in spec.blocks]
+
+
+@pytest.mark.parametrize("config", [
+    {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "vocab_size": 128},
+    {"model_type": "mygpt", "position_embedding_type": "absolute", "hidden_size": 64}],
+    ids=["gpt2", "declared_absolute"])
+def test_absolute_position_model_is_refused_in_one_line_listing_the_families(config):
+    with pytest.raises(ValueError) as err:
+        ModelSpec.from_hf_config(config)
+    message = str(err.value)
+    assert "\n" not in message and "absolute" in message
+    for family in ("llama", "qwen3", "gemma2", "gemma3_text", "phi3", "mixtral"):
+        assert family in message
 
 
 def test_moe_active_params_count_top_k_experts_only():

@@ -26,7 +26,7 @@ from torch import nn
 from torch.func import functional_call
 
 from lazytrain.models.families import (LAYOUTS, DecoderLayout, _get, layer_attention_type,
-                                       layer_sliding_window, mask_builder, resolve_layout)
+                                       layer_mask_key, mask_builder, resolve_layout)
 from lazytrain.models.router_aux import RouterAux, router_class
 from lazytrain.runtime.params import HostParams
 
@@ -72,6 +72,11 @@ class ModelAdapter:
         self.rotary: nn.Module = _get(model, layout.rotary)
         self.head: nn.Linear = _get(model, layout.head)
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        # Gemma-style `*ScaledWordEmbedding` multiplies its output by sqrt(H) in the weight's
+        # dtype; a plain nn.Embedding has no such attribute
+        self.embed_scale: float | None = getattr(self.embedding, "scalar_embed_scale", None)
+        self.logit_softcap: float | None = getattr(model.config, "final_logit_softcapping",
+                                                   None)
         self.params = params
         self.config_sha256 = config_sha256(model.config)
         self.router_cls = router_class(model)
@@ -112,9 +117,9 @@ class ModelAdapter:
 
         Returns:
             one dict per block: `position_embeddings` (the rotary module's output: (cos, sin),
-            or DeepSeek-V2's complex freqs_cis), `position_ids`,
-            `attention_mask` built for that layer's own kind and sliding window (read from the
-            layer, `families.layer_attention_type` / `layer_sliding_window`): a 4D causal or
+            or DeepSeek-V2's complex freqs_cis; Gemma3: the one for the layer's kind),
+            `position_ids`, `attention_mask` built for that layer's own kind and sliding window
+            (read from the layer, `families.layer_mask_key`): a 4D causal or
             banded mask (or None where SDPA's causal shortcut applies) for softmax attention,
             the [B, S] padding mask or None for linear attention. Layers that share
             (kind, window) share one mask object.
@@ -124,20 +129,29 @@ class ModelAdapter:
             position_ids = torch.arange(S, device=hidden.device).unsqueeze(0)
         else:
             self._check_packing(position_ids)
-        rotary_device = next(iter(self.rotary.buffers())).device
-        rope = self.rotary(hidden.to(rotary_device), position_ids.to(rotary_device))
-        # (cos, sin) for most families; one complex freqs_cis tensor for DeepSeek-V2
-        pos_emb = (tuple(t.to(hidden.device) for t in rope) if isinstance(rope, tuple)
-                   else rope.to(hidden.device))
         masks: dict[tuple[str, int | None], object] = {}
+        ropes: dict[str | None, object] = {}
         out = []
         for layer in self.blocks:
-            key = (layer_attention_type(layer), layer_sliding_window(layer, self.config))
+            key = layer_mask_key(layer, self.config, self.layout)
             if key not in masks:
                 masks[key] = self._mask(key, hidden, attention_mask, position_ids)
-            out.append({"position_embeddings": pos_emb, "position_ids": position_ids,
+            rope_kind = layer_attention_type(layer) if self.layout.rotary_per_layer_type else None
+            if rope_kind not in ropes:
+                ropes[rope_kind] = self._rope(hidden, position_ids, rope_kind)
+            out.append({"position_embeddings": ropes[rope_kind], "position_ids": position_ids,
                         "attention_mask": masks[key]})
         return out
+
+    def _rope(self, hidden: torch.Tensor, position_ids: torch.Tensor, kind: str | None):
+        """The rotary module's output on `hidden`'s device: (cos, sin) [B or 1, S, head_dim]
+        for most families, one complex freqs_cis tensor for DeepSeek-V2; `kind` is the layer
+        kind for a per-kind rotary (Gemma3), None otherwise."""
+        rotary_device = next(iter(self.rotary.buffers())).device
+        args = (hidden.to(rotary_device), position_ids.to(rotary_device))
+        rope = self.rotary(*args) if kind is None else self.rotary(*args, kind)
+        return (tuple(t.to(hidden.device) for t in rope) if isinstance(rope, tuple)
+                else rope.to(hidden.device))
 
     def _check_packing(self, position_ids: torch.Tensor) -> None:
         """Refuse packed rows (positions restart inside a row) on linear-attention layers.
@@ -195,8 +209,13 @@ class ModelAdapter:
     # --- functional pieces --------------------------------------------------------------------
 
     def embed(self, input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """Embedding lookup: [B, S] int64 -> [B, S, H] in `weight`'s dtype (padding_idx kept)."""
-        return F.embedding(input_ids, weight, padding_idx=self.embedding.padding_idx)
+        """Embedding lookup: [B, S] int64 -> [B, S, H] in `weight`'s dtype (padding_idx kept),
+        times the family's embedding scale (Gemma: sqrt(H), rounded to `weight`'s dtype first,
+        as HF does)."""
+        out = F.embedding(input_ids, weight, padding_idx=self.embedding.padding_idx)
+        if self.embed_scale is None:
+            return out
+        return out * torch.tensor(self.embed_scale, dtype=weight.dtype, device=weight.device)
 
     def forward_block(self, j: int, hidden: torch.Tensor, weights: dict[str, torch.Tensor],
                       kwargs: dict, *, router_logits: list | None = None) -> torch.Tensor:
@@ -228,10 +247,14 @@ class ModelAdapter:
 
         Returns:
             scalar fp32: the sum (not mean) of the losses of the chunk's label tokens; the
-            caller divides by the label tokens of the whole optimizer step.
+            caller divides by the label tokens of the whole optimizer step. Logits are
+            soft-capped first when the config sets `final_logit_softcapping` (Gemma2).
         """
         normed = functional_call(self.norm, {"weight": norm_weight}, (hidden,))
-        logits = F.linear(normed, head_weight).float()  # [B, C, V], one chunk only
+        logits = F.linear(normed, head_weight)  # [B, C, V], one chunk only
+        if self.logit_softcap is not None:  # Gemma2: cap * tanh(logits / cap), as HF
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        logits = logits.float()
         return F.cross_entropy(logits.flatten(0, 1), shift_labels.flatten(),
                                ignore_index=IGNORE_INDEX, reduction="sum")
 

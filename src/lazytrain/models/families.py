@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from lazytrain.spec.model import check_relative_positions
+
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class DecoderLayout:
@@ -33,6 +35,14 @@ class DecoderLayout:
     checkpoint_skips: tuple[str, ...] = ()
     """Checkpoint name prefixes that are not part of the causal LM (vision tower, MTP head);
     HF skips them too (`_keys_to_ignore_on_load_unexpected`)."""
+    config_sliding_window: bool = False
+    """Every layer attends within the config's `sliding_window` when it is set: Mistral,
+    Mixtral and Phi3 build one model-wide banded mask (`create_sliding_window_causal_mask`) and
+    record no kind on their layers."""
+    rotary_per_layer_type: bool = False
+    """The rotary module takes the layer kind (`rotary(x, position_ids, layer_type)`) and
+    returns other frequencies per kind: Gemma3's local (sliding, theta 1e4) and global (full,
+    theta 1e6) rotary embeddings."""
 
 
 _STANDARD = DecoderLayout()
@@ -42,15 +52,29 @@ _VLM_TEXT = DecoderLayout(checkpoint_renames=(("model.language_model.", "model."
 `model.language_model`, the vision tower under `model.visual`, multi-token prediction under
 `mtp`. `AutoModelForCausalLM` on the nested config builds the text-only `*ForCausalLM`."""
 
+_GEMMA3_TEXT = DecoderLayout(
+    rotary_per_layer_type=True,
+    checkpoint_renames=(("model.language_model.", "model."), ("language_model.model.", "model."),
+                        ("language_model.lm_head.", "lm_head.")),
+    checkpoint_skips=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+                      "multi_modal_projector."))
+"""Gemma3: per-kind rotary; a vision-language checkpoint's text weights sit under
+`model.language_model` (transformers 5) or `language_model.model` (older saves)."""
+
+_MODEL_WIDE_WINDOW = DecoderLayout(config_sliding_window=True)
+
 LAYOUTS: dict[str, DecoderLayout] = {
     "llama": _STANDARD,
-    "mistral": _STANDARD,
+    "mistral": _MODEL_WIDE_WINDOW,
     "qwen2": _STANDARD,
     "qwen3": _STANDARD,
     "qwen3_moe": _STANDARD,
-    "mixtral": _STANDARD,
+    "mixtral": _MODEL_WIDE_WINDOW,
     "gpt_oss": _STANDARD,
     "deepseek_v2": _STANDARD,
+    "phi3": _MODEL_WIDE_WINDOW,
+    "gemma2": _STANDARD,
+    "gemma3_text": _GEMMA3_TEXT,
     "qwen3_next": DecoderLayout(checkpoint_skips=("mtp.",)),
     "qwen3_5_text": _VLM_TEXT,
     "qwen3_5": _VLM_TEXT,
@@ -85,10 +109,11 @@ def resolve_layout(model: nn.Module) -> DecoderLayout:
     standard parts with `model.layers` a ModuleList.
 
     Raises:
-        ValueError: not a supported family and not a standard decoder-only model; the
-            message lists the supported families.
+        ValueError: an absolute-position model (gpt2-style), or not a supported family and not
+            a standard decoder-only model; the message lists the supported families.
     """
     mtype = model.config.model_type
+    check_relative_positions(model.config.to_dict())
     if mtype in LAYOUTS:
         return LAYOUTS[mtype]
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -133,6 +158,17 @@ def layer_sliding_window(layer: nn.Module, config) -> int | None:
     if layer_attention_type(layer) == "sliding_attention":
         return getattr(config, "sliding_window", None)
     return None
+
+
+def layer_mask_key(layer: nn.Module, config, layout: DecoderLayout) -> tuple[str, int | None]:
+    """(attention kind, sliding window in tokens or None) of one layer: what its mask depends
+    on. A family with a model-wide window (`DecoderLayout.config_sliding_window`) makes every
+    full-attention layer sliding when the config sets `sliding_window`."""
+    kind = layer_attention_type(layer)
+    window = getattr(config, "sliding_window", None)
+    if layout.config_sliding_window and kind == "full_attention" and isinstance(window, int):
+        return "sliding_attention", window
+    return kind, layer_sliding_window(layer, config)
 
 
 def mask_builder(kind: str):

@@ -11,7 +11,10 @@ Supported `model_type`s (nested `text_config` unwrapped): llama, mistral, qwen2,
 sliding/full attention, attention sinks, biases), qwen3_5 / qwen3_5_text / qwen3_next /
 qwen3_5_moe / qwen3_5_moe_text (hybrid Gated-DeltaNet linear attention + gated full attention,
 dense or MoE with a shared expert), deepseek_v2 (multi-head latent attention, shared experts,
-`first_k_dense_replace` leading dense layers).
+`first_k_dense_replace` leading dense layers), phi3 (fused qkv and gate/up projections),
+gemma2 / gemma3_text / gemma3 (alternating or 5:1 sliding/full attention, four norms per
+layer, gemma3 q/k norms). Absolute-position models (gpt2-style learned position embeddings)
+are refused by `check_relative_positions`.
 
 Model FLOPs convention (used everywhere: `PlanningProblem.model_flops_per_micro_batch`, TFLOPS
 in reports): `6 * N * tokens` with N = `ModelSpec.model_flops_params` = ALL parameters a token
@@ -251,6 +254,32 @@ def _read_config(path_or_dict: str | Path | dict) -> tuple[dict, str]:
     return config, stem
 
 
+ABSOLUTE_POSITION_TYPES = frozenset({"gpt2", "gpt_bigcode", "gpt_neo", "opt", "biogpt",
+                                     "xglm", "imagegpt", "decision_transformer"})
+"""HF `model_type`s that add a learned absolute position embedding to the token embedding
+(GPT-2's `wpe`, OPT's `embed_positions`); configs saying `position_embedding_type: absolute`
+are refused too."""
+
+
+def check_relative_positions(config: dict) -> None:
+    """Refuse a model that adds absolute position embeddings: the block boundaries the planner
+    stores are only the residual stream, and the streaming engine applies positions inside each
+    block (rotary), so an extra position table before block 0 has no place in it.
+
+    Args:
+        config: HF config dict (`config.json` contents or `PretrainedConfig.to_dict()`).
+
+    Raises:
+        ValueError: one line naming the model_type and listing the supported families.
+    """
+    c = config.get("text_config") or config
+    model_type = c.get("model_type") or config.get("model_type")
+    if model_type in ABSOLUTE_POSITION_TYPES or c.get("position_embedding_type") == "absolute":
+        raise ValueError(f"model_type {model_type!r} uses absolute (learned) position "
+                         f"embeddings, which LazyTrain does not support; supported families "
+                         f"(rotary positions): {', '.join(sorted(BLOCK_PARSERS))}")
+
+
 def parse_config(config: dict, *, name: str) -> ModelSpec:
     """Build a `ModelSpec` from a HF config dict (see `ModelSpec.from_hf_config`)."""
     top = config
@@ -258,6 +287,7 @@ def parse_config(config: dict, *, name: str) -> ModelSpec:
     if not isinstance(c, dict):
         c = c.to_dict()
     model_type = c.get("model_type") or top.get("model_type")
+    check_relative_positions({**c, "model_type": model_type})
     if model_type not in BLOCK_PARSERS:
         raise ValueError(f"model_type {model_type!r} is not supported; supported: "
                          f"{', '.join(sorted(BLOCK_PARSERS))}")
@@ -380,18 +410,22 @@ def _moe_mlp(H: int, *, experts: int, top_k: int, inter: int, router_bias: bool 
     return params, active, saved, experts
 
 
-def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: int) -> BlockSpec:
-    """Assemble a block: attention + MLP + the two RMSNorms (input, post-attention).
+def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: int, *,
+           norms: int = 2) -> BlockSpec:
+    """Assemble a block: attention + MLP + `norms` RMSNorms of width H (2: input and
+    post-attention; Gemma2/3: 4, adding pre- and post-feedforward).
 
-    Saved per token besides the parts: the post-attention residual sum and its norm output."""
+    Saved per token besides the parts: the post-attention residual sum and the output of each
+    norm after the first (which the attention part counts)."""
     a_params, a_fields, a_saved, a_fp32 = attn
     m_params, m_active, m_saved, m_fp32 = mlp
     base = {"full_attention": "", "sliding_attention": "sliding_attention",
             "linear_attention": "linear_attention", "mla": "mla"}[attention]
     kind = (base + "_moe" if base else "moe") if mlp_kind == "moe" else (base or "dense")
     return BlockSpec(index=j, kind=kind, attention=attention, mlp=mlp_kind,
-                     params=a_params + m_params + 2 * H, active_params=a_params + m_active + 2 * H,
-                     saved_elems_per_token=a_saved + m_saved + 2 * H,
+                     params=a_params + m_params + norms * H,
+                     active_params=a_params + m_active + norms * H,
+                     saved_elems_per_token=a_saved + m_saved + norms * H,
                      saved_fp32_per_token=a_fp32 + m_fp32, **a_fields)
 
 
@@ -405,10 +439,13 @@ def _layer_type(c: dict, j: int, default: str) -> str:
 
 
 def _llama_like(c: dict, j: int) -> BlockSpec:
-    """llama / mistral / qwen2 / qwen3: GQA (qwen3: q/k norms) + SwiGLU."""
+    """llama / mistral / qwen2 / qwen3 / phi3: GQA (qwen3: q/k norms) + SwiGLU. Phi3's fused
+    `qkv_proj` and `gate_up_proj` hold the same parameters as the split projections; Mistral
+    and Phi3 apply a set `sliding_window` to every layer."""
     mt = c.get("model_type")
     window = c.get("sliding_window") or 0
-    default_type = "sliding_attention" if (mt == "mistral" and window) else "full_attention"
+    model_wide = mt in ("mistral", "phi3") and window
+    default_type = "sliding_attention" if model_wide else "full_attention"
     attention = _layer_type(c, j, default_type)
     bias = bool(c.get("attention_bias", mt == "qwen2"))
     attn = _softmax_attention(c, bias_qkv=bias, bias_o=bias and mt != "qwen2",
@@ -495,6 +532,32 @@ def _gpt_oss(c: dict, j: int) -> BlockSpec:
     return _block(j, attention, attn, "moe", mlp, c["hidden_size"])
 
 
+GEMMA_SLIDING_PATTERN = {"gemma2": 2, "gemma3_text": 6}
+"""Every n-th layer is full attention, the others sliding, when the config lists no
+`layer_types` (transformers' Gemma2Config / Gemma3TextConfig default; Gemma3 hub configs
+spell it `sliding_window_pattern`)."""
+
+
+def _gemma(c: dict, j: int) -> BlockSpec:
+    """gemma2 / gemma3_text: GQA (gemma3: q/k norms) + GeGLU MLP (same parameter count as
+    SwiGLU), four RMSNorms per layer, sliding/full attention by `layer_types`.
+
+    Saved-activation figures assume a fused attention kernel (FlashAttention with soft-capping);
+    HF's eager path on CPU also keeps the [heads, S, S] probabilities, which this does not count.
+    """
+    mt = c["model_type"]
+    pattern = c.get("sliding_window_pattern") or GEMMA_SLIDING_PATTERN[mt]
+    default = "sliding_attention" if (j + 1) % pattern else "full_attention"
+    attention = _layer_type(c, j, default)
+    window = c.get("sliding_window") or 0
+    bias = bool(c.get("attention_bias"))
+    attn = _softmax_attention(c, bias_qkv=bias, bias_o=bias, qk_norm=mt == "gemma3_text",
+                              gate=False, sinks=False,
+                              window=window if attention == "sliding_attention" else 0)
+    mlp = _dense_mlp(c["hidden_size"], c["intermediate_size"])
+    return _block(j, attention, attn, "dense", mlp, c["hidden_size"], norms=4)
+
+
 def _deepseek_v2(c: dict, j: int) -> BlockSpec:
     """DeepSeek-V2: MLA; layers j < first_k_dense_replace dense, the rest routed + shared."""
     H = c["hidden_size"]
@@ -523,5 +586,8 @@ BLOCK_PARSERS = {
     "mixtral": _mixtral,
     "gpt_oss": _gpt_oss,
     "deepseek_v2": _deepseek_v2,
+    "phi3": _llama_like,
+    "gemma2": _gemma,
+    "gemma3_text": _gemma,
 }
 """model_type -> per-layer parser (plain dict registry)."""
