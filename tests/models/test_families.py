@@ -375,6 +375,28 @@ def test_vision_language_checkpoint_names_map_to_the_text_model(tmp_path):
         assert torch.equal(master[name], p.detach()), name
 
 
+def test_gemma3_vision_language_checkpoint_loads_its_text_model(tmp_path):
+    import json
+    from safetensors.torch import load_file, save_file
+    from lazytrain.models import load_adapter_from_dir
+    torch.manual_seed(0)
+    text = family_config("gemma3_text")
+    ref = AutoModelForCausalLM.from_config(text, dtype=torch.float32)
+    ref.save_pretrained(tmp_path)
+    flat = load_file(str(tmp_path / "model.safetensors"))
+    vlm = {k.replace("model.", "model.language_model.", 1): v for k, v in flat.items()}
+    vlm["model.vision_tower.patch.weight"] = torch.zeros(3)  # vision tower: skipped
+    vlm["model.multi_modal_projector.norm.weight"] = torch.zeros(2)
+    save_file(vlm, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    nested = tf.Gemma3Config(text_config=text.to_dict()).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(nested))
+    loaded = load_adapter_from_dir(tmp_path)
+    assert loaded.config.model_type == "gemma3_text"
+    master = loaded.params.named_master()
+    for name, p in ref.named_parameters():
+        assert torch.equal(master[name], p.detach()), name
+
+
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "olmo2_generic"])
 def test_planner_spec_sees_the_blocks_the_engine_runs(family):
     """The planner's per-block kinds and parameter counts (spec/model.py, parsed from the config

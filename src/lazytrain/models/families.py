@@ -87,6 +87,20 @@ Any other decoder-only model with the standard parts goes through `resolve_layou
 path."""
 
 
+TEXT_MODEL_OF: dict[str, str] = {"gemma3": "gemma3_text"}
+"""Vision-language `model_type` -> its text model's: `AutoModelForCausalLM` maps these to the
+whole `*ForConditionalGeneration`, so the loader builds the text model from `text_config`
+(the layout of the text type renames the checkpoint's `language_model` tensors)."""
+
+
+def text_model_config(hf_config):
+    """The config to build the causal LM from: `hf_config.text_config` for a vision-language
+    type in `TEXT_MODEL_OF`, else `hf_config` itself."""
+    if getattr(hf_config, "model_type", None) in TEXT_MODEL_OF:
+        return hf_config.get_text_config()
+    return hf_config
+
+
 def _get(root: nn.Module, path: str) -> nn.Module:
     for part in path.split("."):
         root = getattr(root, part)

@@ -15,7 +15,7 @@ from torch import nn
 
 from lazytrain.atomic import atomic_path
 from lazytrain.models.adapter import ModelAdapter
-from lazytrain.models.families import _get, resolve_layout
+from lazytrain.models.families import _get, resolve_layout, text_model_config
 from lazytrain.runtime.params import HostParams
 
 SHARD_BYTES = 2 * 1024**3
@@ -58,6 +58,7 @@ def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: st
             writes them (`HostParams`; data parallel: one shared copy per node).
     """
     from transformers import AutoModelForCausalLM
+    hf_config = text_model_config(hf_config)
     if not fills_masters:  # another process writes the weights: never build them here
         return _layout_only_adapter(_meta_skeleton(hf_config)[0], master_dtype=master_dtype,
                                     masters=masters)
@@ -71,6 +72,7 @@ def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: st
 def _meta_skeleton(hf_config) -> tuple[nn.Module, object]:
     """(model on the meta device with a real rotary module, its layout): no weight memory."""
     from transformers import AutoModelForCausalLM
+    hf_config = text_model_config(hf_config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     layout = resolve_layout(model)
@@ -183,7 +185,8 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
     if _needs_hf_conversion(model_dir, model, layout):
         if not fills_masters:
             return _layout_only_adapter(model, master_dtype=master_dtype, masters=masters)
-        converted = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        converted = AutoModelForCausalLM.from_pretrained(model_dir, config=model.config,
+                                                         dtype=torch.float32)
         return adapter_from_model(converted, master_dtype=master_dtype, masters=masters,
                                   fills_masters=fills_masters)
     store = _store_for(model, master_dtype=master_dtype, masters=masters,
