@@ -39,6 +39,7 @@ from typing import Any, Literal
 import yaml
 
 from lazytrain.atomic import write_text_atomic
+from lazytrain.megatrain import MEGATRAIN_SECTIONS, looks_like_megatrain
 
 Dtype = Literal["bf16", "fp32"]
 
@@ -240,6 +241,11 @@ class TrainConfig:
     compute_dtype: Dtype = "fp32"
     """Dtype of the streamed weights, activations and device compute. fp32 on CPU (bf16 matmul
     is very slow on AVX2); bf16 on GPUs."""
+    report_to: tuple[Literal["tensorboard", "wandb", "none"], ...] = ()
+    """Experiment trackers that receive the per-step metrics besides `metrics.jsonl` (HF
+    TrainingArguments' name): tensorboard (event files in `<run_dir>/tensorboard`), wandb
+    (offline unless WANDB_MODE says otherwise). A list or one name; empty or [none]: only
+    metrics.jsonl. Each needs its extra: `pip install lazytrain[tensorboard]` / `[wandb]`."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "train")
@@ -256,6 +262,8 @@ class TrainConfig:
             _check(0 <= getattr(self, key) < 1, f"train.{key}", "in [0, 1)", getattr(self, key))
         _check(self.adam_eps > 0, "train.adam_eps", "> 0", self.adam_eps)
         _check(bool(self.run_dir), "train.run_dir", "a non-empty directory", self.run_dir)
+        _check("none" not in self.report_to or len(self.report_to) == 1, "train.report_to",
+               "[none] alone or a list of trackers without none", list(self.report_to))
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -406,8 +414,10 @@ class RunConfig:
     """The `dist:` section (data parallelism)."""
 
     def to_dict(self) -> dict:
-        """Plain nested dict (YAML/JSON-serialisable), `{section: {key: value}}`."""
-        return dataclasses.asdict(self)
+        """Plain nested dict (YAML/JSON-serialisable), `{section: {key: value}}`; tuple fields
+        become lists (YAML's safe dumper has no tuples)."""
+        return {name: {k: list(v) if isinstance(v, tuple) else v for k, v in body.items()}
+                for name, body in dataclasses.asdict(self).items()}
 
 
 SECTIONS: dict[str, type] = {
@@ -420,6 +430,22 @@ SECTIONS: dict[str, type] = {
     "dist": DistConfig,
 }
 """Section name -> dataclass, in YAML order."""
+
+KEY_ALIASES: dict[str, str] = {
+    "train.learning_rate": "train.lr",
+    "train.per_device_train_batch_size": "train.micro_batch",
+    "train.gradient_accumulation_steps": "train.grad_accum",
+    "train.num_train_epochs": "train.epochs",
+    "train.max_steps": "train.steps",
+    "train.max_grad_norm": "train.clip_grad_norm",
+    "data.max_seq_len": "data.seq_len",
+}
+"""Spellings users bring from HF TrainingArguments and MegaTrain -> our key. The alias is
+replaced before validation (errors and the saved config use our name); an alias whose target
+this version lacks stays an unknown key."""
+
+VALUE_ALIASES: dict[str, str] = {"bfloat16": "bf16", "float32": "fp32"}
+"""torch dtype names -> ours, accepted wherever a dtype choice is expected."""
 
 
 def load_config(path: str | Path | None = None,
@@ -437,7 +463,8 @@ def load_config(path: str | Path | None = None,
 
     Raises:
         FileNotFoundError: `path` does not exist.
-        ValueError: malformed YAML (file, line and problem named), unknown key (dotted path
+        ValueError: a MegaTrain YAML (the converter command named), malformed YAML (file,
+            line and problem named), unknown key (dotted path
             and closest valid key named), malformed override, or a value out of range or
             non-finite (`train.lr must be > 0; got -1`, `train.lr must be a finite number`).
         TypeError: a value of the wrong type (key and expected type named).
@@ -458,6 +485,11 @@ def load_config(path: str | Path | None = None,
                             f"got {type(loaded).__name__}")
         raw = loaded or {}
         base_dir = path.resolve().parent
+        if looks_like_megatrain(raw):
+            raise ValueError(f"{path} is a MegaTrain config (sections "
+                             f"{', '.join(sorted(MEGATRAIN_SECTIONS & set(map(str, raw))))}"
+                             f"); convert it first: lazytrain convert megatrain {path} "
+                             f"--out {path.stem}-lazytrain.yaml")
     raw = apply_overrides_to_dict(raw, overrides)
     cfg = config_from_dict(raw)
     resolved = resolve_model_path(cfg.model.config_path, base_dir=base_dir)
@@ -594,11 +626,30 @@ def _build_section(section: str, cls: type, values: dict):
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
-    for key, value in values.items():
+    for key, value in _unalias(section, values, names).items():
         if key not in names:
             raise ValueError(_unknown(f"{section}.{key}", [f"{section}.{n}" for n in names]))
         kwargs[key] = _coerce(f"{section}.{key}", hints[key], value)
     return cls(**kwargs)
+
+
+def _unalias(section: str, values: dict, names: list[str]) -> dict:
+    """`values` with `KEY_ALIASES` spellings renamed to our keys (those this section has).
+
+    Raises:
+        ValueError: an alias and its key both set.
+    """
+    out = {}
+    for key, value in values.items():
+        target = KEY_ALIASES.get(f"{section}.{key}", "").partition(".")[2]
+        if target in names:
+            if target in values:
+                raise ValueError(f"{section}.{key} and {section}.{target} are both set; "
+                                 f"{section}.{key} is another name for {section}.{target}, "
+                                 f"keep one")
+            key = target
+        out[key] = value
+    return out
 
 
 def _unknown(dotted: str, valid: list[str]) -> str:
@@ -621,7 +672,12 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(key, inner[0], value)
+    if origin is tuple:  # tuple[X, ...]: a YAML list, or one value standing for a list of one
+        items = value if isinstance(value, list) else [value]
+        return tuple(_coerce(key, args[0], item) for item in items)
     if origin is Literal:
+        if isinstance(value, str) and VALUE_ALIASES.get(value) in args:
+            value = VALUE_ALIASES[value]
         if value not in args:
             raise ValueError(f"{key} must be one of {', '.join(map(str, args))}; got {value!r}")
         return value

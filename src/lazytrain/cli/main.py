@@ -18,6 +18,7 @@ COMMANDS = {
     "train": "lazytrain.cli.train",
     "report": "lazytrain.cli.report",
     "profile": "lazytrain.cli.profile",
+    "convert": "lazytrain.cli.convert",
 }
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,6 +226,10 @@ class ModelSpec:
         return dataclasses.asdict(self)
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""`org/name`, the form of a Hugging Face hub model id."""
+
+
 def _read_config(path_or_dict: str | Path | dict) -> tuple[dict, str]:
     if isinstance(path_or_dict, dict):
         return path_or_dict, str(path_or_dict.get("_name_or_path", "") or "model")
@@ -238,9 +243,15 @@ def _read_config(path_or_dict: str | Path | dict) -> tuple[dict, str]:
     else:
         stem = path.stem
     if not path.is_file():
+        if _HUB_ID.fullmatch(key):
+            raise FileNotFoundError(
+                f"model config not found: {key} is a hub id and planning reads no network; "
+                f"download its config.json (huggingface-cli download {key} config.json) and "
+                f"pass it with --model PATH/config.json (model.config_path)")
         raise FileNotFoundError(
             f"model config not found: {path_or_dict} (a config.json, a model directory, or one "
-            f"of the built-in names {sorted(BUILTIN_CONFIGS)})")
+            f"of the built-in names {sorted(BUILTIN_CONFIGS)}); pass one with --model PATH "
+            f"(model.config_path)")
     try:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
