@@ -165,6 +165,7 @@ class DataParallelTrainer(Trainer):
         if self.is_main:
             with open(self.run_dir / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")
+            self.track(record, stats)
         if self.cfg.planner.replan_every_steps:
             self._maybe_switch_plan(stats.windows)
         if self.hooks.on_step_end is not None:

@@ -9,7 +9,8 @@ per optimizer step: step, loss, tokens, label_tokens, step_s, tokens_per_s, mode
 grad_norm, peak_bytes per store accounting key), `windows.jsonl` (one JSON object per step and
 micro-batch: every window's wall, compute, waits and bytes per channel; schema in
 `runtime/instrument.py`), `summary.json`, `checkpoints/step-N/` (see
-`checkpoint.py`), `nvme/` (the NVMe tier's scratch unless runtime.nvme_dir is set).
+`checkpoint.py`), `nvme/` (the NVMe tier's scratch unless runtime.nvme_dir is set),
+`tensorboard/` and `wandb/` when `train.report_to` names them (`tracking.py`).
 
 Resume: the newest valid checkpoint supplies the weights, optimizer and RNG states, the data
 position and the step; the run's own plan.json is reused. A resumed run continues bit for bit
@@ -37,6 +38,7 @@ from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
 from lazytrain.train.evaluate import build_eval_model, evaluate, load_weights
 from lazytrain.train.preflight import preflight
+from lazytrain.train.tracking import Trackers, check_trackers, step_scalars
 
 CHECKPOINT_BYTES_PER_PARAM = 12
 """fp32 weights (4 B) + fp32 Adam moments (8 B) per parameter: one checkpoint's size."""
@@ -151,6 +153,8 @@ class Trainer:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
         self.device = _device(cfg.runtime.device)
+        self.trackers = Trackers(check_trackers(tc.report_to), run_dir=run_dir,
+                                 config=cfg.to_dict())  # a missing extra fails before loading
         if cfg.runtime.threads:
             torch.set_num_threads(cfg.runtime.threads)
         self.resumed_from = ckpt.latest_checkpoint(run_dir) if resume else None
@@ -250,6 +254,7 @@ class Trainer:
         record = step_record(self.step, stats, batches, flops_params=self.flops_params)
         with open(self.run_dir / "metrics.jsonl", "a") as fh:
             fh.write(json.dumps(record) + "\n")
+        self.track(record, stats)
         from lazytrain.runtime.instrument import write_windows_jsonl
         write_windows_jsonl(self.run_dir / "windows.jsonl", step=self.step, records=stats.windows)
         if self.replanner is not None:
@@ -257,6 +262,16 @@ class Trainer:
         if self.hooks.on_step_end is not None:
             self.hooks.on_step_end(self.step, stats)
         return record
+
+    def track(self, record: dict, stats) -> None:
+        """Send the step's scalars to the `train.report_to` trackers (`tracking.py`)."""
+        if not self.trackers.names:
+            return
+        predicted = self.plan.predicted.step_ms if self.plan.predicted else None
+        allocated = (torch.cuda.max_memory_allocated() if self.device == "cuda" else None)
+        self.trackers.log(self.step, step_scalars(record, windows=stats.windows,
+                                                  predicted_step_ms=predicted,
+                                                  hbm_allocated_bytes=allocated))
 
     def save(self) -> ckpt.Checkpoint:
         """Checkpoint the current step (weights after every queued update)."""
@@ -319,6 +334,7 @@ class Trainer:
     def close(self) -> None:
         if self.replanner is not None:
             self.replanner.close()
+        self.trackers.close()
         self.engine.close()
 
 
