@@ -56,3 +56,72 @@ def test_measured_windows_render_from_durations(tmp_path):
 def test_durations_and_names_must_pair_up():
     with pytest.raises(ValueError, match="3 window names but 2 durations"):
         spans_from_durations(["f0", "turn", "b0"], [1.0, 2.0])
+
+
+def _long_problem(L: int = 64) -> PlanningProblem:
+    return PlanningProblem(
+        fwd_ms=(1.0,) * L, fwd_grad_ms=(1.5,) * L, bwd_ms=(2.0,) * L, weight_bytes=(1000,) * L,
+        grad_bytes=(1000,) * L, internal_bytes=(0,) * L, boundary_bytes=(1000,) * (L + 1),
+        params_per_block=(1,) * L, embed_ms=0.5, head_ms=1.0, h2d_bytes_per_s=1e6,
+        d2h_bytes_per_s=1e6, duplex_bytes_per_s=2e6, nvme_read_bytes_per_s=1e6,
+        nvme_write_bytes_per_s=1e6, hbm_bytes=10**9, dram_bytes=10**9, nvme_bytes=10**9)
+
+
+def _figure_of(result):
+    from lazytrain.report.gantt import build_figure, spans_from_windows
+    return build_figure([(bars_from_events(result.events), spans_from_windows(result.windows),
+                          "64 blocks")])
+
+
+def _window_name_boxes(fig, ax):
+    renderer = fig.canvas.get_renderer()
+    return [t.get_window_extent(renderer) for t in ax.texts if t.get_text()[:1] in "fbtp"]
+
+
+def test_64_block_plan_is_1600_px_wide_split_into_forward_and_backward_panels():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    fig = _figure_of(simulate(_long_problem(), Plan(tiers=("hbm",) * 65, transfers=())))
+    try:
+        width_px = fig.get_size_inches()[0] * fig.dpi
+        assert width_px == 1600
+        titles = [ax.get_title() for ax in fig.axes]
+        assert titles == ["64 blocks: forward", "64 blocks: backward"]
+        for ax in fig.axes:
+            names = [t.get_text() for t in ax.texts if t.get_text()[:1] in "fbtp"]
+            assert len(names) >= 60  # f0..f63 + turn, or b63..b0 + post: nearly all named
+            assert min(t.get_fontsize() for t in ax.texts) >= 7
+            boxes = sorted(_window_name_boxes(fig, ax), key=lambda b: b.x0)
+            for left, right in zip(boxes, boxes[1:]):  # no two window names overlap
+                assert left.x1 <= right.x0 + 0.5, (left, right)
+    finally:
+        plt.close(fig)
+
+
+def test_legend_has_an_entry_for_every_colour_drawn():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+    fig = _figure_of(simulate(_problem(), _nvme_plan()))
+    try:
+        drawn = {to_hex(c) for ax in fig.axes for coll in ax.collections
+                 for c in coll.get_facecolors()}
+        legend = fig.legends[0]
+        entries = {to_hex(h.get_facecolor()): t.get_text()
+                   for h, t in zip(legend.legend_handles, legend.get_texts())}
+        assert drawn <= set(entries), drawn - set(entries)
+        assert "NVMe write" in entries.values() and "NVMe read" in entries.values()
+        assert any("window" in text for text in entries.values())  # the shading too
+    finally:
+        plt.close(fig)
+
+
+def test_measured_waits_have_their_own_legend_entries():
+    from lazytrain.report.gantt import KIND_COLORS, KIND_LABELS, bars_from_measured
+    spans = spans_from_durations(["f0", "b0"], [3.0, 4.0])
+    windows = [{"compute_ms": 1.0, "wait_ms": {"h2d": 1.0, "optimizer": 0.5}},
+               {"compute_ms": 2.0, "wait_ms": {"d2h": 1.5}}]
+    kinds = {b.kind for b in bars_from_measured(windows, spans)}
+    assert kinds == {"fwd", "bwd", "wait_h2d", "optimizer", "wait_d2h"}
+    assert all(k in KIND_COLORS and "measured" in KIND_LABELS[k] for k in kinds - {"fwd", "bwd"})
+    assert set(KIND_LABELS) == set(KIND_COLORS)

@@ -4,6 +4,8 @@ Owns drawing only. Input is plain bars and window spans, so the same function dr
 simulated timeline (`lazytrain.sim.SimResult`, converted by `bars_from_events` and
 `spans_from_windows`, which read attributes and import nothing from `sim`) and, later, measured
 windows from the runtime's instrumentation (`spans_from_durations`, `bars_from_measured`), and both one above the other (`render_panels`).
+Every image is `FIG_WIDTH_PX` wide with a legend entry for every colour drawn; a long timeline
+(a 64-block step) is split into a forward and a backward panel so its window names stay legible.
 `bars_from_planned` draws a plan's windows without a simulator: compute from the window start,
 then the exposed remainder. matplotlib (Agg backend)
 is imported only when a chart is drawn; it is the `report` extra.
@@ -23,13 +25,44 @@ ROWS = ("compute", "h2d", "d2h", "nvme_read", "nvme_write")
 KIND_COLORS = {
     "fwd": "#4C72B0", "fwd_grad": "#55A868", "bwd": "#C44E52", "recompute": "#DD8452",
     "head": "#8172B3", "embed": "#937860", "weights": "#64B5CD", "grad": "#DA8BC3",
-    "d2h": "#8C8C8C", "h2d": "#CCB974", "nvme_read": "#4C4C4C", "nvme_write": "#A0A0A0",
+    "d2h": "#8C8C8C", "h2d": "#CCB974", "nvme_read": "#4C4C4C", "nvme_write": "#1F9E89",
     "exposed": "#E5AE38", "optimizer": "#B07AA1",
+    "wait_h2d": "#CCB974", "wait_d2h": "#8C8C8C", "wait_nvme_read": "#4C4C4C",
+    "wait_nvme_write": "#1F9E89",
 }
 """Bar colour per task kind (others: grey)."""
 
-_MAX_WINDOW_LABELS = 48
-"""Above this many windows only every k-th window is labelled (readability)."""
+KIND_LABELS = {
+    "fwd": "forward", "fwd_grad": "forward, internals kept for backward", "bwd": "backward",
+    "recompute": "recompute", "head": "LM head + loss", "embed": "embedding",
+    "weights": "weight H2D", "grad": "gradient D2H", "d2h": "activation D2H (offload)",
+    "h2d": "activation H2D (prefetch)", "nvme_read": "NVMe read", "nvme_write": "NVMe write",
+    "exposed": "exposed wait (planned)", "optimizer": "optimizer wait (measured)",
+    "wait_h2d": "H2D wait (measured)", "wait_d2h": "D2H wait (measured)",
+    "wait_nvme_read": "NVMe read wait (measured)", "wait_nvme_write": "NVMe write wait (measured)",
+}
+"""Legend text per task kind (one entry per colour in `KIND_COLORS`)."""
+OTHER_COLOR = "#BBBBBB"
+SHADE_COLOR = "#EEEEEE"
+
+FIG_WIDTH_PX = 1600
+"""Image width: a laptop screen's width at 100% zoom, so 8-10 pt text stays legible."""
+DPI = 100
+AXES_WIDTH_PX = 0.88 * FIG_WIDTH_PX
+"""Approximate plot-area width (the rest is row names and margins), for label fitting."""
+SPLIT_ABOVE_WINDOWS = 40
+"""A timeline of more windows is drawn as a forward and a backward panel: a 64-block step has
+131 windows, about 11 px each on one 1400 px axis, 21 px in two."""
+ROW_IN, PANEL_OVERHEAD_IN, LEGEND_IN = 0.32, 1.15, 0.55
+"""Inches per stream row, per panel (title, window names, time axis) and for the legend."""
+WINDOW_LABEL_PX_PER_CHAR = 5
+"""Width of one character of a 7 pt label at 100 dpi, px (horizontal window names)."""
+WINDOW_LABEL_MIN_GAP_PX = 11
+"""Rotated window names closer than this overlap (a 7 pt line is about 10 px)."""
+BAR_LABEL_PX_PER_CHAR = 5
+"""A bar shows its label only when it is this wide per character (plus one), px."""
+WINDOW_LABEL_PAD_PT = 26
+"""Title padding above the window names, points."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -89,7 +122,7 @@ def render_gantt(path: str | Path, *, bars: Sequence[Bar], windows: Sequence[Spa
         bars: tasks; a bar whose row is not in `rows` is skipped.
         windows: spans shaded alternately and labelled above the rows.
         title: chart title.
-        rows: row order, top to bottom.
+        rows: row order, top to bottom (rows without any bar are left out).
 
     Returns:
         The written path.
@@ -100,17 +133,56 @@ def render_gantt(path: str | Path, *, bars: Sequence[Bar], windows: Sequence[Spa
     return render_panels(path, panels=[(bars, windows, title)], rows=rows)
 
 
+def split_phases(bars: Sequence[Bar], spans: Sequence[Span], title: str
+                 ) -> list[tuple[list[Bar], list[Span], str]]:
+    """One timeline as one panel, or as two (forward up to the turn, backward from the first
+    b window) when it has more than `SPLIT_ABOVE_WINDOWS` windows. A bar goes to each panel it
+    overlaps in time; the panel's time range clips it."""
+    first_b = next((k for k, s in enumerate(spans) if s.name.startswith("b")), None)
+    if len(spans) <= SPLIT_ABOVE_WINDOWS or not first_b:
+        return [(list(bars), list(spans), title)]
+    cut = spans[first_b].start_ms
+    return [([b for b in bars if b.start_ms < cut], list(spans[:first_b]),
+             f"{title}: forward" if title else "forward"),
+            ([b for b in bars if b.end_ms > cut], list(spans[first_b:]),
+             f"{title}: backward" if title else "backward")]
+
+
 def render_panels(path: str | Path, *, panels: Sequence[tuple[Sequence[Bar], Sequence[Span], str]],
                   rows: Sequence[str] = ROWS) -> Path:
-    """Several timelines one above the other on one time axis, written as PNG atomically.
+    """Several timelines one above the other, `FIG_WIDTH_PX` wide, with a legend of every colour
+    drawn, written as PNG atomically.
+
+    A timeline of more than `SPLIT_ABOVE_WINDOWS` windows is split into a forward and a
+    backward panel (`split_phases`); the forward panels of every timeline come first, then the
+    backward ones, so that a planned and a measured phase sit next to each other. Each panel has
+    its own time axis (ms). Rows without any bar in any panel are left out.
 
     Args:
         path: output file (.png).
-        panels: (bars, window spans, title) per panel, top to bottom.
+        panels: (bars, window spans, title) per timeline, top to bottom.
         rows: row order of every panel, top to bottom.
 
     Returns:
         The written path.
+
+    Raises:
+        ImportError: matplotlib is not installed (`pip install lazytrain[report]`).
+    """
+    fig = build_figure(panels, rows=rows)
+    import matplotlib.pyplot as plt  # after build_figure chose the Agg backend
+
+    try:
+        with atomic_path(Path(path)) as tmp:
+            fig.savefig(tmp, format="png", dpi=DPI)
+    finally:
+        plt.close(fig)
+    return Path(path)
+
+
+def build_figure(panels: Sequence[tuple[Sequence[Bar], Sequence[Span], str]], *,
+                 rows: Sequence[str] = ROWS):
+    """The matplotlib figure `render_panels` writes (the caller closes it).
 
     Raises:
         ImportError: matplotlib is not installed (`pip install lazytrain[report]`).
@@ -120,48 +192,81 @@ def render_panels(path: str | Path, *, panels: Sequence[tuple[Sequence[Bar], Seq
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    end = max([b.end_ms for bars, _, _ in panels for b in bars]
-              + [w.end_ms for _, spans, _ in panels for w in spans] + [1e-9])
-    n_windows = max(len(spans) for _, spans, _ in panels)
-    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
-                             figsize=(max(8.0, min(40.0, 4.0 + 0.12 * n_windows)),
-                                      0.4 + 2.8 * len(panels)))
-    for ax, (bars, spans, title) in zip(axes[:, 0], panels):
-        _draw(ax, bars=bars, windows=spans, title=title, rows=rows, end=end)
-    axes[-1, 0].set_xlabel("time (ms)")
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=150)
-    finally:
-        plt.close(fig)
-    return path
+    parts = [split_phases(bars, spans, title) for bars, spans, title in panels]
+    drawn = [p[k] for k in range(max(len(p) for p in parts)) for p in parts if k < len(p)]
+    used = {b.row for bars, _, _ in drawn for b in bars if b.end_ms > b.start_ms}
+    rows = [r for r in rows if r in used or r == "compute"]
+    panel_h = PANEL_OVERHEAD_IN + ROW_IN * len(rows)
+    fig_h = panel_h * len(drawn) + LEGEND_IN
+    fig, axes = plt.subplots(len(drawn), 1, squeeze=False,
+                             figsize=(FIG_WIDTH_PX / DPI, fig_h), dpi=DPI)
+    for ax, (bars, spans, title) in zip(axes[:, 0], drawn):
+        _draw(ax, bars=bars, windows=spans, title=title, rows=rows)
+    kinds = [k for k in KIND_COLORS if any(b.kind == k for bars, _, _ in drawn for b in bars)]
+    _legend(fig, kinds, other=any(b.kind not in KIND_COLORS for bs, _, _ in drawn for b in bs))
+    fig.tight_layout(rect=(0, LEGEND_IN / fig_h, 1, 1), h_pad=0.6)
+    return fig
+
+
+def _legend(fig, kinds: Sequence[str], *, other: bool) -> None:
+    """One legend entry per colour drawn, and one for the window shading, under the panels."""
+    from matplotlib.patches import Patch
+    handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in kinds]
+    if other:
+        handles.append(Patch(facecolor=OTHER_COLOR, label="other task"))
+    handles.append(Patch(facecolor=SHADE_COLOR, edgecolor="#999999", linewidth=0.5,
+                         label="window (shaded every other)"))
+    ncol = len(handles) if len(handles) <= 7 else -(-len(handles) // 2)
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
 
 
 def _draw(ax, *, bars: Sequence[Bar], windows: Sequence[Span], title: str,
-          rows: Sequence[str], end: float) -> None:
+          rows: Sequence[str]) -> None:
+    """One panel: window shading and names on top, one bar row per stream, labels inside the
+    bars wide enough to hold them."""
     y = {r: len(rows) - 1 - k for k, r in enumerate(rows)}
-    step = max(1, -(-len(windows) // _MAX_WINDOW_LABELS))
-    for k, w in enumerate(windows):
-        ax.axvspan(w.start_ms, w.end_ms, color="#EEEEEE" if k % 2 else "#FFFFFF", zorder=0)
-        if k % step == 0:
-            ax.text((w.start_ms + w.end_ms) / 2, len(rows) - 0.35, w.name, ha="center",
-                    va="bottom", fontsize=6, rotation=90 if len(windows) > 24 else 0)
+    if windows:  # the panel's own phase; bars reaching past it are clipped
+        lo, hi = windows[0].start_ms, max(windows[-1].end_ms, windows[0].start_ms + 1e-9)
+    else:
+        lo = min([b.start_ms for b in bars] + [0.0])
+        hi = max([b.end_ms for b in bars] + [lo + 1e-9])
+    px_per_ms = AXES_WIDTH_PX / (hi - lo)
+    _window_labels(ax, windows, px_per_ms=px_per_ms)
     for b in bars:
         if b.row not in y or b.end_ms <= b.start_ms:
             continue
         ax.broken_barh([(b.start_ms, b.end_ms - b.start_ms)], (y[b.row] - 0.4, 0.8),
-                       facecolors=KIND_COLORS.get(b.kind, "#BBBBBB"), edgecolor="white",
+                       facecolors=KIND_COLORS.get(b.kind, OTHER_COLOR), edgecolor="white",
                        linewidth=0.3, zorder=2)
-        if b.label and (b.end_ms - b.start_ms) > end / 60:
+        if b.label and (b.end_ms - b.start_ms) * px_per_ms >= BAR_LABEL_PX_PER_CHAR * (
+                len(b.label) + 1):
             ax.text((b.start_ms + b.end_ms) / 2, y[b.row], b.label, ha="center", va="center",
-                    fontsize=5, color="white", zorder=3, clip_on=True)
-    ax.set_yticks([y[r] for r in rows], list(rows))
-    ax.set_ylim(-0.6, len(rows) + 0.4)
-    ax.set_xlim(0, end)
+                    fontsize=7, color="white", zorder=3, clip_on=True)
+    ax.set_yticks([y[r] for r in rows], list(rows), fontsize=9)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlim(lo, hi)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_xlabel("time (ms)", fontsize=8, labelpad=1)
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=10, pad=WINDOW_LABEL_PAD_PT if windows else 4)
+
+
+def _window_labels(ax, windows: Sequence[Span], *, px_per_ms: float) -> None:
+    """Shade windows alternately and name them above the axes: horizontal when every name
+    fits its window, else rotated, every k-th so that names are at least a line apart."""
+    if not windows:
+        return
+    widths_px = [(w.end_ms - w.start_ms) * px_per_ms for w in windows]
+    fits = [wpx >= WINDOW_LABEL_PX_PER_CHAR * (len(w.name) + 1)
+            for w, wpx in zip(windows, widths_px)]
+    flat = sum(fits) * 2 >= len(windows)  # most names fit: horizontal, skip those that do not
+    mean_px = sum(widths_px) / len(widths_px)
+    step = 1 if flat else max(1, -(-WINDOW_LABEL_MIN_GAP_PX // max(mean_px, 1e-9)))
+    for k, w in enumerate(windows):
+        ax.axvspan(w.start_ms, w.end_ms, color=SHADE_COLOR if k % 2 else "#FFFFFF", zorder=0)
+        if (fits[k] if flat else k % step == 0):
+            ax.text((w.start_ms + w.end_ms) / 2, 1.02, w.name, ha="center", va="bottom",
+                    fontsize=7, rotation=0 if flat else 90, transform=ax.get_xaxis_transform())
 
 
 def render_sim_gantt(result, path: str | Path, *, title: str = "") -> Path:
@@ -205,7 +310,8 @@ def bars_from_measured(windows: Sequence[dict], spans: Sequence[Span]) -> list[B
             ms = w["wait_ms"].get(channel, 0.0)
             if ms > 0:
                 row = "compute" if channel == "optimizer" else channel
-                out.append(Bar(row=row, start_ms=t, end_ms=t + ms, kind=channel))
+                kind = "optimizer" if channel == "optimizer" else f"wait_{channel}"
+                out.append(Bar(row=row, start_ms=t, end_ms=t + ms, kind=kind))
                 t += ms
     return out
 
