@@ -103,15 +103,20 @@ class Conversion:
         return "\n".join(lines)
 
 
+MEGATRAIN_MODEL_KEYS = frozenset({"device", "devices", "attn_implementation",
+                                  "trust_remote_code"})
+"""`model:` keys only MegaTrain's YAML has (both have `name` and `dtype`)."""
+
+
 def looks_like_megatrain(raw: dict) -> bool:
-    """True when a YAML mapping has MegaTrain's layout: a `training` section, or two of its
-    other sections, or `model.name` (ours is `model.config_path`)."""
+    """True when a YAML mapping has MegaTrain's layout: a `training` section, two of its other
+    sections, or a `model:` section with a key only MegaTrain has."""
     if not isinstance(raw, dict):
         return False
     sections = MEGATRAIN_SECTIONS & set(map(str, raw))
     model = raw.get("model")
     return ("training" in sections or len(sections) >= 2
-            or (isinstance(model, dict) and "name" in model and "config_path" not in model))
+            or (isinstance(model, dict) and bool(MEGATRAIN_MODEL_KEYS & set(map(str, model)))))
 
 
 def convert_megatrain(raw: dict, *, hardware: str = DEFAULT_HARDWARE, run_dir: str = "",
