@@ -104,3 +104,20 @@ def test_a_missing_tracker_package_names_the_extra_to_install(name, monkeypatch)
 def test_none_opens_no_tracker():
     assert tracking.check_trackers(["none"]) == ()
     assert tracking.check_trackers([]) == ()
+
+
+def test_a_resumed_run_replaces_the_tensorboard_steps_it_redoes(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    first = tracking.Trackers(["tensorboard"], run_dir=tmp_path, config={})
+    for step in (1, 2, 3):
+        first.log(step, {"train/loss": float(step)})
+    first.close()  # crashed after step 3; the last checkpoint was step 1
+    resumed = tracking.Trackers(["tensorboard"], run_dir=tmp_path, config={})
+    for step in (2, 3):
+        resumed.log(step, {"train/loss": 10.0 * step})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    losses = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert losses == [(1, 1.0), (2, 20.0), (3, 30.0)]  # steps 2, 3 of the first run purged

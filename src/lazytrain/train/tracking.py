@@ -100,11 +100,15 @@ class Trackers:
         self._tb = None
         self._wandb = None
 
-    def _open(self) -> None:
-        """Open on first use, so a rank that never logs (data parallel, rank > 0) opens none."""
+    def _open(self, first_step: int) -> None:
+        """Open on first use, so a rank that never logs (data parallel, rank > 0) opens none.
+
+        TensorBoard: events of an earlier process at steps >= `first_step` (a resumed run
+        redoes the steps after its last checkpoint) are purged, as metrics.jsonl drops them."""
         if "tensorboard" in self.names and self._tb is None:
             from torch.utils.tensorboard import SummaryWriter
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
+                                     purge_step=first_step)
         if "wandb" in self.names and self._wandb is None:
             import wandb
             self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "lazytrain"),
@@ -116,7 +120,7 @@ class Trackers:
         """Send one step's scalars to every open tracker (x axis: the optimizer step)."""
         if not self.names:
             return
-        self._open()
+        self._open(step)
         if self._tb is not None:
             for name, value in scalars.items():
                 self._tb.add_scalar(name, value, global_step=step)
