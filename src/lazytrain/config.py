@@ -164,12 +164,24 @@ class DataConfig:
     """`data:` what is trained on and how samples become fixed-length sequences."""
 
     path: str = "embedded:arithmetic"
-    """Dataset file (JSON/JSONL), a registry entry name (with `registry_path`), or
-    `embedded:arithmetic`: the project's own generated arithmetic word problems (no download;
-    the default job)."""
+    """Dataset: a local JSON/JSONL/Parquet/Arrow/CSV file or a folder of them, a Hugging Face
+    Hub id (`openai/gsm8k`; read with `datasets.load_dataset` into its cache,
+    `HF_DATASETS_OFFLINE=1` uses the cache only), a registry entry name (with `registry_path`),
+    or `embedded:arithmetic`: the project's own generated arithmetic word problems (no
+    download; the default job)."""
+    subset: str = ""
+    """Configuration of a Hub dataset (`load_dataset`'s name, e.g. `main` for openai/gsm8k);
+    empty: the dataset's default."""
+    split: str = "train"
+    """Split of `path` to train on, with `datasets` slicing (`train`, `train[:2000]`); a single
+    local file is one split called train."""
+    eval_split: str = ""
+    """Split to hold out for evaluation (e.g. `test`): read from `eval_path`, or from `path`
+    when `eval_path` is empty; empty: the last `num_eval` training samples (or `eval_path`'s
+    train split)."""
     format: Literal["auto", "alpaca", "sharegpt", "messages", "gsm8k", "metamathqa",
                     "arithmetic"] = "auto"
-    """Sample schema; `auto` detects it from the first record's keys."""
+    """Sample schema; `auto` detects it from the dataset's column names."""
     registry_path: str = ""
     """LlamaFactory-style `dataset_info.json`; when set, `path` names an entry in it
     (`lazytrain.data.registry`: file_name, formatting alpaca|sharegpt, columns, tags)."""
@@ -184,7 +196,8 @@ class DataConfig:
     """Pack several samples per sequence (per-sequence position ids, no cross-attention;
     `lazytrain.data.packing`). Refused for models with linear-attention or Mamba layers."""
     eval_path: str = ""
-    """Held-out evaluation file; empty: the last `num_eval` samples of `path` are held out."""
+    """Held-out evaluation data (same kinds as `path`); empty: `path`'s `eval_split`, or the
+    last `num_eval` samples of `path` are held out."""
     num_eval: int = 16
     """Held-out prompts evaluated before and after training, >= 0 (16: fits the 5-minute job)."""
     overlong: Literal["truncate", "skip"] = "truncate"

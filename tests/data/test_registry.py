@@ -7,10 +7,9 @@ fields it must come from, read here with plain `json`.
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
-
 import pytest
 
+from lazytrain.config import DataConfig
 from lazytrain.data import build_data, encode
 from lazytrain.data.registry import read_registry_dataset, resolve_entry
 
@@ -33,11 +32,19 @@ def test_megatrain_registry_reads_alpaca_en_demo_from_shared_data(shared_dir):
             ("user", prompt, False), ("assistant", rec["output"], True)]
 
 
-def test_megatrain_hub_only_entry_says_to_download_and_add_file_name(shared_dir):
+def test_an_entry_without_file_name_or_hf_hub_url_says_what_to_add(tmp_path):
+    registry = _registry(tmp_path, {"ms": {"ms_hub_url": "AI-ModelScope/x"}})
+    with pytest.raises(ValueError, match=r"entry 'ms' has neither file_name nor hf_hub_url "
+                                         r".*ms_hub_url.*add \"file_name\""):
+        read_registry_dataset(registry, "ms")
+
+
+def test_a_hub_entry_resolves_to_its_id_subset_and_split(shared_dir):
     registry = shared_dir / "megatrain_configs" / "dataset_info.json"
-    with pytest.raises(ValueError, match=r"entry 'metamath' has no file_name .*hf_hub_url.*"
-                                         r"meta-math/MetaMathQA.*add \"file_name\""):
-        read_registry_dataset(registry, "metamath")
+    entry = resolve_entry(registry, "ultrachat_200k")
+    assert (entry.path, entry.hub_id, entry.split) == (None, "HuggingFaceH4/ultrachat_200k",
+                                                       "train_sft")
+    assert entry.formatting == "sharegpt" and entry.tags["role_tag"] == "role"
 
 
 def test_metamath_and_gsm8k_columns_map_prompt_and_response(shared_dir, tmp_path):
@@ -120,10 +127,10 @@ def test_unknown_name_suggests_the_closest_entry(tmp_path):
 
 
 def test_build_data_reads_a_registry_entry_through_the_config(shared_dir, plain_tokenizer):
-    cfg = SimpleNamespace(path="alpaca_en_demo", format="auto", seq_len=200, packing=True,
-                          eval_path="", num_eval=2, overlong="skip",
-                          registry_path=str(shared_dir / "megatrain_configs/dataset_info.json"),
-                          dataset_dir=str(shared_dir / "data/alpaca_en_demo"))
+    cfg = DataConfig(path="alpaca_en_demo", seq_len=200, packing=True, num_eval=2,
+                     overlong="skip",
+                     registry_path=str(shared_dir / "megatrain_configs/dataset_info.json"),
+                     dataset_dir=str(shared_dir / "data/alpaca_en_demo"))
     data = build_data(cfg, plain_tokenizer, micro_batch=2, seed=0)
     assert data.format == "registry:alpaca" and len(data.eval_examples) == 2
     lengths = [len(encode(plain_tokenizer, ex, seq_len=10**6, overlong="skip").input_ids)

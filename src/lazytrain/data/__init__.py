@@ -1,9 +1,10 @@
 """Datasets for training: formats, tokenization with prompt masking, padded micro-batches.
 
 `build_data(data_cfg, tokenizer, ...)` is the one entry point `train/` uses: it reads the
-configured source (a JSON/JSONL file in one of `formats.FORMATS`, an entry of a LlamaFactory
-`dataset_info.json` registry (`registry.py`), or `embedded:arithmetic`, the project's own
-generated problems), splits off the held-out evaluation examples and returns a resumable
+configured source (a local JSON/JSONL/Parquet/Arrow/CSV file or folder, or a Hugging Face Hub
+dataset id, all through `datasets` (`sources.py`), in one of `formats.FORMATS`; an entry of a
+LlamaFactory `dataset_info.json` registry (`registry.py`); or `embedded:arithmetic`, the
+project's own generated problems), splits off the held-out evaluation examples and returns a resumable
 `TrainStream` (padded, or packed: `packing.py`). Knows nothing about the engine; reads the
 model's HF config only to refuse packing where it cannot isolate samples.
 """
@@ -47,11 +48,12 @@ class DataBundle:
 
 
 def _load_source(path: str, fmt: str, *, seed: int, num_eval: int, registry: str = "",
-                 dataset_dir: str = "") -> tuple[list[Example], list[Example], str]:
+                 dataset_dir: str = "", subset: str = "", split: str = "train"
+                 ) -> tuple[list[Example], list[Example], str]:
     """(train, eval, format) for a data path; eval is the file's tail when no eval file.
 
     With `registry` set, `path` is an entry name of that registry (files under `dataset_dir`,
-    default: the registry's folder).
+    default: the registry's folder). `subset`/`split`: the dataset's configuration and split.
     """
     if registry:
         examples, resolved = read_registry_dataset(registry, path, dataset_dir=dataset_dir or None)
@@ -66,19 +68,34 @@ def _load_source(path: str, fmt: str, *, seed: int, num_eval: int, registry: str
         return train, held, "arithmetic"
     if fmt == "arithmetic":
         raise ValueError("data.format: arithmetic is only for data.path=embedded:arithmetic")
-    examples, resolved = read_dataset(path, fmt)
+    examples, resolved = read_dataset(path, fmt, subset=subset, split=split)
     return examples, [], resolved
+
+
+def _resolver(base_dir: str | Path | None):
+    """Path resolution against `base_dir` (default: the cwd); embedded names, absolute paths and
+    Hub ids (a relative path that does not exist there) stay as they are."""
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+
+    def resolve(p: str) -> str:
+        if p.startswith(EMBEDDED_PREFIX) or Path(p).is_absolute():
+            return p
+        from lazytrain.data.sources import looks_like_hub_id
+        local = base / p
+        return p if not local.exists() and looks_like_hub_id(p) else str(local)
+
+    return resolve
 
 
 def corpus_texts(cfg: Any, *, seed: int, base_dir: str | Path | None = None) -> list[str]:
     """Every message text of the configured training data (a corpus to train a tokenizer on for
     a random-init model that ships none). Same arguments and errors as `build_data`."""
-    base = Path(base_dir) if base_dir is not None else Path.cwd()
-    path = cfg.path if cfg.path.startswith(EMBEDDED_PREFIX) or Path(cfg.path).is_absolute() \
-        else str(base / cfg.path)
-    registry = str(base / cfg.registry_path) if cfg.registry_path else ""
-    train, held, _ = _load_source(cfg.path if registry else path, cfg.format, seed=seed,
-                                  num_eval=cfg.num_eval, registry=registry)
+    resolve = _resolver(base_dir)
+    registry = resolve(cfg.registry_path) if cfg.registry_path else ""
+    dataset_dir = resolve(cfg.dataset_dir) if cfg.dataset_dir else ""
+    train, held, _ = _load_source(cfg.path if registry else resolve(cfg.path), cfg.format,
+                                  seed=seed, num_eval=cfg.num_eval, registry=registry,
+                                  dataset_dir=dataset_dir, subset=cfg.subset, split=cfg.split)
     return [m.content for ex in [*train, *held] for m in ex.messages]
 
 
@@ -87,8 +104,8 @@ def build_data(cfg: Any, tokenizer: Any, *, micro_batch: int, seed: int,
     """Read the data of a `DataConfig` and make the training stream and the eval set.
 
     Args:
-        cfg: `lazytrain.config.DataConfig` (path, format, seq_len, packing, eval_path,
-            num_eval, overlong, registry_path, dataset_dir).
+        cfg: `lazytrain.config.DataConfig` (path, subset, split, eval_split, format, seq_len,
+            packing, eval_path, num_eval, overlong, registry_path, dataset_dir).
         tokenizer: the model's fast HF tokenizer.
         micro_batch: sequences (rows) per micro-batch (`train.micro_batch`).
         seed: `train.seed` (data order; also the embedded dataset's generator seed).
@@ -98,24 +115,23 @@ def build_data(cfg: Any, tokenizer: Any, *, micro_batch: int, seed: int,
 
     Raises:
         ValueError: packing on a model that cannot isolate packed samples, an unknown format
-            or registry entry, a malformed or empty file, a missing column, or a file that
-            leaves no training examples after holding out `num_eval`.
-        FileNotFoundError: a data or registry file does not exist.
+            or registry entry, a malformed or empty file, a missing column, an unknown subset
+            or split, or a file that leaves no training examples after holding out `num_eval`.
+        FileNotFoundError: a data or registry file does not exist; a Hub dataset that does
+            not exist, or is not cached while HF_DATASETS_OFFLINE is set.
+        ConnectionError: a Hub dataset while the Hub cannot be reached (not offline mode).
     """
     if cfg.packing:
         check_packing_supported(hf_config)
-    base = Path(base_dir) if base_dir is not None else Path.cwd()
-
-    def resolve(p: str) -> str:
-        return p if p.startswith(EMBEDDED_PREFIX) or Path(p).is_absolute() else str(base / p)
-
+    resolve = _resolver(base_dir)
     registry = resolve(cfg.registry_path) if cfg.registry_path else ""
     dataset_dir = resolve(cfg.dataset_dir) if cfg.dataset_dir else ""
     train, held, fmt = _load_source(cfg.path if registry else resolve(cfg.path), cfg.format,
                                     seed=seed, num_eval=cfg.num_eval, registry=registry,
-                                    dataset_dir=dataset_dir)
-    if cfg.eval_path:
-        held = load_examples(resolve(cfg.eval_path), cfg.format)[: cfg.num_eval]
+                                    dataset_dir=dataset_dir, subset=cfg.subset, split=cfg.split)
+    if cfg.eval_path or (cfg.eval_split and not registry):
+        held = load_examples(resolve(cfg.eval_path or cfg.path), cfg.format, subset=cfg.subset,
+                             split=cfg.eval_split or "train")[: cfg.num_eval]
     elif not held and cfg.num_eval:
         if len(train) <= cfg.num_eval:
             raise ValueError(f"data.num_eval: {cfg.path} has {len(train)} examples, not more "

@@ -1,4 +1,4 @@
-"""Dataset formats: read JSON / JSONL records and turn them into chat `Example`s.
+"""Dataset formats: turn the records of a dataset (`sources.py`) into chat `Example`s.
 
 Owns the column conventions of the supported formats and the final-answer rules used by exact
 match. Knows nothing about tokenizers, sequence length or batches (that is `tokenize.py` and
@@ -14,16 +14,16 @@ Formats (plain dict registry `FORMATS`, read top to bottom):
 | `messages`   | `messages` (role/content)|                   | OpenAI chat format              |
 | `sharegpt`   | `conversations` (from/value) |               | ShareGPT / LlamaFactory         |
 
-`auto` picks the first format whose required columns are all present in the first record.
+`auto` picks the first format whose required columns are all among the dataset's columns
+(its `datasets` features; a column absent from a record reads as null there).
 Every format becomes a list of `Message`s (user prompt, assistant response with `train=True`),
 and multi-turn formats train every assistant turn, not only the last.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,67 +156,35 @@ FORMATS: dict[str, FormatSpec] = {
 }
 
 
-def read_records(path: str | Path) -> list[dict]:
-    """Records of a `.json` (a list of objects) or `.jsonl` (one object per line) file.
+def detect_format(columns: Iterable[str], *, path: str | Path = "<data>") -> str:
+    """The first format in `FORMATS` whose required columns are all among `columns` (the
+    dataset's column names, from its `datasets` features; a record dict works too).
 
     Raises:
-        FileNotFoundError: when `path` does not exist.
-        ValueError: on malformed JSON (naming the line for JSONL), a top level that is not a
-            list of objects, or a file with no records.
+        ValueError: when no format matches, listing the columns and each format's.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data.path: {path} does not exist; give a .json or .jsonl file")
-    text = path.read_text(encoding="utf-8")
-    if not text.strip():
-        raise ValueError(f"data.path: {path} is empty; it needs at least one record")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"data.path: {path} is not valid JSON ({exc})") from None
-    else:
-        records = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"data.path: {path} line {lineno} is not valid JSON "
-                                 f"({exc.msg})") from None
-    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        raise ValueError(f"data.path: {path} must hold a list of JSON objects (records)")
-    if not records:
-        raise ValueError(f"data.path: {path} has no records; it needs at least one")
-    return records
-
-
-def detect_format(record: Mapping, *, path: str | Path = "<data>") -> str:
-    """The first format in `FORMATS` whose required columns all appear in `record`.
-
-    Raises:
-        ValueError: when no format matches, listing the record's columns and each format's.
-    """
+    columns = list(columns)
     for name, spec in FORMATS.items():
-        if all(col in record for col in spec.required):
+        if all(col in columns for col in spec.required):
             return name
     known = "; ".join(f"{n}: {', '.join(s.required)}" for n, s in FORMATS.items())
     raise ValueError(f"data.format: cannot detect the format of {path} from columns "
-                     f"{sorted(record)}; known formats ({known}); set data.format")
+                     f"{sorted(columns)}; known formats ({known}); set data.format")
 
 
-def load_examples(path: str | Path, fmt: str = "auto") -> list[Example]:
+def load_examples(path: str | Path, fmt: str = "auto", *, subset: str = "",
+                  split: str = "train") -> list[Example]:
     """Read `path` and convert every record with format `fmt` ("auto" = detect).
 
-    Same as `read_dataset(path, fmt)[0]`.
+    Same as `read_dataset(path, fmt, subset=subset, split=split)[0]`.
     """
-    return read_dataset(path, fmt)[0]
+    return read_dataset(path, fmt, subset=subset, split=split)[0]
 
 
-def read_dataset(path: str | Path, fmt: str = "auto") -> tuple[list[Example], str]:
-    """Read `path` and convert every record with format `fmt` ("auto" = detect).
+def read_dataset(path: str | Path, fmt: str = "auto", *, subset: str = "",
+                 split: str = "train") -> tuple[list[Example], str]:
+    """Read `path` (a file, folder or Hub id: `sources.load_table`) and convert every record
+    with format `fmt` ("auto" = detect from the column names).
 
     Returns:
         (examples, the format name used).
@@ -224,22 +192,31 @@ def read_dataset(path: str | Path, fmt: str = "auto") -> tuple[list[Example], st
     Raises:
         ValueError: unknown format; a record missing a required column, or with a value there
             the format cannot read (naming the record index, the column and the columns it
-            has); see also `read_records`.
+            has); see also `sources.load_table` (unreadable file, no records, bad split).
+        FileNotFoundError, ConnectionError: see `sources.load_table`.
     """
-    records = read_records(path)
-    if fmt == "auto":
-        fmt = detect_format(records[0], path=path)
-    if fmt not in FORMATS:
+    from lazytrain.data.sources import load_table
+
+    if fmt != "auto" and fmt not in FORMATS:
         raise ValueError(f"data.format: unknown format {fmt!r}; choose one of "
                          f"{['auto', *FORMATS]}")
+    table = load_table(path, subset=subset, split=split)
+    if fmt == "auto":
+        fmt = detect_format(table.column_names, path=path)
     spec = FORMATS[fmt]
+    missing = [col for col in spec.required if col not in table.column_names]
+    if missing:
+        raise ValueError(f"data.path: {path}: column {missing[0]!r} is missing (format {fmt!r} "
+                         f"needs {list(spec.required)}; the data has {sorted(table.column_names)})"
+                         f"; set data.format or fix the file")
     examples = []
-    for index, record in enumerate(records):
+    for index, record in enumerate(table):
         where = f"data.path: {path} record {index}"
         for col in spec.required:
             if record.get(col) is None:
+                present = sorted(k for k, v in record.items() if v is not None)
                 raise ValueError(f"{where}: column {col!r} is missing (format {fmt!r} needs "
-                                 f"{list(spec.required)}; the record has {sorted(record)})")
+                                 f"{list(spec.required)}; the record has {present})")
         try:
             examples.append(spec.convert(record))
         except (KeyError, TypeError, AttributeError, ValueError) as exc:

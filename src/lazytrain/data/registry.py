@@ -1,9 +1,11 @@
-"""Dataset registries in LlamaFactory's `dataset_info.json` format: entry name -> local file.
+"""Dataset registries in LlamaFactory's `dataset_info.json` format: entry name -> dataset.
 
 A registry is a JSON object mapping a dataset name to an entry (LlamaFactory
 `data/README.md`, the format MegaTrain ships as `data/dataset_info.json`):
 
     {"alpaca_en_demo": {"file_name": "alpaca_en_demo.json"},
+     "metamath": {"hf_hub_url": "meta-math/MetaMathQA",
+                  "columns": {"prompt": "query", "response": "response"}},
      "gsm8k": {"file_name": "gsm8k/train.jsonl", "formatting": "alpaca",
                "columns": {"prompt": "question", "response": "answer"}},
      "chat": {"file_name": "chat.json", "formatting": "sharegpt",
@@ -15,19 +17,23 @@ Keys read, with LlamaFactory's defaults:
 
 | key          | meaning                                                 | default            |
 |--------------|---------------------------------------------------------|--------------------|
-| `file_name`  | file (or folder of .json/.jsonl files) under dataset_dir | required here     |
+| `file_name`  | file or folder under dataset_dir (any `sources.py` kind) | -                 |
+| `hf_hub_url` | Hub dataset id, loaded with `datasets.load_dataset`     | -                  |
+| `subset`, `split`, `folder` | Hub configuration, split, sub-folder      | -, train, -        |
 | `formatting` | `alpaca` or `sharegpt`                                  | `alpaca`           |
 | `columns`    | alpaca: prompt, query, response, system, history;       | alpaca: instruction, input, output |
 |              | sharegpt: messages, system                              | sharegpt: conversations |
 | `tags`       | role_tag, content_tag, user_tag, assistant_tag, system_tag | from, value, human, gpt, system |
 | `num_samples`| keep the first N records (LlamaFactory samples N at random) | all            |
 
-Conversion follows LlamaFactory's converters: alpaca joins prompt and query with a newline, and
-`history` ([[prompt, response], ...]) becomes earlier turns; sharegpt takes a leading system
-turn as the system prompt and requires user/assistant turns to alternate. Every assistant turn
-(history included) is trained. Entries that only name a hub (`hf_hub_url`, `ms_hub_url`,
-`script_url`), ranking data, multimodal columns and tool turns are refused with an error that
-says what to do: this module reads local files only. Knows nothing about tokenizers.
+An entry needs `file_name` or `hf_hub_url`; with both, the local `file_name` wins (no network).
+Both are read through `datasets` (`sources.load_table`): a Hub entry lands in the `datasets`
+cache and is found again with `HF_DATASETS_OFFLINE=1`. Conversion follows LlamaFactory's
+converters: alpaca joins prompt and query with a newline, and `history` ([[prompt, response],
+...]) becomes earlier turns; sharegpt takes a leading system turn as the system prompt and
+requires user/assistant turns to alternate. Every assistant turn (history included) is trained.
+ModelScope/Modelers hubs, loading scripts, cloud files, ranking data, multimodal columns and
+tool turns are refused with an error that says what to do. Knows nothing about tokenizers.
 
 Source: hiyouga/LLaMA-Factory `data/README.md`, `src/llamafactory/data/parser.py` (DatasetAttr
 defaults) and `converter.py` (Alpaca/SharegptDatasetConverter), read for the conventions; no
@@ -42,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from lazytrain.data.formats import Example, Message, extract_final_answer, read_records
+from lazytrain.data.formats import Example, Message, extract_final_answer
 
 FORMATTINGS = ("alpaca", "sharegpt")
 """Supported `formatting` values (LlamaFactory's two record layouts)."""
@@ -63,8 +69,9 @@ DEFAULT_TAGS: dict[str, str] = {"role_tag": "from", "content_tag": "value", "use
 UNSUPPORTED_COLUMNS = ("images", "videos", "audios", "tools", "chosen", "rejected", "kto_tag")
 """Column roles of multimodal, tool-use and preference data: refused (text SFT only)."""
 
-HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
-"""Entry keys that point at a remote source (not read: no network)."""
+UNSUPPORTED_SOURCES = ("ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
+"""Entry keys of sources `datasets` does not load from an id (ModelScope, Modelers, loading
+scripts, cloud storage): refused unless the entry also has `file_name` or `hf_hub_url`."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -73,8 +80,16 @@ class RegistryEntry:
 
     name: str
     """The entry's key in the registry."""
-    path: Path
-    """The local file or folder (dataset_dir / file_name)."""
+    path: Path | None
+    """The local file or folder (dataset_dir / file_name); None for a Hub entry."""
+    hub_id: str = ""
+    """`hf_hub_url` when the entry has no `file_name`; empty for a local entry."""
+    subset: str = ""
+    """Hub configuration (`subset`); empty: the dataset's default."""
+    split: str = "train"
+    """Split to read (`split`, datasets slicing allowed)."""
+    folder: str = ""
+    """Sub-folder of the Hub dataset (`folder`); empty: none."""
     formatting: str
     """"alpaca" or "sharegpt"."""
     columns: Mapping[str, str | None]
@@ -127,10 +142,11 @@ def resolve_entry(registry_path: str | Path, name: str, *,
                          f"(entries: {', '.join(sorted(registry))})")
     info = registry[name]
     where = f"data.registry_path: {registry_path} entry {name!r}"
-    if "file_name" not in info:
-        remote = {k: info[k] for k in HUB_KEYS if k in info}
-        raise ValueError(f"{where} has no file_name (remote source {remote}); download it and "
-                         f"add \"file_name\" with its path under the dataset dir")
+    if "file_name" not in info and "hf_hub_url" not in info:
+        remote = {k: info[k] for k in UNSUPPORTED_SOURCES if k in info}
+        raise ValueError(f"{where} has neither file_name nor hf_hub_url (source {remote} is not "
+                         f"supported); download it and add \"file_name\" with its path under "
+                         f"the dataset dir, or give its Hugging Face id as \"hf_hub_url\"")
     formatting = info.get("formatting", "alpaca")
     if formatting not in FORMATTINGS:
         raise ValueError(f"{where}: formatting {formatting!r} is not supported; use one of "
@@ -155,7 +171,11 @@ def resolve_entry(registry_path: str | Path, name: str, *,
     if num is not None and (not isinstance(num, int) or num < 1):
         raise ValueError(f"{where}: num_samples must be an int >= 1; got {num!r}")
     base = Path(dataset_dir) if dataset_dir else Path(registry_path).parent
-    return RegistryEntry(name=name, path=base / info["file_name"], formatting=formatting,
+    local = base / info["file_name"] if "file_name" in info else None
+    return RegistryEntry(name=name, path=local, hub_id="" if local else info["hf_hub_url"],
+                         subset=str(info.get("subset") or ""),
+                         split=str(info.get("split") or "train"),
+                         folder=str(info.get("folder") or ""), formatting=formatting,
                          columns=columns, tags=tags, num_samples=num)
 
 
@@ -234,18 +254,18 @@ def sharegpt_example(record: Mapping, columns: Mapping[str, str | None],
     return Example(messages=tuple(messages), answer=_answer_of(last))
 
 
-def _entry_files(entry: RegistryEntry) -> list[Path]:
-    """The entry's file, or the .json/.jsonl files of its folder in name order."""
-    if entry.path.is_dir():
-        files = sorted(p for p in entry.path.iterdir() if p.suffix in (".json", ".jsonl"))
-        if not files:
-            raise ValueError(f"data.path: registry entry {entry.name!r}: folder {entry.path} "
-                             f"has no .json/.jsonl files")
-        return files
-    if not entry.path.is_file():
-        raise FileNotFoundError(f"data.path: registry entry {entry.name!r}: {entry.path} does "
-                                f"not exist; fix its file_name or set data.dataset_dir")
-    return [entry.path]
+def _entry_table(entry: RegistryEntry):
+    """The entry's records as a `datasets.Dataset` (its file or folder, or its Hub id)."""
+    from lazytrain.data.sources import load_table
+
+    what = f"data.path: registry entry {entry.name!r}"
+    if entry.path is not None:
+        if not entry.path.exists():
+            raise FileNotFoundError(f"{what}: {entry.path} does not exist; fix its file_name or "
+                                    f"set data.dataset_dir")
+        return load_table(entry.path, split=entry.split, what=what)
+    return load_table(entry.hub_id, subset=entry.subset, split=entry.split, data_dir=entry.folder,
+                      what=what)
 
 
 def read_registry_dataset(registry_path: str | Path, name: str, *,
@@ -256,24 +276,26 @@ def read_registry_dataset(registry_path: str | Path, name: str, *,
         (examples, "registry:<formatting>").
 
     Raises:
-        FileNotFoundError: the registry or the entry's file is missing.
-        ValueError: see `resolve_entry` and `read_records` (empty file, bad JSON); a record
-            that does not convert names the file, the record index and the problem (e.g.
-            the missing column).
+        FileNotFoundError: the registry or the entry's file is missing; a Hub entry offline
+            and not in the datasets cache (`sources.load_table`).
+        ValueError: see `resolve_entry` and `sources.load_table` (no records, unreadable
+            file); a record that does not convert names the source, the record index and the
+            problem (e.g. the missing column).
     """
     entry = resolve_entry(registry_path, name, dataset_dir=dataset_dir)
+    table = _entry_table(entry)
+    source = entry.path if entry.path is not None else entry.hub_id
     examples: list[Example] = []
-    for path in _entry_files(entry):
-        for index, record in enumerate(read_records(path)):
-            try:
-                if entry.formatting == "alpaca":
-                    examples.append(alpaca_example(record, entry.columns))
-                else:
-                    examples.append(sharegpt_example(record, entry.columns, entry.tags))
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-                raise ValueError(f"data.path: registry entry {name!r}: {path} record {index}: "
-                                 f"{msg}") from None
-            if entry.num_samples is not None and len(examples) >= entry.num_samples:
-                return examples, f"registry:{entry.formatting}"
+    for index, record in enumerate(table):
+        try:
+            if entry.formatting == "alpaca":
+                examples.append(alpaca_example(record, entry.columns))
+            else:
+                examples.append(sharegpt_example(record, entry.columns, entry.tags))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            raise ValueError(f"data.path: registry entry {name!r}: {source} record {index}: "
+                             f"{msg}") from None
+        if entry.num_samples is not None and len(examples) >= entry.num_samples:
+            break
     return examples, f"registry:{entry.formatting}"
