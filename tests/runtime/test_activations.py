@@ -362,7 +362,9 @@ def test_store_hbm_peaks_equal_the_plans_hbm_checkpoint_bytes_in_every_window(tm
 def test_host_pool_reuses_released_buffers_and_refuses_past_its_cap():
     from lazytrain.runtime.activations import HostBufferPool
 
-    pool = HostBufferPool(pin=False, capacity_bytes=3 * 4096)
+    from lazytrain.runtime.device import Device
+
+    pool = HostBufferPool(device=Device(), capacity_bytes=3 * 4096)
     a = pool.acquire(2 * 4096)
     pool.release(a)
     assert pool.acquire(2 * 4096).data_ptr() == a.data_ptr()  # recycled, not reallocated

@@ -119,7 +119,7 @@ def init_from_env(*, backend: str = "auto", device: str = "cpu",
         return DistContext()
     name = resolve_backend(backend, device=device)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if name == "nccl":
+    if device == "cuda":  # gloo on GPUs too: otherwise every rank would run on GPU 0
         torch.cuda.set_device(local_rank)
     timeout = timedelta(seconds=timeout_s)
     if not dist.is_initialized():

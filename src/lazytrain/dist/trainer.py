@@ -40,7 +40,7 @@ from lazytrain.dist.process_group import (DistContext, barrier, broadcast_object
 from lazytrain.planner.plan import Plan
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
-from lazytrain.train.loop import (Trainer, _device, _get_plan, _truncate_metrics,
+from lazytrain.train.loop import (Trainer, _device, device_type, _get_plan, _truncate_metrics,
                                    step_record)
 
 
@@ -92,14 +92,18 @@ class DataParallelTrainer(Trainer):
         tc = self.cfg.train
         from lazytrain.runtime.activations import CheckpointStore
 
+        from lazytrain.runtime.device import make_device
+
+        index = self.ctx.local_rank if self.device == "cuda" else None
+        dev = make_device(self.device_kind, index=index, seed=rank_seed(tc.seed, self.ctx.rank))
         store = CheckpointStore(
-            device=torch.device(self.device), nvme_dir=self.nvme_dir / f"rank-{self.ctx.rank}",
+            device=dev, nvme_dir=self.nvme_dir / f"rank-{self.ctx.rank}",
             io_threads=self.cfg.runtime.io_threads, fault_hook=self.hooks.fault_hook,
             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in self.plan.windows})
         return build_engine(
             self.adapter, self.plan, ctx=self.ctx, lr=tc.lr,
             betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps, weight_decay=tc.weight_decay,
-            device=self.device, nvme_dir=self.nvme_dir / f"rank-{self.ctx.rank}",
+            device=dev, nvme_dir=self.nvme_dir / f"rank-{self.ctx.rank}",
             compute_dtype=tc.compute_dtype, clip_grad_norm=tc.clip_grad_norm or None,
             grad_accum=tc.grad_accum, seed=rank_seed(tc.seed, self.ctx.rank),
             io_threads=self.cfg.runtime.io_threads, shared_masters=self.masters_shared,
@@ -284,7 +288,7 @@ def start(cfg, *, run_dir: Path, plan: Plan | None, resume: bool, hooks, log):
     Returns:
         (trainer, log, progress_allowed): non-main ranks get a silent log and no progress bar.
     """
-    device = _device(cfg.runtime.device)
+    device = device_type(_device(cfg.runtime.device))
     ctx = init_from_env(backend=cfg.dist.backend, device=device, timeout_s=cfg.dist.timeout_s)
     if not ctx.is_main:
         log = lambda msg: None  # noqa: E731  (rank-0 logging)

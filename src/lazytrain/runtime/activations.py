@@ -8,10 +8,12 @@ h2d), the window barrier that releases drained HBM copies, and the byte accounti
 ``get``/``release`` exactly as the Plan says (docs/execution_model.md). It knows nothing about
 blocks, weights or autograd, and nothing about files beyond ``runtime/nvme.py``'s interface.
 
-Device path: chosen once at construction from ``device.type``. CPU (``"cpu"``): the hbm tier is
-device memory under a byte budget, the dram tier is separate host tensors, copies are
-synchronous. CUDA: host buffers are pinned, from a bounded pool; d2h and h2d run on their own
-streams, ordered by events.
+Device path: every copy, wait and allocation goes through the device API
+(``runtime/device.py``), one path for every backend: host buffers come from ``pinned_empty``
+(page-locked on CUDA) through a bounded pool; d2h and h2d run on the streams "ckpt_d2h" and
+"ckpt_h2d" (separate from the weight and gradient streams, so a window barrier never waits for
+the next block's weight prefetch), ordered by events. On the CPU backends the hbm tier is
+device memory under a byte budget and the dram tier separate host tensors.
 
 Accounting keys (bytes): ``hbm`` (hbm-tier and recompute-cache tensors, offloaded boundaries
 until their HBM copy is released, prefetched device buffers from the first h2d fraction on; this
@@ -30,13 +32,14 @@ from pathlib import Path
 import torch
 
 from lazytrain.planner.plan import TIERS, TRANSFER_KINDS
+from lazytrain.runtime.device import Device, as_device
 from lazytrain.runtime.errors import (
     CheckpointNotResidentError,
     HbmBudgetExceeded,
     TransferOrderError,
     boundary_label,
 )
-from lazytrain.runtime.nvme import IoEvent, Key, NvmeIO, align_down, align_up, aligned_empty
+from lazytrain.runtime.nvme import IoEvent, Key, NvmeIO, align_down, align_up
 
 STORE_TIERS = TIERS
 """Tier vocabulary of Plan JSON v1."""
@@ -62,12 +65,12 @@ class HostBufferPool:
     steady-state steps allocate nothing.
 
     Args:
-        pin: allocate page-locked memory (CUDA path).
+        device: the device API; buffers come from its ``pinned_empty``.
         capacity_bytes: cap on allocated bytes (in use + cached); None = unbounded.
     """
 
-    def __init__(self, *, pin: bool, capacity_bytes: int | None = None) -> None:
-        self.pin = pin
+    def __init__(self, *, device: Device, capacity_bytes: int | None = None) -> None:
+        self.device = device
         self.capacity_bytes = capacity_bytes
         self.allocated_bytes = 0
         self._free: dict[int, list[torch.Tensor]] = {}
@@ -90,10 +93,12 @@ class HostBufferPool:
                     f"{self.capacity_bytes} bytes ({self.allocated_bytes} in use)"
                 )
         self.allocated_bytes += nbytes
-        return aligned_empty(nbytes, pin=self.pin)
+        return self.device.pinned_empty(nbytes, name=f"checkpoint host buffer of {nbytes} bytes")
 
     def release(self, buffer: torch.Tensor) -> None:
-        """Return a buffer. The caller guarantees no copy still reads or writes it."""
+        """Return a buffer. The caller guarantees no copy still reads or writes it (the device
+        API checks it on cpu-checked and poisons the buffer on cpu-threaded)."""
+        self.device.recycle(buffer)
         self._free.setdefault(buffer.numel(), []).append(buffer)
 
     def _drop_cached(self) -> None:
@@ -120,7 +125,7 @@ class _Entry:
     cum: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TRANSFER_ORDER, 0.0))
     # End offset (bytes) issued per kind; nvme kinds in file coordinates (4 KiB-aligned).
     done: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRANSFER_ORDER, 0))
-    d2h_event: object | None = None  # torch.cuda.Event of the last d2h copy (CUDA path)
+    d2h_event: object | None = None  # device API event of the last d2h copy
     h2d_event: object | None = None
     write_futures: list = field(default_factory=list)
     read_futures: list = field(default_factory=list)
@@ -149,7 +154,8 @@ class CheckpointStore:
     interval ends here; ``end_window()``. ``put`` outside a window counts from the next one.
 
     Args:
-        device: where the hbm tier lives; ``device.type`` "cpu" or "cuda" picks the path once.
+        device: the device API (``runtime/device.py``), or a backend name / torch.device
+            ("cpu", "cuda", "cpu-checked", ...); the engine passes its own.
         nvme_dir: directory for the nvme tier's files (created if missing; warns on tmpfs).
         io_threads: NVMe worker threads.
         hbm_limits: window name -> the plan's ``hbm_checkpoint_bytes``; every put/transfer and
@@ -175,16 +181,14 @@ class CheckpointStore:
         chunk_bytes: int | None = None,
         host_pool_bytes: int | None = None,
     ) -> None:
-        self.device = torch.device(device)
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"runtime.device must be cpu or cuda; got {self.device}")
-        self._cuda = self.device.type == "cuda"
+        self.dev = as_device(device)
+        self.device = self.dev.torch_device
         io_kwargs = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
-        self.io = NvmeIO(nvme_dir, io_threads=io_threads, direct=direct, fault_hook=fault_hook, **io_kwargs)
-        self._pool = HostBufferPool(pin=self._cuda, capacity_bytes=host_pool_bytes)
-        if self._cuda:
-            self._d2h_stream = torch.cuda.Stream(self.device)
-            self._h2d_stream = torch.cuda.Stream(self.device)
+        self.io = NvmeIO(nvme_dir, io_threads=io_threads, direct=direct, fault_hook=fault_hook,
+                         device=self.dev, **io_kwargs)
+        self._pool = HostBufferPool(device=self.dev, capacity_bytes=host_pool_bytes)
+        self.d2h_stream = self.dev.stream("ckpt_d2h")
+        self.h2d_stream = self.dev.stream("ckpt_h2d")
         self._limits = dict(hbm_limits or {})
         self._entries: dict[Key, _Entry] = {}
         self._current = dict.fromkeys(ACCOUNTING_KEYS, 0)
@@ -225,7 +229,7 @@ class CheckpointStore:
 
         Ordering rule (the store's one guarantee against use-after-free races): a buffer is
         released or handed back to the pool only after every copy that reads or writes it has
-        completed. Here: NVMe futures are waited for; on CUDA the compute stream waits on every
+        completed. Here: NVMe futures are waited for; the compute stream waits on every
         d2h/h2d event of the window, and host buffers are released only after a host-side
         ``synchronize`` of their last copy (the pool may hand them to another stream). Then:
         an offloaded boundary whose d2h is complete drops its HBM copy; an nvme boundary whose
@@ -239,10 +243,9 @@ class CheckpointStore:
             raise RuntimeError("end_window() without begin_window()")
         try:
             self.io.wait(self._window_futures)
-            if self._cuda:
-                compute = torch.cuda.current_stream(self.device)
-                for event in self._window_events:
-                    compute.wait_event(event)  # sync point: later compute sees finished copies
+            for event in self._window_events:
+                # later compute sees finished copies (no host block on CUDA)
+                self.dev.wait_event(self.dev.compute, event)
             for key in self._window_keys:
                 if key in self._entries:
                     self._settle(self._entries[key])
@@ -365,8 +368,7 @@ class CheckpointStore:
                 f"{e.nbytes} bytes (h2d fractions issued: {e.cum['h2d']:.3f}); the plan must "
                 "prefetch it completely before the window that uses it",
                 boundary=boundary, micro_batch=micro_batch)
-        if self._cuda and e.h2d_event is not None:
-            torch.cuda.current_stream(self.device).wait_event(e.h2d_event)
+        self.dev.wait_event(self.dev.compute, e.h2d_event)
         return e.dev.view(e.dtype).view(e.shape)
 
     def release(self, boundary: int, *, micro_batch: int = 0) -> None:
@@ -378,12 +380,9 @@ class CheckpointStore:
         e = self._entries.pop((boundary, micro_batch), None)
         if e is None:
             raise ValueError(f"{boundary_label(boundary, micro_batch)} is not stored")
-        for fut in e.write_futures + e.read_futures:
-            fut.exception()
-        if self._cuda:
-            for event in (e.d2h_event, e.h2d_event):
-                if event is not None:
-                    event.synchronize()
+        self.dev.wait_futures(e.write_futures + e.read_futures)
+        for event in (e.d2h_event, e.h2d_event):
+            self.dev.host_wait(event)
         if e.src is not None:
             self._count("hbm", -e.nbytes)
         if e.dev is not None:
@@ -444,14 +443,12 @@ class CheckpointStore:
         if e.host is None:
             self._acquire_host(e)
         start = e.done["d2h"]
-        if self._cuda:
-            # Order after the compute that produced the tensor (captured before switching streams).
-            self._d2h_stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._d2h_stream):
-                e.host[start:target].copy_(e.flat_bytes()[start:target], non_blocking=True)
-                e.d2h_event = self._record(self._d2h_stream)
-        else:
-            e.host[start:target].copy_(e.flat_bytes()[start:target])
+        # Order after the compute that produced the tensor. The HBM copy is dropped only after
+        # the compute stream waited for this event (window barrier), so no record_stream.
+        self.dev.wait_stream(self.d2h_stream, self.dev.compute)
+        e.d2h_event = self._track(self.dev.copy(e.host[start:target],
+                                                e.flat_bytes()[start:target],
+                                                stream=self.d2h_stream))
         e.done["d2h"] = target
 
     def _nvme_write(self, e: _Entry, target: int, final: bool) -> None:
@@ -515,25 +512,19 @@ class CheckpointStore:
         if e.tier == "nvme":
             self.io.wait(e.read_futures)  # sync point: bytes read back before they are sent
         if e.dev is None:
-            e.dev = torch.empty(e.nbytes, dtype=torch.uint8, device=self.device)
+            e.dev = self.dev.empty(e.nbytes, torch.uint8, name=f"prefetched copy of {e.label}")
             self._count("hbm", e.nbytes)  # prefetched copy counts from its first fraction
-        if self._cuda:
-            # Order after the device buffer's allocation (compute stream) and the d2h that
-            # filled the host copy; captured before switching streams.
-            self._h2d_stream.wait_stream(torch.cuda.current_stream(self.device))
-            if e.d2h_event is not None:
-                self._h2d_stream.wait_event(e.d2h_event)
-            with torch.cuda.stream(self._h2d_stream):
-                e.dev[start:end].copy_(e.host[start:end], non_blocking=True)
-                e.dev.record_stream(self._h2d_stream)
-                e.h2d_event = self._record(self._h2d_stream)
-        else:
-            e.dev[start:end].copy_(e.host[start:end])
+        # Order after the device buffer's allocation (compute stream) and the d2h that filled
+        # the host copy (an NVMe read was waited for on the host above).
+        self.dev.wait_stream(self.h2d_stream, self.dev.compute)
+        self.dev.wait_event(self.h2d_stream, e.d2h_event)
+        e.h2d_event = self._track(self.dev.copy(e.dev[start:end], e.host[start:end],
+                                                stream=self.h2d_stream))
+        self.dev.record_stream(e.dev, self.h2d_stream)
         e.done["h2d"] = end
 
-    def _record(self, stream) -> object:
-        event = torch.cuda.Event()
-        event.record(stream)
+    def _track(self, event):
+        """Remember a copy's event for the window barrier."""
         self._window_events.append(event)
         return event
 
@@ -546,10 +537,8 @@ class CheckpointStore:
 
     def _release_host(self, e: _Entry) -> None:
         """Hand ``e.host`` back to the pool; callers guarantee its copies have completed."""
-        if self._cuda:
-            for event in (e.d2h_event, e.h2d_event):
-                if event is not None:
-                    event.synchronize()  # the pool may give the buffer to another stream
+        for event in (e.d2h_event, e.h2d_event):
+            self.dev.host_wait(event)  # the pool may give the buffer to another stream
         tier, nbytes = self._host_account(e)
         self._count(tier, -nbytes)
         self._pool.release(e.host)

@@ -32,9 +32,10 @@ from lazytrain.models.adapter import ModelAdapter, shift_labels, IGNORE_INDEX
 from lazytrain.models.router_aux import RouterAux
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.activations import TRANSFER_ORDER, CheckpointStore
+from lazytrain.runtime.device import Device, as_device
 from lazytrain.runtime.instrument import Instrument
 from lazytrain.runtime.optim import BlockOptimizer, clip_scale, global_grad_norm
-from lazytrain.runtime.streams import DeviceWeights, GradDrain, Streams, WindowMeter
+from lazytrain.runtime.streams import DeviceWeights, GradDrain, WindowMeter
 
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -91,7 +92,9 @@ class Engine:
             optimizer's fp32 scratch, `runtime/optim.py`).
         plan: the Plan; refused (PlanValidationError) if its provenance names another model,
             and at the first step another seq_len or micro_batch.
-        device: "cpu" or "cuda" (chosen once; the CUDA path uses streams and pinned buffers).
+        device: the device API (`runtime/device.py`) or a backend name: "cpu", "cuda",
+            "cpu-checked", "cpu-threaded" (chosen once; every stream, event, copy and
+            allocation goes through it). A given `store` must use the same device object.
         nvme_dir: directory for the nvme tier's files.
         compute_dtype: "fp32" or "bf16" (device copies and activations).
         lr, betas, eps, weight_decay: AdamW (torch semantics); `step(lr=...)` overrides lr.
@@ -118,6 +121,7 @@ class Engine:
                  io_threads: int = 2, model_config_sha256: str | None = None,
                  store: CheckpointStore | None = None, optimizer: BlockOptimizer | None = None,
                  grad_sync=None, instrument: bool = False) -> None:
+        dev = store.dev if store is not None and not isinstance(device, Device) else device
         if plan.num_blocks != adapter.num_blocks:
             raise ValueError(f"plan has {plan.num_blocks} blocks, model has {adapter.num_blocks}")
         plan.check_matches(model_config_sha256=model_config_sha256 or adapter.config_sha256)
@@ -125,19 +129,26 @@ class Engine:
             raise ValueError(f"train.compute_dtype: {compute_dtype!r}; use fp32 or bf16")
         torch.manual_seed(seed)
         self.adapter, self.plan, self.L = adapter, plan, plan.num_blocks
-        self.device = torch.device(device)
+        self.dev = as_device(dev)
+        if store is not None and store.dev is not self.dev:
+            raise ValueError("Engine: the store was built on another device object; pass "
+                             "device=store.dev (one device API per engine)")
+        self.device = self.dev.torch_device
         self.dtype = COMPUTE_DTYPES[compute_dtype]
         self.params = adapter.params
-        self.streams = Streams(self.device)
-        self.weights = DeviceWeights(self.params, self.streams, self.dtype)
-        self.drain = GradDrain(self.streams, max(self.params.max_block_numel(),
-                                                 self.params.ends.numel))
-        self.meter = WindowMeter(self.streams)
+        for g in self.params.groups:  # host DRAM: the checker logs their accesses as host work
+            self.dev.host_tensor(g.master, name=f"{g.name} master")
+            self.dev.host_tensor(g.grad, name=f"{g.name} gradient accumulator")
+        self.weights = DeviceWeights(self.params, self.dev, self.dtype)
+        self.drain = GradDrain(self.dev, max(self.params.max_block_numel(),
+                                             self.params.ends.numel))
+        self.meter = WindowMeter(self.dev)
         self.store = store or CheckpointStore(
-            device=self.device, nvme_dir=Path(nvme_dir or "lazytrain_nvme"), io_threads=io_threads,
+            device=self.dev, nvme_dir=Path(nvme_dir or "lazytrain_nvme"), io_threads=io_threads,
             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
         self.optimizer = optimizer or BlockOptimizer(self.params, lr=lr, betas=betas, eps=eps,
                                                      weight_decay=weight_decay)
+        self.optimizer.bind_device(self.dev)
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # the plan's 8-bit Adam states
         self.grad_sync = grad_sync
         self.lr = lr
@@ -150,7 +161,7 @@ class Engine:
         self._ends_grad: torch.Tensor | None = None
         self.instrument: Instrument | None = None
         if instrument:
-            self.instrument = Instrument(streams=self.streams, store=self.store, plan=plan)
+            self.instrument = Instrument(device=self.dev, store=self.store, plan=plan)
             self.instrument.attach(self)
 
     def set_plan(self, plan: Plan) -> None:
@@ -196,14 +207,16 @@ class Engine:
         t0 = time.perf_counter()
         lr = self.lr if lr is None else lr
         early = self.clip is None  # without clipping a block steps once its grads are final
-        loss, tokens = self._run(micro_batches, step_lr=lr if early else None)
-        grad_norm = self.queue_optimizer(lr)
+        with self.dev.compute_scope():
+            loss, tokens = self._run(micro_batches, step_lr=lr if early else None)
+            grad_norm = self.queue_optimizer(lr)
         return self._stats(loss, tokens, time.perf_counter() - t0, lr, grad_norm)
 
     def compute_gradients(self, micro_batches: list[dict]) -> float:
         """Forward + backward only; the gradients are left in the host store (master dtype).
         Returns the loss."""
-        loss, _ = self._run(micro_batches, step_lr=None)
+        with self.dev.compute_scope():
+            loss, _ = self._run(micro_batches, step_lr=None)
         return loss
 
     def _run(self, micro_batches: list[dict], *, step_lr: float | None) -> tuple[float, int]:
@@ -237,8 +250,8 @@ class Engine:
         """pre + f0..f{L-1}: returns boundary L [B, S, H] (not yet stored)."""
         with self._timed_window("pre"):
             # a fresh buffer per micro-batch: the previous one may still be draining (D2H)
-            self._ends_grad = torch.zeros(self.params.ends.numel, dtype=torch.float32,
-                                          device=self.device)
+            self._ends_grad = self.dev.empty(self.params.ends.numel, torch.float32,
+                                             name="ends gradient").zero_()
             h = self.embed(mb)
             mb.kwargs = self.adapter.block_kwargs(mb.input_ids, h, **mb.mask_inputs)
             mb.weights[0] = self.prefetch_weights(0)
@@ -499,7 +512,12 @@ class Engine:
         their pending update)."""
         self.optimizer.wait(self.params.ends)
         ends = self.params.ends
-        self._ends_dev = ends.master.to(device=self.device, dtype=self.dtype, copy=True)
+        h2d = self.weights.h2d
+        self._ends_dev = self.dev.empty(ends.numel, self.dtype, name="ends weights")
+        self.dev.wait_stream(h2d, self.dev.compute)  # fresh memory compute may still use
+        # a pageable source: the copy converts the dtype; compute waits for it below
+        self.dev.wait_event(self.dev.compute, self.dev.copy(self._ends_dev, ends.master,
+                                                            stream=h2d))
 
     def _prepare(self, m: int, batch: dict) -> _MicroBatch:
         ids = batch["input_ids"].to(self.device)
@@ -513,13 +531,13 @@ class Engine:
                            aux=self.adapter.new_router_aux(masks["attention_mask"]))
 
     def _rng_state(self) -> tuple:
-        cuda = torch.cuda.get_rng_state(self.device) if self.streams.is_cuda else None
+        cuda = torch.cuda.get_rng_state(self.device) if self.dev.is_cuda else None
         return torch.get_rng_state(), cuda
 
     @contextmanager
     def _replay(self, state: tuple):
         """Run with the RNG as it was before the block's forward; restore it afterwards."""
-        devices = [self.device] if self.streams.is_cuda else []
+        devices = [self.device] if self.dev.is_cuda else []
         with torch.random.fork_rng(devices=devices):
             torch.set_rng_state(state[0])
             if state[1] is not None:
@@ -567,17 +585,18 @@ class Engine:
     def state_dict(self) -> dict:
         """Optimizer states (per group) and RNG states; weights are saved by `save_hf_dir`."""
         rng = {"cpu": torch.get_rng_state()}
-        if self.streams.is_cuda:
+        if self.dev.is_cuda:
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         return {"optimizer": self.optimizer.state_dict(), "rng": rng}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["cpu"])
-        if self.streams.is_cuda and "cuda" in state["rng"]:
+        if self.dev.is_cuda and "cuda" in state["rng"]:
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
 
     def close(self) -> None:
-        """Finish queued updates, stop the worker, remove NVMe files."""
+        """Finish queued updates, stop the worker, remove NVMe files, stop stream threads."""
         self.optimizer.close()
         self.store.close()
+        self.dev.close()

@@ -180,14 +180,15 @@ class Instrument:
     """Collects per-window measurements of one engine; see the module docstring.
 
     Args:
-        streams: the engine's `Streams` (picks the CPU or CUDA path once).
+        device: the engine's device API (`runtime/device.py`): timing events on CUDA, wall
+            clock on the CPU backends.
         store: the engine's `CheckpointStore` (bytes moved, peaks; its `io` gets the proxy).
         plan: the plan being executed (for `plan_id`).
     """
 
-    def __init__(self, *, streams, store, plan) -> None:
-        self.streams, self.store = streams, store
-        self.cuda = streams.is_cuda
+    def __init__(self, *, device, store, plan) -> None:
+        self.device, self.store = device, store
+        self.cuda = device.is_cuda
         self.plan_id = plan_id(plan)
         self._stack: list[_Wait] = []
         self._open: _Window | None = None
@@ -243,20 +244,19 @@ class Instrument:
 
     def _cuda_barrier(self, end_window):
         """Before the store's barrier, make compute wait on its d2h, then h2d stream (timed)."""
-        compute = self.streams.compute
-        channels = (("d2h", self.store._d2h_stream), ("h2d", self.store._h2d_stream))
+        dev = self.device
+        channels = (("d2h", self.store.d2h_stream), ("h2d", self.store.h2d_stream))
 
         def wrapped():
             for channel, stream in channels:
                 with _StreamWait(self, channel):
-                    compute.wait_stream(stream)  # the barrier would wait on these events anyway
+                    # the barrier would wait on these events anyway
+                    dev.wait_stream(dev.compute, stream)
             return end_window()
         return wrapped
 
     def _event(self):
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record(self.streams.compute)
-        return ev
+        return self.device.timing_event()
 
     # --- windows -----------------------------------------------------------------------------
 
@@ -308,13 +308,9 @@ class Instrument:
         self._mb = None
 
     def _resolve(self, w: _Window) -> dict:
-        if self.cuda:
-            w.end.synchronize()
-            wall = w.start.elapsed_time(w.end)
-            for channel, a, b in w.stream_waits:
-                w.waits[channel] += a.elapsed_time(b)
-        else:
-            wall = (w.end - w.start) * 1e3
+        wall = self.device.elapsed_ms(w.start, w.end)
+        for channel, a, b in w.stream_waits:
+            w.waits[channel] += self.device.elapsed_ms(a, b)
         waits = {c: round(w.waits[c], 4) for c in CHANNELS}
         return {"name": w.name, "wall_ms": round(wall, 4),
                 "compute_ms": round(max(0.0, wall - sum(w.waits.values())), 4),

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from lazytrain.runtime.device import Device
 from lazytrain.runtime.errors import CheckpointIOError, boundary_label
 
 ALIGN_BYTES = 4096
@@ -238,6 +239,9 @@ class NvmeIO:
             buffered I/O, None (default) probes the directory once.
         fault_hook: called with an ``IoEvent`` before every open and chunk (tests); may raise
             OSError or act on the file.
+        device: the device API: worker jobs are submitted and waited for through it, and each
+            chunk declares its host read (write) or write (read) of the buffer, so
+            ``cpu-checked`` sees the NVMe threads (default: the synchronous CPU backend).
     """
 
     def __init__(
@@ -248,7 +252,9 @@ class NvmeIO:
         chunk_bytes: int = CHUNK_BYTES,
         direct: bool | None = None,
         fault_hook: Callable[[IoEvent], None] | None = None,
+        device: Device | None = None,
     ) -> None:
+        self.device = device or Device()
         if io_threads < 1:
             raise ValueError(f"runtime.io_threads must be >= 1; got {io_threads}")
         if chunk_bytes <= 0 or chunk_bytes % ALIGN_BYTES:
@@ -342,8 +348,7 @@ class NvmeIO:
 
     def remove(self, key: Key) -> None:
         """Wait for the key's pending requests (errors ignored), close its fds, delete its file."""
-        for fut in self._pending.pop(key, []):
-            fut.exception()
+        self.device.wait_futures(self._pending.pop(key, []))
         for fds in (self._write_fds, self._read_fds):
             fd = fds.pop(key, None)
             if fd is not None:
@@ -356,10 +361,9 @@ class NvmeIO:
         """Files this instance created and has not removed yet."""
         return list(self._files.values())
 
-    @staticmethod
-    def wait(futures: Sequence[Future]) -> None:
+    def wait(self, futures: Sequence[Future]) -> None:
         """Wait for every future, then raise the first failure (so no request still runs)."""
-        errors = [f.exception() for f in futures]
+        errors = self.device.wait_futures(futures)
         for err in errors:
             if err is not None:
                 raise err
@@ -408,15 +412,19 @@ class NvmeIO:
         futures = []
         for start in range(0, nbytes, self.chunk_bytes):
             chunk = memoryview(view[start : start + self.chunk_bytes])
-            futures.append(self._pool.submit(job, key, fd, chunk, offset + start, wait_for))
+            part = buffer[start : start + self.chunk_bytes]
+            futures.append(self.device.submit(self._pool, job, key, fd, chunk, part,
+                                              offset + start, wait_for))
         self._pending.setdefault(key, []).extend(futures)
         return futures
 
-    def _write_chunk(self, key: Key, fd: int, chunk: memoryview, offset: int, wait_for) -> None:
+    def _write_chunk(self, key: Key, fd: int, chunk: memoryview, part: torch.Tensor, offset: int,
+                     wait_for) -> None:
         path = self.path_for(key)
         try:
             if wait_for is not None:
                 wait_for()
+            self.device.host_access(part, write=False, what=f"NVMe write of {path.name}")
             self._call_hook(IoEvent(op="write", boundary=key[0], micro_batch=key[1], path=path,
                                     offset=offset, nbytes=len(chunk)))
             done = os.pwrite(fd, chunk, offset)
@@ -425,8 +433,10 @@ class NvmeIO:
         if done != len(chunk):
             raise self._error(key, f"write to {path}", f"short write: {done} of {len(chunk)} bytes at offset {offset}")
 
-    def _read_chunk(self, key: Key, fd: int, chunk: memoryview, offset: int, wait_for) -> None:
+    def _read_chunk(self, key: Key, fd: int, chunk: memoryview, part: torch.Tensor, offset: int,
+                    wait_for) -> None:
         path = self.path_for(key)
+        self.device.host_access(part, write=True, what=f"NVMe read of {path.name}")
         try:
             self._call_hook(IoEvent(op="read", boundary=key[0], micro_batch=key[1], path=path,
                                     offset=offset, nbytes=len(chunk)))

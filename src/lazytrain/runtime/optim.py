@@ -36,6 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from lazytrain.runtime import optim8bit
+from lazytrain.runtime.device import Device
 from lazytrain.runtime.params import HostParams, ParamGroup
 
 
@@ -75,6 +76,9 @@ class BlockOptimizer:
         lr, betas, eps, weight_decay: AdamW hyper-parameters (torch semantics).
         q8_blocks: block indices whose Adam moments are 8-bit (the plan's `q8_blocks`); the
             ends group always keeps fp32 moments.
+        device: the device API: updates are submitted and waited for through it, so
+            `cpu-checked` orders the worker's writes of the masters against the weight loads
+            (default: the synchronous CPU backend).
 
     Raises:
         ImportError: `q8_blocks` is not empty and bitsandbytes is not installed.
@@ -82,8 +86,9 @@ class BlockOptimizer:
     """
 
     def __init__(self, params: HostParams, *, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, q8_blocks=()) -> None:
+                 weight_decay: float = 0.01, q8_blocks=(), device: Device | None = None) -> None:
         self.params = params
+        self.device = device or Device()
         self.hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.q8: set[str] = set()
         # bf16 masters only: [2, largest group] fp32, row 0 the weights and row 1 the gradient
@@ -101,6 +106,11 @@ class BlockOptimizer:
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytrain-adamw")
         self.futures: dict[str, Future] = {}
         self.set_q8_blocks(q8_blocks)
+
+    def bind_device(self, device: Device) -> None:
+        """Submit and wait through `device` from now on (the engine binds its own; call before
+        the first update)."""
+        self.device = device
 
     def _stepped_tensor(self, g: ParamGroup) -> torch.Tensor:
         if g.master.dtype == torch.float32:
@@ -168,7 +178,8 @@ class BlockOptimizer:
             lr: learning rate of this update.
             grad_scale: factor applied to the gradient first (the clipping scale, <= 1).
         """
-        self.futures[group.name] = self.worker.submit(self._update, group, lr, grad_scale)
+        self.futures[group.name] = self.device.submit(self.worker, self._update, group, lr,
+                                                      grad_scale)
 
     def _update(self, group: ParamGroup, lr: float, grad_scale: float) -> None:
         """One group's AdamW step (worker thread). fp32 masters: in place, the accumulator
@@ -191,6 +202,7 @@ class BlockOptimizer:
         """Block until `group`'s queued update (if any) has finished; re-raises its error."""
         fut = self.futures.pop(group.name, None)
         if fut is not None:
+            self.device.wait_futures([fut])  # the waiter is ordered after the update
             fut.result()
 
     def wait_all(self) -> None:

@@ -10,7 +10,8 @@ Parameters that received no gradient in a step hold zeros in their slice of the 
 (the flat layout makes "shifted" gradients impossible: offsets are fixed at construction).
 
 Also owns the bounded staging pool that converts master weights to the compute dtype for H2D
-(pinned on CUDA, 2-3 buffers of the largest block; never a pinned copy of the whole model).
+(pinned on CUDA, one per weight slot of the largest block; never a pinned copy of the whole
+model).
 
 Knows nothing about plans, tiers or model families.
 """
@@ -198,20 +199,22 @@ class HostParams:
 class StagingPool:
     """A bounded ring of compute-dtype host buffers used as H2D sources.
 
-    On CUDA the buffers are pinned (page-locked) so the copy is asynchronous; a buffer is
-    handed out again only after the event recorded for its last copy has completed (a
-    source buffer is never reused before its copy completes). On CPU the pool is not used:
-    the "device" copy is made directly from the master buffer.
+    The buffers come from the device API's `pinned_empty` (page-locked on CUDA, so the copy is
+    asynchronous); a buffer is handed out again only after the event recorded for its last copy
+    has completed (a source buffer is never rewritten on the host before its copy read it).
 
     Args:
         numel: elements per buffer (the largest group).
         dtype: compute dtype.
-        count: number of buffers (2-3: double buffering plus one recompute load).
-        pin: page-lock the buffers (CUDA only; pin_memory raises on CPU-only torch).
+        count: number of buffers (2-4: double buffering plus the recompute loads).
+        device: the device API (`runtime/device.py`).
     """
 
-    def __init__(self, numel: int, dtype: torch.dtype, *, count: int = 3, pin: bool) -> None:
-        self.buffers = [torch.empty(numel, dtype=dtype, pin_memory=pin) for _ in range(count)]
+    def __init__(self, numel: int, dtype: torch.dtype, *, count: int = 3, device) -> None:
+        size = torch.empty((), dtype=dtype).element_size()
+        self.device = device
+        self.buffers = [device.pinned_empty(numel * size, name=f"weight staging buffer {k}")
+                        .view(dtype) for k in range(count)]
         self.events: list[object | None] = [None] * count
         self._next = 0
 
@@ -220,7 +223,7 @@ class StagingPool:
         k = self._next
         self._next = (k + 1) % len(self.buffers)
         if self.events[k] is not None:
-            self.events[k].synchronize()  # the previous H2D from this buffer must be done
+            self.device.host_wait(self.events[k])  # the previous H2D from this buffer is done
             self.events[k] = None
         return k, self.buffers[k]
 

@@ -1,16 +1,19 @@
-"""Device-agnostic streams and events, double-buffered block weights, and gradient drain.
+"""Double-buffered block weights on the device, and the gradient drain to the host.
 
-Owns the ordering of copies against compute. On CUDA there are three streams: compute (the
-current stream), H2D and D2H, ordered by events. On CPU the same API runs every copy
-synchronously, so the ordering holds trivially and the code paths are the same. The device
-path is chosen once, at construction.
+Owns the ordering of weight loads and gradient drains against compute, through the device API
+(`runtime/device.py`): weights move on the "h2d" stream, gradients on the "d2h" stream, and
+compute waits for them by events. Every backend runs the same path (staging buffer, copy,
+event); on `cpu` the copies are synchronous, on `cpu-checked` every access is checked, on
+`cpu-threaded` the copies really run late.
 
 Ordering rules enforced here (the race classes of offloading systems):
-- a weight slot is overwritten by a load only after the event recorded when its previous
-  consumer released it has completed (`DeviceWeights.load`);
-- a staging (H2D source) buffer is reused only after its copy's event completed
-  (`params.StagingPool.acquire`);
-- a gradient D2H buffer is read and reused only after its copy's event completed
+- a weight slot or a resident buffer is written by a load only after the compute stream's work
+  queued before its allocation or its last release (`DeviceWeights.load` waits for the event
+  recorded then; a fresh buffer may be memory the compute stream still uses);
+- a staging (H2D source) buffer is rewritten on the host only after its previous copy's event
+  completed (`params.StagingPool.acquire`);
+- a gradient D2H destination is read on the host and reused only after its copy's event
+  completed, and the device gradient is kept alive (record_stream) until the copy ran
   (`GradDrain`).
 
 Knows nothing about plans or tiers.
@@ -24,78 +27,8 @@ from typing import Callable
 
 import torch
 
+from lazytrain.runtime.device import Device, Event
 from lazytrain.runtime.params import HostParams, ParamGroup, StagingPool
-
-
-class CpuEvent:
-    """A completed event (CPU copies are synchronous)."""
-
-    def synchronize(self) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-
-class Streams:
-    """Compute / H2D / D2H ordering for one device.
-
-    Args:
-        device: torch.device("cpu") or a CUDA device.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = torch.device(device)
-        self.is_cuda = self.device.type == "cuda"
-        if self.is_cuda:
-            self.compute = torch.cuda.current_stream(self.device)
-            self.h2d_stream = torch.cuda.Stream(self.device)
-            self.d2h_stream = torch.cuda.Stream(self.device)
-
-    def record_compute(self):
-        """An event marking the work queued on the compute stream so far."""
-        if not self.is_cuda:
-            return CpuEvent()
-        ev = torch.cuda.Event()
-        ev.record(self.compute)
-        return ev
-
-    def compute_wait(self, event) -> None:
-        """Make later compute wait for `event` (no host sync)."""
-        if self.is_cuda and event is not None:
-            self.compute.wait_event(event)
-
-    def h2d(self, dst: torch.Tensor, src: torch.Tensor, *, after=None):
-        """Copy host `src` into device `dst` on the H2D stream after `after`; returns its event.
-
-        The caller keeps `src` alive and unmodified until the event completes.
-        """
-        if not self.is_cuda:
-            dst.copy_(src)
-            return CpuEvent()
-        with torch.cuda.stream(self.h2d_stream):
-            if after is not None:
-                self.h2d_stream.wait_event(after)
-            dst.copy_(src, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(self.h2d_stream)
-        return ev
-
-    def d2h(self, dst: torch.Tensor, src: torch.Tensor):
-        """Copy device `src` (produced on the compute stream) into host `dst`; returns its event.
-
-        `src` is recorded on the D2H stream so its memory is not reused before the copy ends.
-        """
-        if not self.is_cuda:
-            dst.copy_(src)
-            return CpuEvent()
-        self.d2h_stream.wait_stream(self.compute)  # src is complete on compute
-        with torch.cuda.stream(self.d2h_stream):
-            dst.copy_(src, non_blocking=True)
-            src.record_stream(self.d2h_stream)
-            ev = torch.cuda.Event()
-            ev.record(self.d2h_stream)
-        return ev
 
 
 @dataclass(slots=True)
@@ -104,7 +37,7 @@ class WeightHandle:
 
     block: int
     flat: torch.Tensor
-    event: object
+    event: Event
     slot: int | None
     """Double-buffer slot index, or None for a resident (kept) buffer."""
 
@@ -114,93 +47,98 @@ class DeviceWeights:
 
     Args:
         params: the host store (source of every load).
-        streams: the device's streams.
+        device: the device API.
         compute_dtype: dtype of the device copy.
         num_slots: ring size: 2 for double buffering (block j runs, the next block loads) + 2
             so the segment recompute loads are double-buffered too (block k+1 loads while k
             recomputes).
     """
 
-    def __init__(self, params: HostParams, streams: Streams, compute_dtype: torch.dtype, *,
+    def __init__(self, params: HostParams, device: Device, compute_dtype: torch.dtype, *,
                  num_slots: int = 4) -> None:
         self.params = params
-        self.streams = streams
+        self.device = device
         self.dtype = compute_dtype
+        self.h2d = device.stream("h2d")
         n = params.max_block_numel()
-        self.slots = [torch.empty(n, dtype=compute_dtype, device=streams.device)
-                      for _ in range(num_slots)]
-        self.free_events: list[object | None] = [None] * num_slots
+        self.slots = [device.empty(n, compute_dtype, name=f"weight slot {k}")
+                      for k in range(num_slots)]
+        # A slot's first load waits for the compute queued before its allocation.
+        allocated = device.record(device.compute)
+        self.free_events: list[Event | None] = [allocated] * num_slots
         self.free = deque(range(num_slots))
-        self.staging = (StagingPool(n, compute_dtype, count=num_slots, pin=True)
-                        if streams.is_cuda else None)
+        self.staging = StagingPool(n, compute_dtype, count=num_slots, device=device)
 
     def load(self, group: ParamGroup, block: int, *, resident: bool = False) -> WeightHandle:
         """Start copying `group`'s master weights to the device; returns the handle at once.
 
         Ordering: the H2D waits for the event recorded when the slot's previous consumer
-        released it, so a prefetched buffer is never overwritten before its consumer is done.
-        A resident buffer is a fresh allocation that no other block ever shares (a graph kept
-        across windows references it).
+        released it, so a prefetched buffer is never overwritten before its consumer is done. A
+        resident buffer is a fresh allocation that no other block shares (a graph kept across
+        windows references it); its H2D waits for the compute queued before the allocation,
+        since the caching allocator may hand out memory that compute still uses.
 
         Raises:
             RuntimeError: no free slot (an engine bug: more than `num_slots` loads outstanding).
         """
         if resident:
-            slot, dst, after = None, torch.empty(group.numel, dtype=self.dtype,
-                                                 device=self.streams.device), None
+            slot = None
+            dst = self.device.empty(group.numel, self.dtype,
+                                    name=f"resident weights of block {block}")
+            after = self.device.record(self.device.compute)
         else:
             if not self.free:
                 raise RuntimeError(f"no free weight slot for block {block}")
             slot = self.free.popleft()
             dst, after = self.slots[slot][:group.numel], self.free_events[slot]
-        if self.staging is None:
-            event = self.streams.h2d(dst, group.master, after=after)
-        else:
-            k, buf = self.staging.acquire()
-            buf[:group.numel].copy_(group.master)  # master -> compute dtype on the host
-            event = self.streams.h2d(dst, buf[:group.numel], after=after)
-            self.staging.mark_in_flight(k, event)
+        k, buf = self.staging.acquire()
+        buf[:group.numel].copy_(group.master)  # master -> compute dtype on the host
+        self.device.wait_event(self.h2d, after)
+        event = self.device.copy(dst, buf[:group.numel], stream=self.h2d)
+        self.staging.mark_in_flight(k, event)
         return WeightHandle(block=block, flat=dst, event=event, slot=slot)
 
     def ready(self, handle: WeightHandle) -> torch.Tensor:
         """The device buffer, after making compute wait for its load (no host sync)."""
-        self.streams.compute_wait(handle.event)
+        self.device.wait_event(self.device.compute, handle.event)
         return handle.flat
 
     def release(self, handle: WeightHandle) -> None:
         """Return the slot; its next load waits for the compute queued so far."""
         if handle.slot is None:
             return
-        self.free_events[handle.slot] = self.streams.record_compute()
+        self.free_events[handle.slot] = self.device.record(self.device.compute)
         self.free.append(handle.slot)
 
 
 class GradDrain:
     """Device gradients -> host accumulators, in order, through a bounded buffer pool.
 
-    On CPU the accumulation happens at once. On CUDA each drain copies into a pinned fp32
-    buffer on the D2H stream; the host adds it into the accumulator only after the copy's
-    event completed, and the buffer is reused only then. The accumulator has the master
-    dtype: a bf16 one rounds each fp32 contribution once (`ParamGroup.accumulate_grad`).
+    Each drain converts the gradient to fp32 on the device, copies it into a pinned fp32 buffer
+    on the "d2h" stream (after the compute that produced it), and the host adds it into the
+    accumulator only after the copy's event completed; the buffer is reused only then. The
+    accumulator has the master dtype: a bf16 one rounds each fp32 contribution once
+    (`ParamGroup.accumulate_grad`).
 
     Args:
-        streams: the device's streams.
+        device: the device API.
         numel: largest group, elements.
-        count: pinned buffers in flight (CUDA).
+        count: pinned buffers in flight.
     """
 
-    def __init__(self, streams: Streams, numel: int, *, count: int = 2) -> None:
-        self.streams = streams
+    def __init__(self, device: Device, numel: int, *, count: int = 2) -> None:
+        self.device = device
+        self.d2h = device.stream("d2h")
         self.pending: deque = deque()
-        self.buffers = ([torch.empty(numel, dtype=torch.float32, pin_memory=True)
-                         for _ in range(count)] if streams.is_cuda else [])
+        self.buffers = [device.pinned_empty(numel * 4, name=f"gradient drain buffer {k}")
+                        .view(torch.float32) for k in range(count)]
         self.free = deque(range(len(self.buffers)))
 
     def drain(self, group: ParamGroup, grad: torch.Tensor | None, *, first: bool,
               on_done: Callable[[], None] | None = None) -> None:
         """Queue one gradient; `on_done` runs once it is in the host accumulator."""
-        if not self.streams.is_cuda or grad is None:
-            group.accumulate_grad(None if grad is None else grad.float(), first=first)
+        if grad is None:
+            group.accumulate_grad(None, first=first)
             if on_done is not None:
                 on_done()
             return
@@ -208,12 +146,15 @@ class GradDrain:
             self._finish_oldest()
         k = self.free.popleft()
         buf = self.buffers[k][:group.numel]
-        event = self.streams.d2h(buf, grad.float())
+        src = grad.float()
+        self.device.wait_stream(self.d2h, self.device.compute)  # src is complete on compute
+        event = self.device.copy(buf, src, stream=self.d2h)
+        self.device.record_stream(src, self.d2h)  # src is freed by compute before the copy ran
         self.pending.append((event, k, buf, group, first, on_done))
 
     def _finish_oldest(self) -> None:
         event, k, buf, group, first, on_done = self.pending.popleft()
-        event.synchronize()  # sync point: the copy into buf is complete
+        self.device.host_wait(event)  # sync point: the copy into buf is complete
         group.accumulate_grad(buf, first=first)
         self.free.append(k)
         if on_done is not None:
@@ -226,14 +167,14 @@ class GradDrain:
 
 
 class WindowMeter:
-    """Per-window wall time: CUDA events on the compute stream, or `time.perf_counter` on CPU.
+    """Per-window wall time: timing events on the compute stream (CUDA) or wall clock (CPU).
 
     Use `with meter.window("f3"):`; `times_ms()` resolves the events (sync point, call once per
     step) and returns window name -> ms summed over micro-batches.
     """
 
-    def __init__(self, streams: Streams) -> None:
-        self.streams = streams
+    def __init__(self, device: Device) -> None:
+        self.device = device
         self.records: list[tuple[str, object, object]] = []
 
     def window(self, name: str):
@@ -245,12 +186,7 @@ class WindowMeter:
     def times_ms(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, start, end in self.records:
-            if self.streams.is_cuda:
-                end.synchronize()
-                ms = start.elapsed_time(end)
-            else:
-                ms = (end - start) * 1e3
-            out[name] = out.get(name, 0.0) + ms
+            out[name] = out.get(name, 0.0) + self.device.elapsed_ms(start, end)
         return out
 
 
@@ -258,17 +194,9 @@ class _MeterWindow:
     def __init__(self, meter: WindowMeter, name: str) -> None:
         self.meter, self.name = meter, name
 
-    def _stamp(self):
-        if self.meter.streams.is_cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(self.meter.streams.compute)
-            return ev
-        import time
-        return time.perf_counter()
-
     def __enter__(self):
-        self.start = self._stamp()
+        self.start = self.meter.device.timing_event()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.meter.records.append((self.name, self.start, self._stamp()))
+        self.meter.records.append((self.name, self.start, self.meter.device.timing_event()))

@@ -12,15 +12,34 @@ micro-batch: every window's wall, compute, waits and bytes per channel; schema i
 `checkpoint.py`), `nvme/` (the NVMe tier's scratch unless runtime.nvme_dir is set),
 `tensorboard/` and `wandb/` when `train.report_to` names them (`tracking.py`).
 
-Resume: the newest valid checkpoint supplies the weights, optimizer and RNG states, the data
-position and the step; the run's own plan.json is reused. A resumed run continues bit for bit
-where the saved one stopped. SIGTERM: the step in flight finishes, a checkpoint is saved, and
-`train` returns with `stopped_by="SIGTERM"`.
+Run directory: a fresh run (no `resume`) refuses a directory that already holds a run's state
+(checkpoints, metrics, windows, summary) unless `overwrite` is set, which deletes exactly those
+files first (`prepare_run_dir`). `config.yaml` and `plan.json` are written only after the config,
+the model source, the data paths and the plan have been checked, so a rejected config never
+replaces the saved one.
+
+Resume: the newest checkpoint must be complete (`checkpoint.resume_checkpoint`: a missing run
+directory, no checkpoint or a damaged newest one is an error, never a fresh start); it supplies
+the weights, optimizer and RNG states, the data position and the step; the run's own plan.json
+is reused. A resume with another model (config path or architecture), seq_len, micro_batch or
+data is refused. Bit-identical: with the same config and world size, the losses, gradient norms
+and weights of N steps, stopped after k and resumed, equal those of N straight steps, with
+dropout and evaluation on: the evaluation model is built and run under a forked RNG
+(`torch.random.fork_rng`), so it never moves the training RNG.
+
+Saving: at the end, every `train.checkpoint_every_steps` steps, whenever
+`train.checkpoint_every_min` minutes of wall time have passed since the last save, and on
+SIGTERM or SIGINT (Ctrl-C): the step in flight finishes, a checkpoint is saved, and `train`
+returns with `stopped_by="SIGTERM"` / `"SIGINT"`; a second Ctrl-C interrupts at once. A failed
+save (disk full) raises `CheckpointSaveError`; the previous checkpoint stays the newest valid one.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -79,31 +98,120 @@ class TrainHooks:
     """NVMe fault injector for the engine's checkpoint store (`runtime.nvme.FaultInjector`)."""
 
 
+STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
+"""Signals that stop training after the step in flight, with a checkpoint."""
+
+
+class CheckpointSaveError(OSError):
+    """Writing a checkpoint failed (disk full, I/O error); the previous checkpoint is kept.
+    An OSError: the CLI exits 1 with its one-line message."""
+
+
 @contextmanager
-def sigterm_flag():
-    """Yield a dict whose "set" becomes True on SIGTERM (main thread only; restored after)."""
-    flag = {"set": False}
+def stop_flag():
+    """Yield a dict whose "set" becomes "SIGTERM" or "SIGINT" when that signal arrives (main
+    thread only; the previous handlers are restored after). After the first SIGINT the default
+    handler is back, so a second Ctrl-C raises KeyboardInterrupt at once."""
+    flag: dict[str, Any] = {"set": None}
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
+    previous = {}
 
     def handler(signum, frame):
-        flag["set"] = True
+        flag["set"] = flag["set"] or STOP_SIGNALS[signum]
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, previous[signal.SIGINT])
+            print("\nCtrl-C: finishing this step and saving a checkpoint (Ctrl-C again to "
+                  "abort without one)", file=sys.stderr, flush=True)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    for signum in STOP_SIGNALS:
+        previous[signum] = signal.signal(signum, handler)
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+RUN_STATE = ("checkpoints", "metrics.jsonl", "windows.jsonl", "summary.json", "tensorboard",
+             "wandb")
+"""What a run leaves in its directory that a new run must not mix with: the files a fresh run
+refuses to write over without `--overwrite`, and exactly what `--overwrite` deletes (with
+`plan.json`, `config.yaml` and the default `nvme/` scratch)."""
+
+
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, clear: bool = True) -> None:
+    """Check (and with `overwrite`, clear) the run directory before anything is planned.
+
+    Args:
+        run_dir: the run directory (need not exist).
+        resume: `--resume`: the directory's state is continued, nothing is checked here.
+        overwrite: `--overwrite`: delete the previous run's files (`RUN_STATE`, plan.json,
+            config.yaml, nvme/) instead of refusing; other files in the directory stay.
+        clear: False on ranks > 0 of a data-parallel job (rank 0 deletes).
+
+    Raises:
+        ValueError: a fresh run into a directory holding a run's state (names what it holds
+            and the two fixes), or both `resume` and `overwrite`.
+    """
+    if resume and overwrite:
+        raise ValueError("--resume and --overwrite contradict each other: --resume continues "
+                         "the run, --overwrite deletes it; pass one")
+    if resume or not run_dir.is_dir():
+        return
+    held = [name for name in RUN_STATE if (run_dir / name).exists()]
+    if not held:
+        return
+    if not overwrite:
+        raise ValueError(f"train.run_dir: {run_dir} already holds a run ({', '.join(held)}); "
+                         f"continue it with --resume {run_dir}, start it again with "
+                         f"--overwrite, or pick another --run-dir")
+    if clear:
+        for name in (*RUN_STATE, "plan.json", "config.yaml", "nvme"):
+            target = run_dir / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """Create the run directory, one line naming the key when it cannot be.
+
+    Raises:
+        CheckpointSaveError: it cannot be created or written (permissions, a file in the way,
+            a read-only or missing mount).
+    """
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".lazytrain-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise CheckpointSaveError(exc.errno or errno.EIO,
+                                  f"train.run_dir: cannot write to {run_dir} "
+                                  f"({exc.strerror or exc}); choose a writable --run-dir"
+                                  ) from None
 
 
 def _device(choice: str) -> str:
+    """The device API backend of `runtime.device` (auto: cuda when torch sees one, else cpu).
+
+    Raises:
+        ValueError: cuda requested without a CUDA device.
+    """
     if choice == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
         raise ValueError("runtime.device: cuda requested but torch sees no CUDA device; "
                          "use runtime.device=cpu")
     return choice
+
+
+def device_type(kind: str) -> str:
+    """torch device type of a backend: "cuda" for cuda, "cpu" for the three CPU backends."""
+    return "cuda" if kind == "cuda" else "cpu"
 
 
 def _get_plan(cfg: RunConfig, run_dir: Path, *, plan: Plan | None, resuming: bool) -> Plan:
@@ -150,23 +258,28 @@ class Trainer:
                  hooks: TrainHooks, log) -> None:
         self.cfg, self.run_dir, self.hooks, self.log = cfg, run_dir, hooks, log
         tc = cfg.train
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-        self.device = _device(cfg.runtime.device)
-        self.trackers = Trackers(check_trackers(tc.report_to), run_dir=run_dir,
-                                 config=cfg.to_dict())  # a missing extra fails before loading
+        self.device_kind = _device(cfg.runtime.device)
+        self.device = device_type(self.device_kind)  # "cpu" or "cuda"
+        tracker_names = check_trackers(tc.report_to)  # a missing extra fails before loading
         if cfg.runtime.threads:
             torch.set_num_threads(cfg.runtime.threads)
-        self.resumed_from = ckpt.latest_checkpoint(run_dir) if resume else None
-        if resume and self.resumed_from is None:
-            log(f"resume: no valid checkpoint in {run_dir / 'checkpoints'}; starting fresh")
-        self._check_world_size(self.resumed_from)
-        source = setup.resolve_model_source(cfg.model.config_path)
+        # Everything that can reject the job runs before a file is written or a weight loaded.
+        self.resumed_from = ckpt.resume_checkpoint(run_dir) if resume else None
+        saved_state = None
         if self.resumed_from is not None:
+            self._check_world_size(self.resumed_from)
+            saved_state = self.resumed_from.load_state()  # weights_only: refuses code objects
+            setup.check_same_model(cfg, saved_state.get("config"), self.resumed_from.path)
             source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
+        else:
+            source = setup.resolve_model_source(cfg.model.config_path, weights=True)
+        setup.check_data_paths(cfg.data)
         self.plan = _get_plan(cfg, run_dir, plan=plan, resuming=self.resumed_from is not None)
+        make_run_dir(run_dir)
+        save_config(cfg, run_dir / "config.yaml")
         self.plan.save(run_dir / "plan.json")
-        print(setup.plan_summary(self.plan), flush=True)
+        print(setup.plan_summary(self.plan, source=str(cfg.model.config_path)), flush=True)
+        self.trackers = Trackers(tracker_names, run_dir=run_dir, config=cfg.to_dict())
         self.nvme_dir = Path(cfg.runtime.nvme_dir) if cfg.runtime.nvme_dir else run_dir / "nvme"
         hf_config = setup.load_hf_config(source)
         from lazytrain.spec.model import ModelSpec
@@ -184,8 +297,8 @@ class Trainer:
         self.engine = self._make_engine()
         self.replanner = self._make_replanner()
         self.step = 0
-        if self.resumed_from is not None:
-            self._restore(self.resumed_from.load_state())
+        if saved_state is not None:
+            self._restore(saved_state)
         self.flops_params = spec.model_flops_params  # N of 6 * N * tokens (DESIGN 5)
         self.eval_model = None
 
@@ -215,14 +328,15 @@ class Trainer:
 
     def _make_engine(self):
         from lazytrain.runtime.activations import CheckpointStore
+        from lazytrain.runtime.device import make_device
         from lazytrain.runtime.engine import Engine
 
         tc = self.cfg.train
         store = CheckpointStore(
-            device=torch.device(self.device), nvme_dir=self.nvme_dir,
+            device=make_device(self.device_kind, seed=tc.seed), nvme_dir=self.nvme_dir,
             io_threads=self.cfg.runtime.io_threads, fault_hook=self.hooks.fault_hook,
             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in self.plan.windows})
-        return Engine(self.adapter, self.plan, device=self.device, nvme_dir=self.nvme_dir,
+        return Engine(self.adapter, self.plan, device=store.dev, nvme_dir=self.nvme_dir,
                       compute_dtype=tc.compute_dtype, lr=tc.lr,
                       betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps,
                       weight_decay=tc.weight_decay, clip_grad_norm=tc.clip_grad_norm or None,
@@ -288,12 +402,16 @@ class Trainer:
         """Loss and exact match on the held-out examples with the current weights."""
         if not self.data.eval_examples:
             return None
-        if self.eval_model is None:
-            self.eval_model = build_eval_model(self.adapter.config)
-        load_weights(self.eval_model, self.engine.named_masters())
-        return evaluate(self.eval_model, self.tokenizer, list(self.data.eval_examples),
-                        seq_len=self.cfg.data.seq_len, pad_id=self.data.train.pad_id,
-                        data_format=self.data.format)
+        # The random init of the evaluation model (and any sampling in it) must not move the
+        # training RNG, or a resumed run's dropout masks would differ from a straight run's.
+        devices = [torch.cuda.current_device()] if self.device == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if self.eval_model is None:
+                self.eval_model = build_eval_model(self.adapter.config)
+            load_weights(self.eval_model, self.engine.named_masters())
+            return evaluate(self.eval_model, self.tokenizer, list(self.data.eval_examples),
+                            seq_len=self.cfg.data.seq_len, pad_id=self.data.train.pad_id,
+                            data_format=self.data.format)
 
     def _make_replanner(self):
         """The online re-planner when `planner.replan_every_steps` > 0 (train/replan.py)."""
@@ -328,7 +446,8 @@ class Trainer:
     """Writes summary.json (False on ranks > 0 of a data-parallel job, `lazytrain.dist`)."""
 
     def should_stop(self, flag: bool) -> bool:
-        """Whether to stop after this step given the SIGTERM flag (data parallel: any rank's)."""
+        """Whether to stop after this step given the stop-signal flag (data parallel: any
+        rank's)."""
         return flag
 
     def close(self) -> None:
@@ -338,31 +457,78 @@ class Trainer:
         self.engine.close()
 
 
+@contextmanager
+def save_errors(run_dir: Path, *, step: int):
+    """Turn a failed checkpoint write into one `CheckpointSaveError` line naming the checkpoint,
+    the cause and the checkpoint that stays (safetensors reports a full disk as
+    `SafetensorError`, not OSError)."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, SafetensorError) as exc:
+        if isinstance(exc, CheckpointSaveError):
+            raise
+        last = ckpt.latest_checkpoint(run_dir)
+        cause = (exc.strerror if isinstance(exc, OSError) and exc.strerror
+                 else str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
+        raise CheckpointSaveError(
+            code, f"saving checkpoint step-{step:06d} in {ckpt.checkpoints_dir(run_dir)} "
+                  f"failed ({cause}); the previous checkpoint "
+                  f"{last.path if last else '(none)'} is kept; free space and --resume "
+                  f"{run_dir}") from None
+
+
+def _save_due(cfg: RunConfig, *, step: int, since_save_s: float) -> bool:
+    """A periodic checkpoint is due after this step (`train.checkpoint_every_steps`,
+    `train.checkpoint_every_min`); never after the last step, which always saves."""
+    tc = cfg.train
+    if step >= tc.steps:
+        return False
+    by_steps = bool(tc.checkpoint_every_steps) and step % tc.checkpoint_every_steps == 0
+    by_time = bool(tc.checkpoint_every_min) and since_save_s >= 60.0 * tc.checkpoint_every_min
+    return by_steps or by_time
+
+
 def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | None = None,
-          resume: bool = False, hooks: TrainHooks | None = None, progress: bool = True,
-          log: Callable[[str], None] | None = None) -> dict:
+          resume: bool = False, overwrite: bool = False, hooks: TrainHooks | None = None,
+          progress: bool = True, log: Callable[[str], None] | None = None,
+          clock: Callable[[], float] = time.monotonic) -> dict:
     """Run training as configured; returns the summary (also written to RUN_DIR/summary.json).
 
     Args:
         cfg: the run config (`train.steps` is the total, counting steps before a resume).
         run_dir: overrides `train.run_dir`.
         plan: a plan to use instead of planning (checked against seq_len and micro_batch).
-        resume: continue from the newest valid checkpoint in run_dir (fresh start if none).
+        resume: continue from the newest checkpoint in run_dir, which must be complete.
+        overwrite: delete a previous run's files in run_dir first (`prepare_run_dir`);
+            without it a fresh run into a used run_dir is refused.
         hooks: test hooks.
         progress: show the tqdm bar on stderr.
         log: one-line messages (default: print to stderr).
+        clock: seconds (monotonic) for `train.checkpoint_every_min` (tests pass a fake one).
+
+    Returns:
+        The summary; `stopped_by` is None, "SIGTERM" or "SIGINT".
 
     Raises:
         PreflightError: the plan does not fit this machine (numbers in the message).
         PlanInfeasibleError, PlanValidationError: planning failed / the plan does not match.
+        CheckpointError: `resume` and the checkpoint is missing, damaged or unsafe.
         CheckpointIOError: an NVMe-tier I/O error (the last saved checkpoint stays valid).
-        ValueError, FileNotFoundError: bad config or data.
+        CheckpointSaveError: a checkpoint write failed (the previous one stays valid).
+        ValueError, FileNotFoundError: bad config or data, a used run_dir without overwrite,
+            a resume with another model.
     """
     from tqdm import tqdm
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    hooks = hooks or TrainHooks()
     run_dir = Path(run_dir or cfg.train.run_dir)
     t_start = time.perf_counter()
+    prepare_run_dir(run_dir, resume=resume, overwrite=overwrite,
+                    clear=int(os.environ.get("RANK", "0")) == 0)
     from lazytrain.dist.process_group import env_world_size
     if env_world_size() > 1:  # started by torchrun: one rank of a data-parallel job
         from lazytrain.dist import trainer as dp
@@ -385,32 +551,35 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
         timings["eval_before_s"] = time.perf_counter() - mark
         mark = time.perf_counter()
         if before is not None:
-            log(f"eval before: loss {before.loss:.4f}, exact match {before.exact_match}")
+            log(_eval_line("before", before, seq_len=cfg.data.seq_len))
         bar = tqdm(total=cfg.train.steps, initial=trainer.step, file=sys.stderr,
                    disable=not progress, desc="train", unit="step")
-        with sigterm_flag() as sigterm:
+        last_save = clock()
+        with stop_flag() as stop:
             while trainer.step < cfg.train.steps:
                 rec = trainer.train_step()
                 records.append(rec)
                 bar.update(1)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}",
                                 tflops=f"{rec['model_tflops']:.3f}")
-                if trainer.should_stop(sigterm["set"]):
-                    stopped_by = "SIGTERM"
+                if trainer.should_stop(bool(stop["set"])):
+                    stopped_by = stop["set"] or "SIGTERM"  # data parallel: another rank's
                     break
-                every = cfg.train.save_every
-                if every and trainer.step % every == 0 and trainer.step < cfg.train.steps:
-                    saved = trainer.save()
-        bar.close()
-        timings["train_s"] = time.perf_counter() - mark
-        mark = time.perf_counter()
-        saved = trainer.save()
+                if _save_due(cfg, step=trainer.step, since_save_s=clock() - last_save):
+                    with save_errors(run_dir, step=trainer.step):
+                        saved = trainer.save()
+                    last_save = clock()
+            bar.close()
+            timings["train_s"] = time.perf_counter() - mark
+            mark = time.perf_counter()
+            with save_errors(run_dir, step=trainer.step):
+                saved = trainer.save()  # still under stop_flag: a Ctrl-C now does not cut it
         timings["save_s"] = time.perf_counter() - mark
         mark = time.perf_counter()
         after = trainer.evaluate() if stopped_by is None else None
         timings["eval_after_s"] = time.perf_counter() - mark
         if after is not None:
-            log(f"eval after: loss {after.loss:.4f}, exact match {after.exact_match}")
+            log(_eval_line("after", after, seq_len=cfg.data.seq_len))
         summary = _summary(trainer, records=records, before=before, after=after, saved=saved,
                            stopped_by=stopped_by, wall_s=time.perf_counter() - t_start)
         summary["timings_s"] = timings
@@ -419,6 +588,15 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
         return summary
     finally:
         trainer.close()
+
+
+def _eval_line(when: str, result, *, seq_len: int) -> str:
+    """"eval before: loss 1.2345, exact match 0.25"; a loss of None (no held-out example keeps
+    a trained token within seq_len) is said in words, with the fix."""
+    loss = (f"{result.loss:.4f}" if result.loss is not None else
+            f"n/a (no held-out example keeps an answer token within data.seq_len={seq_len}; "
+            f"raise data.seq_len)")
+    return f"eval {when}: loss {loss}, exact match {result.exact_match}"
 
 
 def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wall_s) -> dict:

@@ -1,0 +1,335 @@
+"""The device API: every stream, event, copy, wait and allocation the runtime makes.
+
+Owns the ordering vocabulary of the runtime, so that one object decides how it is carried out
+(`runtime.device`):
+
+| backend        | what runs                                                                      |
+|----------------|--------------------------------------------------------------------------------|
+| `cuda`         | real CUDA streams and events, pinned host memory, the caching allocator        |
+| `cpu`          | every copy synchronous on the calling thread; events are complete at once      |
+| `cpu-checked`  | `cpu`'s numerics bit for bit, plus a happens-before checker over every access   |
+|                | (`runtime/hb_checker.py`): the first unordered access raises `OrderingViolation`|
+| `cpu-threaded` | copy streams as worker threads with seeded random delays, real events, and     |
+|                | pool buffers poisoned when released (`runtime/threaded_device.py`)              |
+
+Vocabulary (CUDA semantics, torch 2.11+):
+- a `Stream` is a queue of device work; `compute` is the stream the engine's kernels run on,
+  fixed at construction (the stream current then); copy streams come from `stream(name)`;
+- `record(stream)` returns an `Event` marking the work queued on it so far; `wait_event` makes
+  later work of a stream wait for an event (no host block); `wait_stream` waits for all work
+  queued on another stream so far; `host_wait` blocks the calling host thread until the event
+  completed (a sync point);
+- `copy(dst, src, stream=...)` queues an asynchronous copy on a stream and returns its event;
+  the caller keeps `src` and `dst` alive and unmodified until the event completed;
+- `record_stream(t, stream)` tells the caching allocator that `t` is used on `stream`, so its
+  memory is not reused before that stream's queued work completes;
+- `empty(...)` allocates device memory on the compute stream (the caching allocator may hand
+  out memory that the compute stream's queued work still uses: another stream's first use of
+  it must wait for the compute stream); `pinned_empty(nbytes)` allocates page-locked host
+  memory;
+- `recycle(t)` declares that a pool takes back a buffer for reuse (checked / poisoned by the
+  CPU checkers); `host_access(t, write=...)` declares a host read or write that is not a torch
+  op (e.g. `os.pwrite` from an NVMe thread);
+- `submit(executor, fn, ...)` runs host work on a worker thread (NVMe I/O, the optimizer); the
+  job happens after everything the submitting thread did, and `wait_futures` makes the waiter
+  happen after the job (the CUDA backend also sets the worker's current device);
+- `timing_event` / `elapsed_ms` measure a stream's time (CUDA events with timing; wall clock
+  on the CPU backends).
+
+Nothing outside this module (and the two CPU checker modules) calls `torch.cuda`'s stream,
+event or copy functions; `tests/runtime/test_device_api.py` enforces it.
+
+Knows nothing about plans, tiers, blocks or files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from concurrent.futures import Executor, Future
+from typing import Callable, Sequence
+
+import torch
+
+DEVICE_KINDS = ("cpu", "cuda", "cpu-checked", "cpu-threaded")
+"""`runtime.device` values that name a backend (`auto` resolves to cuda or cpu)."""
+
+PAGE_BYTES = 4096
+"""Alignment of host buffers handed out by `pinned_empty` (bytes): the page size, which is
+what `cudaHostAlloc` returns, and what O_DIRECT needs for NVMe I/O."""
+
+
+class Stream:
+    """A logical stream: `name` ("compute", "h2d", "d2h", ...) and the backend's handle."""
+
+    __slots__ = ("name", "raw")
+
+    def __init__(self, name: str, raw=None) -> None:
+        self.name, self.raw = name, raw
+
+    def __repr__(self) -> str:
+        return f"Stream({self.name})"
+
+
+class Event:
+    """A point in one stream's queue. `synchronize()` blocks the host until it completed;
+    `query()` says whether it has (never blocks)."""
+
+    __slots__ = ("device", "stream", "raw", "__weakref__")
+
+    def __init__(self, device: "Device", stream: Stream, raw=None) -> None:
+        self.device, self.stream, self.raw = device, stream, raw
+
+    def synchronize(self) -> None:
+        self.device.host_wait(self)
+
+    def query(self) -> bool:
+        return self.device.query(self)
+
+
+class Device:
+    """The synchronous CPU backend (`runtime.device: cpu`), and the interface of all four.
+
+    Every copy runs at once on the calling thread, so every event is complete when recorded
+    and every ordering rule holds trivially. The subclasses keep these numerics and change only
+    how ordering is carried out or checked.
+
+    Args:
+        seed: seeds the delays of `cpu-threaded` (ignored elsewhere).
+    """
+
+    kind = "cpu"
+    is_cuda = False
+
+    def __init__(self, *, seed: int = 0) -> None:
+        self.torch_device = torch.device("cpu")
+        self.compute = Stream("compute")
+        self._streams: dict[str, Stream] = {"compute": self.compute}
+
+    # --- streams and events ------------------------------------------------------------------
+
+    def stream(self, name: str) -> Stream:
+        """The copy stream called `name` (created on first use; one per name per device)."""
+        if name not in self._streams:
+            self._streams[name] = self._new_stream(name)
+        return self._streams[name]
+
+    def _new_stream(self, name: str) -> Stream:
+        return Stream(name)
+
+    def record(self, stream: Stream) -> Event:
+        """An event marking the work queued on `stream` so far."""
+        return Event(self, stream)
+
+    def wait_event(self, stream: Stream, event: Event | None) -> None:
+        """Later work on `stream` waits for `event` (no host block). None: nothing to wait for."""
+
+    def wait_stream(self, stream: Stream, other: Stream) -> None:
+        """Later work on `stream` waits for all work queued on `other` so far."""
+
+    def host_wait(self, event: Event | None) -> None:
+        """Block the calling thread until `event` completed (sync point)."""
+
+    def query(self, event: Event) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        """Block the calling thread until every stream's queued work completed."""
+
+    # --- copies and memory -------------------------------------------------------------------
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, stream: Stream) -> Event:
+        """Queue `dst.copy_(src)` on `stream` (after the stream's waits); returns its event.
+
+        dtype conversion happens in the copy (fp32 host -> bf16 device, bf16 -> fp32). The
+        caller keeps both tensors alive and unmodified until the event completed.
+        """
+        dst.copy_(src)
+        return self.record(stream)
+
+    def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
+        """The caching allocator must not reuse `tensor`'s memory before `stream`'s work queued
+        until the tensor is freed has completed (torch.Tensor.record_stream)."""
+
+    def empty(self, shape, dtype: torch.dtype, *, name: str | None = None) -> torch.Tensor:
+        """Device memory [shape] of `dtype`, allocated on the compute stream (contents
+        undefined). `name` labels the buffer in checker messages."""
+        return torch.empty(shape, dtype=dtype, device=self.torch_device)
+
+    def pinned_empty(self, nbytes: int, *, name: str | None = None) -> torch.Tensor:
+        """Host ``uint8`` [nbytes], page-locked on CUDA, PAGE_BYTES-aligned (contents undefined).
+
+        CPU backends: pageable memory, aligned by over-allocating one page and slicing (the
+        slice keeps the allocation alive). CUDA: `cudaHostAlloc` memory is page-aligned already.
+        """
+        raw = torch.empty(nbytes + PAGE_BYTES, dtype=torch.uint8)
+        shift = (-raw.data_ptr()) % PAGE_BYTES
+        return raw[shift:shift + nbytes]
+
+    def host_tensor(self, tensor: torch.Tensor, *, name: str | None = None) -> torch.Tensor:
+        """Declare `tensor` host (DRAM) memory that the runtime keeps, e.g. a master buffer;
+        returns it. The checker then logs its accesses as host work."""
+        return tensor
+
+    def recycle(self, tensor: torch.Tensor) -> None:
+        """A pool takes `tensor` back for reuse: every copy and kernel that touched it must have
+        completed (host) or be ordered before its next user (device)."""
+
+    def host_access(self, tensor: torch.Tensor, *, write: bool, what: str) -> None:
+        """Declare a host read or write of `tensor` that is not a torch op (`what` names it)."""
+
+    # --- host threads ------------------------------------------------------------------------
+
+    def submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:
+        """Run `fn(*args, **kwargs)` on `executor`'s worker thread, after everything the calling
+        thread did; `wait_futures` orders the waiter after it."""
+        return executor.submit(fn, *args, **kwargs)
+
+    def wait_futures(self, futures: Sequence[Future]) -> list[BaseException | None]:
+        """Wait for every future; returns their exceptions (None for success), in order."""
+        return [f.exception() for f in futures]
+
+    # --- scopes and timing -------------------------------------------------------------------
+
+    def compute_scope(self):
+        """Context for the engine's compute: the checker logs every torch op inside it."""
+        return contextlib.nullcontext()
+
+    def timing_event(self, stream: Stream | None = None):
+        """A timestamp on `stream` (default compute): a CUDA timing event, or wall-clock s."""
+        return time.perf_counter()
+
+    def elapsed_ms(self, start, end) -> float:
+        """Time between two `timing_event`s, ms (resolves CUDA events: sync point)."""
+        return (end - start) * 1e3
+
+    def close(self) -> None:
+        """Stop worker threads (cpu-threaded); idempotent."""
+
+
+class CudaDevice(Device):
+    """Real CUDA streams and events on one GPU (`runtime.device: cuda`).
+
+    Args:
+        index: CUDA device index (the rank's local GPU); made current here.
+
+    Raises:
+        ValueError: torch sees no CUDA device.
+    """
+
+    kind = "cuda"
+    is_cuda = True
+
+    def __init__(self, *, index: int | None = None, seed: int = 0) -> None:
+        if not torch.cuda.is_available():
+            raise ValueError("runtime.device: cuda requested but torch sees no CUDA device; "
+                             "use runtime.device=cpu")
+        index = torch.cuda.current_device() if index is None else index
+        torch.cuda.set_device(index)
+        self.torch_device = torch.device("cuda", index)
+        # The compute stream is fixed now; the engine runs all its kernels on it
+        # (`compute_scope` makes it current), so no part asks for the current stream live.
+        self.compute = Stream("compute", torch.cuda.current_stream(self.torch_device))
+        self._streams = {"compute": self.compute}
+
+    def _new_stream(self, name: str) -> Stream:
+        return Stream(name, torch.cuda.Stream(self.torch_device))
+
+    def record(self, stream: Stream) -> Event:
+        raw = torch.cuda.Event()
+        raw.record(stream.raw)
+        return Event(self, stream, raw)
+
+    def wait_event(self, stream: Stream, event: Event | None) -> None:
+        if event is not None:
+            stream.raw.wait_event(event.raw)
+
+    def wait_stream(self, stream: Stream, other: Stream) -> None:
+        stream.raw.wait_stream(other.raw)
+
+    def host_wait(self, event: Event | None) -> None:
+        if event is not None:
+            event.raw.synchronize()
+
+    def query(self, event: Event) -> bool:
+        return event.raw.query()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.torch_device)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, stream: Stream) -> Event:
+        with torch.cuda.stream(stream.raw):
+            dst.copy_(src, non_blocking=True)
+            return self.record(stream)
+
+    def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
+        tensor.record_stream(stream.raw)
+
+    def empty(self, shape, dtype: torch.dtype, *, name: str | None = None) -> torch.Tensor:
+        with torch.cuda.stream(self.compute.raw):
+            return torch.empty(shape, dtype=dtype, device=self.torch_device)
+
+    def pinned_empty(self, nbytes: int, *, name: str | None = None) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:
+        index = self.torch_device.index
+
+        def job():
+            # A worker that synchronizes events must not create a context on GPU 0.
+            torch.cuda.set_device(index)
+            return fn(*args, **kwargs)
+        return executor.submit(job)
+
+    def compute_scope(self):
+        return torch.cuda.stream(self.compute.raw)
+
+    def timing_event(self, stream: Stream | None = None):
+        raw = torch.cuda.Event(enable_timing=True)
+        raw.record((stream or self.compute).raw)
+        return raw
+
+    def elapsed_ms(self, start, end) -> float:
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+def make_device(kind: str, *, index: int | None = None, seed: int = 0) -> Device:
+    """The backend named `kind` (`runtime.device`; "auto": cuda when torch sees one, else cpu).
+
+    Args:
+        kind: "auto", "cpu", "cuda", "cpu-checked" or "cpu-threaded".
+        index: CUDA device index (data parallel: the local rank).
+        seed: seeds the delays of cpu-threaded.
+
+    Raises:
+        ValueError: unknown kind, or cuda without a CUDA device.
+    """
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cpu":
+        return Device(seed=seed)
+    if kind == "cuda":
+        return CudaDevice(index=index, seed=seed)
+    if kind == "cpu-checked":
+        from lazytrain.runtime.hb_checker import CheckedDevice
+        return CheckedDevice(seed=seed)
+    if kind == "cpu-threaded":
+        from lazytrain.runtime.threaded_device import ThreadedDevice
+        return ThreadedDevice(seed=seed)
+    raise ValueError(f"runtime.device: unknown value {kind!r}; use one of auto, "
+                     f"{', '.join(DEVICE_KINDS)}")
+
+
+def as_device(device) -> Device:
+    """A `Device` from a `Device`, a backend name, or a torch.device / "cpu" / "cuda[:i]"."""
+    if isinstance(device, Device):
+        return device
+    if isinstance(device, torch.device) or (isinstance(device, str) and device.startswith("cuda:")):
+        td = torch.device(device)
+        return make_device(td.type, index=td.index)
+    return make_device(str(device))
+
+
+_thread_names = threading.local()

@@ -1,0 +1,453 @@
+"""`runtime.device: cpu-checked`: a happens-before checker for the runtime's stream ordering.
+
+The numerics are the synchronous CPU backend's, bit for bit: every copy still runs at once.
+What changes is bookkeeping. Each logical actor (the streams "compute", "h2d", "d2h", ... and
+every host thread, "host:<thread name>") carries a vector clock. Every operation is logged with
+its actor, its clock and the storage byte ranges it reads and writes:
+- copies and allocations through the device API;
+- compute ops, through a `TorchDispatchMode` (`compute_scope`): an op touching a host buffer
+  (declared with `host_tensor` / `pinned_empty`) is host work of the calling thread (the fp32
+  to compute-dtype conversion into staging, gradient accumulation, the optimizer on its worker);
+  any other op is compute-stream work;
+- host accesses that are not torch ops (`host_access`: the NVMe threads' pwrite/preadv).
+
+Clocks join only where CUDA orders work: `wait_event` / `wait_stream` (a stream joins the
+event's / other stream's clock), `host_wait` / `synchronize` (the host thread joins), work
+queued on a stream (the stream joins the queueing thread's clock: the GPU cannot run work before
+it is queued), and `submit` / `wait_futures` (a worker joins its submitter, a waiter its job).
+
+Rules (a violation raises `OrderingViolation` at once, naming both operations, their streams
+and the buffer):
+1. conflicting accesses (one a write) to overlapping bytes from two actors must be ordered: the
+   later actor's clock covers the earlier access. This covers "a host write to a pinned buffer
+   happens after every device read of it" and "a host read of a D2H destination happens after
+   that copy", and a device buffer overwritten while another stream still reads it;
+2. the caching allocator, modelled conservatively: a block allocated on stream S may be memory
+   that S's queued work still uses, so its first use on another actor X must be ordered after
+   S's clock at the allocation (nothing relies on the CPU allocator reusing an address);
+3. a device buffer is freed (its last reference dropped, seen through a storage finalizer) only
+   when every access from another stream is ordered before its allocating stream's next work,
+   unless `record_stream` named that stream; a pool buffer is `recycle`d only when every access
+   of other actors is ordered before the recycling thread.
+   Pinned buffers freed by torch are exempt: torch's host caching allocator itself defers their
+   reuse until the copies that used them completed.
+
+Out of scope (documented limits): cross-process ordering of node-shared master weights (the
+owner updates in place while peers copy; the data-parallel protocol orders it with collectives)
+and ordering inside torch ops (one op is one access).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from lazytrain.runtime.device import Device, Event, Stream
+
+PRUNE_AT = 48
+"""Accesses kept per buffer before ordered-for-everyone ones are dropped (bookkeeping only)."""
+
+
+class OrderingViolation(RuntimeError):
+    """Two operations on one buffer are not ordered by any event, wait or synchronize.
+
+    Attributes:
+        buffer: the buffer's label.
+        first, second: "op on stream" of the earlier and the later access.
+        rule: which rule of the checker they break.
+    """
+
+    def __init__(self, message: str, *, buffer: str, first: str, second: str, rule: str) -> None:
+        super().__init__(message)
+        self.buffer, self.first, self.second, self.rule = buffer, first, second, rule
+
+
+VectorClock = dict[str, int]
+
+
+def _joined(a: VectorClock, b: VectorClock) -> VectorClock:
+    out = dict(a)
+    for k, v in b.items():
+        if out.get(k, 0) < v:
+            out[k] = v
+    return out
+
+
+@dataclass(slots=True)
+class _Access:
+    actor: str
+    epoch: int
+    start: int
+    end: int
+    write: bool
+    op: str
+
+
+@dataclass(slots=True)
+class _Buffer:
+    label: str
+    host: bool
+    pinned: bool
+    alloc_actor: str
+    alloc_epoch: int
+    accesses: list = field(default_factory=list)
+    first_used_by: set = field(default_factory=set)
+    recorded_streams: set = field(default_factory=set)
+
+
+class CheckedDevice(Device):
+    """The CPU backend with a happens-before checker; see the module docstring."""
+
+    kind = "cpu-checked"
+
+    def __init__(self, *, seed: int = 0) -> None:
+        super().__init__(seed=seed)
+        self._lock = threading.RLock()
+        self._clocks: dict[str, VectorClock] = {}
+        self._buffers: dict[int, _Buffer] = {}  # storage data_ptr -> live buffer
+        self._local = threading.local()
+        self._pending: OrderingViolation | None = None
+        self.violations: list[OrderingViolation] = []
+        self.ops_logged = 0
+
+    # --- clocks ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _thread_actor() -> str:
+        return f"host:{threading.current_thread().name}"
+
+    def _clock(self, actor: str) -> VectorClock:
+        return self._clocks.setdefault(actor, {actor: 0})
+
+    def _tick(self, actor: str) -> int:
+        clock = self._clock(actor)
+        clock[actor] = clock.get(actor, 0) + 1
+        return clock[actor]
+
+    def _join(self, actor: str, other: VectorClock) -> None:
+        self._clocks[actor] = _joined(self._clock(actor), other)
+
+    def _queue_on(self, stream: Stream) -> int:
+        """Work queued on `stream` by this thread: the stream joins the thread, then ticks."""
+        self._join(stream.name, self._clock(self._thread_actor()))
+        return self._tick(stream.name)
+
+    def _ordered(self, actor: str, access: _Access) -> bool:
+        return access.actor == actor or self._clock(actor).get(access.actor, 0) >= access.epoch
+
+    # --- buffers -----------------------------------------------------------------------------
+
+    def _buffer(self, t: torch.Tensor, *, actor: str, epoch: int, label: str | None = None,
+                host: bool | None = None, pinned: bool = False) -> _Buffer | None:
+        """The live buffer of `t`'s storage, registered on first sight."""
+        if t.device.type != "cpu" or t.numel() == 0:
+            return None
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr == 0:
+            return None
+        buf = self._buffers.get(ptr)
+        if buf is None or label is not None:
+            is_host = actor.startswith("host:") if host is None else host
+            buf = _Buffer(label=label or f"tensor {tuple(t.shape)} {t.dtype}", host=is_host,
+                          pinned=pinned, alloc_actor=actor, alloc_epoch=epoch)
+            self._buffers[ptr] = buf
+            weakref.finalize(storage, self._freed, ptr, buf)
+        return buf
+
+    @staticmethod
+    def _span(t: torch.Tensor) -> tuple[int, int]:
+        size = t.element_size()
+        start = t.storage_offset() * size
+        extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
+        return start, start + extent * size
+
+    def _access(self, t: torch.Tensor, *, actor: str, epoch: int, write: bool, op: str) -> None:
+        buf = self._buffer(t, actor=actor, epoch=epoch - 1 if write else epoch)
+        if buf is None:
+            return
+        start, end = self._span(t)
+        if (not buf.host and buf.alloc_actor != actor and actor not in buf.first_used_by):
+            buf.first_used_by.add(actor)
+            if self._clock(actor).get(buf.alloc_actor, 0) < buf.alloc_epoch:
+                self._violate(
+                    buf, f"allocation on stream {buf.alloc_actor}", f"{op} on {actor}",
+                    "first use on another stream of a block allocated on stream "
+                    f"{buf.alloc_actor} must wait for that stream's work queued before the "
+                    "allocation (the caching allocator may hand out memory it still uses)")
+        for prev in buf.accesses:
+            if (prev.end > start and prev.start < end and (prev.write or write)
+                    and not self._ordered(actor, prev)):
+                kind = "write" if write else "read"
+                self._violate(
+                    buf, f"{prev.op} on {prev.actor} ({'write' if prev.write else 'read'} "
+                    f"bytes {prev.start}-{prev.end})", f"{op} on {actor} ({kind} bytes "
+                    f"{start}-{end})", "conflicting accesses from two streams are not ordered "
+                    "by an event wait, a stream wait or a host synchronize")
+        new = _Access(actor, epoch, start, end, write, op)
+        buf.accesses = [a for a in buf.accesses if not self._subsumed(a, new)] + [new]
+        if len(buf.accesses) > PRUNE_AT:
+            buf.accesses = [a for a in buf.accesses if not self._ordered_for_all(a)]
+
+    @staticmethod
+    def _subsumed(old: _Access, new: _Access) -> bool:
+        """`old` can never race where `new` does not: same actor, covered, and new writes or
+        both read."""
+        return (old.actor == new.actor and new.start <= old.start and old.end <= new.end
+                and (new.write or not old.write))
+
+    def _ordered_for_all(self, a: _Access) -> bool:
+        return all(c.get(a.actor, 0) >= a.epoch for c in self._clocks.values())
+
+    def _freed(self, ptr: int, buf: _Buffer) -> None:
+        """Storage finalizer: the last reference is gone (any thread)."""
+        with self._lock:
+            if self._buffers.get(ptr) is buf:
+                del self._buffers[ptr]
+            if buf.host:
+                return
+            freer = _joined(self._clock(buf.alloc_actor), self._clock(self._thread_actor()))
+            for a in buf.accesses:
+                if (a.actor != buf.alloc_actor and a.actor not in buf.recorded_streams
+                        and freer.get(a.actor, 0) < a.epoch):
+                    self._violate(buf, f"{a.op} on {a.actor}", "free of the last reference "
+                                  f"(memory returns to stream {buf.alloc_actor})",
+                                  "a device buffer is freed only after every access from "
+                                  "another stream is ordered before its allocating stream, or "
+                                  "record_stream named that stream", now=False)
+                    return
+
+    def _violate(self, buf: _Buffer, first: str, second: str, rule: str, *,
+                 now: bool = True) -> None:
+        exc = OrderingViolation(f"ordering violation on {buf.label}: {second} is not ordered "
+                                f"after {first}; rule: {rule}",
+                                buffer=buf.label, first=first, second=second, rule=rule)
+        self.violations.append(exc)
+        if now:
+            raise exc
+        if self._pending is None:
+            self._pending = exc
+
+    def _raise_pending(self) -> None:
+        if self._pending is not None and threading.current_thread() is threading.main_thread():
+            exc, self._pending = self._pending, None
+            raise exc
+
+    # --- the device API ----------------------------------------------------------------------
+
+    def record(self, stream: Stream) -> Event:
+        with self._lock:
+            self._raise_pending()
+            event = Event(self, stream)
+            event.raw = dict(self._clock(stream.name))
+            return event
+
+    def wait_event(self, stream: Stream, event: Event | None) -> None:
+        if event is not None:
+            with self._lock:
+                self._join(stream.name, event.raw)
+
+    def wait_stream(self, stream: Stream, other: Stream) -> None:
+        with self._lock:
+            self._join(stream.name, self._clock(other.name))
+
+    def host_wait(self, event: Event | None) -> None:
+        if event is not None:
+            with self._lock:
+                self._join(self._thread_actor(), event.raw)
+
+    def synchronize(self) -> None:
+        with self._lock:
+            actor = self._thread_actor()
+            for name in list(self._streams):
+                self._join(actor, self._clock(name))
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, stream: Stream) -> Event:
+        with self._lock:
+            self._raise_pending()
+            epoch = self._queue_on(stream)
+            op = f"copy on {stream.name}"
+            self._access(src, actor=stream.name, epoch=epoch, write=False, op=op)
+            self._access(dst, actor=stream.name, epoch=epoch, write=True, op=op)
+        with self._suspended():
+            dst.copy_(src)
+        return self.record(stream)
+
+    def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
+        with self._lock:
+            buf = self._buffer(tensor, actor=self.compute.name, epoch=0)
+            if buf is not None:
+                buf.recorded_streams.add(stream.name)
+
+    def empty(self, shape, dtype: torch.dtype, *, name: str | None = None) -> torch.Tensor:
+        with self._suspended():
+            t = torch.empty(shape, dtype=dtype)
+        with self._lock:
+            epoch = self._clock(self.compute.name).get(self.compute.name, 0)
+            self._buffer(t, actor=self.compute.name, epoch=epoch, host=False,
+                         label=name or f"device buffer {tuple(t.shape)} {dtype}")
+        return t
+
+    def pinned_empty(self, nbytes: int, *, name: str | None = None) -> torch.Tensor:
+        with self._suspended():
+            t = super().pinned_empty(nbytes)
+        with self._lock:
+            self._buffer(t, actor=self._thread_actor(), epoch=0, host=True, pinned=True,
+                         label=name or f"pinned host buffer of {nbytes} bytes")
+        return t
+
+    def host_tensor(self, tensor: torch.Tensor, *, name: str | None = None) -> torch.Tensor:
+        with self._lock:
+            self._buffer(tensor, actor=self._thread_actor(), epoch=0, host=True,
+                         label=name or f"host buffer {tuple(tensor.shape)} {tensor.dtype}")
+        return tensor
+
+    def recycle(self, tensor: torch.Tensor) -> None:
+        with self._lock:
+            self._raise_pending()
+            buf = self._buffer(tensor, actor=self._thread_actor(), epoch=0)
+            if buf is None:
+                return
+            actor = self._thread_actor()
+            start, end = self._span(tensor)
+            for a in buf.accesses:
+                if a.end > start and a.start < end and not self._ordered(actor, a):
+                    self._violate(buf, f"{a.op} on {a.actor}", f"return to its pool on {actor}",
+                                  "a buffer goes back to a pool only after every access from "
+                                  "other streams completed (host synchronize)")
+
+    def host_access(self, tensor: torch.Tensor, *, write: bool, what: str) -> None:
+        with self._lock:
+            actor = self._thread_actor()
+            self._access(tensor, actor=actor, epoch=self._tick(actor), write=write, op=what)
+
+    def submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:
+        with self._lock:
+            parent = dict(self._clock(self._thread_actor()))
+
+        def job():
+            with self._lock:
+                self._join(self._thread_actor(), parent)
+            try:
+                with self.compute_scope():
+                    return fn(*args, **kwargs)
+            finally:
+                with self._lock:
+                    future_clock[0] = dict(self._clock(self._thread_actor()))
+
+        future_clock: list[VectorClock] = [{}]
+        future = executor.submit(job)
+        future.lazytrain_clock = future_clock  # type: ignore[attr-defined]
+        return future
+
+    def wait_futures(self, futures: Sequence[Future]) -> list[BaseException | None]:
+        errors = [f.exception() for f in futures]
+        with self._lock:
+            actor = self._thread_actor()
+            for f in futures:
+                clock = getattr(f, "lazytrain_clock", None)
+                if clock is not None:
+                    self._join(actor, clock[0])
+        return errors
+
+    # --- compute ops -------------------------------------------------------------------------
+
+    def compute_scope(self):
+        if getattr(self._local, "mode", None) is not None:
+            return contextlib.nullcontext()
+        return _ScopeGuard(self)
+
+    @contextlib.contextmanager
+    def _suspended(self):
+        prev = getattr(self._local, "suspended", False)
+        self._local.suspended = True
+        try:
+            yield
+        finally:
+            self._local.suspended = prev
+
+    def log_op(self, func, args, kwargs, out) -> None:
+        """Log one torch op: reads of its inputs, writes of mutated inputs and fresh outputs."""
+        if getattr(self._local, "suspended", False):
+            return
+        schema = func._schema
+        written, read = [], []
+        for arg, value in zip(schema.arguments, args):
+            target = written if (arg.alias_info is not None and arg.alias_info.is_write) else read
+            target.extend(x for x in tree_flatten(value)[0] if isinstance(x, torch.Tensor))
+        for name, value in (kwargs or {}).items():
+            arg = next((a for a in schema.arguments if a.name == name), None)
+            is_write = arg is not None and arg.alias_info is not None and arg.alias_info.is_write
+            (written if is_write else read).extend(
+                x for x in tree_flatten(value)[0] if isinstance(x, torch.Tensor))
+        views = any(r.alias_info is not None and not r.alias_info.is_write
+                    for r in schema.returns)
+        if views and not written:
+            return  # a view: metadata only, no bytes touched
+        fresh = [] if views else [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+        with self._lock:
+            self._raise_pending()
+            on_host = threading.current_thread() is not threading.main_thread() or any(
+                self._is_host(t) for t in (*read, *written))
+            actor = self._thread_actor() if on_host else self.compute.name
+            if on_host:
+                epoch = self._tick(actor)
+            else:
+                epoch = self._queue_on(self.compute)
+            op = f"{func.__name__}"
+            self.ops_logged += 1
+            for t in read:
+                self._access(t, actor=actor, epoch=epoch, write=False, op=op)
+            for t in written:
+                self._access(t, actor=actor, epoch=epoch, write=True, op=op)
+            for t in fresh:
+                if self._buffers.get(_ptr(t)) is None:
+                    self._buffer(t, actor=actor, epoch=epoch - 1, host=on_host,
+                                 label=f"output of {op} {tuple(t.shape)} {t.dtype} on {actor}")
+                self._access(t, actor=actor, epoch=epoch, write=True, op=op)
+
+    def _is_host(self, t: torch.Tensor) -> bool:
+        if t.device.type != "cpu" or t.numel() == 0:
+            return False
+        buf = self._buffers.get(_ptr(t))
+        return buf is not None and buf.host
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class _LoggingMode(TorchDispatchMode):
+    def __init__(self, device: CheckedDevice) -> None:
+        super().__init__()
+        self.device = device
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.device.log_op(func, args, kwargs, out)
+        return out
+
+
+class _ScopeGuard:
+    """Enters the logging mode on this thread (re-entrant: nested scopes are no-ops)."""
+
+    def __init__(self, device: CheckedDevice) -> None:
+        self.device = device
+        self.mode = _LoggingMode(device)
+
+    def __enter__(self):
+        self.device._local.mode = self.mode
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.device._local.mode = None
+        return self.mode.__exit__(*exc)
