@@ -33,7 +33,7 @@ def _problem(**kw) -> PlanningProblem:
         hbm_bytes=2000 * U, fixed_hbm_bytes=1000 * U, dram_bytes=10**11, nvme_bytes=10**11,
         nvme_staging_bytes=10 * U, host_bytes_per_param=12.0, host_bytes_per_param_q8=10.0,
         drain_windows=2, prefetch_windows=2, nvme_lead_windows=1, grad_accum=2,
-        tokens_per_micro_batch=389, model_flops_per_micro_batch=389e9,
+        tokens_per_micro_batch=449, model_flops_per_micro_batch=449e9,
         hardware_flops_per_micro_batch_base=1e12, block_fwd_flops=(1e11,) * 3,
     )
     base.update(kw)
@@ -60,10 +60,12 @@ HAND = Decisions(tiers=("recompute", "dram", "recompute", "hbm"), keep_internals
 COMPUTE = [10, 10, 12, 4, 30, 32, 33]
 H2D = [200, 200, 0, 50, 400, 200, 0]
 D2H = [0, 50, 0, 0, 0, 100, 100]
-# GPU: max(comp, h2d/10, d2h/10, (h2d+d2h)/15):
+# GPU: max(comp, h2d/10, d2h/10, (h2d+d2h)/15, in-window order):
 #   f0 max(10, 20, 0, 13.3) = 20;  f1 max(10, 20, 5, 16.7) = 20;  f2 12;  turn max(4, 5, 3.3) = 5
-#   b2 max(30, 40, 0, 26.7) = 40;  b1 max(32, 20, 10, 20) = 32;   b0 max(33, 0, 10, 6.7) = 33
-GPU_TIMES = [20, 20, 12, 5, 40, 32, 33]  # sum 162
+#   b2: the recompute of block 1 waits on H2D for P1 (next block, 20 ms) and its own P1
+#       (20 ms), then F1 10 and B2 20 (kept: no Fg2): 70 > max(30, 40, 0, 26.7)
+#   b1 max(32, 20, 10, 20) = 32;   b0 max(33, 0, 10, 6.7) = 33
+GPU_TIMES = [20, 20, 12, 5, 70, 32, 33]  # sum 192
 # CPU: comp + h2d/10 + d2h/10: 30, 35, 12, 9, 70, 62, 43 (sum 261)
 CPU_TIMES = [30, 35, 12, 9, 70, 62, 43]
 # pre = embed 1 + P0/10 = 21; post = G0/10 = 10.
@@ -78,8 +80,8 @@ def test_gpu_windows_match_hand_computation():
     assert [w.time_ms for w in ev.windows] == pytest.approx(GPU_TIMES)
     assert [w.exposed_ms for w in ev.windows] == pytest.approx(
         [g - c for g, c in zip(GPU_TIMES, COMPUTE)])
-    assert ev.micro_step_ms == pytest.approx(21 + 162 + 10)      # 193
-    assert ev.step_ms == pytest.approx(2 * 193 + 3)              # 389
+    assert ev.micro_step_ms == pytest.approx(21 + 192 + 10)      # 223
+    assert ev.step_ms == pytest.approx(2 * 223 + 3)              # 449
 
 
 def test_cpu_windows_add_channel_times_to_compute():
@@ -102,13 +104,13 @@ def test_checkpoint_bytes_follow_the_holding_intervals():
 
 def test_predicted_throughput_and_host_bytes():
     ev = evaluate(_problem(), dataclasses.replace(HAND, q8_blocks=(0,)))
-    # step 0.389 s: model 389e9 * 2 / 0.389 s = 2 TFLOPS; tokens 389 * 2 / 0.389 = 2000/s;
+    # step 0.449 s: model 449e9 * 2 / 0.449 s = 2 TFLOPS; tokens 449 * 2 / 0.449 = 2000/s;
     # hardware: base 1e12 + re-forward of blocks 0, 1 (2e11) + segment recompute of block 1
-    # (1e11) = 1.3e12 per micro-batch, 2.6e12 per step -> 2.6 / 0.389 TFLOPS.
+    # (1e11) = 1.3e12 per micro-batch, 2.6e12 per step -> 2.6 / 0.449 TFLOPS.
     assert ev.model_tflops == pytest.approx(2.0)
     assert ev.tokens_per_s == pytest.approx(2000.0)
     assert ev.hardware_flops == pytest.approx(2.6e12)
-    assert ev.hardware_tflops == pytest.approx(2.6 / 0.389)
+    assert ev.hardware_tflops == pytest.approx(2.6 / 0.449)
     # DRAM: A1 50u + staging 10u + states 1e8 * (10 + 12 + 12) + 1e7 * 12 = 3.52e9
     assert ev.dram_bytes == pytest.approx(60 * U + 3.4e9 + 1.2e8)
     assert ev.nvme_bytes == 0
@@ -122,33 +124,34 @@ def test_capacity_violations_name_budget_window_and_shortfall():
     assert ev.violations[1].startswith("DRAM short by 1.32 GB")
 
 
-def test_nvme_boundary_loads_the_nvme_channels():
-    # boundary 0 nvme in segment (0, 3): use = 2*3 - 3 + 1 = 4 (b2).
-    # NVMe at 500 u/s. f0: NVMe write A0 = 50u -> 100 ms > F0 = 10, so t = 100.
-    # turn: NVMe read 50u = 100 ms, H2D P2 + A0 = 250u = 25 ms -> t = 100.
+def test_nvme_boundary_loads_the_nvme_channels_and_chains_serially_in_one_window():
+    # boundary 0 nvme in segment (0, 3): use = 2*3 - 3 + 1 = 4 (b2). NVMe at 500 u/s.
+    # f0: d2h A0 50u = 5 ms, then (same window: no pipelining) its NVMe write 100 ms -> 105.
+    # turn: NVMe read 50u = 100 ms, then its h2d 5 ms, then the load of P2 20 ms -> 125.
     d = Decisions(tiers=("nvme", "recompute", "recompute", "hbm"),
                   transfers=(_t(0, "d2h", "f0"), _t(0, "nvme_write", "f0"),
                              _t(0, "nvme_read", "turn"), _t(0, "h2d", "turn")))
     ev = evaluate(_problem(nvme_read_bytes_per_s=500 * U, nvme_write_bytes_per_s=500 * U), d)
     w = {x.name: x for x in ev.windows}
     assert w["f0"].nvme_write_bytes == 50 * U and w["turn"].nvme_read_bytes == 50 * U
-    assert w["f0"].time_ms == pytest.approx(100.0)
-    assert w["turn"].time_ms == pytest.approx(100.0)
+    assert w["f0"].time_ms == pytest.approx(105.0)
+    assert w["turn"].time_ms == pytest.approx(125.0)
     assert ev.nvme_bytes == 50 * U
     # b2 recomputes blocks 0 and 1 (F0 + F1 = 20) and re-streams P0 + P1 (400u) plus the usual
-    # P1 (200u): compute 20 + B2 + Fg2 = 52, H2D 600u = 60 ms -> 60.
+    # P1 (200u): compute 20 + B2 + Fg2 = 52, H2D 600u = 60 ms. In order: P1 20 ms, then
+    # max(P0 20 + F0 10 + F1 10, P0 + P1 40 + F1 10) = 50, then Fg2 + B2 32 -> 102.
     assert w["b2"].compute_ms == pytest.approx(52.0)
-    assert w["b2"].time_ms == pytest.approx(60.0)
+    assert w["b2"].time_ms == pytest.approx(102.0)
 
 
 def test_build_plan_round_trips_and_keeps_the_evaluation(tmp_path):
     plan = build_plan(_problem(), HAND, solver=MANUAL)
-    assert plan.predicted.step_ms == pytest.approx(389.0)
+    assert plan.predicted.step_ms == pytest.approx(449.0)
     assert plan.provenance["horizons"] == {"drain_windows": 2, "prefetch_windows": 2,
                                            "nvme_lead_windows": 1}
     again = Plan.load(plan.save(tmp_path / "plan.json"))
     assert again == plan
-    assert evaluate(_problem(), again).step_ms == pytest.approx(389.0)
+    assert evaluate(_problem(), again).step_ms == pytest.approx(449.0)
 
 
 def test_build_plan_rejects_a_plan_reading_an_unwritten_checkpoint():
@@ -197,43 +200,38 @@ def test_cpu_schedule_drains_at_production_and_prefetches_just_before_use():
     p = _problem(copies_overlap_compute=False)
     tr = schedule_transfers(p, ("dram", "nvme", "recompute", "hbm"))
     # boundary 0: segment (0,1), use = 6 (b0); boundary 1: segment (1,3), use = 4 (b2).
+    # Boundary 1's NVMe write goes to the window after its d2h (f2); its read is legal in
+    # ords 1..3 and must follow the write: turn; no h2d window after turn is legal (use - 1
+    # = 3), so the h2d shares turn with the read (the fallback of a short model).
     got = {(t.boundary, t.kind): (t.window, t.fraction) for t in tr}
     assert got == {(0, "d2h"): ("f0", 1.0), (0, "h2d"): ("b1", 1.0),
-                   (1, "d2h"): ("f1", 1.0), (1, "nvme_write"): ("f1", 1.0),
+                   (1, "d2h"): ("f1", 1.0), (1, "nvme_write"): ("f2", 1.0),
                    (1, "nvme_read"): ("turn", 1.0), (1, "h2d"): ("turn", 1.0)}
 
 
 def test_gpu_schedule_spreads_a_slow_nvme_read_over_window_slack():
-    # boundary 0 nvme in segment (0, 3), use = 4 (b2); nvme_read legal in ords 1..3 with H_p = 2,
-    # H_n = 1; at 500 u/s a 50u read takes 100 ms, far more than any window's slack, so the
-    # scheduler spreads it (and never lets it trail the h2d it feeds: validate() checks).
-    p = _problem(nvme_read_bytes_per_s=500 * U)
-    tiers = ("nvme", "recompute", "recompute", "hbm")
+    # 5 blocks; boundary 0 nvme in segment (0, 5), use = 2*5 - 5 + 1 = 6 (b4). H_p = 2, H_n = 3:
+    # d2h in f0, NVMe write from f1 on, h2d in f4 (turn's H2D is full with P4), reads after
+    # the write and before the h2d (no same-window chain): f2, f3. At 500 u/s a 50u read takes
+    # 100 ms, far more than any window's slack (20 ms x 500 u/s = 10u), so the scheduler
+    # spreads it over both.
+    L = 5
+    p = _problem(fwd_ms=(10.0,) * L, fwd_grad_ms=(12.0,) * L, bwd_ms=(20.0,) * L,
+                 weight_bytes=(200 * U,) * L, grad_bytes=(100 * U,) * L,
+                 internal_bytes=(30 * U,) * L, boundary_bytes=(50 * U,) * (L + 1),
+                 params_per_block=(10**8,) * L, block_fwd_flops=(1e11,) * L,
+                 nvme_read_bytes_per_s=500 * U, prefetch_windows=2, nvme_lead_windows=3)
+    tiers = ("nvme",) + ("recompute",) * (L - 1) + ("hbm",)
     tr = schedule_transfers(p, tiers)
     build_plan(p, Decisions(tiers=tiers, transfers=tr), solver=MANUAL)
     reads = [t for t in tr if t.kind == "nvme_read"]
-    assert len(reads) > 1
+    assert sorted(t.window for t in reads) == ["f2", "f3"]
     assert sum(t.fraction for t in reads) == pytest.approx(1.0)
-    hz = dict(drain_windows=2, prefetch_windows=2, nvme_lead_windows=1)
+    ords = {k: [window_ord(t.window, L) for t in tr if t.kind == k]
+            for k in ("d2h", "nvme_write", "nvme_read", "h2d")}
+    assert max(ords["d2h"]) < min(ords["nvme_write"])
+    assert max(ords["nvme_write"]) < min(ords["nvme_read"])
+    assert max(ords["nvme_read"]) < min(ords["h2d"])
+    hz = dict(drain_windows=2, prefetch_windows=2, nvme_lead_windows=3)
     for t in tr:
-        assert window_ord(t.window, 3) in legal_ords(t.kind, t.boundary, 3, 3, **hz)
-
-
-def test_scheduler_rejects_malformed_tiers():
-    with pytest.raises(ValueError, match=r"boundary 3: the last boundary must be hbm"):
-        schedule_transfers(_problem(), ("hbm", "hbm", "hbm", "dram"))
-    with pytest.raises(ValueError, match=r"boundary 1: tier 'gpu'"):
-        decisions_from_tiers(_problem(), ("hbm", "gpu", "hbm", "hbm"))
-    with pytest.raises(ValueError, match=r"block 0: keep_internals"):
-        decisions_from_tiers(_problem(), ("hbm", "recompute", "hbm", "hbm"), (0,))
-
-
-def test_checkpoint_bytes_of_an_offload_spread_over_windows_use_the_last_drain():
-    # boundary 1 dram in segment (1, 2) (use = b1, ord 5): d2h split f1/f2 -> held [1, 2];
-    # h2d in b2 -> held [4, 5]; released in turn (ord 3).
-    p = _problem()
-    held = checkpoint_bytes(p, ("hbm", "dram", "hbm", "hbm"),
-                            (_t(1, "d2h", "f1", 0.5), _t(1, "d2h", "f2", 0.5),
-                             _t(1, "h2d", "b2")))
-    # boundary 0 hbm [0, 6]; 1: [1, 2] + [4, 5]; 2 hbm [2, 4]; 3 [3, 3]
-    assert [h / U for h in held] == pytest.approx([50, 100, 150, 150, 150, 100, 50])
+        assert window_ord(t.window, L) in legal_ords(t.kind, t.boundary, L, L, **hz)

@@ -1,7 +1,8 @@
 """The fluid window evaluator: step time, per-window work and memory of ANY plan.
 
 Implements the equations of `docs/execution_model.md` exactly (per-window compute, H2D, D2H and
-NVMe bytes; window time as max of channels on a GPU or sum of channels on a CPU; step time with
+NVMe bytes; window time as max of channels on a GPU or sum of channels on a CPU, and on a GPU at
+least the in-window stream order of `planner/chains.py`; step time with
 the `pre`/`post` terms; HBM bytes held by the checkpoint store with the exact holding
 intervals; peak HBM with fixed and keep terms; DRAM and NVMe bytes). It also owns the simple
 transfer scheduler used by the heuristics and by tests (`schedule_transfers`), and
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lazytrain.planner.chains import stream_bounds_ms
 from lazytrain.planner.plan import (
     OFFLOAD_TIERS, TIERS, TRANSFER_KINDS, Bounds, Plan, Predicted, SolveRecord, Transfer,
     WindowRecord, legal_ords, use_ord, window_name, window_names, window_ord,
@@ -284,9 +286,11 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
     for j in d.resident_weights:
         keep_add[j] += p.weight_bytes[j]
         keep_add[2 * L - j + 1] -= p.weight_bytes[j]
+    order = stream_bounds_ms(p, tiers, d.transfers, keep_internals=d.keep_internals,
+                             resident_weights=d.resident_weights)
     windows, hbm, acc, total = [], [], 0.0, 0.0
     for o, name in enumerate(window_names(L)):
-        t = window_time_ms(p, comp[o], h2d[o], d2h[o], nr[o], nw[o])
+        t = max(window_time_ms(p, comp[o], h2d[o], d2h[o], nr[o], nw[o]), order[o])
         total += t
         acc += keep_add[o]
         hbm.append(p.fixed_hbm_bytes + held[o] + acc)
@@ -507,27 +511,42 @@ class _Loads:
 
 def schedule_offload(loads: _Loads, problem: PlanningProblem, i: int, tier: str,
                      segment_end: int) -> dict[str, dict[int, float]]:
-    """d2h as soon as possible, then (nvme tier) NVMe writes right behind it; updates `loads`."""
+    """d2h as soon as possible, then (nvme tier) NVMe writes from the next window on (the d2h's
+    window only when no later one is legal); updates `loads`."""
     A = float(problem.boundary_bytes[i])
     out = {"d2h": loads.fill_whole("d2h", A, _ords(problem, "d2h", i, segment_end))}
     if tier == "nvme":
+        d2h = max(out["d2h"])
         out["nvme_write"] = loads.fill("nvme_write", A,
-                                       _ords(problem, "nvme_write", i, segment_end), out["d2h"])
+                                       _later_ords(problem, "nvme_write", i, segment_end, d2h))
     return out
 
 
 def schedule_prefetch(loads: _Loads, problem: PlanningProblem, i: int, tier: str,
                       segment_end: int, offload: dict[str, dict[int, float]]
                       ) -> dict[str, dict[int, float]]:
-    """h2d as late as possible (after the last d2h / NVMe write), NVMe reads before it."""
+    """h2d as late as possible (after the last d2h / NVMe write), NVMe reads in windows before
+    it (in the h2d's window only when no earlier read window is legal)."""
     A = float(problem.boundary_bytes[i])
     if tier == "dram":
         lo = max(offload["d2h"])
         return {"h2d": loads.fill_whole("h2d", A,
                                         _ords(problem, "h2d", i, segment_end, lo)[::-1])}
-    read_ords = _ords(problem, "nvme_read", i, segment_end, max(offload["nvme_write"]))
-    h2d = loads.fill_whole("h2d", A, _ords(problem, "h2d", i, segment_end, read_ords[0])[::-1])
-    return {"h2d": h2d, "nvme_read": loads.fill("nvme_read", A, read_ords[::-1], h2d)}
+    read_ords = _later_ords(problem, "nvme_read", i, segment_end, max(offload["nvme_write"]))
+    h2d = loads.fill_whole("h2d", A, _later_ords(problem, "h2d", i, segment_end,
+                                                 read_ords[0])[::-1])
+    (h,) = h2d
+    before = [o for o in read_ords if o < h] or [o for o in read_ords if o <= h]
+    return {"h2d": h2d, "nvme_read": loads.fill("nvme_read", A, before[::-1])}
+
+
+def _later_ords(problem: PlanningProblem, kind: str, i: int, segment_end: int, source: int
+                ) -> list[int]:
+    """Legal ords of a chained transfer after its source's window `source` (no same-window
+    pipelining, docs/execution_model.md "In-window order"); when no later window is legal (a
+    boundary near the end of a short model), the source's window is allowed too."""
+    return ([o for o in _ords(problem, kind, i, segment_end, source) if o > source]
+            or _ords(problem, kind, i, segment_end, source))
 
 
 def _ords(problem: PlanningProblem, kind: str, i: int, segment_end: int, lo: int = 0
@@ -559,9 +578,10 @@ def schedule_transfers(problem: PlanningProblem, tiers, keep_internals=(), *,
     """A legal transfer schedule for a tier assignment, within the problem's horizons.
 
     Offloads in production order: d2h as soon as possible, whole in one window (the first whose
-    slack takes it, else the window that grows least), NVMe writes right behind the d2h. Prefetches by earliest deadline
-    first: h2d as late as possible, NVMe reads behind it (never later than the h2d they feed).
-    h2d starts only after the last d2h (dram) / last NVMe write (nvme), so precedence holds by
+    slack takes it, else the window that grows least), NVMe writes from the window after the
+    d2h. Prefetches by earliest deadline first: h2d as late as possible, NVMe reads in the
+    windows before it. A chained transfer never shares its source's window unless no later
+    window is legal (docs/execution_model.md, "In-window order"), so precedence holds by
     construction. On a CPU (no slack) everything lands in one window: d2h at production, h2d
     just before use, which keeps HBM holding intervals shortest.
 

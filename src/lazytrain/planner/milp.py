@@ -18,6 +18,8 @@ Parameters (units inside the model: ms and GB; converted once in `scale_inputs`)
     M_hbm = hbm - fixed_hbm; M_dram = dram - staging - host states (all 16/12 B/param);
     M_nvme, GB;  Q[j] = params[j] * (bpp - bpp_q8) / 1e9 (8-bit saving), GB
     H_d, H_p, H_n          drain / prefetch / NVMe-lead horizons (windows), `plan.legal_ords`
+    R[s,e]                 recompute chain of segment (s, e): max_k (P[s..k]/bw_h2d + F[k..e-2]),
+                           ms (`chains.recompute_chain_ms`)
 
 Variables (MilpVars; code name = DESIGN symbol)
     seg[s,e]  in {0,1}  x: s and e consecutive segment starts
@@ -56,11 +58,14 @@ Constraint families (function that adds them)
     4. totals         sum_o d2h = sum_o h2d = dram+nvme; sum_o nvw = sum_o nvr = nvme
                                                                             add_transfer_totals
     5. legality       x[i,o] <= sum_{e: o legal for (i,e)} seg[i,e]         add_transfer_legality
-    6. precedence     cum nvw <= cum d2h; cum nvr <= cum nvw; cum h2d <= cum d2h;
-                      cum h2d <= cum nvr + dram[i]                          add_precedence
+    6. precedence     cum_o nvw <= cum_{o-1} d2h; cum_o nvr <= cum_{o-1} nvw;
+                      cum_o h2d <= cum_o d2h; cum_o h2d <= cum_{o-1} nvr + dram[i]
+                      (a chained NVMe transfer never shares its source's window) add_precedence
     7. window time    GPU: t >= comp, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/bw_x, NR/bw_nr, NW/bw_nw
                       CPU: t >= comp + H2D/bw_h2d + D2H/bw_d2h + NR/bw_nr + NW/bw_nw
                                                                             add_window_time
+    7b. recompute     GPU: t[b_j] >= X/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fg[j]) - Fg[j] keep[j]
+                      (recompute waits for its weights behind X on H2D)     add_recompute_order
     8. HBM            held[o] + keep terms - slack_hbm[o] <= M_hbm  for all o  add_hbm_capacity
     9. DRAM           sum A[i] dram[i] - sum Q[j] q8[j] - slack <= M_dram  add_dram_capacity
    10. NVMe           sum A[i] nvme[i] - slack <= M_nvme                    add_nvme_capacity
@@ -79,6 +84,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from lazytrain.planner.chains import recompute_chain_ms
 from lazytrain.planner.plan import (
     Bounds, Plan, SolveRecord, Transfer, legal_ords, window_name, window_ord,
 )
@@ -183,6 +189,8 @@ class Scaled:
     tie_ms: float
     slack_penalty: float
     """ms per GB of capacity shortfall."""
+    recompute_chain: dict
+    """(s, e) -> R[s,e], ms, for segments with recompute (`chains.recompute_chain_ms`)."""
 
 
 def scale_inputs(problem: PlanningProblem) -> Scaled:
@@ -213,7 +221,9 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
         horizons={"drain_windows": p.drain_windows, "prefetch_windows": p.prefetch_windows,
                   "nvme_lead_windows": p.nvme_lead_windows},
         k_max=p.k_max, allow_keep=p.allow_keep, allow_q8=p.allow_q8, has_nvme=p.nvme_bytes > 0,
-        tie_ms=TIE_REL * ref_ms, slack_penalty=SLACK_PENALTY_STEPS * ref_ms / a_min)
+        tie_ms=TIE_REL * ref_ms, slack_penalty=SLACK_PENALTY_STEPS * ref_ms / a_min,
+        recompute_chain={(s, e): recompute_chain_ms(p, s, e) for s in range(L)
+                         for e in range(s + 2, min(L, s + p.k_max) + 1)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,27 +385,30 @@ def add_transfer_legality(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 
 def add_precedence(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
-    """cum_o nvw <= cum_o d2h;  cum nvr <= cum nvw;  cum h2d <= cum d2h;  cum h2d <= cum nvr + dram.
+    """cum_o nvw <= cum_{o-1} d2h;  cum_o nvr <= cum_{o-1} nvw;  cum_o h2d <= cum_o d2h;
+    cum_o h2d <= cum_{o-1} nvr + dram.
 
-    cum_o x = sum_{o' <= o} x[i,o'] (same window allowed: transfers are chunked). The dram[i]
-    term switches the NVMe-read rule off for DRAM checkpoints. Rows only at ords of the later
-    kind before the earlier kind's last ord (later rows follow from the totals). Fractions.
+    cum_o x = sum_{o' <= o} x[i,o']. A chained NVMe transfer runs in a later window than the
+    part of its source it moves: the runtime starts it only after the source's whole transfer,
+    so a same-window pair would not pipeline (docs/execution_model.md, "In-window order"). The
+    dram[i] term switches the NVMe-read rule off for DRAM checkpoints. Rows only at ords where
+    the earlier kind may be incomplete (later rows follow from the totals). Fractions.
     Source: docs/execution_model.md, "Transfers and their legal windows" (precedence column).
     """
-    rules = [("nvw", "d2h", False), ("nvr", "nvw", False), ("h2d", "d2h", False),
-             ("h2d", "nvr", True)]
-    for later, earlier, plus_dram in rules:
+    rules = [("nvw", "d2h", False, 1), ("nvr", "nvw", False, 1), ("h2d", "d2h", False, 0),
+             ("h2d", "nvr", True, 1)]
+    for later, earlier, plus_dram, lag in rules:
         for i in range(p.L):
             lo_ords, hi_ords = v.ords(later, i), v.ords(earlier, i)
             if not lo_ords or (plus_dram and i not in v.nvme):
                 continue
             last = hi_ords[-1] if hi_ords else -1
             for o in lo_ords:
-                if o >= last:
+                if o - lag >= last:
                     break
                 coeffs = {v.transfer(later)[i, q]: 1.0 for q in lo_ords if q <= o}
                 for q in hi_ords:
-                    if q <= o:
+                    if q <= o - lag:
                         coeffs[v.transfer(earlier)[i, q]] = -1.0
                 if plus_dram:
                     coeffs[v.dram[i]] = -1.0
@@ -427,6 +440,39 @@ def add_window_time(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
                 continue
             row = {v.t[o]: 1.0, **{x: -c * k for x, c in coeffs.items()}}
             m.add_row(row_name(f"time_{name}", window_name(o, p.L)), row, lb=const * k)
+
+
+def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """t[b_j] >= X[b_j]/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fg[j]) - Fg[j] keep[j]
+    (GPU), X[b_j] = sum_i A[i] h2d[i,b_j] + P[j-1] (1 - keep[j-1]),
+    R[s,e] = max_{k=s..e-2} (sum_{q=s}^{k} P[q]/bw_h2d + sum_{q=k}^{e-2} F[q])  for e - s >= 2.
+
+    A segment's recompute forward of block k waits for its weights, which queue on the H2D
+    stream behind the window's activation prefetches and the next block's weights
+    (`chains.recompute_chain_ms`). At most one segment ends at j + 1, so the sum picks its
+    term; without a recompute segment the row is implied by the H2D row (t >= X/bw_h2d), and
+    with keep[j] the re-forward Fg[j] is not run. No big-M. ms.
+    Source: docs/execution_model.md, "In-window order".
+    """
+    if not p.overlap:
+        return
+    L = p.L
+    for j in range(1, L):
+        o = 2 * L - j
+        segs = {v.seg[s, e]: r + p.B[j] + p.Fg[j] for (s, e), r in p.recompute_chain.items()
+                if e == j + 1}
+        if not segs:
+            continue
+        const = p.P[j - 1] / p.bw_h2d
+        row = {v.t[o]: 1.0, **{x: -r for x, r in segs.items()}}
+        if j in v.keep:
+            row[v.keep[j]] = p.Fg[j]
+        if j - 1 in v.keep:
+            row[v.keep[j - 1]] = -p.P[j - 1] / p.bw_h2d
+        for (i, q), x in v.h2d.items():
+            if q == o:
+                row[x] = -p.A[i] / p.bw_h2d
+        m.add_row(row_name("recompute_order", window_name(o, L)), row, lb=const)
 
 
 def add_hbm_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
@@ -600,6 +646,7 @@ def build_milp(problem: PlanningProblem, *, relax: bool = False,
     add_transfer_legality(m, v=v, p=p)
     add_precedence(m, v=v, p=p)
     add_window_time(m, v=v, p=p)
+    add_recompute_order(m, v=v, p=p)
     add_hbm_capacity(m, v=v, p=p)
     add_dram_capacity(m, v=v, p=p)
     add_nvme_capacity(m, v=v, p=p)

@@ -266,14 +266,31 @@ def megatrain_windows(costs: ModelCosts, *, k: int = 4) -> list[tuple[str, float
     return out
 
 
+def megatrain_load_waits_ms(costs: ModelCosts, *, k: int = 4) -> dict[str, float]:
+    """{b{e-1}: (P[e-2] + P[s]) / bw_h2d} for every segment (s, e) of the rule with recompute.
+
+    In a compute-bound window that ends a segment, the first recompute forward waits for the
+    next block's weights P[e-2] and its own P[s], which queue on the H2D stream before it
+    (docs/execution_model.md, "In-window order"); later loads overlap the recompute. ms.
+    """
+    c, hw, L = costs.blocks, costs.hardware, len(costs.blocks)
+    mats = sorted(set(range(0, L, k)) | {L})
+    return {f"b{e - 1}": (c[e - 2].weight_bytes + c[s].weight_bytes) / hw.h2d_bytes_per_s * 1e3
+            for s, e in zip(mats, mats[1:]) if e - s >= 2}
+
+
 def megatrain_step_ms(costs: ModelCosts, *, k: int = 4) -> float:
     """Step time of one micro-batch under the MegaTrain rule, ms:
-    `pre + sum_w max(compute_w, link_w) + post` with `pre = embed_ms + P[0]/bw_h2d` and
-    `post = (G[0] + ends grads)/bw_d2h` (execution_model.md "Step time", copies overlapping)."""
+    `pre + sum_w max(compute_w + wait_w, link_w) + post` with `pre = embed_ms + P[0]/bw_h2d`,
+    `post = (G[0] + ends grads)/bw_d2h` and wait_w the recompute load waits
+    (`megatrain_load_waits_ms`) (execution_model.md "Step time", copies overlapping; exact when
+    every window is compute-bound)."""
     hw = costs.hardware
+    waits = megatrain_load_waits_ms(costs, k=k)
     pre = costs.embed_ms + costs.blocks[0].weight_bytes / hw.h2d_bytes_per_s * 1e3
     post = (costs.blocks[0].grad_bytes + costs.ends_grad_bytes) / hw.d2h_bytes_per_s * 1e3
-    return pre + sum(max(comp, lk) for _, comp, lk in megatrain_windows(costs, k=k)) + post
+    return pre + sum(max(comp + waits.get(w, 0.0), lk)
+                     for w, comp, lk in megatrain_windows(costs, k=k)) + post
 
 
 def calibrate_matmul_efficiency(model: ModelSpec, hw: HardwareSpec, *, seq_len: int,
@@ -281,10 +298,11 @@ def calibrate_matmul_efficiency(model: ModelSpec, hw: HardwareSpec, *, seq_len: 
                                 target_model_tflops: float, k: int = 4) -> float:
     """The matmul efficiency at which the MegaTrain rule predicts `target_model_tflops`.
 
-    Closed form for a compute-bound scenario: every window's time is its compute, which is
-    proportional to 1/eff, so `step_ms(eff) = C1 / eff + X` with C1 the compute ms at eff = 1
-    and X the pre/post link terms (independent of eff). The target step is
-    `6 * N * T / target`; hence `eff = C1 / (target_step_ms - X)`.
+    Closed form for a compute-bound scenario: every window's time is its compute (plus, where
+    a segment ends, the recompute load wait), compute is proportional to 1/eff, so
+    `step_ms(eff) = C1 / eff + X + W` with C1 the compute ms at eff = 1, X the pre/post link
+    terms and W the load waits (both independent of eff). The target step is
+    `6 * N * T / target`; hence `eff = C1 / (target_step_ms - X - W)`.
     For the h800-paper preset: Qwen3.5-27B, seq 1024, micro-batch 72, bf16, target 176.9
     TFLOPS, k = 4 (`H800_PAPER_MATMUL_EFFICIENCY`).
 
@@ -295,11 +313,14 @@ def calibrate_matmul_efficiency(model: ModelSpec, hw: HardwareSpec, *, seq_len: 
     unit = analytic_costs(model, _with_eff(hw, 1.0), seq_len=seq_len, micro_batch=micro_batch,
                           compute_dtype=compute_dtype)
     windows = megatrain_windows(unit, k=k)
+    waits = megatrain_load_waits_ms(unit, k=k)
     c1 = sum(comp for _, comp, _ in windows)  # compute ms at eff = 1 (scales as 1/eff)
+    w = sum(waits.values())  # recompute load waits, link-only: independent of eff
     # X: pre + post (P[0] H2D, embedding gather, G[0] + ends D2H); independent of eff.
-    x = megatrain_step_ms(unit, k=k) - sum(max(comp, lk) for _, comp, lk in windows)
+    x = megatrain_step_ms(unit, k=k) - sum(max(comp + waits.get(name, 0.0), lk)
+                                           for name, comp, lk in windows)
     target_step_ms = model.model_flops_per_token * unit.tokens / (target_model_tflops * 1e12) * 1e3
-    eff = c1 / (target_step_ms - x)
+    eff = c1 / (target_step_ms - x - w)
     at = analytic_costs(model, _with_eff(hw, eff), seq_len=seq_len, micro_batch=micro_batch,
                         compute_dtype=compute_dtype)
     slow = [w for w, comp, lk in megatrain_windows(at, k=k) if lk > comp]

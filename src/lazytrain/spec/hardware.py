@@ -35,8 +35,8 @@ PAPER_HOST = dict(dram_bytes=int(360 * GB), nvme_bytes=int(14_000 * GB),
 """The LazyTrain paper's host (arXiv 2608.11919): 360 GB CPU budget, 2 x 7 TB NVMe at
 2.83 GB/s read and 3.35 GB/s write (measured, both drives)."""
 
-H800_PAPER_MATMUL_EFFICIENCY = 0.2728
-"""Matmul efficiency of the h800-paper preset, calibrated ONCE; never re-tuned.
+H800_PAPER_MATMUL_EFFICIENCY = 0.2814
+"""Matmul efficiency of the h800-paper preset, from one closed-form calibration; never tuned.
 
 Target: the LazyTrain paper's MegaTrain baseline, 176.9 model TFLOPS (arXiv 2608.11919).
 Rule: MegaTrain, K = 4 (boundaries 0, 4, ..., 64 in HBM, the rest recomputed, every block
@@ -47,10 +47,13 @@ micro-batch 72 = 73,728 tokens, bf16 compute, grad_accum 1; h800-paper links (12
 duplex 24 GB/s) and 989e12 FLOP/s peak; analytic costs of `lazytrain.spec.costs`.
 Arithmetic (`lazytrain.spec.costs.calibrate_matmul_efficiency`): the scenario is compute-bound
 in every window under the rule (link time <= compute time; tests/spec/test_costs.py), so
-step_ms = C1 / eff + X with C1 = hardware FLOPs / 989e12 (blocks: fwd + 3/4 recompute +
-1.05 x re-forward + bwd; head 6 T V H) and X the pre/post link terms (P[0] H2D, G[0] + ends
-D2H, embedding gather); the target step is 6 N T / 176.9e12 = 67.26 s; closed form
-eff = 0.27278, rounded to 0.2728. The other GPU presets reuse it (same kernels, same shapes).
+step_ms = C1 / eff + X + W with C1 = hardware FLOPs / 989e12 (blocks: fwd + 3/4 recompute +
+1.05 x re-forward + bwd; head 6 T V H), X the pre/post link terms (P[0] H2D, G[0] + ends
+D2H, embedding gather) and W the recompute load waits (16 segments x 2 weight loads of
+0.77 GB at 12 GB/s = 2.04 s; docs/execution_model.md "In-window order"); the target step is
+6 N T / 176.9e12 = 67.26 s; closed form eff = 0.28141, rounded to 0.2814. (Before the model
+charged W the same closed form gave 0.2728.) The other GPU presets reuse it (same kernels,
+same shapes).
 """
 
 
