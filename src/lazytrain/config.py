@@ -30,6 +30,7 @@ import dataclasses
 import difflib
 import inspect
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -182,6 +183,10 @@ class DataConfig:
     format: Literal["auto", "alpaca", "sharegpt", "messages", "gsm8k", "metamathqa",
                     "arithmetic"] = "auto"
     """Sample schema; `auto` detects it from the dataset's column names."""
+    chat_template: str = ""
+    """Chat template the conversations are rendered with: `chatml`, `llama3`, `qwen`, or a path
+    to a Jinja file; empty: the tokenizer's own, and chatml when it has none (said in one line).
+    The template used is saved with the checkpoint's tokenizer (`lazytrain.data.templates`)."""
     registry_path: str = ""
     """LlamaFactory-style `dataset_info.json`; when set, `path` names an entry in it
     (`lazytrain.data.registry`: file_name, formatting alpaca|sharegpt, columns, tags)."""
@@ -246,8 +251,14 @@ class TrainConfig:
     """Directory for metrics.jsonl, summary.json, checkpoints and the resolved config."""
     eval_every: int = 0
     """Evaluate every N steps, >= 0; 0: only before and after training."""
-    save_every: int = 0
-    """Save a checkpoint every N steps, >= 0; 0: only at the end (and on SIGTERM)."""
+    checkpoint_every_steps: int = 0
+    """Also save a checkpoint every N steps, >= 0; 0: off (only the wall-clock rule below, the
+    end of the run, SIGTERM and Ctrl-C save). Old name: `train.save_every`."""
+    checkpoint_every_min: float = 30.0
+    """Save a checkpoint when this many minutes of wall time have passed since the run started
+    or last saved, checked after every step, >= 0; 0: off. 30: a week-long job loses at most
+    half an hour to a crash, while a 27B checkpoint (hundreds of GB) is written a few times an
+    hour at most."""
     master_dtype: Dtype = "fp32"
     """Host master weights and gradients: fp32 (16 B/param with fp32 Adam moments) or bf16
     (MegaTrain-style, 12 B/param). fp32 by default: exact, and small models fit."""
@@ -264,9 +275,11 @@ class TrainConfig:
         _check_finite(self, "train")
         for key in ("micro_batch", "grad_accum", "steps"):
             _check(getattr(self, key) >= 1, f"train.{key}", ">= 1", getattr(self, key))
-        for key in ("warmup_steps", "eval_every", "save_every"):
+        for key in ("warmup_steps", "eval_every", "checkpoint_every_steps"):
             _check(getattr(self, key) >= 0, f"train.{key}", ">= 0", getattr(self, key))
         _check(self.lr > 0, "train.lr", "> 0", self.lr)
+        _check(self.checkpoint_every_min >= 0, "train.checkpoint_every_min", ">= 0 (0 = off)",
+               self.checkpoint_every_min)
         _check(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio", "in [0, 1]", self.min_lr_ratio)
         _check(self.clip_grad_norm >= 0, "train.clip_grad_norm", ">= 0 (0 = off)",
                self.clip_grad_norm)
@@ -345,8 +358,11 @@ class PlannerConfig:
 class RuntimeConfig:
     """`runtime:` where and how the streaming engine runs."""
 
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto: cuda when available, else cpu. Chosen once at start-up."""
+    device: Literal["auto", "cpu", "cuda", "cpu-checked", "cpu-threaded"] = "auto"
+    """The device API backend, chosen once at start-up. auto: cuda when available, else cpu.
+    cpu-checked: the cpu numerics plus a happens-before checker that raises on the first
+    unordered access (slower; for CI and debugging). cpu-threaded: copy streams on delayed
+    worker threads with poisoned buffers (a missing wait corrupts gradients visibly)."""
     nvme_dir: str = ""
     """Directory for nvme-tier checkpoint files; empty: `<run_dir>/nvme` (a warning is printed
     when it is on tmpfs)."""
@@ -451,6 +467,8 @@ KEY_ALIASES: dict[str, str] = {
     "train.num_train_epochs": "train.epochs",
     "train.max_steps": "train.steps",
     "train.max_grad_norm": "train.clip_grad_norm",
+    "train.save_every": "train.checkpoint_every_steps",
+    "train.save_steps": "train.checkpoint_every_steps",
     "data.max_seq_len": "data.seq_len",
 }
 """Spellings users bring from HF TrainingArguments and MegaTrain -> our key. The alias is
@@ -568,8 +586,31 @@ def config_from_dict(raw: dict) -> RunConfig:
             value = {}
         if not isinstance(value, dict):
             raise TypeError(f"{name} must be a mapping of keys; got {value!r}")
+        if name == "model":
+            value = _model_source_from_name(value)
         sections[name] = _build_section(name, SECTIONS[name], value)
     return RunConfig(**sections)
+
+
+def _model_source_from_name(model: dict) -> dict:
+    """A `model:` section that names a model (`model.name`) but no `model.config_path` must not
+    train the built-in default under that name: a hub id (`org/name`) or an existing path in
+    `name` becomes the config path; anything else is refused.
+
+    Raises:
+        ValueError: `model.name` is set, `model.config_path` is not, and the name is neither a
+            hub id nor a path.
+    """
+    name = model.get("name")
+    if "config_path" in model or not isinstance(name, str) or not name:
+        return model
+    builtin = ModelConfig.__dataclass_fields__["config_path"].default
+    if name == builtin or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name) or \
+            Path(name).expanduser().exists():
+        return {**model, "config_path": name}
+    raise ValueError(f"model.config_path: not set, but model.name is {name!r}; set "
+                     f"model.config_path to the model's config.json, directory or hub id "
+                     f"(org/name). The built-in {builtin} is used only when no model is named")
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> Path:

@@ -332,4 +332,3 @@ def as_device(device) -> Device:
     return make_device(str(device))
 
 
-_thread_names = threading.local()

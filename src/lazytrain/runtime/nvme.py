@@ -62,20 +62,20 @@ def align_down(nbytes: int) -> int:
     return nbytes // ALIGN_BYTES * ALIGN_BYTES
 
 
-def aligned_empty(nbytes: int, *, pin: bool = False) -> torch.Tensor:
-    """A CPU ``uint8`` tensor of ``nbytes`` whose first byte is ALIGN_BYTES-aligned.
+def aligned_empty(nbytes: int) -> torch.Tensor:
+    """A pageable CPU ``uint8`` tensor of ``nbytes`` whose first byte is ALIGN_BYTES-aligned.
 
     torch's CPU allocator aligns to 64 B only, so this allocates ALIGN_BYTES extra bytes and
-    slices from the first aligned address (the slice keeps the whole allocation alive).
+    slices from the first aligned address (the slice keeps the whole allocation alive). The
+    runtime's pinned buffers come from the device API (`Device.pinned_empty`) instead.
 
     Args:
         nbytes: length of the returned tensor (bytes).
-        pin: allocate page-locked memory (CUDA path only; raises on a CPU-only torch).
 
     Returns:
         ``uint8`` tensor [nbytes], contiguous, ``data_ptr() % ALIGN_BYTES == 0``.
     """
-    raw = torch.empty(nbytes + ALIGN_BYTES, dtype=torch.uint8, pin_memory=pin)
+    raw = torch.empty(nbytes + ALIGN_BYTES, dtype=torch.uint8)
     shift = (-raw.data_ptr()) % ALIGN_BYTES
     return raw[shift : shift + nbytes]
 

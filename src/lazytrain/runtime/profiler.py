@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 import torch
 
 from lazytrain.models.adapter import ModelAdapter
+from lazytrain.runtime.device import as_device
 from lazytrain.runtime.engine import COMPUTE_DTYPES, HEAD_CHUNK_TOKENS
 from lazytrain.runtime.optim import BlockOptimizer
 from lazytrain.runtime.params import HostParams, ParamGroup
@@ -53,27 +54,26 @@ MAX_HIDDEN_SPEEDUP = 100.0
 def sync(device: torch.device) -> None:
     """Wait for queued device work (no-op on a CPU)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        as_device(device).synchronize()
 
 
 def time_ms(fn: Callable[[], object], *, device: torch.device, repeats: int = 5,
             warmup: int = 2) -> float:
     """Median wall time of `fn()` over `repeats` runs after `warmup` runs, ms.
 
-    CUDA: events around each run on the current stream; CPU: perf_counter.
+    CUDA: timing events around each run on the compute stream; CPU: perf_counter (both through
+    the device API).
     """
+    dev = as_device(torch.device(device)) if torch.device(device).type == "cuda" else None
     for _ in range(warmup):
         fn()
     sync(device)
     times = []
     for _ in range(max(1, repeats)):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+        if dev is not None:
+            start = dev.timing_event()
             fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(dev.elapsed_ms(start, dev.timing_event()))
         else:
             t0 = time.perf_counter()
             fn()
@@ -196,44 +196,38 @@ def block_kind_times(bench: BlockBench, kinds: Sequence[str], *, repeats: int = 
 # Transfers
 
 
-def _host(nbytes: int, *, pin: bool) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
 
 
 def copy_rates(nbytes: int, *, device: torch.device, repeats: int = 5, warmup: int = 1
                ) -> dict[str, float]:
     """H2D, D2H and duplex (both at once) bytes/s for `nbytes`-byte copies.
 
-    CUDA: pinned host buffers, copies on two side streams (duplex: both streams at once).
-    CPU: `copy_` between two host tensors, as `Streams.h2d` / `d2h` do; duplex runs the two
-    copies in two threads at once.
+    CUDA: pinned host buffers, copies on two side streams of the device API (duplex: both
+    streams at once). CPU: `copy_` between two host tensors, as the engine's copies do; duplex
+    runs the two copies in two threads at once.
     """
     device = torch.device(device)
     cuda = device.type == "cuda"
-    host_src, host_dst = _host(nbytes, pin=cuda), _host(nbytes, pin=cuda)
+    api = as_device(device if cuda else "cpu")
+    host_src, host_dst = api.pinned_empty(nbytes), api.pinned_empty(nbytes)
     host_src.fill_(1)
-    dev_dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dev_src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dev_dst = api.empty(nbytes, torch.uint8)
+    dev_src = api.empty(nbytes, torch.uint8).fill_(1)
     if cuda:
-        s1, s2 = torch.cuda.Stream(device), torch.cuda.Stream(device)
+        s1, s2 = api.stream("h2d"), api.stream("d2h")
+        api.synchronize()  # the buffers are filled before the side streams read them
 
         def h2d():
-            with torch.cuda.stream(s1):
-                dev_dst.copy_(host_src, non_blocking=True)
-            s1.synchronize()
+            api.host_wait(api.copy(dev_dst, host_src, stream=s1))
 
         def d2h():
-            with torch.cuda.stream(s2):
-                host_dst.copy_(dev_src, non_blocking=True)
-            s2.synchronize()
+            api.host_wait(api.copy(host_dst, dev_src, stream=s2))
 
         def duplex():
-            with torch.cuda.stream(s1):
-                dev_dst.copy_(host_src, non_blocking=True)
-            with torch.cuda.stream(s2):
-                host_dst.copy_(dev_src, non_blocking=True)
-            s1.synchronize()
-            s2.synchronize()
+            a = api.copy(dev_dst, host_src, stream=s1)
+            b = api.copy(host_dst, dev_src, stream=s2)
+            api.host_wait(a)
+            api.host_wait(b)
     else:
         def h2d():
             dev_dst.copy_(host_src)

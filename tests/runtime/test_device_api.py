@@ -1,0 +1,108 @@
+"""The device API is the only place that orders device work (runtime/device.py).
+
+No module of the package outside the device API's three modules names a `torch.cuda` stream,
+event or copy function, passes `non_blocking=` or `pin_memory=`, or calls `record_stream`,
+`wait_stream` or `wait_event` on a raw torch object. The check walks the source (ast), so it
+holds on a machine without CUDA.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from lazytrain.runtime.device import DEVICE_KINDS, Device, make_device
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "lazytrain"
+DEVICE_API = {"runtime/device.py", "runtime/hb_checker.py", "runtime/threaded_device.py"}
+CUDA_ORDERING = {"Stream", "Event", "stream", "current_stream", "default_stream", "set_stream",
+                 "synchronize", "ExternalStream", "StreamContext"}
+RAW_METHODS = {"record_stream", "wait_stream", "wait_event"}
+KEYWORDS = {"non_blocking", "pin_memory"}
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _offences(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            name = _dotted(node)
+            if name.startswith("torch.cuda.") and name.split(".")[2] in CUDA_ORDERING:
+                out.append(f"{path.name}:{node.lineno} {name}")
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg in KEYWORDS:
+                    out.append(f"{path.name}:{node.lineno} {kw.arg}=")
+            func = node.func
+            if isinstance(func, ast.Attribute):
+                if func.attr == "pin_memory":
+                    out.append(f"{path.name}:{node.lineno} .pin_memory()")
+                receiver = _dotted(func.value)
+                # the device API's own methods are called on a Device (self.dev.wait_event);
+                # a raw torch stream/tensor receiver is what must not appear
+                if func.attr in RAW_METHODS and not _is_device_receiver(receiver):
+                    out.append(f"{path.name}:{node.lineno} {receiver}.{func.attr}()")
+    return out
+
+
+def _is_device_receiver(receiver: str) -> bool:
+    last = receiver.split(".")[-1]
+    return last in {"dev", "device", "api"}
+
+
+def test_no_module_outside_the_device_api_orders_device_work_itself():
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if str(path.relative_to(PACKAGE)) in DEVICE_API:
+            continue
+        bad += _offences(path)
+    assert not bad, "stream/event/copy calls outside runtime/device.py:\n" + "\n".join(bad)
+
+
+def test_the_scan_finds_a_raw_cuda_stream(tmp_path):
+    sample = tmp_path / "bad.py"
+    sample.write_text("import torch\ns = torch.cuda.Stream()\nx.record_stream(s)\n"
+                      "y = torch.empty(4, pin_memory=True)\nz.copy_(y, non_blocking=True)\n")
+    assert len(_offences(sample)) == 4
+
+
+@pytest.mark.parametrize("kind", ["cpu", "cpu-checked", "cpu-threaded"])
+def test_every_cpu_backend_copies_bit_for_bit_and_completes_its_events(kind):
+    dev = make_device(kind, seed=3)
+    try:
+        src = torch.randn(1000)
+        dst = dev.empty(1000, torch.bfloat16)
+        event = dev.copy(dst, src, stream=dev.stream("h2d"))
+        dev.host_wait(event)
+        assert event.query()
+        assert torch.equal(dst, src.to(torch.bfloat16))
+        pinned = dev.pinned_empty(5000)
+        assert pinned.numel() == 5000 and pinned.data_ptr() % 4096 == 0
+    finally:
+        dev.close()
+
+
+def test_make_device_names_the_backends_and_refuses_others():
+    assert set(DEVICE_KINDS) == {"cpu", "cuda", "cpu-checked", "cpu-threaded"}
+    assert isinstance(make_device("cpu"), Device)
+    with pytest.raises(ValueError, match="runtime.device"):
+        make_device("tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_cuda_without_a_gpu_is_a_clear_error():
+    with pytest.raises(ValueError, match="runtime.device=cpu"):
+        make_device("cuda")
