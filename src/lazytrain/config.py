@@ -183,10 +183,6 @@ class DataConfig:
     format: Literal["auto", "alpaca", "sharegpt", "messages", "gsm8k", "metamathqa",
                     "arithmetic"] = "auto"
     """Sample schema; `auto` detects it from the dataset's column names."""
-    chat_template: str = ""
-    """Chat template the conversations are rendered with: `chatml`, `llama3`, `qwen`, or a path
-    to a Jinja file; empty: the tokenizer's own, and chatml when it has none (said in one line).
-    The template used is saved with the checkpoint's tokenizer (`lazytrain.data.templates`)."""
     registry_path: str = ""
     """LlamaFactory-style `dataset_info.json`; when set, `path` names an entry in it
     (`lazytrain.data.registry`: file_name, formatting alpaca|sharegpt, columns, tags)."""
@@ -226,6 +222,10 @@ class TrainConfig:
     steps: int = 10
     """Optimizer steps, >= 1. 10 x (4 x 160 tokens) at ~7 s per fp32 step on 2 cores fits the
     5-minute default job with evaluation; most of the loss drop comes in the first steps."""
+    epochs: float = 0.0
+    """Passes over the training data, >= 0 (fractions allowed); > 0 replaces `train.steps` by
+    the steps that draw that many passes (`data.batching.steps_for_epochs`), the data order
+    reshuffled each epoch from `seed`; 0: train `steps` steps. HF name: num_train_epochs."""
     lr: float = 1e-4
     """Peak learning rate, > 0 (1e-4: a common full fine-tuning rate for small models)."""
     warmup_steps: int = 2
@@ -278,6 +278,7 @@ class TrainConfig:
         for key in ("warmup_steps", "eval_every", "checkpoint_every_steps"):
             _check(getattr(self, key) >= 0, f"train.{key}", ">= 0", getattr(self, key))
         _check(self.lr > 0, "train.lr", "> 0", self.lr)
+        _check(self.epochs >= 0, "train.epochs", ">= 0 (0 = use train.steps)", self.epochs)
         _check(self.checkpoint_every_min >= 0, "train.checkpoint_every_min", ">= 0 (0 = off)",
                self.checkpoint_every_min)
         _check(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio", "in [0, 1]", self.min_lr_ratio)

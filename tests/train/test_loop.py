@@ -69,7 +69,7 @@ def test_a_checkpoint_without_marker_or_crashed_mid_save_is_never_picked_up(
     assert ckpt.latest_checkpoint(tmp_path) is None
     assert not list((tmp_path / "checkpoints").iterdir())  # the temp dir was removed
 
-    train(cfg, plan=tiny_plan, progress=False)
+    train(cfg, plan=tiny_plan, progress=False, overwrite=True)  # the crashed run left metrics
     good = ckpt.latest_checkpoint(tmp_path)
     assert good.step == 2
     # A later directory killed mid-write: files present, marker missing / a file cut short.

@@ -1,15 +1,27 @@
 """`lazytrain` console entry point: one argparse subparser per verb, one module per verb.
 
 Each verb module exposes `register(subparsers)` (adds its parser, sets `func=run`) and
-`run(args) -> int`. Exit codes: 0 ok; 1 the job failed (infeasible budget, I/O error, the
-plan's HBM accounting exceeded at run time); 2 bad usage or config (STYLE.md section 5).
+`run(args) -> int`. Exit codes, the same for every verb (STYLE.md section 5):
+
+- 0 ok (also when the reader of stdout went away: `lazytrain report --json | head`);
+- 1 the job failed at run time: an infeasible budget, a preflight refusal, an I/O error or a
+  full disk, a failed download, the plan's HBM accounting exceeded, a dead peer rank;
+- 2 bad input: usage, config (unknown key, wrong type, out of range), a missing file, a used
+  run directory, a missing or damaged checkpoint on --resume;
+- 130 / 143 interrupted by Ctrl-C / SIGTERM (`lazytrain train` saves a checkpoint first).
+
+Errors print one line `error: ...`; a traceback only with --debug. Any other exception is a
+bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from lazytrain import __version__
 
 # Verb -> module. Plain dict, read top to bottom (STYLE.md: no registration side effects).
 COMMANDS = {
@@ -29,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan and run CPU-master layer-streaming training of LLMs larger than HBM.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"lazytrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in COMMANDS.values():
         importlib.import_module(module_name).register(sub)
@@ -48,12 +61,32 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader closed stdout (`| head`): not an error of ours
+        _silence_stdout()
+        return 0
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("error: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
     except Exception as exc:
         code = _exit_code(exc, PlanInfeasibleError)
         if args.debug or code is None:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"error: {text}", file=sys.stderr)
         return code
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (captured in tests)
+        pass
+    finally:
+        os.close(devnull)
 
 
 def _exit_code(exc: Exception, infeasible: type) -> int | None:
@@ -71,6 +104,8 @@ def _exit_code(exc: Exception, infeasible: type) -> int | None:
     if isinstance(exc, (ValueError, TypeError, FileNotFoundError)):
         return 2
     if isinstance(exc, OSError):  # disk full, short read, ... (CheckpointIOError)
+        return 1
+    if isinstance(exc, RuntimeError):  # PreflightError, a dead peer rank, CUDA out of memory
         return 1
     return None
 

@@ -3,8 +3,9 @@
 Without `--config` it runs the embedded default job (SmolLM2-135M-Instruct on the built-in
 arithmetic problems, CPU fp32). Results (the plan summary, the final line) go to stdout; the
 progress bar and logs go to stderr. Exit codes: 0 done; 1 the job failed (preflight refused,
-infeasible plan, I/O error); 2 bad usage or config; 143 stopped by SIGTERM after saving a
-checkpoint.
+infeasible plan, I/O error, disk full while saving); 2 bad usage, config or input (a used run
+directory without --resume/--overwrite, a missing or damaged checkpoint, another model on
+--resume); 143 / 130 stopped by SIGTERM / Ctrl-C after saving a checkpoint (one line says so).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ EPILOG = """examples:
   lazytrain train --resume runs/default --steps 24
 """
 
-SIGTERM_EXIT = 143
-"""128 + SIGTERM: the conventional status of a process ended by SIGTERM."""
+STOP_EXIT = {"SIGTERM": 143, "SIGINT": 130}
+"""128 + the signal number: the conventional status of a process ended by that signal."""
 
 
 def register(subparsers) -> None:
@@ -34,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its newest valid checkpoint (its "
                         "config.yaml is used unless --config is given)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start fresh in a run directory that holds an earlier run: delete its "
+                        "checkpoints, metrics, windows, summary, plan and config first")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override section.key=value (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -51,36 +55,34 @@ def resolve_config(args: argparse.Namespace):
     if run_dir:
         overrides.append(f"train.run_dir={run_dir}")
     path = args.config
-    if path is None and args.resume and (Path(args.resume) / "config.yaml").is_file():
+    if path is None and args.resume:
+        from lazytrain.train.checkpoint import resume_checkpoint
+
+        resume_checkpoint(args.resume)  # names a missing run dir / checkpoint first
         path = Path(args.resume) / "config.yaml"
+        if not path.is_file():
+            raise FileNotFoundError(f"--resume: {path} is missing, so the run's config is "
+                                    f"unknown; pass the config it was started with: --config "
+                                    f"FILE --resume {args.resume}")
     return load_config(path, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train as the arguments say; errors go to `lazytrain.cli.main` (exit codes 1 and 2)."""
     from lazytrain.planner.plan import Plan
     from lazytrain.train.loop import train
-    from lazytrain.train.preflight import PreflightError
 
     cfg = resolve_config(args)
     plan = Plan.load(args.plan) if args.plan else None
-    try:
-        summary = train(cfg, plan=plan, resume=bool(args.resume), progress=not args.no_progress)
-    except PreflightError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # CheckpointIOError (NVMe tier), disk full while saving
-        if getattr(args, "debug", False):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        if type(exc).__name__ != "PlanInfeasibleError":
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    summary = train(cfg, plan=plan, resume=bool(args.resume), overwrite=args.overwrite,
+                    progress=not args.no_progress)
     if int(os.environ.get("RANK", "0")) == 0:  # torchrun: rank 0 alone reports
         print(_final_line(summary))
-    return SIGTERM_EXIT if summary["stopped_by"] == "SIGTERM" else 0
+        if summary["stopped_by"]:
+            print(f"stopped by {summary['stopped_by']} after step {summary['steps_completed']};"
+                  f" checkpoint {summary['checkpoint']}; continue with: lazytrain train "
+                  f"--resume {summary['run_dir']}", file=sys.stderr)
+    return STOP_EXIT.get(summary["stopped_by"], 0)
 
 
 def _fmt(value, spec: str = ".4f") -> str:

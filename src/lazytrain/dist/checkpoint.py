@@ -32,7 +32,8 @@ import torch
 
 from lazytrain.dist.process_group import DistContext, barrier
 from lazytrain.train.checkpoint import (MARKER, STATE_FILE, Checkpoint, _fsync, _prune,
-                                        checkpoints_dir)
+                                        checkpoints_dir, load_torch_file,
+                                        write_model_files)
 
 
 def shard_name(rank: int) -> str:
@@ -61,8 +62,6 @@ def save_sharded_checkpoint(run_dir: str | Path, ctx: DistContext, *, step: int,
     Raises:
         OSError: a write failed (rank 0 removes the temp directory); RuntimeError: a peer died.
     """
-    from lazytrain.models.hf_loader import save_hf_dir
-
     root = checkpoints_dir(run_dir)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-{final.name}-dist"
@@ -75,9 +74,7 @@ def save_sharded_checkpoint(run_dir: str | Path, ctx: DistContext, *, step: int,
         torch.save(shard, tmp / shard_name(ctx.rank))
         _fsync(tmp / shard_name(ctx.rank))
         if ctx.is_main:
-            save_hf_dir(weights, tmp)
-            hf_config.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+            write_model_files(tmp, weights=weights, hf_config=hf_config, tokenizer=tokenizer)
             torch.save({**state, "world_size": ctx.world_size}, tmp / STATE_FILE)
         barrier(ctx)  # every shard is on disk
         if ctx.is_main:
@@ -112,6 +109,11 @@ def _commit(tmp: Path, final: Path, root: Path, *, step: int, world_size: int,
 
 def load_shard(checkpoint: Checkpoint, ctx: DistContext) -> dict[str, Any]:
     """This rank's shard of a sharded checkpoint (its world size was checked against the job
-    before planning: `lazytrain.train.loop.Trainer._check_world_size`)."""
-    return torch.load(checkpoint.path / shard_name(ctx.rank), map_location="cpu",
-                      weights_only=False)
+    before planning: `lazytrain.train.loop.Trainer._check_world_size`), loaded with
+    `weights_only=True`.
+
+    Raises:
+        CheckpointError: the shard is missing, damaged, or holds objects other than tensors
+            and plain containers (nothing in it is executed).
+    """
+    return load_torch_file(checkpoint.path / shard_name(ctx.rank))

