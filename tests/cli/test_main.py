@@ -76,3 +76,63 @@ def test_broken_config_files_exit_2_with_one_line_naming_the_problem(plan_only, 
     assert main(["plan", "--policy", "megatrain", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and needle in err and len(err.splitlines()) == 1
+
+
+def test_version_prints_the_package_version(capsys):
+    from lazytrain import __version__
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"lazytrain {__version__}"
+
+
+def _exit_code_cases():
+    from lazytrain.planner.milp import PlanInfeasibleError
+    from lazytrain.runtime.errors import CheckpointIOError
+    from lazytrain.spec.hub import HubModelError
+    from lazytrain.train.checkpoint import CheckpointError
+    from lazytrain.train.loop import CheckpointSaveError
+    from lazytrain.train.preflight import PreflightError
+    return [
+        (ValueError("train.lr must be > 0; got -1"), 2),
+        (TypeError("train.steps must be int; got 'x'"), 2),
+        (FileNotFoundError("data.path: /x.jsonl does not exist; fix the path"), 2),
+        (CheckpointError("--resume: /r has no checkpoint; train without --resume"), 2),
+        (HubModelError("model.config_path: Org/X is not in the cache"), 2),
+        (PlanInfeasibleError(budget="HBM", window="f3", shortfall_bytes=2e9), 1),
+        (PreflightError("preflight: host memory: need 9 GB, have 3 GB"), 1),
+        (CheckpointSaveError("saving checkpoint step-000002 failed (No space left)"), 1),
+        (CheckpointIOError("disk full", boundary=3, path="/nvme/ckpt_b3.bin"), 1),
+        (OSError(28, "No space left on device"), 1),
+        (RuntimeError("rank 1 of 2: a collective failed"), 1),
+    ]
+
+
+@pytest.mark.parametrize("index", range(11))
+def test_every_error_class_maps_to_its_exit_code_with_one_line(plan_only, monkeypatch, capsys,
+                                                                index):
+    exc, code = _exit_code_cases()[index]
+    monkeypatch.setattr(cli_plan, "run", _raising(exc))
+    assert main(["plan"]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+
+
+def test_ctrl_c_outside_training_exits_130_with_one_line(plan_only, monkeypatch, capsys):
+    monkeypatch.setattr(cli_plan, "run", _raising(KeyboardInterrupt()))
+    assert main(["plan"]) == 130
+    assert capsys.readouterr().err.strip() == "error: interrupted (Ctrl-C)"
+
+
+def test_a_reader_that_closes_stdout_early_ends_quietly_with_status_0():
+    # 10 MB of output into a pipe whose reader stops after 10 bytes (`... | head -c 10`)
+    code = ("import sys, lazytrain.cli.main as m, lazytrain.cli.plan as p; "
+            "m.COMMANDS = {'plan': m.COMMANDS['plan']}; "
+            "p.run = lambda args: [print('x' * 1000) for _ in range(10000)] and 0; "
+            "sys.exit(m.main(['plan']))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.read(10) == b"x" * 10
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert "BrokenPipe" not in err and "Traceback" not in err and err == ""

@@ -368,3 +368,40 @@ def test_two_plus_two_steps_with_dropout_and_evaluation_equal_four_bit_for_bit(
     wa = load_file(str(ckpt.latest_checkpoint(tmp_path / "a").path / "model.safetensors"))
     wb = load_file(str(ckpt.latest_checkpoint(tmp_path / "b").path / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# --- small ones -------------------------------------------------------------------------------
+
+def test_seq_len_8_ends_in_one_line_not_a_format_error(arithmetic_model_dir, tmp_path, capsys):
+    path = _config_file(tmp_path, arithmetic_model_dir)
+    code = main(["train", "--config", str(path), "--run-dir", str(tmp_path / "run"),
+                 "--no-progress", "--set", "data.seq_len=8", "--set", "data.num_eval=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "NoneType" not in err
+    assert "eval before: loss n/a (no held-out example keeps an answer token within " \
+           "data.seq_len=8; raise data.seq_len)" in err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error")]
+    assert len(errors) == 1 and "data.seq_len=8" in errors[0]
+
+
+def test_a_bf16_checkpoint_says_bfloat16_and_carries_a_generation_config(arithmetic_model_dir,
+                                                                         tiny_plan, tmp_path):
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    run = tmp_path / "run"
+    train(tiny_config(arithmetic_model_dir, run, "train.steps=1", "data.num_eval=0",
+                      "train.master_dtype=bf16"), plan=tiny_plan, progress=False)
+    path = ckpt.latest_checkpoint(run).path
+    hf = json.loads((path / "config.json").read_text())
+    assert hf.get("dtype", hf.get("torch_dtype")) == "bfloat16"
+    assert {t.dtype for t in load_file(str(path / "model.safetensors")).values()} == \
+        {torch.bfloat16}
+    assert AutoModelForCausalLM.from_pretrained(path, dtype="auto").dtype == torch.bfloat16
+    generation = GenerationConfig.from_pretrained(path)
+    assert generation.eos_token_id == hf["eos_token_id"]
+    # an fp32 run still says float32
+    train(tiny_config(arithmetic_model_dir, tmp_path / "fp32", "train.steps=1",
+                      "data.num_eval=0"), plan=tiny_plan, progress=False)
+    hf32 = json.loads((ckpt.latest_checkpoint(tmp_path / "fp32").path / "config.json")
+                      .read_text())
+    assert hf32.get("dtype", hf32.get("torch_dtype")) == "float32"
