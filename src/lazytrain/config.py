@@ -183,6 +183,10 @@ class DataConfig:
     format: Literal["auto", "alpaca", "sharegpt", "messages", "gsm8k", "metamathqa",
                     "arithmetic"] = "auto"
     """Sample schema; `auto` detects it from the dataset's column names."""
+    chat_template: str = ""
+    """Chat template the conversations are rendered with: `chatml`, `llama3`, `qwen`, or a path
+    to a Jinja file; empty: the tokenizer's own, and chatml when it has none (said in one line).
+    The template used is saved with the checkpoint's tokenizer (`lazytrain.data.templates`)."""
     registry_path: str = ""
     """LlamaFactory-style `dataset_info.json`; when set, `path` names an entry in it
     (`lazytrain.data.registry`: file_name, formatting alpaca|sharegpt, columns, tags)."""

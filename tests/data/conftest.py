@@ -14,9 +14,16 @@ def _corpus() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def plain_tokenizer():
-    """A byte-level BPE tokenizer without a chat template (plain Question/Answer rendering)."""
+def _plain_tokenizer():
     return train_tokenizer(_corpus(), vocab_size=400)
+
+
+@pytest.fixture
+def plain_tokenizer(_plain_tokenizer):
+    """A byte-level BPE tokenizer without a chat template (so chatml, the default, renders);
+    a fresh copy per test, since `build_data` sets the chosen template on its tokenizer."""
+    import copy
+    return copy.deepcopy(_plain_tokenizer)
 
 
 @pytest.fixture(scope="session")

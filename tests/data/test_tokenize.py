@@ -19,14 +19,17 @@ def _trained_text(tok, enc):
     return tok.decode([t for t, lab in zip(enc.input_ids, enc.labels) if lab != IGNORE_INDEX])
 
 
-def test_plain_rendering_trains_only_the_answer_and_eos(plain_tokenizer):
+def test_a_tokenizer_without_template_renders_chatml_and_trains_the_answer(plain_tokenizer):
+    # Hand-built reference: the three pieces tokenized apart (special tokens and the newline
+    # before the answer are pre-token boundaries, so BPE cannot merge across them).
+    prompt = "<|im_start|>user\nAva has 3 apples. How many?<|im_end|>\n<|im_start|>assistant\n"
+    target, tail = "3 apples.\n#### 3<|im_end|>", "\n"
+    ids = [plain_tokenizer(t, add_special_tokens=False)["input_ids"] for t in (prompt, target,
+                                                                               tail)]
     enc = encode(plain_tokenizer, EXAMPLE, seq_len=128, overlong="truncate")
-    assert plain_tokenizer.decode(enc.input_ids).startswith("<|bos|>Question: Ava has 3")
-    # The first trained token may carry the space after "Answer:" (byte-level BPE merge).
-    assert _trained_text(plain_tokenizer, enc).strip() == "3 apples.\n#### 3<|eos|>"
-    prompt = encode_prompt(plain_tokenizer, EXAMPLE)
-    assert plain_tokenizer.decode(prompt).endswith("How many?\nAnswer: ")
-    assert all(lab == IGNORE_INDEX for lab in enc.labels[: len(prompt) - 1])
+    assert list(enc.input_ids) == ids[0] + ids[1] + ids[2]
+    assert list(enc.labels) == [IGNORE_INDEX] * len(ids[0]) + ids[1] + [IGNORE_INDEX]
+    assert encode_prompt(plain_tokenizer, EXAMPLE) == ids[0]
 
 
 def test_chat_template_masks_the_template_and_the_user_turn(chat_tokenizer):

@@ -21,6 +21,7 @@ from lazytrain.data.formats import (FORMATS, Example, Message, extract_final_ans
 from lazytrain.data.packing import check_packing_supported, packed_batch, real_token_count
 from lazytrain.data.registry import read_registry_dataset
 from lazytrain.data.synthetic import arithmetic_dataset
+from lazytrain.data.templates import TEMPLATES, stop_token_ids, use_template
 from lazytrain.data.tokenize import IGNORE_INDEX, Encoded, encode, encode_prompt, render
 
 EMBEDDED_PREFIX = "embedded:"
@@ -28,9 +29,9 @@ EMBEDDED_TRAIN_SIZE = 2048
 """Training problems generated for `embedded:arithmetic` (more than the default job draws)."""
 
 __all__ = ["DataBundle", "DataCounts", "EMBEDDED_PREFIX", "Encoded", "Example", "FORMATS",
-           "IGNORE_INDEX", "Message", "TrainStream", "build_data", "encode", "encode_prompt",
-           "extract_final_answer", "load_examples", "normalize_answer", "packed_batch",
-           "pad_batch", "real_token_count", "render"]
+           "IGNORE_INDEX", "Message", "TEMPLATES", "TrainStream", "build_data", "encode",
+           "encode_prompt", "extract_final_answer", "load_examples", "normalize_answer",
+           "packed_batch", "pad_batch", "real_token_count", "render", "stop_token_ids"]
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -45,6 +46,8 @@ class DataBundle:
     """Where the data came from (path or embedded name), for the summary."""
     format: str
     """The resolved format name."""
+    notes: tuple[str, ...] = ()
+    """One-line messages for the run log (e.g. that chatml was chosen as the template)."""
 
 
 def _load_source(path: str, fmt: str, *, seed: int, num_eval: int, registry: str = "",
@@ -106,7 +109,9 @@ def build_data(cfg: Any, tokenizer: Any, *, micro_batch: int, seed: int,
     Args:
         cfg: `lazytrain.config.DataConfig` (path, subset, split, eval_split, format, seq_len,
             packing, eval_path, num_eval, overlong, registry_path, dataset_dir).
-        tokenizer: the model's fast HF tokenizer.
+        tokenizer: the model's fast HF tokenizer; its `chat_template` is set to the one
+            `data.chat_template` chooses (`templates.use_template`), so a saved checkpoint
+            keeps it.
         micro_batch: sequences (rows) per micro-batch (`train.micro_batch`).
         seed: `train.seed` (data order; also the embedded dataset's generator seed).
         base_dir: directory that relative data paths resolve against (default: the cwd).
@@ -116,7 +121,7 @@ def build_data(cfg: Any, tokenizer: Any, *, micro_batch: int, seed: int,
     Raises:
         ValueError: packing on a model that cannot isolate packed samples, an unknown format
             or registry entry, a malformed or empty file, a missing column, an unknown subset
-            or split, or a file that leaves no training examples after holding out `num_eval`.
+            or split, an unknown chat template, or a file that leaves no training examples after holding out `num_eval`.
         FileNotFoundError: a data or registry file does not exist; a Hub dataset that does
             not exist, or is not cached while HF_DATASETS_OFFLINE is set.
         ConnectionError: a Hub dataset while the Hub cannot be reached (not offline mode).
@@ -138,6 +143,7 @@ def build_data(cfg: Any, tokenizer: Any, *, micro_batch: int, seed: int,
                              f"than num_eval={cfg.num_eval}; lower data.num_eval or set "
                              f"data.eval_path")
         train, held = train[: -cfg.num_eval], train[-cfg.num_eval:]
+    note = use_template(tokenizer, cfg.chat_template, base_dir=base_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
     if pad_id is None:
@@ -145,4 +151,5 @@ def build_data(cfg: Any, tokenizer: Any, *, micro_batch: int, seed: int,
     stream = TrainStream(examples=train, tokenizer=tokenizer, micro_batch=micro_batch,
                          seq_len=cfg.seq_len, pad_id=pad_id, seed=seed, overlong=cfg.overlong,
                          packing=cfg.packing)
-    return DataBundle(train=stream, eval_examples=tuple(held), source=cfg.path, format=fmt)
+    return DataBundle(train=stream, eval_examples=tuple(held), source=cfg.path, format=fmt,
+                      notes=(note,) if note else ())

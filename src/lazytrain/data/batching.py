@@ -13,6 +13,7 @@ opens the next one, so the position stays `(epoch, cursor)`. Knows nothing about
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,3 +171,32 @@ class TrainStream:
         self.epoch, self.cursor = state["epoch"], state["cursor"]
         self.counts = DataCounts(**state["counts"])
         self._ahead = None
+
+
+def steps_for_epochs(stream: TrainStream, *, epochs: float, micro_batches_per_step: int) -> int:
+    """Optimizer steps that draw `epochs` passes over the stream's examples, >= 1.
+
+    Padded rows: ceil(epochs * N / (micro_batch * micro_batches_per_step)), N the number of
+    examples (a skipped sample counts as drawn). Packed rows hold a varying number of samples,
+    so a fresh copy of the stream is packed until it has drawn epochs * N samples (every
+    sample is tokenized once per epoch for that count).
+
+    Args:
+        stream: the training stream (its position is not changed).
+        epochs: passes over the data, > 0 (fractions allowed).
+        micro_batches_per_step: micro-batches one optimizer step draws (grad_accum, times the
+            world size under data parallelism).
+    """
+    n = len(stream.examples)
+    target = epochs * n
+    if not stream.packing:
+        return max(1, math.ceil(target / (stream.micro_batch * micro_batches_per_step)))
+    dry = TrainStream(examples=stream.examples, tokenizer=stream.tokenizer,
+                      micro_batch=stream.micro_batch, seq_len=stream.seq_len,
+                      pad_id=stream.pad_id, seed=stream.seed, overlong=stream.overlong,
+                      packing=True)
+    micro_batches = 0
+    while dry.epoch * n + dry.cursor < target:
+        dry.next_micro_batch()
+        micro_batches += 1
+    return max(1, math.ceil(micro_batches / micro_batches_per_step))

@@ -15,7 +15,8 @@ SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>")
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-"""A minimal ChatML template (the convention SmolLM2 and Qwen use), for chat-template tests."""
+"""A minimal ChatML template without `{% generation %}` markers (the convention SmolLM2 and Qwen
+use), for the tests of masking by rendered prefixes."""
 
 
 def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 512,
@@ -26,7 +27,7 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 512,
         texts: training corpus (a few hundred samples is plenty).
         vocab_size: target vocabulary including the 256 byte symbols and SPECIAL_TOKENS.
         chat_template: Jinja chat template to attach (e.g. CHATML_TEMPLATE); None: none, so the
-            data layer uses its plain `Question:/Answer:` rendering.
+            data layer uses its default (chatml, `templates.py`).
 
     Returns:
         The tokenizer, with pad/bos/eos set to `<|pad|>`, `<|bos|>`, `<|eos|>`.

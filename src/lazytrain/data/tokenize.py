@@ -1,16 +1,21 @@
 """Tokenization with loss masking: chat `Example` -> token ids + labels of at most `seq_len`.
 
-The text of a conversation is rendered with the tokenizer's own chat template when it has one
-(`tokenizer.chat_template`), else with a plain fallback (`Question: ...\nAnswer: ...<eos>`).
-Which characters are trained is decided on the rendered text: for every trained turn i, the
-template renders `messages[:i]` with the generation prompt (the prompt prefix) and
-`messages[:i+1]` (the prefix through the end of that turn); the characters between the two are
-the target. The whole text is then tokenized once, with offsets, and a token is trained when
-its characters overlap a target span. That is exact even where a BPE merge crosses the
-prompt/target boundary (the merged token is one the model must predict), and it needs a fast (Rust `tokenizers`) tokenizer for the offsets.
+Every conversation is rendered with a chat template (`templates.py`: the tokenizer's own, a
+configured one, or chatml when the tokenizer has none), through the tokenizer's
+`apply_chat_template`. Which tokens are trained:
 
-Labels follow the HF causal-LM convention: `labels[t]` is the token at position t (or -100),
-and the model shifts by one inside the loss. Knows nothing about batches or the model.
+- a template that marks assistant text with `{% generation %}` (the named templates): the
+  `assistant_masks` of `apply_chat_template(..., return_assistant_tokens_mask=True)`;
+- any other template (e.g. a model's own): decided on the rendered text. For every trained turn
+  i, the template renders `messages[:i]` with the generation prompt (the prompt prefix) and
+  `messages[:i+1]` (the prefix through the end of that turn); the characters between the two
+  are the target. The whole text is tokenized once, with offsets, and a token is trained when
+  its characters overlap a target span. That is exact even where a BPE merge crosses the
+  prompt/target boundary (the merged token is one the model must predict).
+
+Both need a fast (Rust `tokenizers`) tokenizer for the offsets. Labels follow the HF causal-LM
+convention: `labels[t]` is the token at position t (or -100), and the model shifts by one
+inside the loss. Knows nothing about batches or the model.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lazytrain.data.formats import Example, Message
+from lazytrain.data.templates import has_generation_marker, template_of
 
 IGNORE_INDEX = -100
 """Label of a token that does not count in the loss (torch cross_entropy's default)."""
@@ -41,27 +47,11 @@ def _as_dicts(messages: tuple[Message, ...]) -> list[dict[str, str]]:
 
 
 def render(tokenizer: Any, messages: tuple[Message, ...], *, add_generation_prompt: bool) -> str:
-    """The text of `messages` as the model sees it.
-
-    With a chat template: `tokenizer.apply_chat_template(..., tokenize=False)`. Without one:
-    system text, then `Question: <user>\nAnswer: ` and `<assistant><eos>\n` per turn, with the
-    BOS token first when the tokenizer has one (`add_generation_prompt` changes nothing: a user
-    turn already ends with `Answer: `).
-    """
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(_as_dicts(messages), tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
-    eos = tokenizer.eos_token or ""
-    parts = [tokenizer.bos_token or ""]
-    for m in messages:
-        if m.role == "system":
-            parts.append(f"{m.content}\n")
-        elif m.role == "user":
-            parts.append(f"Question: {m.content}\nAnswer: ")
-        else:
-            parts.append(f"{m.content}{eos}\n")
-    # The user turn already ends with the generation prompt `Answer: `.
-    return "".join(parts)
+    """The text of `messages` as the model sees it: `apply_chat_template(..., tokenize=False)`
+    with `templates.template_of(tokenizer)` (the tokenizer's template, else chatml)."""
+    return tokenizer.apply_chat_template(_as_dicts(messages), chat_template=template_of(tokenizer),
+                                         tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
 
 
 def target_spans(tokenizer: Any, example: Example) -> tuple[str, list[tuple[int, int]]]:
@@ -97,6 +87,29 @@ def _overlaps(start: int, end: int, spans: list[tuple[int, int]]) -> bool:
     return any(start < b and end > a for a, b in spans)
 
 
+def _trains_assistant_turns(example: Example) -> bool:
+    """True when exactly the assistant turns are trained (what an assistant mask selects)."""
+    return all(m.train == (m.role == "assistant") for m in example.messages)
+
+
+def _ids_and_labels(tokenizer: Any, example: Example) -> tuple[list[int], list[int]]:
+    """Full-length ids and labels: from the template's assistant mask when it has
+    `{% generation %}` markers, else from the rendered prefixes (module docstring)."""
+    template = template_of(tokenizer)
+    if has_generation_marker(template) and _trains_assistant_turns(example):
+        out = tokenizer.apply_chat_template(_as_dicts(example.messages), chat_template=template,
+                                            tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+        ids = list(out["input_ids"])
+        return ids, [tok if keep else IGNORE_INDEX for tok, keep in
+                     zip(ids, out["assistant_masks"])]
+    full, spans = target_spans(tokenizer, example)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    return ids, [tok if _overlaps(start, end, spans) else IGNORE_INDEX
+                 for tok, (start, end) in zip(ids, enc["offset_mapping"])]
+
+
 def encode(tokenizer: Any, example: Example, *, seq_len: int, overlong: str) -> Encoded | None:
     """Token ids and loss labels of `example`, or None when it must be skipped.
 
@@ -110,11 +123,7 @@ def encode(tokenizer: Any, example: Example, *, seq_len: int, overlong: str) -> 
         The encoding; None when too long with overlong="skip", or when truncation left no
         trained token (nothing to learn from it).
     """
-    full, spans = target_spans(tokenizer, example)
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
-    labels = [tok if _overlaps(start, end, spans) else IGNORE_INDEX
-              for tok, (start, end) in zip(ids, enc["offset_mapping"])]
+    ids, labels = _ids_and_labels(tokenizer, example)
     truncated = len(ids) > seq_len
     if truncated:
         if overlong == "skip":

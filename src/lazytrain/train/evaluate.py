@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from lazytrain.data import Example, encode, encode_prompt, extract_final_answer, pad_batch
+from lazytrain.data import (Example, encode, encode_prompt, extract_final_answer, pad_batch,
+                            stop_token_ids)
 
 EVAL_BATCH = 8
 """Examples per evaluation forward / generation batch (bounds the [B, S, vocab] logits)."""
@@ -98,9 +99,10 @@ def eval_loss(model: Any, tokenizer: Any, examples: list[Example], *, seq_len: i
 @torch.no_grad()
 def generate_answers(model: Any, tokenizer: Any, examples: list[Example], *,
                      max_new_tokens: int, pad_id: int) -> list[str]:
-    """Greedy continuations (decoded, special tokens dropped) of each example's prompt."""
+    """Greedy continuations (decoded, special tokens dropped) of each example's prompt; each
+    stops at eos or at the chat template's end-of-turn token (`data.stop_token_ids`)."""
     texts = []
-    eos = tokenizer.eos_token_id
+    eos = stop_token_ids(tokenizer)
     for i in range(0, len(examples), EVAL_BATCH):
         prompts = [encode_prompt(tokenizer, ex) for ex in examples[i:i + EVAL_BATCH]]
         width = max(len(p) for p in prompts)

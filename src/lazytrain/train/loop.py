@@ -85,6 +85,20 @@ def step_record(step: int, stats, batches: list[dict], *, flops_params: float) -
             "peak_bytes": dict(stats.peak_bytes)}
 
 
+def resolve_epochs(cfg: RunConfig, stream, *, world_size: int, log) -> RunConfig:
+    """`cfg` with `train.steps` set to the steps that draw `train.epochs` passes over
+    `stream` (`data.batching.steps_for_epochs`: world_size x grad_accum micro-batches a step);
+    says the result in one line."""
+    from lazytrain.data.batching import steps_for_epochs
+
+    tc = cfg.train
+    steps = steps_for_epochs(stream, epochs=tc.epochs,
+                             micro_batches_per_step=tc.grad_accum * world_size)
+    log(f"train.epochs={tc.epochs:g}: {steps} steps over {len(stream.examples)} training "
+        f"samples (train.steps={tc.steps} is not used)")
+    return apply_overrides(cfg, [f"train.steps={steps}"])
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class TrainHooks:
     """Test hooks (all optional)."""
@@ -292,6 +306,12 @@ class Trainer:
         from lazytrain.data import build_data
         self.data = build_data(cfg.data, self.tokenizer, micro_batch=tc.micro_batch,
                                seed=tc.seed, hf_config=hf_config)
+        for note in self.data.notes:  # e.g. chatml chosen for a tokenizer without a template
+            log(note)
+        if tc.epochs:  # train.epochs -> train.steps, the same on every resume of the run
+            self.cfg = cfg = resolve_epochs(cfg, self.data.train, world_size=self.world_size,
+                                            log=log)
+            tc = cfg.train
         self.engine = self._make_engine()
         self.replanner = self._make_replanner()
         self.step = 0
@@ -539,6 +559,7 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
             cfg = apply_overrides(cfg, ["dist.nproc_per_node=1", "dist.nnodes=1"])
         trainer = Trainer(cfg, run_dir=run_dir, plan=plan, resume=resume,
                           hooks=hooks or TrainHooks(), log=log)
+    cfg = trainer.cfg  # train.epochs resolved to train.steps
     stopped_by, records, saved = None, [], None
     timings = {"setup_s": time.perf_counter() - t_start}
     try:
