@@ -1,0 +1,43 @@
+"""A run whose tokenizer has no chat template trains in chatml, says so in one line, and its
+checkpoint's tokenizer carries the template, so inference renders prompts the same way."""
+
+from __future__ import annotations
+
+import pytest
+
+from train_helpers import tiny_config
+from lazytrain.data.templates import CHATML
+from lazytrain.train import checkpoint as ckpt
+from lazytrain.train.loop import train
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_template_less_model_trains_in_chatml_and_saves_it(arithmetic_model_dir, tiny_plan,
+                                                             tmp_path):
+    from transformers import AutoTokenizer
+
+    assert not AutoTokenizer.from_pretrained(arithmetic_model_dir).chat_template
+    lines: list[str] = []
+    train(tiny_config(arithmetic_model_dir, tmp_path / "run", "data.num_eval=0",
+                      "train.steps=1"), plan=tiny_plan, progress=False, log=lines.append)
+    notes = [ln for ln in lines if "chat template" in ln]
+    assert len(notes) == 1 and "using chatml" in notes[0]
+    saved = AutoTokenizer.from_pretrained(ckpt.latest_checkpoint(tmp_path / "run").path)
+    assert saved.chat_template == CHATML
+    chat = [{"role": "user", "content": "Ava has 3 apples."}]
+    assert saved.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
+        "<|im_start|>user\nAva has 3 apples.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_configured_template_replaces_the_tokenizers_and_is_saved(arithmetic_model_dir,
+                                                                     tiny_plan, tmp_path):
+    from transformers import AutoTokenizer
+
+    train(tiny_config(arithmetic_model_dir, tmp_path / "run", "data.num_eval=0",
+                      "train.steps=1", "data.chat_template=llama3"), plan=tiny_plan,
+          progress=False, log=lambda _: None)
+    saved = AutoTokenizer.from_pretrained(ckpt.latest_checkpoint(tmp_path / "run").path)
+    chat = [{"role": "user", "content": "hi"}]
+    assert saved.apply_chat_template(chat, tokenize=False) == (
+        "<|bos|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>")
