@@ -136,3 +136,32 @@ def _next_load_bytes(p: PlanningProblem, o: int, resident: set) -> float:
         return 0.0 if L - 1 in resident else float(p.weight_bytes[L - 1])
     j = 2 * L - o
     return float(p.weight_bytes[j - 1]) if j >= 1 and j - 1 not in resident else 0.0
+
+
+def recompute_terms(problem: PlanningProblem, tiers, keep_internals=()
+                    ) -> tuple[list[float], list[float]]:
+    """Per window ord: (R[s,e] + Fg[j] (unless kept) + B[j], ms; recompute load bytes) for the
+    window b{j} ending a segment (s, j + 1) with recompute, (0, 0) elsewhere.
+
+    With them a window's recompute bound is `recompute_bound_ms` of its total H2D bytes; the
+    heuristics' incremental scoring uses this form (the schedulers never chain NVMe transfers
+    in one window, so it equals `stream_bounds_ms` on their plans).
+    """
+    p, L = problem, problem.num_blocks
+    keep = set(keep_internals)
+    rec_ms, rec_bytes = [0.0] * (2 * L + 1), [0.0] * (2 * L + 1)
+    for j, (s, e) in _segments_by_last_block(tiers).items():
+        if e - s >= 2:
+            o = 2 * L - j
+            rec_ms[o] = (recompute_chain_ms(p, s, e) + p.bwd_ms[j]
+                         + (0.0 if j in keep else p.fwd_grad_ms[j]))
+            rec_bytes[o] = float(sum(p.weight_bytes[s:e - 1]))
+    return rec_ms, rec_bytes
+
+
+def recompute_bound_ms(problem: PlanningProblem, h2d_bytes: float, rec_ms: float,
+                       rec_bytes: float) -> float:
+    """(h2d_bytes - rec_bytes) / bw_h2d + rec_ms, ms (0 without recompute or on a CPU)."""
+    if rec_ms <= 0.0 or not problem.copies_overlap_compute:
+        return 0.0
+    return (h2d_bytes - rec_bytes) / problem.h2d_bytes_per_s * 1e3 + rec_ms

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lazytrain.planner.chains import stream_bounds_ms
+from lazytrain.planner.chains import recompute_bound_ms, recompute_terms, stream_bounds_ms
 from lazytrain.planner.plan import (
     OFFLOAD_TIERS, TIERS, TRANSFER_KINDS, Bounds, Plan, Predicted, SolveRecord, Transfer,
     WindowRecord, legal_ords, use_ord, window_name, window_names, window_ord,
@@ -417,18 +417,22 @@ def decisions_from_tiers(problem: PlanningProblem, tiers, keep_internals=(), *,
 class _Loads:
     """Per-window compute (ms) and channel bytes while a schedule is being built."""
 
-    def __init__(self, problem: PlanningProblem, comp, h2d, d2h) -> None:
+    def __init__(self, problem: PlanningProblem, comp, h2d, d2h, rec=None) -> None:
         n = len(comp)
         self.p, self.comp = problem, comp
         self.chan = {"h2d": h2d, "d2h": d2h, "nvme_read": [0.0] * n, "nvme_write": [0.0] * n}
+        self.rec_ms, self.rec_bytes = rec if rec is not None else ([0.0] * n, [0.0] * n)
+        """`chains.recompute_terms`: the recompute-behind-its-weights bound per window."""
 
     def time_ms(self, o: int, kind: str | None = None, extra: float = 0.0) -> float:
+        """Window o's time with `extra` bytes of `kind` added (fluid max + recompute order)."""
         c = self.chan
         loads = {k: c[k][o] for k in TRANSFER_KINDS}
         if kind is not None:
             loads[kind] += extra
-        return window_time_ms(self.p, self.comp[o], loads["h2d"], loads["d2h"],
-                              loads["nvme_read"], loads["nvme_write"])
+        return max(window_time_ms(self.p, self.comp[o], loads["h2d"], loads["d2h"],
+                                  loads["nvme_read"], loads["nvme_write"]),
+                   recompute_bound_ms(self.p, loads["h2d"], self.rec_ms[o], self.rec_bytes[o]))
 
     def slack_bytes(self, kind: str, o: int) -> float:
         """Bytes of `kind` that fit in window o without lengthening it (0 on a CPU)."""
@@ -437,7 +441,11 @@ class _Loads:
             return 0.0
         t_s = self.time_ms(o) / 1e3
         duplex = p.duplex_bytes_per_s * t_s - c["h2d"][o] - c["d2h"][o]
-        room = {"h2d": min(p.h2d_bytes_per_s * t_s - c["h2d"][o], duplex),
+        h2d_room = p.h2d_bytes_per_s * t_s - c["h2d"][o]
+        if self.rec_ms[o] > 0:  # the recompute waits behind every H2D byte before its loads
+            h2d_room = min(h2d_room, p.h2d_bytes_per_s * (t_s - self.rec_ms[o] / 1e3)
+                           - (c["h2d"][o] - self.rec_bytes[o]))
+        room = {"h2d": min(h2d_room, duplex),
                 "d2h": min(p.d2h_bytes_per_s * t_s - c["d2h"][o], duplex),
                 "nvme_read": p.nvme_read_bytes_per_s * t_s - c["nvme_read"][o],
                 "nvme_write": p.nvme_write_bytes_per_s * t_s - c["nvme_write"][o]}[kind]
@@ -516,9 +524,11 @@ def schedule_offload(loads: _Loads, problem: PlanningProblem, i: int, tier: str,
     A = float(problem.boundary_bytes[i])
     out = {"d2h": loads.fill_whole("d2h", A, _ords(problem, "d2h", i, segment_end))}
     if tier == "nvme":
-        d2h = max(out["d2h"])
-        out["nvme_write"] = loads.fill("nvme_write", A,
-                                       _later_ords(problem, "nvme_write", i, segment_end, d2h))
+        d2h, use = max(out["d2h"]), use_ord(segment_end, problem.num_blocks)
+        later = _later_ords(problem, "nvme_write", i, segment_end, d2h)
+        # leave a window for the read and one for the h2d before `use` where the model has them
+        ords = [o for o in later if o <= use - 3] or later
+        out["nvme_write"] = loads.fill("nvme_write", A, ords)
     return out
 
 
@@ -564,7 +574,8 @@ def schedule_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_
     """The schedule as {boundary: {kind: {ord: fraction}}} and the resulting window loads."""
     L = problem.num_blocks
     tiers = check_tiers(problem, tiers)
-    loads = _Loads(problem, *fixed_loads(problem, tiers, keep_internals, resident_weights))
+    loads = _Loads(problem, *fixed_loads(problem, tiers, keep_internals, resident_weights),
+                   rec=recompute_terms(problem, tiers, keep_internals))
     ends = segment_ends(tiers)
     offloaded = [i for i in range(L) if tiers[i] in OFFLOAD_TIERS]
     sched = {i: schedule_offload(loads, problem, i, tiers[i], ends[i]) for i in offloaded}
