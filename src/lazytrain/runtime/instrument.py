@@ -119,12 +119,8 @@ class _IoProxy:
             group = [f for f in futures if getattr(f, _FUTURE_KIND_ATTR, None) == kind]
             if group:
                 with self._instrument.wait(kind):
-                    for f in group:
-                        f.exception()
-        errors = [f.exception() for f in futures]
-        for err in errors:
-            if err is not None:
-                raise err
+                    self._io.device.wait_futures(group)  # through the device API: ordered
+        self._io.wait(futures)
 
 
 def _tag(futures: list, kind: str) -> list:

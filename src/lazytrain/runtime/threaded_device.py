@@ -2,11 +2,13 @@
 
 The compute stream is the calling thread (kernels run at once, as on the `cpu` backend). Every
 other stream is one worker thread that runs its queued copies in order, each after a random
-delay drawn from a seeded generator (0 to `MAX_DELAY_S`), so copies really overlap compute and
-finish late. Events are real: `host_wait` blocks until the worker has run the copy, and a
-stream's `wait_event` makes its worker block before the next queued copy. When the compute
-stream waits for an event (`wait_event(compute, ...)`), the calling thread blocks, since its
-kernels run as soon as they are issued.
+delay drawn from a seeded generator (`MIN_DELAY_S` to `MAX_DELAY_S`), so copies really overlap
+compute and finish late: later than the next windows' kernels, unless someone waits. Events are
+real: waiting for one (`host_wait`, the compute stream's `wait_event`, which blocks the calling
+thread since its kernels run as soon as they are issued, or another stream's `wait_event`)
+cuts the delay of that copy and of every copy queued before it on its stream. Correct code
+therefore runs at nearly full speed, and code that reads a copy's destination without waiting
+reads it long before the copy ran.
 
 Buffers handed back to a pool (`recycle`) are poisoned: NaN for floating dtypes, 0xFF bytes
 otherwise. A missing wait then shows up as corrupted gradients, not as a lucky pass: a copy
@@ -21,16 +23,26 @@ from __future__ import annotations
 import queue
 import random
 import threading
-import time
 from typing import Callable
 
 import torch
 
 from lazytrain.runtime.device import Device, Event, Stream
 
-MAX_DELAY_S = 0.002
-"""Largest random delay before each queued copy (s): long enough to reorder a copy behind the
-compute the host issues next, short enough that the test matrix stays within its budget."""
+MIN_DELAY_S, MAX_DELAY_S = 0.03, 0.06
+"""Range of the random delay before each queued copy that nobody waits for (s): longer than a
+tiny model's whole window, so an unwaited copy lands after the kernels that should have waited
+for it. A wait cuts the delay short, so the test matrix does not pay it."""
+
+
+class _Job:
+    """One queued copy (or wait): its delay, a flag that cuts the delay, its completion."""
+
+    __slots__ = ("fn", "pause", "hurry", "done")
+
+    def __init__(self, fn: Callable[[], None], pause: float) -> None:
+        self.fn, self.pause = fn, pause
+        self.hurry, self.done = threading.Event(), threading.Event()
 
 
 class _Worker:
@@ -39,18 +51,38 @@ class _Worker:
     def __init__(self, name: str, rng: random.Random) -> None:
         self.rng = rng
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.pending: list[_Job] = []
+        self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name=f"stream-{name}", daemon=True)
         self.thread.start()
 
-    def put(self, fn: Callable[[], None] | None) -> None:
-        self.jobs.put(fn)
+    def put(self, job: _Job | None) -> None:
+        if job is not None:
+            with self.lock:
+                self.pending.append(job)
+        self.jobs.put(job)
+
+    def hurry_until(self, job: _Job) -> None:
+        """Cut the delay of `job` and of every job queued before it (FIFO stream order)."""
+        with self.lock:
+            for queued in self.pending:
+                queued.hurry.set()
+                if queued is job:
+                    break
 
     def _run(self) -> None:
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            job()
+            if job.pause:
+                job.hurry.wait(job.pause)
+            try:
+                job.fn()
+            finally:
+                with self.lock:
+                    self.pending.remove(job)
+                job.done.set()
 
 
 class ThreadedDevice(Device):
@@ -77,62 +109,62 @@ class ThreadedDevice(Device):
             w = self._workers[stream.name] = _Worker(stream.name, rng)
         return w
 
-    def _enqueue(self, stream: Stream, fn: Callable[[], None], *, delay: bool) -> threading.Event:
-        done = threading.Event()
+    def _enqueue(self, stream: Stream, fn: Callable[[], None], *, delay: bool) -> _Job:
         worker = self._worker(stream)
-        pause = worker.rng.uniform(0.0, MAX_DELAY_S) if delay else 0.0
+        pause = worker.rng.uniform(MIN_DELAY_S, MAX_DELAY_S) if delay else 0.0
 
-        def job():
+        def run():
             try:
-                if pause:
-                    time.sleep(pause)
                 fn()
             except BaseException as exc:  # surfaced at the next host_wait / synchronize
                 self.errors.append(exc)
-            finally:
-                done.set()
+        job = _Job(run, pause)
         worker.put(job)
-        self._last[stream.name] = done
-        return done
+        self._last[stream.name] = (worker, job)
+        return job
 
     def record(self, stream: Stream) -> Event:
         if stream is self.compute:
             return Event(self, stream, None)  # compute ran already
-        done = self._last.get(stream.name)
-        return Event(self, stream, done)
+        return Event(self, stream, self._last.get(stream.name))
+
+    def _wait(self, raw) -> None:
+        worker, job = raw
+        worker.hurry_until(job)
+        job.done.wait()
 
     def wait_event(self, stream: Stream, event: Event | None) -> None:
         if event is None or event.raw is None:
             return
         if stream is self.compute:
-            event.raw.wait()  # kernels run when issued: the host must wait here
+            self._wait(event.raw)  # kernels run when issued: the host must wait here
             self._raise_errors()
             return
-        flag = event.raw
-        self._enqueue(stream, flag.wait, delay=False)
+        raw = event.raw
+        self._enqueue(stream, lambda: self._wait(raw), delay=False)
 
     def wait_stream(self, stream: Stream, other: Stream) -> None:
         self.wait_event(stream, self.record(other))
 
     def host_wait(self, event: Event | None) -> None:
         if event is not None and event.raw is not None:
-            event.raw.wait()
+            self._wait(event.raw)
         self._raise_errors()
 
     def query(self, event: Event) -> bool:
-        return event.raw is None or event.raw.is_set()
+        return event.raw is None or event.raw[1].done.is_set()
 
     def synchronize(self) -> None:
-        for name in list(self._last):
-            self._last[name].wait()
+        for raw in list(self._last.values()):
+            self._wait(raw)
         self._raise_errors()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, *, stream: Stream) -> Event:
         if stream is self.compute:
             dst.copy_(src)
             return self.record(stream)
-        done = self._enqueue(stream, lambda: dst.copy_(src), delay=True)
-        return Event(self, stream, done)
+        job = self._enqueue(stream, lambda: dst.copy_(src), delay=True)
+        return Event(self, stream, (self._workers[stream.name], job))
 
     def recycle(self, tensor: torch.Tensor) -> None:
         poison(tensor)
