@@ -401,6 +401,7 @@ class Engine:
                                                    allow_unused=True)
         grad_w = self._flat_grad(j, leaves, grad_leaves)
         group = self.params.blocks[j]
+        self.optimizer.note_gradients(group, dict(zip(leaves, grad_leaves)), first=mb.index == 0)
         on_done = self._on_grads_final(group, step_lr) if mb.index == self.grad_accum - 1 else None
         self.drain.drain(group, grad_w, first=mb.index == 0, on_done=on_done)
         return grad_x

@@ -21,6 +21,17 @@ Master precision (`train.master_dtype`):
   its magnitude) is lost in the rounding, as in MegaTrain's layout; stochastic rounding and
   Kahan-style compensation are not done.
 
+Parameters without a gradient: `torch.optim.AdamW` skips a parameter whose `.grad` is None, so
+neither its weight (no weight decay) nor its moments change. Here a group is one flat tensor, so
+the engine reports which of a group's parameters got a gradient in the step
+(`note_gradients`); a parameter that got none on this rank and whose accumulated gradient is
+exactly zero (the data-parallel reduction brought no other rank's either) has its weight and
+its fp32 moments put back after the group's step: the same result as torch for a parameter
+that never gets a gradient (an unused layer, expert or bias). The group's step count still
+advances, so the bias correction of a parameter skipped in some steps and used in others
+follows the group's count, not its own (torch counts per parameter). 8-bit groups restore
+only the weight.
+
 Groups whose block index is in the plan's `q8_blocks` use the 8-bit AdamW of
 `runtime/optim8bit.py` instead (same update, moments block-wise quantized); `set_q8_blocks`
 switches a group between the two between steps, carrying its moments over. 8-bit moments work
@@ -105,6 +116,11 @@ class BlockOptimizer:
                                                          for g in params.groups}
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytrain-adamw")
         self.futures: dict[str, Future] = {}
+        # group name -> local names that got a gradient this step (`note_gradients`); groups
+        # never reported (the ends) are stepped whole
+        self.got_grad: dict[str, set[str]] = {}
+        # group name -> local names to leave untouched by its queued update (set at submit)
+        self.frozen: dict[str, frozenset[str]] = {}
         self.set_q8_blocks(q8_blocks)
 
     def bind_device(self, device: Device) -> None:
@@ -170,6 +186,20 @@ class BlockOptimizer:
             pg["lr"] = lr
         self.optims[g.name] = new
 
+    def note_gradients(self, group: ParamGroup, grads: dict[str, torch.Tensor | None], *,
+                       first: bool) -> None:
+        """Record which of `group`'s parameters got a gradient in one micro-batch's backward.
+
+        Args:
+            group: the group.
+            grads: local parameter name -> its gradient or None (autograd's allow_unused).
+            first: the step's first micro-batch (forgets the previous step's record).
+        """
+        got = self.got_grad.setdefault(group.name, set())
+        if first:
+            got.clear()
+        got.update(name for name, g in grads.items() if g is not None)
+
     def submit(self, group: ParamGroup, *, lr: float, grad_scale: float = 1.0) -> None:
         """Queue one group's update; it runs after every update queued before it.
 
@@ -178,6 +208,11 @@ class BlockOptimizer:
             lr: learning rate of this update.
             grad_scale: factor applied to the gradient first (the clipping scale, <= 1).
         """
+        self.frozen.pop(group.name, None)
+        if group.name in self.got_grad:  # parameters without a gradient stay as they are
+            missing = {sl.name for sl in group.slots} - self.got_grad[group.name]
+            if missing:
+                self.frozen[group.name] = frozenset(missing)
         self.futures[group.name] = self.device.submit(self.worker, self._update, group, lr,
                                                       grad_scale)
 
@@ -194,9 +229,29 @@ class BlockOptimizer:
             p.grad.mul_(grad_scale)
         for pg in opt.param_groups:
             pg["lr"] = lr
+        kept = self._untouched(group, opt, p)
         opt.step()
+        for view, before in kept:
+            view.copy_(before)
         if through_scratch:
             group.master.copy_(p)  # round to nearest even; no stochastic rounding
+
+    def _untouched(self, group: ParamGroup, opt: torch.optim.Optimizer, p: torch.Tensor
+                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(view, copy) of the weight and fp32 moments of each parameter the update must leave
+        as it is: no gradient on this rank and an all-zero accumulated gradient (module
+        docstring). Worker thread, before `opt.step()`."""
+        names = self.frozen.pop(group.name, ())
+        grads = group.views(p.grad)
+        names = [n for n in names if not bool(grads[n].any())]
+        if not names:
+            return []
+        tensors = [p]
+        state = opt.state.get(p) or {}
+        tensors += [state[k] for k in ("exp_avg", "exp_avg_sq")
+                    if isinstance(state.get(k), torch.Tensor) and state[k].shape == p.shape]
+        return [(view, view.clone()) for t in tensors
+                for name, view in group.views(t).items() if name in names]
 
     def wait(self, group: ParamGroup) -> None:
         """Block until `group`'s queued update (if any) has finished; re-raises its error."""
