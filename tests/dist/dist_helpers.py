@@ -82,16 +82,24 @@ def global_batches(steps: int, per_step: int, *, seed: int = 1) -> list[list[dic
     return out
 
 
-def engine_kwargs(nvme_dir, *, clip: float, grad_accum: int) -> dict:
-    return dict(device="cpu", nvme_dir=nvme_dir, lr=3e-3, weight_decay=0.01,
+def engine_kwargs(nvme_dir, *, clip: float, grad_accum: int, device: str = "cpu") -> dict:
+    from lazytrain.runtime.device import make_device
+
+    return dict(device=make_device(device), nvme_dir=nvme_dir, lr=3e-3, weight_decay=0.01,
                 clip_grad_norm=clip, grad_accum=grad_accum, seed=0, io_threads=1)
 
 
 def reference_params(plan_name: str, *, steps: int, world: int, clip: float, nvme_dir,
                      master_dtype: str = "fp32"):
-    """One process, grad_accum = world: the parameters after `steps` steps (the reference)."""
+    """One process, grad_accum = world: the parameters after `steps` steps (the reference).
+
+    Runs with one intra-op thread, as the ranks do (`dp_worker`): the reductions then sum in
+    the same order whatever thread count an earlier test left, so the comparison does not
+    depend on which tests ran before."""
     from lazytrain.runtime.engine import Engine
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     adapter = tiny_adapter(master_dtype=master_dtype)
     plan = tiny_plan(adapter, *PLANS[plan_name])
     engine = Engine(adapter, plan, **engine_kwargs(nvme_dir, clip=clip, grad_accum=world))
@@ -101,6 +109,7 @@ def reference_params(plan_name: str, *, steps: int, world: int, clip: float, nvm
         return {k: v.clone() for k, v in engine.named_masters().items()}
     finally:
         engine.close()
+        torch.set_num_threads(threads)
 
 
 PROBE = 12345.0
@@ -110,7 +119,7 @@ training (sharing probe)."""
 
 def dp_worker(rank: int, world: int, port: int, out_dir: str, plan_name: str, steps: int,
               clip: float, shared: bool = False, per_node: int | None = None,
-              master_dtype: str = "fp32") -> None:
+              master_dtype: str = "fp32", device: str = "cpu") -> None:
     """One rank of the data-parallel run (torch.multiprocessing.start_processes target).
 
     `per_node` ranks per "node" (default: all on one), node by node as torchrun numbers them;
@@ -135,7 +144,8 @@ def dp_worker(rank: int, world: int, port: int, out_dir: str, plan_name: str, st
     adapter = tiny_adapter(**where)
     barrier(ctx)
     plan = tiny_plan(adapter, *PLANS[plan_name])
-    kw = engine_kwargs(os.path.join(out_dir, f"nvme{rank}"), clip=clip, grad_accum=1)
+    kw = engine_kwargs(os.path.join(out_dir, f"nvme{rank}"), clip=clip, grad_accum=1,
+                       device=device)
     lr = kw.pop("lr")
     engine = build_engine(adapter, plan, ctx=ctx, lr=lr, shared_masters=shared, **kw)
     try:

@@ -15,23 +15,24 @@ STEPS, WORLD = 3, 2
 
 
 def _run_ranks(tmp_path, *, world: int, plan_name: str, clip: float, shared: bool,
-               per_node: int | None = None, master_dtype: str = "fp32") -> list[dict]:
+               per_node: int | None = None, master_dtype: str = "fp32",
+               device: str = "cpu") -> list[dict]:
     tiny_adapter()  # import transformers here, before the fork
     (tmp_path / "shm").mkdir()
     # fork: the children inherit the imported torch/transformers (a spawn re-imports them, ~10 s)
     mp.start_processes(dp_worker, args=(world, free_port(), str(tmp_path), plan_name, STEPS,
-                                        clip, shared, per_node, master_dtype),
+                                        clip, shared, per_node, master_dtype, device),
                        nprocs=world, join=True, start_method="fork")
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 
-def _assert_equal_to_one_process(ranks, *, plan_name, clip, tmp_path) -> None:
+def _assert_equal_to_one_process(ranks, *, plan_name, clip, tmp_path, atol=1e-7) -> None:
     reference = reference_params(plan_name, steps=STEPS, world=len(ranks), clip=clip,
                                  nvme_dir=tmp_path / "nvme_ref")
     for shard in ranks:  # every rank holds the same, updated masters
         assert shard["params"].keys() == reference.keys()
         for name, ref in reference.items():
-            torch.testing.assert_close(shard["params"][name], ref, rtol=1e-5, atol=1e-7,
+            torch.testing.assert_close(shard["params"][name], ref, rtol=1e-5, atol=atol,
                                        msg=lambda m, n=name: f"{n}: {m}")
     # ZeRO-1: the ranks' Adam moments together are one full set (2 x 4 B per parameter)
     numel = sum(v.numel() for v in reference.values())
@@ -53,11 +54,25 @@ def test_two_ranks_equal_one_process_after_three_steps(plan_name, clip, shared, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu-checked", "cpu-threaded"])
+def test_two_ranks_under_the_ordering_checkers_equal_one_process(device, tmp_path):
+    """Each rank's engine runs under the checker (zero violations, or the rank raises) and the
+    result still equals one process on the cpu backend."""
+    ranks = _run_ranks(tmp_path, world=WORLD, plan_name="mixed_tiers", clip=0.05, shared=True,
+                       device=device)
+    _assert_equal_to_one_process(ranks, plan_name="mixed_tiers", clip=0.05, tmp_path=tmp_path)
+
+
+@pytest.mark.slow
 def test_two_nodes_of_two_ranks_share_one_copy_per_node_and_equal_one_process(tmp_path):
     """4 ranks as 2 "nodes" x 2: in-place updates inside a node, broadcasts across nodes."""
     ranks = _run_ranks(tmp_path, world=4, plan_name="mixed_tiers", clip=0.05, shared=True,
                        per_node=2)
-    _assert_equal_to_one_process(ranks, plan_name="mixed_tiers", clip=0.05, tmp_path=tmp_path)
+    # 4 ranks sum their gradients in gloo's reduction order, one process in micro-batch order:
+    # fp32 addition is not associative, and 3 Adam steps amplify the last-bit differences of
+    # near-zero gradients (g / sqrt(v)) to ~2e-7 on weights of ~0.1 (a few ulp)
+    _assert_equal_to_one_process(ranks, plan_name="mixed_tiers", clip=0.05, tmp_path=tmp_path,
+                                 atol=5e-7)
     # node 0's copy is ranks 0 and 1's, node 1's is ranks 2 and 3's: the probe written by
     # each node's local rank 0 is seen by its node only (two copies, not one, not four)
     assert [s["probe"] for s in ranks] == [PROBE, PROBE, PROBE + 1, PROBE + 1]

@@ -1,0 +1,63 @@
+"""Whole training runs under the CPU ordering checkers (`runtime.device`).
+
+A run under `cpu-checked` or `cpu-threaded` must finish with zero ordering violations and end
+with the same weights as the `cpu` backend, bit for bit: the checkers change how ordering is
+carried out or checked, never the numerics. Online re-planning (a plan switch between steps,
+NVMe reads throttled) runs under both too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from train_helpers import tiny_config
+from lazytrain.planner.build import problem_from_config
+from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
+from lazytrain.planner.plan import SolveRecord
+from lazytrain.runtime.nvme import FaultInjector
+from lazytrain.train import checkpoint as ckpt
+from lazytrain.train.loop import TrainHooks, train
+
+
+def _weights(run_dir):
+    return load_file(str(ckpt.latest_checkpoint(run_dir).path / "model.safetensors"))
+
+
+def _mixed_plan(cfg):
+    """Boundaries in nvme, dram and hbm (3 blocks), block 2 kept: every transfer kind."""
+    problem = problem_from_config(cfg)
+    tiers = ("nvme", "dram", "hbm", "hbm")
+    return build_plan(problem, decisions_from_tiers(problem, tiers, (2,)),
+                      solver=SolveRecord(backend="manual"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu-checked", "cpu-threaded"])
+def test_a_run_under_a_checker_ends_with_the_cpu_backends_weights_bit_for_bit(
+        device, arithmetic_model_dir, tmp_path):
+    extra = ("data.num_eval=0", "train.steps=2", "train.grad_accum=2")
+    cpu_cfg = tiny_config(arithmetic_model_dir, tmp_path / "cpu", *extra)
+    plan = _mixed_plan(cpu_cfg)
+    train(cpu_cfg, plan=plan, progress=False)
+    checked = tiny_config(arithmetic_model_dir, tmp_path / device, *extra,
+                          f"runtime.device={device}")
+    summary = train(checked, plan=plan, progress=False)
+    assert summary["steps_completed"] == 2
+    a, b = _weights(tmp_path / "cpu"), _weights(tmp_path / device)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu-checked", "cpu-threaded"])
+def test_online_replanning_runs_under_a_checker(device, arithmetic_model_dir, tmp_path):
+    cfg = tiny_config(arithmetic_model_dir, tmp_path / "run", "data.num_eval=0",
+                      "train.steps=4", "planner.policy=heuristic", "planner.time_limit_s=1",
+                      "planner.replan_every_steps=1", "planner.drift_patience_steps=1",
+                      f"runtime.device={device}")
+    faults = FaultInjector()
+    faults.delay_reads(20.0)  # NVMe reads far slower than planned: a re-plan off NVMe is due
+    summary = train(cfg, plan=_mixed_plan(cfg), progress=False,
+                    hooks=TrainHooks(fault_hook=faults))
+    assert summary["steps_completed"] == 4
