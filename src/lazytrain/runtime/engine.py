@@ -22,7 +22,7 @@ Legend: B = micro-batch, S = sequence length, H = hidden size, L = number of blo
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -458,11 +458,26 @@ class Engine:
 
     @contextmanager
     def window(self, name: str):
-        """One plan window: store barrier semantics + the meter."""
+        """One plan window: store barrier semantics + the meter. On an error inside it (an
+        NVMe fault, a budget check) the window is closed and the step's stored boundaries are
+        released before the error propagates, so the engine can run another step."""
         self.store.begin_window(name)
-        with self._timed_window(name):
-            yield
+        try:
+            with self._timed_window(name):
+                yield
+                self.store.end_window()
+        except BaseException:
+            self._abandon_step()
+            raise
+
+    def _abandon_step(self) -> None:
+        """Close the store's open window (waiting for its I/O) and release every stored
+        boundary of the failed step; secondary errors are dropped (the first one propagates)."""
+        with suppress(Exception):  # RuntimeError when end_window already closed it
             self.store.end_window()
+        for boundary, micro_batch in self.store.stored():
+            with suppress(Exception):
+                self.store.release(boundary, micro_batch=micro_batch)
 
     @contextmanager
     def _timed_window(self, name: str):
