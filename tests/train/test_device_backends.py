@@ -61,3 +61,25 @@ def test_online_replanning_runs_under_a_checker(device, arithmetic_model_dir, tm
     summary = train(cfg, plan=_mixed_plan(cfg), progress=False,
                     hooks=TrainHooks(fault_hook=faults))
     assert summary["steps_completed"] == 4
+
+
+def test_cuda_preflight_compares_pinned_bytes_with_memory_and_the_cgroup_not_ulimit(tmp_path):
+    from lazytrain.train.preflight import PreflightError, preflight, run_checks
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 100000000 kB\nMemAvailable: 50000000 kB\n")  # 51.2 GB
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "memory.max").write_text(str(20 * 10**9) + "\n")
+    (cgroup / "memory.current").write_text(str(5 * 10**9) + "\n")  # 15 GB left in the cgroup
+    kw = dict(device="cuda", host_bytes=10**9, hbm_bytes=0, nvme_bytes=0, nvme_dir=tmp_path,
+              checkpoint_bytes=0, run_dir=tmp_path, meminfo=meminfo, cgroup_dir=cgroup)
+    (pinned,) = [c for c in run_checks(pinned_bytes=14 * 10**9, **kw)
+                 if c.name == "pinned memory"]
+    assert pinned.ok and pinned.have_bytes == 15 * 10**9
+    with pytest.raises(PreflightError, match="pinned memory: need 16.00 GB, have 15.00 GB"):
+        preflight(pinned_bytes=16 * 10**9, **kw)
+    (cgroup / "memory.max").write_text("max\n")  # no cgroup limit: MemAvailable bounds it
+    (pinned,) = [c for c in run_checks(pinned_bytes=16 * 10**9, **kw)
+                 if c.name == "pinned memory"]
+    assert pinned.ok and pinned.have_bytes == 50000000 * 1024

@@ -5,8 +5,10 @@ Three checks, each comparing bytes the run will need with bytes available:
 - host memory: `MemAvailable` of /proc/meminfo >= the plan's DRAM bytes (host states at
   16 B/param, dram-tier checkpoints, NVMe staging) + the evaluation model copy + (on CPU, where
   "HBM" is host memory too) the plan's peak HBM bytes;
-- locked memory (CUDA only, where pinned host buffers are page-locked): RLIMIT_MEMLOCK >= the
-  pinned bytes (dram-tier checkpoints, staging pools);
+- pinned memory (CUDA only): the page-locked host bytes (dram-tier checkpoints, staging
+  pools) fit in `MemAvailable` and in the cgroup's `memory.max` less its `memory.current`.
+  `cudaHostAlloc` is not governed by RLIMIT_MEMLOCK (`ulimit -l`): the driver pins the pages
+  itself, and what can fail is the memory behind them (a container's cgroup limit first);
 - disk: free bytes in `nvme_dir` >= the plan's NVMe bytes, and free bytes in the run
   directory >= two checkpoints (the new one is complete before the old one is removed).
 
@@ -34,7 +36,7 @@ class Check:
     """One preflight comparison."""
 
     name: str
-    """"host memory", "locked memory", "nvme space" or "checkpoint space"."""
+    """"host memory", "pinned memory", "nvme space" or "checkpoint space"."""
     need_bytes: int
     have_bytes: int | None
     """None: unknown on this system (the check passes with a note)."""
@@ -63,9 +65,31 @@ def mem_available_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:
 
 
 def memlock_limit_bytes() -> int | None:
-    """Soft RLIMIT_MEMLOCK in bytes; None when unlimited."""
+    """Soft RLIMIT_MEMLOCK in bytes; None when unlimited (reported, not checked: it does not
+    govern cudaHostAlloc)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def cgroup_free_bytes(cgroup_dir: str | Path = "/sys/fs/cgroup") -> int | None:
+    """Bytes the cgroup (v2) may still allocate: `memory.max` - `memory.current`; None when
+    there is no limit ("max") or no cgroup v2 files."""
+    try:
+        limit = Path(cgroup_dir, "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int(Path(cgroup_dir, "memory.current").read_text().strip()))
+    except (OSError, ValueError):
+        return None
+
+
+def pinnable_bytes(meminfo: str | Path = "/proc/meminfo",
+                   cgroup_dir: str | Path = "/sys/fs/cgroup") -> int | None:
+    """Host bytes that page-locked allocations can still take: the smaller of MemAvailable and
+    the cgroup's free bytes (None when neither is known)."""
+    known = [b for b in (mem_available_bytes(meminfo), cgroup_free_bytes(cgroup_dir))
+             if b is not None]
+    return min(known) if known else None
 
 
 def free_bytes(path: str | Path) -> int:
@@ -78,7 +102,8 @@ def free_bytes(path: str | Path) -> int:
 
 def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: int,
                nvme_bytes: int, nvme_dir: str | Path, checkpoint_bytes: int,
-               run_dir: str | Path, meminfo: str | Path = "/proc/meminfo") -> list[Check]:
+               run_dir: str | Path, meminfo: str | Path = "/proc/meminfo",
+               cgroup_dir: str | Path = "/sys/fs/cgroup") -> list[Check]:
     """All preflight comparisons (none raises).
 
     Args:
@@ -91,13 +116,15 @@ def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: in
         checkpoint_bytes: size of one training checkpoint, bytes.
         run_dir: where checkpoints are written.
         meminfo: the meminfo file (tests pass a fake one).
+        cgroup_dir: the cgroup v2 directory holding memory.max / memory.current (tests: fake).
     """
     host_need = host_bytes + (hbm_bytes if device == "cpu" else 0)
     checks = [Check(name="host memory", need_bytes=host_need,
                     have_bytes=mem_available_bytes(meminfo), where="MemAvailable")]
     if device == "cuda":
-        checks.append(Check(name="locked memory", need_bytes=pinned_bytes,
-                            have_bytes=memlock_limit_bytes(), where="ulimit -l"))
+        checks.append(Check(name="pinned memory", need_bytes=pinned_bytes,
+                            have_bytes=pinnable_bytes(meminfo, cgroup_dir),
+                            where="MemAvailable and cgroup memory.max"))
     if nvme_bytes > 0:
         checks.append(Check(name="nvme space", need_bytes=nvme_bytes,
                             have_bytes=free_bytes(nvme_dir), where=str(nvme_dir)))
@@ -116,7 +143,8 @@ def preflight(**kwargs) -> list[Check]:
     checks = run_checks(**kwargs)
     hints = {"host memory": "lower train.micro_batch or data.seq_len, plan more boundaries to "
                             "nvme, or free memory",
-             "locked memory": "raise it (ulimit -l / LimitMEMLOCK) or plan fewer dram boundaries",
+             "pinned memory": "raise the container's memory limit, free memory, or plan fewer "
+                              "dram boundaries",
              "nvme space": "free space there or set runtime.nvme_dir to a larger disk",
              "checkpoint space": "free space or choose another --run-dir"}
     for check in checks:
