@@ -30,3 +30,16 @@ def shared_dir() -> Path:
 def repo_root() -> Path:
     """The repository root (for shipped configs under configs/)."""
     return REPO_ROOT
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run only where torch sees a CUDA device; elsewhere they are skipped
+    with the reason (CI on CPU deselects them with -m "not gpu" as well)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -106,3 +106,20 @@ def test_make_device_names_the_backends_and_refuses_others():
 def test_cuda_without_a_gpu_is_a_clear_error():
     with pytest.raises(ValueError, match="runtime.device=cpu"):
         make_device("cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_backend_copies_on_its_streams_and_orders_them_by_events():
+    dev = make_device("cuda")
+    host = dev.pinned_empty(1 << 20)
+    host.fill_(7)
+    device_buf = dev.empty(1 << 20, torch.uint8)
+    h2d = dev.stream("h2d")
+    dev.wait_stream(h2d, dev.compute)  # fresh memory compute may still use
+    event = dev.copy(device_buf, host, stream=h2d)
+    dev.wait_event(dev.compute, event)
+    back = dev.pinned_empty(1 << 20)
+    d2h = dev.stream("d2h")
+    dev.wait_stream(d2h, dev.compute)
+    dev.host_wait(dev.copy(back, device_buf, stream=d2h))
+    assert torch.equal(back, host)

@@ -37,6 +37,39 @@ IGNORE_INDEX = -100
 """Label value excluded from the loss (the HF convention)."""
 
 
+def check_distinct_layers(layers, *, path: str) -> None:
+    """Refuse a model that reuses one layer module, or one parameter, at two depths.
+
+    The host store keeps one flat weight copy per depth and names each by its first HF path;
+    a module (or parameter) shared by depths i < j would be stored at depth i only and stream
+    zeros into depth j. Shared blocks are not supported; the model must be refused, not
+    silently trained wrong.
+
+    Args:
+        layers: the decoder layers in depth order (`model.model.layers`).
+        path: their HF path, for the message ("model.layers").
+
+    Raises:
+        ValueError: names both depths and the fix.
+    """
+    first_module: dict[int, int] = {}
+    first_param: dict[int, tuple[int, str]] = {}
+    for j, layer in enumerate(layers):
+        i = first_module.setdefault(id(layer), j)
+        if i != j:
+            raise ValueError(f"{path}[{j}] is the same module as {path}[{i}] (one layer reused "
+                             f"at two depths): streaming keeps one weight copy per depth and "
+                             f"would run depth {j} on zeros; give every depth its own module "
+                             f"(copy.deepcopy) or train it another way")
+        for name, p in layer.named_parameters(remove_duplicate=False):
+            i, first = first_param.setdefault(id(p), (j, name))
+            if i != j:
+                raise ValueError(f"{path}.{j}.{name} is the same parameter as {path}.{i}."
+                                 f"{first} (weights shared across depths): streaming keeps one "
+                                 f"copy per depth and would run depth {j} on zeros; untie them "
+                                 f"or train the model another way")
+
+
 def config_sha256(hf_config) -> str:
     """sha256 of the HF config as canonical JSON (sorted keys), the plan provenance key.
 
@@ -183,8 +216,7 @@ class ModelAdapter:
             config = copy.copy(config)
             config.sliding_window = window
         return mask_builder(kind)(config=config, inputs_embeds=hidden,
-                                  attention_mask=attention_mask, cache=None,
-                                  position_ids=position_ids)
+                                  attention_mask=attention_mask, position_ids=position_ids)
 
     @property
     def router_aux_enabled(self) -> bool:

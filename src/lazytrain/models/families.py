@@ -198,4 +198,13 @@ def mask_builder(kind: str):
     if fn is None or isinstance(fn, dict):
         raise ValueError(f"layer kind {kind!r} has no attention mask builder; "
                          f"known: {sorted(k for k, v in table.items() if not isinstance(v, dict))}")
-    return fn
+    return _without_cache(fn)
+
+
+def _without_cache(fn):
+    """`fn` called with no KV cache, whatever transformers names the keyword: `cache` (newer
+    releases) or `past_key_values` (5.17, the oldest version we support)."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
+    return lambda **kwargs: fn(**kwargs, **{name: None})
