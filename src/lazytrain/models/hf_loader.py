@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from lazytrain.atomic import atomic_path
-from lazytrain.models.adapter import ModelAdapter
+from lazytrain.models.adapter import ModelAdapter, check_distinct_layers
 from lazytrain.models.families import _get, resolve_layout, text_model_config
 from lazytrain.runtime.params import HostParams
 
@@ -28,6 +28,7 @@ def _store_for(model: nn.Module, *, master_dtype: str, masters=None,
     `fills_masters`: as `HostParams`)."""
     layout = resolve_layout(model)
     layers = list(_get(model, layout.layers))
+    check_distinct_layers(layers, path=layout.layers)
     block_shapes = [{n: tuple(p.shape) for n, p in layer.named_parameters()} for layer in layers]
     prefixes = [f"{layout.layers}.{j}." for j in range(len(layers))]
     block_ids = {id(p) for layer in layers for p in layer.parameters()}
