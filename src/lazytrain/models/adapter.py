@@ -216,8 +216,7 @@ class ModelAdapter:
             config = copy.copy(config)
             config.sliding_window = window
         return mask_builder(kind)(config=config, inputs_embeds=hidden,
-                                  attention_mask=attention_mask, cache=None,
-                                  position_ids=position_ids)
+                                  attention_mask=attention_mask, position_ids=position_ids)
 
     @property
     def router_aux_enabled(self) -> bool:
