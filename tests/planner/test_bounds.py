@@ -69,7 +69,7 @@ def _tight(**kw) -> PlanningProblem:
     return PlanningProblem(**base)
 
 
-@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+@pytest.mark.parametrize("gpu", [True, False], ids=["overlap", "serial"])
 def test_roofline_le_lp_bound_le_milp_step(gpu):
     pytest.importorskip("highspy")
     from lazytrain.planner.milp import solve_milp

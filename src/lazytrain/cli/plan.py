@@ -168,13 +168,11 @@ def run(args: argparse.Namespace) -> int:
     write_outputs(problem, plan, out=args.out, gantt=args.gantt)
     violations = plan.provenance.get("violations") or []
     if violations and pc.policy != "ideal":
-        from lazytrain.planner.milp import SHORTFALL_FIX
+        from lazytrain.planner.feasibility import shortfall_fix
 
-        budget = violations[0].split()[0]  # "HBM short by ..." (planner/evaluate.py)
-        fix = SHORTFALL_FIX.get(budget, "raise the budget or shrink train.micro_batch / "
-                                        "data.seq_len")
-        print(f"error: the {pc.policy} plan breaks a budget: {violations[0]}; {fix}",
-              file=sys.stderr)
+        fixes = [shortfall_fix(v.split()[0], problem) for v in violations]  # "HBM short by ..."
+        print(f"error: the {pc.policy} plan breaks {len(violations)} budget(s): "
+              f"{'; '.join(violations)}; {'; '.join(dict.fromkeys(fixes))}", file=sys.stderr)
         return 1
     return 0
 

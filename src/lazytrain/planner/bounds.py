@@ -3,9 +3,9 @@
 Owns the three numbers in a Plan's `bounds` object (DESIGN.md section 3, "Bounds reported with
 every plan"):
 
-- `lp_bound_ms`: the placement MILP with every binary relaxed to [0, 1] and no tie-breakers or
-  8-bit penalty; a valid lower bound on the step time of every plan that fits the budgets
-  (the slack penalties are zero for such plans). The gap of a plan is plan / LP - 1.
+- `lp_bound_ms`: the placement MILP (hard budgets) with every binary relaxed to [0, 1] and no
+  tie-breakers or 8-bit penalty; a valid lower bound on the step time of every plan that fits
+  the budgets (None when not even a fractional plan fits). The gap of a plan is plan / LP - 1.
 - `roofline_ms`: closed form, no solver: the windows' part of the step is at least the largest
   mandatory channel total (compute without recompute, weight H2D, gradient D2H, their duplex
   sum; on a CPU their sum), plus the constant pre/post/const terms.
@@ -24,8 +24,11 @@ from lazytrain.planner.problem import PlanningProblem
 
 
 def lp_bound_ms(problem: PlanningProblem, *, backend: str = "highs",
-                time_limit_s: float = 60.0) -> float:
-    """Optimal value of the LP relaxation of the placement MILP, ms per step.
+                time_limit_s: float = 60.0) -> float | None:
+    """Optimal value of the LP relaxation of the placement MILP (hard budgets), ms per step.
+
+    Returns:
+        The bound, or None when not even a fractional plan fits the budgets (then no plan does).
 
     Raises:
         RuntimeError: the LP did not solve to optimality.
@@ -35,6 +38,8 @@ def lp_bound_ms(problem: PlanningProblem, *, backend: str = "highs",
 
     milp = build_milp(problem, relax=True, tie_breakers=False, q8_penalty=False)
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=0.0, relax=True)
+    if res.status == "infeasible":
+        return None
     if res.status != "optimal" or res.objective is None:
         raise RuntimeError(f"LP relaxation ended with status {res.status} ({res.detail})")
     return res.objective

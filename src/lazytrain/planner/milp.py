@@ -36,7 +36,9 @@ Variables (MilpVars; code name = DESIGN symbol)
               a fractional split would under-count (it let plans overflow HBM by part of a
               boundary); NVMe transfers do not touch HBM and may split.
     t[o] >= 0                    window time, ms
-    slack_hbm[o], slack_host["dram"|"nvme"] >= 0   capacity shortfall, GB
+    slack_hbm[o], slack_host["dram"|"nvme"] >= 0   capacity shortfall, GB: fixed to 0 in the
+              step-time model; in the feasibility phase (capacity="min_shortfall") one HBM slack
+              column serves every window (the peak's overflow) and the objective is their sum
 
 Window loads (linear; seg-terms sum over segments (s, j+1) ending at b_j):
     comp[f_j] = F[j] + (Fg[j] - F[j]) keep[j];  comp[turn] = head
@@ -47,7 +49,8 @@ Window loads (linear; seg-terms sum over segments (s, j+1) ending at b_j):
     D2H[o] = G[j+1] (o = b_j, j+1 < L) + sum_i A[i] d2h[i,o];  NR[o], NW[o] = sum_i A[i] nvr/nvw
 
 Objective (ms): min  ga * (pre + sum_o t[o] + post) + const      = step_ms of the evaluator
-                   + SLACK_PENALTY * (sum slack)  + sum_j q8_penalty[j] q8[j]  + tie-breakers
+                   + sum_j q8_penalty[j] q8[j]  + tie-breakers       (hard budgets)
+           phase 1: min  slack_hbm + slack_host[dram] + slack_host[nvme]    (GB, CAPACITY_MODES)
 
 Constraint families (function that adds them)
     1. path           sum_e seg[0,e] = 1; sum_s seg[s,i] = mat[i] = sum_e seg[i,e];
@@ -86,25 +89,27 @@ from dataclasses import dataclass, field
 
 from lazytrain.planner.chains import recompute_chain_ms
 from lazytrain.planner.plan import (
-    Bounds, Plan, SolveRecord, Transfer, legal_ords, window_name, window_ord,
+    Bounds, Plan, SolveRecord, legal_ords, window_name,
 )
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.solvers import LinearModel, SolveResult, resolve_backend, solve
 
 GB = 1e9
+"""Bytes per GB (DESIGN: GB means 1e9 bytes)."""
 WHOLE_TRANSFERS = ("d2h", "h2d")
 """Transfer families moved in one window (binary), so the HBM holding intervals are exact."""
-"""Bytes per GB (DESIGN: GB means 1e9 bytes)."""
 BINARY_TOL = 1e-4
 """A binary's solver value must be within this of 0 or 1; extraction rounds at 0.5."""
 FRACTION_EPS = 1e-7
 """Transfer fractions below this are dropped at extraction (then each kind is renormalized)."""
 SLACK_TOL_GB = 1e-6
 """A capacity slack above this (1 kB) means the budget cannot be met: PlanInfeasibleError."""
-SLACK_PENALTY_STEPS = 10.0
-"""Slack penalty: a shortfall the size of the smallest boundary costs this many step-computes
-(sum of all compute), far more than any plan can save with it; ms per GB is derived in
-`scale_inputs`."""
+CAPACITY_MODES = ("hard", "min_shortfall")
+"""`build_milp(capacity=...)`: "hard" budgets (the step-time model; slack columns fixed to 0)
+or "min_shortfall" (the feasibility phase: one HBM slack shared by every window plus the DRAM and
+NVMe slacks, objective their sum in GB, no time terms). Two phases instead of a slack penalty
+in one objective: no penalty weight is large enough for every link speed (at 0.01 GB/s one
+transfer costs more than any fixed penalty), so a penalty could trade a shortfall for time."""
 TIE_REL = 1e-8
 """Tie-breaker unit as a fraction of the step's compute (sum of F, Fg, B, head): well below any
 solver gap (>= 1e-6) and below the test tolerance; the sum over all tie terms stays < 1e-6 of
@@ -117,31 +122,64 @@ KINDS = {"d2h": "d2h", "h2d": "h2d", "nvw": "nvme_write", "nvr": "nvme_read"}
 SHORTFALL_FIX = {
     "HBM": "raise hardware.hbm_gb or shrink train.micro_batch / data.seq_len",
     # DRAM holds the optimizer states (host_bytes_per_param x params) besides the checkpoints,
-    # so the batch is rarely what overflows it.
+    # so the batch is rarely what overflows it; `feasibility.shortfall_fix` drops the options a
+    # problem already uses.
     "DRAM": "raise hardware.dram_gb, use train.master_dtype: bf16 (12 B/param instead of 16), "
             "set planner.allow_q8: true (8-bit Adam states), or give checkpoints an NVMe budget "
             "(hardware.nvme_gb)",
     "NVMe": "raise hardware.nvme_gb or shrink train.micro_batch / data.seq_len",
 }
-"""What to change for each budget a plan overflows (the `; <fix>` of the error line)."""
+"""What to change for each budget a plan overflows, every option (the `; <fix>` of the error
+line when the problem is unknown)."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Shortfall:
+    """One budget a plan overflows: by how much, where, the need and the budget (bytes)."""
+
+    budget: str
+    """"HBM" | "DRAM" | "NVMe"."""
+    window: str | None
+    """The window of the peak (HBM); None for DRAM/NVMe, which hold for the whole step."""
+    short_bytes: float
+    need_bytes: float | None = None
+    budget_bytes: float | None = None
+
+    def text(self) -> str:
+        """`HBM short by 3.20 GB at window b17 (needs 83.20 GB, budget 80.00 GB)`."""
+        where = f"at window {self.window}" if self.window else "for the whole step"
+        out = f"{self.budget} short by {self.short_bytes / GB:.2f} GB {where}"
+        if self.need_bytes is not None and self.budget_bytes is not None:
+            out += f" (needs {self.need_bytes / GB:.2f} GB, budget {self.budget_bytes / GB:.2f} GB)"
+        return out
 
 
 class PlanInfeasibleError(ValueError):
     """A capacity budget cannot be met by any plan the model allows.
 
     Fields: `budget` ("HBM" | "DRAM" | "NVMe"), `window` (window name, None for DRAM/NVMe which
-    hold for the whole step), `shortfall_bytes`.
+    hold for the whole step), `shortfall_bytes` (of the first short budget), `shortfalls` (every
+    short budget, `Shortfall`), `proven` (False: only the best plan found in the time limit),
+    `plan` (the plan that reaches the least shortfall, when known).
     """
 
-    def __init__(self, *, budget: str, window: str | None, shortfall_bytes: float,
-                 proven: bool = True) -> None:
-        self.budget, self.window, self.shortfall_bytes = budget, window, shortfall_bytes
-        self.proven = proven
-        where = f"at window {window}" if window else "for the whole step"
+    def __init__(self, *, budget: str | None = None, window: str | None = None,
+                 shortfall_bytes: float = 0.0, proven: bool = True,
+                 shortfalls: tuple[Shortfall, ...] = (), fixes: dict | None = None,
+                 plan: Plan | None = None) -> None:
+        if not shortfalls:
+            shortfalls = (Shortfall(budget=budget, window=window, short_bytes=shortfall_bytes),)
+        first = shortfalls[0]
+        self.budget, self.window, self.shortfall_bytes = first.budget, first.window, \
+            first.short_bytes
+        self.shortfalls, self.proven, self.plan = tuple(shortfalls), proven, plan
+        fixes = fixes or SHORTFALL_FIX
         why = ("no plan fits" if proven else "the best plan found within the time limit "
                "overflows (a longer planner.time_limit_s may find one that fits)")
-        super().__init__(f"{budget} short by {shortfall_bytes / GB:.2f} GB {where}: {why} the "
-                         f"{budget} budget; {SHORTFALL_FIX[budget]}")
+        names = " and ".join(dict.fromkeys(s.budget for s in shortfalls))
+        super().__init__("; ".join(s.text() for s in shortfalls)
+                         + f": {why} the {names} budget{'s' if len(shortfalls) > 1 else ''}; "
+                         + "; ".join(fixes[b] for b in dict.fromkeys(s.budget for s in shortfalls)))
 
 
 def row_name(family: str, *idx) -> str:
@@ -187,8 +225,6 @@ class Scaled:
     allow_q8: bool
     has_nvme: bool
     tie_ms: float
-    slack_penalty: float
-    """ms per GB of capacity shortfall."""
     recompute_chain: dict
     """(s, e) -> R[s,e], ms, for segments with recompute (`chains.recompute_chain_ms`)."""
 
@@ -203,7 +239,6 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
     states = p.host_bytes_per_param * (sum(p.params_per_block) + p.ends_params)
     compute = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
     ref_ms = max(compute, 1e-3)
-    a_min = min((a for a in p.boundary_bytes if a > 0), default=GB) / GB
     return Scaled(
         L=L, F=tuple(p.fwd_ms), Fg=tuple(p.fwd_grad_ms), B=tuple(p.bwd_ms),
         P=gb(p.weight_bytes), G=gb(p.grad_bytes), I=gb(p.internal_bytes), A=gb(p.boundary_bytes),
@@ -221,7 +256,7 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
         horizons={"drain_windows": p.drain_windows, "prefetch_windows": p.prefetch_windows,
                   "nvme_lead_windows": p.nvme_lead_windows},
         k_max=p.k_max, allow_keep=p.allow_keep, allow_q8=p.allow_q8, has_nvme=p.nvme_bytes > 0,
-        tie_ms=TIE_REL * ref_ms, slack_penalty=SLACK_PENALTY_STEPS * ref_ms / a_min,
+        tie_ms=TIE_REL * ref_ms,
         recompute_chain={(s, e): recompute_chain_ms(p, s, e) for s in range(L)
                          for e in range(s + 2, min(L, s + p.k_max) + 1)})
 
@@ -260,8 +295,13 @@ class MilpVars:
         return sorted(o for (b, o) in self.transfer(family) if b == i)
 
 
-def add_variables(m: LinearModel, p: Scaled, *, relax: bool = False) -> MilpVars:
-    """Create every variable family (only legal transfer windows) with its objective terms."""
+def add_variables(m: LinearModel, p: Scaled, *, relax: bool = False,
+                  capacity: str = "hard") -> MilpVars:
+    """Create every variable family (only legal transfer windows) with its objective terms.
+
+    `capacity` (CAPACITY_MODES): "hard" fixes the slacks to 0; "min_shortfall" makes one HBM
+    slack for all windows and puts only the slacks in the objective (GB).
+    """
     L, v, binary = p.L, MilpVars(), not relax
     for s in range(L):
         for e in range(s + 1, min(L, s + p.k_max) + 1):
@@ -295,13 +335,17 @@ def add_variables(m: LinearModel, p: Scaled, *, relax: bool = False) -> MilpVars
                 v.transfer(fam)[i, o] = m.add_var(row_name(fam, i, window_name(o, L)), ub=1,
                                                   obj=p.tie_ms * pos / (2 * L), integer=whole)
                 v.legal_ends[fam, i, o] = tuple(ends[o])
+    shortfall = capacity == "min_shortfall"
     for o in range(2 * L + 1):
-        v.t[o] = m.add_var(row_name("t", window_name(o, L)), obj=p.grad_accum)
-        v.slack_hbm[o] = m.add_var(row_name("slack_hbm", window_name(o, L)),
-                                   obj=p.slack_penalty)
+        v.t[o] = m.add_var(row_name("t", window_name(o, L)), obj=0.0 if shortfall else p.grad_accum)
+    hbm_slack = m.add_var(row_name("slack_hbm", "all"), obj=1.0) if shortfall else None
+    for o in range(2 * L + 1):
+        v.slack_hbm[o] = hbm_slack if shortfall else m.add_var(
+            row_name("slack_hbm", window_name(o, L)), ub=0.0)
     for budget in ("dram", "nvme"):
-        v.slack_host[budget] = m.add_var(row_name("slack", budget), obj=p.slack_penalty)
-    m.obj_offset = p.step_const_ms
+        v.slack_host[budget] = m.add_var(row_name("slack", budget), obj=1.0 if shortfall else 0.0,
+                                         ub=math.inf if shortfall else 0.0)
+    m.obj_offset = 0.0 if shortfall else p.step_const_ms
     return v
 
 
@@ -623,7 +667,8 @@ class Milp:
 
 
 def build_milp(problem: PlanningProblem, *, relax: bool = False,
-               tie_breakers: bool = True, q8_penalty: bool = True) -> Milp:
+               tie_breakers: bool = True, q8_penalty: bool = True,
+               capacity: str = "hard") -> Milp:
     """Build the placement model (families in the module docstring's order).
 
     Args:
@@ -631,14 +676,20 @@ def build_milp(problem: PlanningProblem, *, relax: bool = False,
         relax: create binaries as continuous [0, 1] (the LP relaxation).
         tie_breakers: add the TIE_REL position-dependent costs (off for bounds and brute force).
         q8_penalty: charge 8-bit states in the objective (off for the step-time LP bound).
+        capacity: "hard" budgets or the "min_shortfall" feasibility phase (CAPACITY_MODES).
+
+    Raises:
+        ValueError: unknown capacity mode.
     """
+    if capacity not in CAPACITY_MODES:
+        raise ValueError(f"capacity must be one of {CAPACITY_MODES}; got {capacity!r}")
     p = scale_inputs(problem)
-    if not tie_breakers:
+    if not tie_breakers or capacity == "min_shortfall":
         p = _replace(p, tie_ms=0.0)
-    if not q8_penalty:
+    if not q8_penalty or capacity == "min_shortfall":
         p = _replace(p, q8_penalty=tuple(0.0 for _ in p.q8_penalty))
     m = LinearModel()
-    v = add_variables(m, p, relax=relax)
+    v = add_variables(m, p, relax=relax, capacity=capacity)
     add_path(m, v=v, p=p)
     add_tiers(m, v=v, p=p)
     add_keep(m, v=v, p=p)
@@ -659,133 +710,7 @@ def _replace(p: Scaled, **changes) -> Scaled:
 
 
 # ---------------------------------------------------------------------------------------------
-# Warm start, extraction, solve
-
-
-def start_from_plan(milp: Milp, plan: Plan) -> list[float] | None:
-    """A full assignment (incl. transfer fractions, t[o] and slacks) reproducing `plan`.
-
-    Binaries and fractions come from the plan; t[o] and the slacks take the least value their
-    rows allow (their minimal epigraph values). Returns None when the plan cannot be expressed
-    in this model (a segment longer than k_max, a transfer outside the modelled windows, keep
-    or q8 not offered) or the assignment breaks a row by more than 1e-6.
-    """
-    v, L = milp.v, milp.p.L
-    x = [0.0] * milp.model.num_vars
-    try:
-        for s, e in plan.segments():
-            x[v.seg[s, e]] = 1.0
-            if s > 0:
-                x[v.mat[s]] = 1.0
-        for i, tier in enumerate(plan.tiers[:L]):
-            if tier == "recompute":
-                if i == 0:
-                    x[v.emb[plan.segment_end_of(0)]] = 1.0
-            else:
-                x[getattr(v, tier)[i]] = 1.0
-        for j in plan.keep_internals:
-            x[v.keep[j]] = 1.0
-        for j in plan.q8_blocks:
-            x[v.q8[j]] = 1.0
-        family = {kind: fam for fam, kind in KINDS.items()}
-        for tr in plan.transfers:
-            x[v.transfer(family[tr.kind])[tr.boundary, window_ord(tr.window, L)]] += tr.fraction
-    except KeyError:
-        return None
-    _complete_epigraph(milp, x)
-    worst, _ = milp.model.max_violation(x)
-    return x if worst <= 1e-6 else None
-
-
-def _complete_epigraph(milp: Milp, x: list[float]) -> None:
-    """Set every t[o] and slack to the least value its rows allow, given all other columns."""
-    m = milp.model
-    epi = set(milp.v.t.values()) | set(milp.v.slack_hbm.values()) | set(
-        milp.v.slack_host.values())
-    for c in epi:
-        x[c] = m.var_lb[c]
-    for r in range(m.num_rows):
-        row = m.row_coeffs[r]
-        cols = [c for c in row if c in epi]
-        if len(cols) != 1:
-            continue
-        c = cols[0]
-        a = row[c]
-        rest = math.fsum(k * x[q] for q, k in row.items() if q != c)
-        bound = (m.row_lb[r] - rest) / a if a > 0 else (m.row_ub[r] - rest) / a
-        if math.isfinite(bound):
-            x[c] = max(x[c], bound)
-
-
-def _on(val: float, name: str) -> bool:
-    """Round a binary's solver value (BINARY_TOL) to a bool."""
-    if min(abs(val), abs(val - 1.0)) > BINARY_TOL:
-        raise RuntimeError(f"solver value {val!r} of binary {name} is not within {BINARY_TOL} of "
-                           f"0 or 1")
-    return val > 0.5
-
-
-def check_slacks(milp: Milp, x: list[float], *, proven: bool = True) -> None:
-    """Raise PlanInfeasibleError for the largest nonzero capacity slack (if any).
-
-    `proven`: the assignment is optimal (the shortfall is unavoidable), not a time-out incumbent.
-
-    Raises:
-        PlanInfeasibleError: naming the budget (HBM/DRAM/NVMe), the window and the GB short.
-    """
-    short = [(x[c], "HBM", window_name(o, milp.p.L)) for o, c in milp.v.slack_hbm.items()]
-    short += [(x[milp.v.slack_host["dram"]], "DRAM", None),
-              (x[milp.v.slack_host["nvme"]], "NVMe", None)]
-    gb, budget, window = max(short, key=lambda s: s[0])
-    if gb > SLACK_TOL_GB:
-        raise PlanInfeasibleError(budget=budget, window=window, shortfall_bytes=gb * GB,
-                                  proven=proven)
-
-
-def extract_decisions(milp: Milp, x: list[float]):
-    """Round binaries (BINARY_TOL), keep fractions >= FRACTION_EPS, renormalize -> Decisions."""
-    from lazytrain.planner.evaluate import Decisions
-
-    v, L = milp.v, milp.p.L
-    tiers = []
-    for i in range(L):
-        on = [name for name in ("hbm", "dram", "nvme")
-              if i in getattr(v, name) and _on(x[getattr(v, name)[i]], row_name(name, i))]
-        tiers.append(on[0] if on else "recompute")
-    tiers.append("hbm")
-    keep = tuple(j for j, c in v.keep.items() if _on(x[c], row_name("keep", j)))
-    q8 = tuple(j for j, c in v.q8.items() if _on(x[c], row_name("q8", j)))
-    starts = [0] + [i for i in range(1, L + 1) if tiers[i] != "recompute"]
-    end_of = {s: e for s, e in zip(starts[:-1], starts[1:])}
-    transfers = []
-    for fam, kind in KINDS.items():
-        need = ("dram", "nvme") if fam in ("d2h", "h2d") else ("nvme",)
-        for i in range(L):
-            if tiers[i] not in need:
-                continue
-            cells = [(o, x[v.transfer(fam)[i, o]]) for o in v.ords(fam, i)
-                     if end_of[i] in v.legal_ends[fam, i, o]]
-            cells = [(o, f) for o, f in cells if f >= FRACTION_EPS]
-            total = math.fsum(f for _, f in cells)
-            transfers += [Transfer(boundary=i, kind=kind, window=window_name(o, L),
-                                   fraction=f / total) for o, f in cells]
-    return Decisions(tiers=tuple(tiers), keep_internals=keep, q8_blocks=q8,
-                     transfers=tuple(transfers))
-
-
-def extract_plan(milp: Milp, x: list[float], *, solver: SolveRecord,
-                 bounds: Bounds | None = None) -> Plan:
-    """The Plan of a solver assignment (evaluated and validated by `evaluate.build_plan`).
-
-    Raises:
-        PlanInfeasibleError: a capacity slack is nonzero (names budget, window, GB short; says
-            when the assignment is only a time-out incumbent).
-        PlanValidationError: the extracted plan breaks the contract (a bug in this model).
-    """
-    from lazytrain.planner.evaluate import build_plan
-
-    check_slacks(milp, x, proven=solver.status == "optimal")
-    return build_plan(milp.problem, extract_decisions(milp, x), solver=solver, bounds=bounds)
+# Solve (warm start and extraction: planner/extract.py; feasibility phase: planner/feasibility.py)
 
 
 def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s: float = 10.0,
@@ -793,48 +718,77 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
                warm_start: Plan | None = None, bounds: Bounds | None = None) -> Plan:
     """Solve the placement MILP and return its plan (the incumbent on a time-out).
 
+    Two phases: when `warm_start` is missing or breaks a budget, the feasibility phase
+    (`feasibility.feasible_plan`) first finds a plan that fits, or raises naming every short
+    budget with its least shortfall; then the step-time model with hard budgets starts from it.
+
     Args:
         problem: the planning problem.
         backend: "auto" (HiGHS up to 64 blocks, SCIP above; see solvers.resolve_backend),
             "highs" or "scip".
-        time_limit_s: solver wall-clock limit, s (model building is not counted).
+        time_limit_s: solver wall-clock limit of each phase, s (model building not counted).
         gap: relative gap at which the search stops.
         threads, seed: solver threads and random seed (defaults: deterministic).
-        warm_start: a plan to start from (usually `heuristics.heuristic_plan`); it is also the
-            answer when the solver finds no incumbent in time.
-        bounds: filled into the plan's `bounds` as given.
+        warm_start: a plan to start from (usually `heuristics.heuristic_plan`); when it fits the
+            budgets it is also the answer if the solver finds no incumbent in time.
+        bounds: filled into the plan's `bounds` as given; its `lp_step_ms` also bounds the gap
+            (`gap_against_best_bound`).
 
     Returns:
         Plan whose `solver` record holds backend, status ("optimal", "time_limit", or
-        "no_incumbent" when the warm start / heuristic is returned), solve_s, gap (objective
-        vs. the solver's dual bound), num_vars, num_rows.
+        "no_incumbent" when the warm start is returned), solve_s, gap (objective vs. the best
+        bound known: the solver's dual bound or the LP bound), num_vars, num_rows.
 
     Raises:
-        PlanInfeasibleError: a capacity budget cannot be met (or, on a time-out, the incumbent
-            still overflows one; `proven` is False then).
+        PlanInfeasibleError: no plan fits (every short budget named; `proven` is False when the
+            feasibility phase timed out).
         ValueError: unknown backend.
     """
     import dataclasses
 
-    milp = build_milp(problem)
-    start = start_from_plan(milp, warm_start) if warm_start is not None else None
+    from lazytrain.planner.extract import extract_plan, start_from_plan
+    from lazytrain.planner.feasibility import feasible_plan
+
     backend = resolve_backend(backend, problem.num_blocks)
+    if warm_start is None or warm_start.provenance.get("violations"):
+        warm_start = feasible_plan(problem, backend=backend, time_limit_s=time_limit_s,
+                                   threads=threads, seed=seed)
+    milp = build_milp(problem)
+    start = start_from_plan(milp, warm_start)
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=gap,
                 threads=threads, seed=seed, start=start)
-    record = solve_record(milp, res)
+    lp = bounds.lp_step_ms if bounds is not None else None
+    record = solve_record(milp, res, lp_bound_ms=lp)
     if res.values is None:
         if res.status == "infeasible":
-            raise RuntimeError(f"{backend} reports the placement model infeasible; with capacity "
-                               f"slacks this is a model bug (rows {milp.model.num_rows})")
-        if warm_start is None:
-            from lazytrain.planner.heuristics import heuristic_plan
-            warm_start = heuristic_plan(problem)
+            raise RuntimeError(f"{backend} reports the placement model infeasible although the "
+                               f"feasibility phase found a plan: a model bug (rows "
+                               f"{milp.model.num_rows})")
         return dataclasses.replace(warm_start, solver=dataclasses.replace(
-            record, status="no_incumbent"), bounds=bounds or warm_start.bounds)
+            record, status="no_incumbent", gap=gap_against_best_bound(
+                warm_start.predicted.step_ms, None, lp)), bounds=bounds or warm_start.bounds)
     return extract_plan(milp, res.values, solver=record, bounds=bounds)
 
 
-def solve_record(milp: Milp, res: SolveResult) -> SolveRecord:
-    """The Plan JSON `solver` object of one solve."""
-    return SolveRecord(backend=res.backend, status=res.status, solve_s=res.solve_s, gap=res.gap,
+def gap_against_best_bound(objective_ms: float | None, dual_bound_ms: float | None,
+                           lp_bound_ms: float | None) -> float | None:
+    """(objective - best bound) / best bound with best bound = max(dual bound, LP bound), >= 0.
+
+    A solver stopped before its first dual bound (a node limit of 1, a very short time limit)
+    reports none or a trivial one; the LP relaxation bound is valid for every plan, so the gap is
+    never worse than against it. None when neither bound is known (or not positive).
+    """
+    known = [b for b in (dual_bound_ms, lp_bound_ms) if b is not None and math.isfinite(b)
+             and b > 0]
+    if objective_ms is None or not known:
+        return None
+    best = max(known)
+    return max(0.0, (objective_ms - best) / best)
+
+
+def solve_record(milp: Milp, res: SolveResult, *, lp_bound_ms: float | None = None
+                 ) -> SolveRecord:
+    """The Plan JSON `solver` object of one solve (gap against the best bound known)."""
+    return SolveRecord(backend=res.backend, status=res.status, solve_s=res.solve_s,
+                       gap=gap_against_best_bound(res.objective, res.dual_bound, lp_bound_ms),
                        num_vars=milp.model.num_vars, num_rows=milp.model.num_rows)

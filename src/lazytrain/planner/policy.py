@@ -58,7 +58,7 @@ def plan_with_policy(problem: PlanningProblem, policy: str = "milp", *, backend:
             from lazytrain.planner.milp import solve_milp
 
             solved = solve_milp(problem, backend=backend, time_limit_s=time_limit_s, gap=gap,
-                                threads=threads, seed=seed, warm_start=plan)
+                                threads=threads, seed=seed, warm_start=plan, bounds=bounds)
             if plan.predicted is None or solved.predicted.step_ms <= plan.predicted.step_ms \
                     or "violations" in plan.provenance:
                 plan = solved

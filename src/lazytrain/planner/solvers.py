@@ -148,6 +148,26 @@ def solver_output_to_stderr():
         os.close(saved)
 
 
+@contextlib.contextmanager
+def _banner_discarded():
+    """Point file descriptors 1 and 2 at os.devnull while HiGHS builds its first instance: the
+    banner ("Running HiGHS ...") is written by C++ before `output_flag` can silence it, and it
+    is no result and no diagnostic, so it goes neither to stdout nor to stderr."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
 # `auto` backend: from benchmarks/planner.py on a 2-core machine (seed scenario, 2026-11-29):
 # at L = 64 HiGHS reached the 0.5% gap in 1.4 s cold / 0.8 s warm against SCIP's 6.3 s / 3.7 s;
 # at L = 128 (k_max 16) SCIP warm reached 0.18% in 9.4 s while HiGHS warm stayed at the
@@ -245,7 +265,7 @@ def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start,
     import highspy
     import numpy as np
 
-    with solver_output_to_stderr():  # HiGHS prints its banner on the first instance
+    with _banner_discarded():  # HiGHS prints its banner on the first instance
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))

@@ -1,0 +1,119 @@
+"""From solver columns to plans and back: the MILP's warm start and its extraction.
+
+`start_from_plan` writes a Plan as a full assignment of `milp.build_milp`'s columns (the warm
+start; also how tests check that the model's objective equals the evaluator's step), and
+`extract_decisions` / `extract_plan` read a solver assignment back as Decisions / a validated
+Plan. Knows the variable families of `milp.MilpVars`, no formulation; no solver, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+from lazytrain.planner.evaluate import Decisions, build_plan
+from lazytrain.planner.milp import (
+    BINARY_TOL, FRACTION_EPS, KINDS, Milp, row_name,
+)
+from lazytrain.planner.plan import Bounds, Plan, SolveRecord, Transfer, window_name, window_ord
+
+
+def start_from_plan(milp: Milp, plan: Plan) -> list[float] | None:
+    """A full assignment (incl. transfer fractions, t[o] and slacks) reproducing `plan`.
+
+    Binaries and fractions come from the plan; t[o] and the slacks take the least value their
+    rows allow (their minimal epigraph values). Returns None when the plan cannot be expressed
+    in this model (a segment longer than k_max, a transfer outside the modelled windows, keep
+    or q8 not offered) or the assignment breaks a row by more than 1e-6.
+    """
+    v, L = milp.v, milp.p.L
+    x = [0.0] * milp.model.num_vars
+    try:
+        for s, e in plan.segments():
+            x[v.seg[s, e]] = 1.0
+            if s > 0:
+                x[v.mat[s]] = 1.0
+        for i, tier in enumerate(plan.tiers[:L]):
+            if tier == "recompute":
+                if i == 0:
+                    x[v.emb[plan.segment_end_of(0)]] = 1.0
+            else:
+                x[getattr(v, tier)[i]] = 1.0
+        for j in plan.keep_internals:
+            x[v.keep[j]] = 1.0
+        for j in plan.q8_blocks:
+            x[v.q8[j]] = 1.0
+        family = {kind: fam for fam, kind in KINDS.items()}
+        for tr in plan.transfers:
+            x[v.transfer(family[tr.kind])[tr.boundary, window_ord(tr.window, L)]] += tr.fraction
+    except KeyError:
+        return None
+    _complete_epigraph(milp, x)
+    worst, _ = milp.model.max_violation(x)
+    return x if worst <= 1e-6 else None
+
+
+def _complete_epigraph(milp: Milp, x: list[float]) -> None:
+    """Set every t[o] and slack to the least value its rows allow, given all other columns."""
+    m = milp.model
+    epi = set(milp.v.t.values()) | set(milp.v.slack_hbm.values()) | set(
+        milp.v.slack_host.values())
+    for c in epi:
+        x[c] = m.var_lb[c]
+    for r in range(m.num_rows):
+        row = m.row_coeffs[r]
+        cols = [c for c in row if c in epi]
+        if len(cols) != 1:
+            continue
+        c = cols[0]
+        a = row[c]
+        rest = math.fsum(k * x[q] for q, k in row.items() if q != c)
+        bound = (m.row_lb[r] - rest) / a if a > 0 else (m.row_ub[r] - rest) / a
+        if math.isfinite(bound):
+            x[c] = max(x[c], bound)
+
+
+def _on(val: float, name: str) -> bool:
+    """Round a binary's solver value (BINARY_TOL) to a bool."""
+    if min(abs(val), abs(val - 1.0)) > BINARY_TOL:
+        raise RuntimeError(f"solver value {val!r} of binary {name} is not within {BINARY_TOL} of "
+                           f"0 or 1")
+    return val > 0.5
+
+
+def extract_decisions(milp: Milp, x: list[float]) -> Decisions:
+    """Round binaries (BINARY_TOL), keep fractions >= FRACTION_EPS, renormalize -> Decisions."""
+    v, L = milp.v, milp.p.L
+    tiers = []
+    for i in range(L):
+        on = [name for name in ("hbm", "dram", "nvme")
+              if i in getattr(v, name) and _on(x[getattr(v, name)[i]], row_name(name, i))]
+        tiers.append(on[0] if on else "recompute")
+    tiers.append("hbm")
+    keep = tuple(j for j, c in v.keep.items() if _on(x[c], row_name("keep", j)))
+    q8 = tuple(j for j, c in v.q8.items() if _on(x[c], row_name("q8", j)))
+    starts = [0] + [i for i in range(1, L + 1) if tiers[i] != "recompute"]
+    end_of = {s: e for s, e in zip(starts[:-1], starts[1:])}
+    transfers = []
+    for fam, kind in KINDS.items():
+        need = ("dram", "nvme") if fam in ("d2h", "h2d") else ("nvme",)
+        for i in range(L):
+            if tiers[i] not in need:
+                continue
+            cells = [(o, x[v.transfer(fam)[i, o]]) for o in v.ords(fam, i)
+                     if end_of[i] in v.legal_ends[fam, i, o]]
+            cells = [(o, f) for o, f in cells if f >= FRACTION_EPS]
+            total = math.fsum(f for _, f in cells)
+            transfers += [Transfer(boundary=i, kind=kind, window=window_name(o, L),
+                                   fraction=f / total) for o, f in cells]
+    return Decisions(tiers=tuple(tiers), keep_internals=keep, q8_blocks=q8,
+                     transfers=tuple(transfers))
+
+
+def extract_plan(milp: Milp, x: list[float], *, solver: SolveRecord,
+                 bounds: Bounds | None = None) -> Plan:
+    """The Plan of a solver assignment (evaluated and validated by `evaluate.build_plan`).
+
+    Raises:
+        PlanValidationError: the extracted plan breaks the contract (a bug in this model).
+    """
+    return build_plan(milp.problem, extract_decisions(milp, x), solver=solver, bounds=bounds)
