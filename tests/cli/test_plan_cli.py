@@ -52,7 +52,8 @@ def test_plan_prints_tiers_policy_megatrain_and_bounds(tiny_config, capsys):
     out = capsys.readouterr().out
     assert "4 blocks, seq 64, micro-batch 2" in out
     assert "boundaries (5): hbm" in out
-    for label in ("heuristic", "megatrain (K=4)", "roofline bound", "recomputed blocks",
+    for label in ("heuristic", "megatrain (K=4)", "memory bound", "roofline (inf HBM)",
+                  "recomputed blocks",
                   "keep-internals", "speedup over the MegaTrain rule", "event simulator"):
         assert label in out, label
 

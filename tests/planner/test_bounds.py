@@ -98,3 +98,33 @@ def test_every_policy_returns_a_plan_with_all_three_bounds(policy):
 def test_unknown_policy_is_rejected_naming_the_choices():
     with pytest.raises(ValueError, match="planner.policy must be one of"):
         plan_with_policy(_tight(), "greedy")
+
+
+def test_memory_bound_matches_hand_arithmetic_with_room_for_one_kept_block():
+    # room = hbm - fixed - A[2] = 200 - 0 - 40 = 160 u; keeping a block costs I + P = 130 u, so
+    # one block fits whole and 30/130 of the other: compute 88 - F 10 * (1 + 30/130) = 75.69;
+    # H2D: P1 + P0 + P1 = 300 u less P 100 * (1 + 30/130) = 176.9 u = 17.69 ms; windows 75.69
+    problem = two_blocks(hbm_bytes=200 * U)
+    comp = 88 - 10 * (1 + 30 / 130)
+    from lazytrain.planner.bounds import memory_bound_ms
+    assert memory_bound_ms(problem) == pytest.approx(2 * (11 + comp + 5) + 3, rel=1e-12)
+    # unlimited HBM: every block kept -> the roofline
+    assert memory_bound_ms(two_blocks()) == pytest.approx(roofline_ms(two_blocks()), rel=1e-12)
+    assert memory_bound_ms(two_blocks(hbm_bytes=30 * U)) is None  # A[2] alone overflows
+
+
+@pytest.mark.parametrize("hbm_u", [1200, 1250, 1400])
+def test_memory_bound_lies_between_the_roofline_and_every_plan_that_fits(hbm_u):
+    pytest.importorskip("highspy")
+    from lazytrain.planner.bounds import memory_bound_ms
+    from lazytrain.planner.heuristics import heuristic_plan, megatrain_plan
+    from lazytrain.planner.milp import solve_milp
+
+    problem = _tight(hbm_bytes=hbm_u * U, nvme_bytes=10**12)
+    bound = memory_bound_ms(problem)
+    assert roofline_ms(problem) <= bound * (1 + 1e-12)
+    plans = [heuristic_plan(problem), solve_milp(problem, backend="highs", time_limit_s=30)]
+    plans += [megatrain_plan(problem, k) for k in range(1, 5)]
+    fitting = [p for p in plans if not p.provenance.get("violations")]
+    assert fitting
+    assert all(bound <= p.predicted.step_ms * (1 + 1e-9) for p in fitting)

@@ -105,7 +105,8 @@ def test_plan_json_has_the_normative_keys():
     assert set(d["windows"][0]) == {"name", "compute_ms", "h2d_bytes", "d2h_bytes",
                                     "nvme_read_bytes", "nvme_write_bytes", "time_ms",
                                     "exposed_ms", "hbm_checkpoint_bytes"}
-    assert set(d["bounds"]) == {"lp_step_ms", "roofline_step_ms", "ideal_step_ms"}
+    assert set(d["bounds"]) == {"lp_step_ms", "memory_step_ms", "roofline_step_ms",
+                                "ideal_step_ms"}
 
 
 def test_plan_without_resident_weights_key_defaults_to_keep_internals():

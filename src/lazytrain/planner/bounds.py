@@ -1,17 +1,22 @@
 """Reference step times for a planning problem: LP relaxation, roofline, ideal plan.
 
-Owns the three numbers in a Plan's `bounds` object (DESIGN.md section 3, "Bounds reported with
+Owns the four numbers in a Plan's `bounds` object (DESIGN.md section 3, "Bounds reported with
 every plan"):
 
 - `lp_bound_ms`: the placement MILP (hard budgets) with every binary relaxed to [0, 1] and no
   tie-breakers or 8-bit penalty; a valid lower bound on the step time of every plan that fits
   the budgets (None when not even a fractional plan fits). The gap of a plan is plan / LP - 1.
-- `roofline_ms`: closed form, no solver: the windows' part of the step is at least the largest
-  mandatory channel total (compute without recompute, weight H2D, gradient D2H, their duplex
-  sum; on a CPU their sum), plus the constant pre/post/const terms.
+- `memory_bound_ms`: closed form, respects the HBM budget: compute without segment recompute
+  and the weight H2D, each less the most that keep-internals can save in the HBM left at the
+  turn beside the fixed working set and boundary L (every kept block is held there); a valid
+  lower bound on every plan that fits HBM.
+- `roofline_ms`: closed form, infinite HBM: the largest mandatory channel total with every
+  block kept (compute without recompute, weight H2D, gradient D2H, their duplex sum; on a CPU
+  their sum), plus the constant pre/post/const terms. A bound, but far below what fits.
 - `ideal_ms`: the evaluator's step time of the infinite-HBM plan (every boundary in HBM, every
   block keeps its internals when keep is offered): the "% of ideal" headline, not a bound
-  in the strict sense (a kept block's forward runs with autograd).
+  in the strict sense (a kept block's forward runs with autograd), and unreachable when it
+  does not fit.
 
 Knows no torch; the LP goes through `solvers.solve` (lazy solver imports).
 Source: ../shared/PLANNER_NOTES.md section 6.5.
@@ -72,6 +77,56 @@ def roofline_ms(problem: PlanningProblem) -> float:
     return p.grad_accum * (pre + windows + post) + p.const_ms
 
 
+def memory_bound_ms(problem: PlanningProblem) -> float | None:
+    """The HBM-respecting closed-form bound (module docstring), ms per step.
+
+    compute = sum(F + Fg + B) + head - max sum_{j in K} F[j], H2D = sum P[1..L-1] + sum P
+    - max sum_{j in K} P[j], each max over keep sets K with sum_{j in K} (I[j] + P[j]) <=
+    room = hbm - fixed_hbm - A[L] (a kept block saves its forward and its backward weight load
+    and is held at the turn); the two maxima are fractional knapsacks, each a relaxation, so
+    both totals are lower bounds. GPU: windows = max(compute, H2D/bw_h2d, D2H/bw_d2h,
+    (H2D + D2H)/bw_duplex); CPU: their sum. Step = ga * (pre + windows + post) + const.
+
+    Returns:
+        The bound, or None when the fixed working set and boundary L alone overflow HBM.
+    """
+    p, L = problem, problem.num_blocks
+    room = p.hbm_bytes - p.fixed_hbm_bytes - p.boundary_bytes[L]
+    if room < 0:
+        return None
+    if not p.allow_keep:
+        room = 0
+    cost = [p.internal_bytes[j] + p.weight_bytes[j] for j in range(L)]
+    ms = lambda nbytes, bps: nbytes / bps * 1e3  # noqa: E731
+    comp = (sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
+            - _fractional_knapsack(p.fwd_ms, cost, room))
+    h2d = (float(sum(p.weight_bytes[1:]) + sum(p.weight_bytes))
+           - _fractional_knapsack(p.weight_bytes, cost, room))
+    d2h = float(sum(p.grad_bytes[1:L]))
+    h2d_ms, d2h_ms = ms(h2d, p.h2d_bytes_per_s), ms(d2h, p.d2h_bytes_per_s)
+    if p.copies_overlap_compute:
+        windows = max(comp, h2d_ms, d2h_ms, ms(h2d + d2h, p.duplex_bytes_per_s))
+    else:
+        windows = comp + h2d_ms + d2h_ms
+    pre = p.embed_ms + ms(p.weight_bytes[0], p.h2d_bytes_per_s)
+    post = ms(p.grad_bytes[0] + p.ends_grad_bytes, p.d2h_bytes_per_s)
+    return p.grad_accum * (pre + windows + post) + p.const_ms
+
+
+def _fractional_knapsack(values, weights, capacity: float) -> float:
+    """max sum v_j x_j with sum w_j x_j <= capacity, 0 <= x_j <= 1 (greedy by v/w; w = 0 items
+    are free)."""
+    total, left = 0.0, float(capacity)
+    for v, w in sorted(zip(values, weights), key=lambda vw: -(vw[0] / vw[1]) if vw[1] else
+                       -float("inf")):
+        take = 1.0 if w <= 0 else min(1.0, left / w)
+        if take <= 0:
+            break
+        total += v * take
+        left -= w * take
+    return total
+
+
 def ideal_ms(problem: PlanningProblem) -> float:
     """Evaluator step time of the infinite-HBM plan (all boundaries hbm, all blocks kept), ms."""
     from lazytrain.planner.evaluate import Decisions, evaluate
@@ -83,6 +138,7 @@ def ideal_ms(problem: PlanningProblem) -> float:
 
 def compute_bounds(problem: PlanningProblem, *, lp: bool = True, backend: str = "highs"
                    ) -> Bounds:
-    """All three reference step times (lp_step_ms None when `lp` is False), ms."""
+    """All four reference step times (lp_step_ms None when `lp` is False), ms."""
     return Bounds(lp_step_ms=lp_bound_ms(problem, backend=backend) if lp else None,
+                  memory_step_ms=memory_bound_ms(problem),
                   roofline_step_ms=roofline_ms(problem), ideal_step_ms=ideal_ms(problem))

@@ -184,9 +184,16 @@ class SolveRecord:
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class Bounds:
-    """Lower bounds and reference step times, ms (None: not computed)."""
+    """Lower bounds and reference step times, ms (None: not computed or no plan fits).
+
+    One line each (`planner/bounds.py`): `lp_step_ms` the MILP's LP relaxation with the budgets
+    (a bound on every plan that fits); `memory_step_ms` closed form with keep-internals limited
+    by the HBM budget (a bound on every plan that fits HBM); `roofline_step_ms` closed form with
+    infinite HBM (a bound, usually far from reachable); `ideal_step_ms` the infinite-HBM plan's
+    step (a reference, not a bound)."""
 
     lp_step_ms: float | None = None
+    memory_step_ms: float | None = None
     roofline_step_ms: float | None = None
     ideal_step_ms: float | None = None
 
