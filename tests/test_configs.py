@@ -40,8 +40,8 @@ def test_defaults_are_the_embedded_default_job():
     cfg = load_config(None)
     assert cfg.model.config_path == "smollm2-135m-instruct"
     assert cfg.hardware.preset == "cpu" and cfg.runtime.device == "auto"
-    assert cfg.data.path == "embedded:arithmetic" and cfg.data.seq_len == 160
-    assert (cfg.train.micro_batch, cfg.train.grad_accum, cfg.train.steps) == (4, 1, 10)
+    assert cfg.data.path == "embedded:arithmetic" and cfg.data.seq_len == 112
+    assert (cfg.train.micro_batch, cfg.train.grad_accum, cfg.train.steps) == (4, 1, 30)
     assert cfg.train.compute_dtype == "fp32"
     assert (cfg.planner.policy, cfg.planner.backend) == ("milp", "auto")
 

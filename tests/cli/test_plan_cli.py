@@ -157,3 +157,40 @@ def test_seed_baseline_is_the_best_fixed_k_that_fits_and_speedup_is_against_it(
         min(fitting.values()) / rows["heuristic"]["step_ms"])
     assert cmp["speedup_vs_megatrain"] < rows["megatrain (K=4)"]["step_ms"] / rows[
         "heuristic"]["step_ms"]
+
+
+def test_simulate_exits_1_when_the_plan_breaks_a_budget_of_the_problem(tiny_config, tmp_path,
+                                                                      capsys):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--config", str(tiny_config), "--policy", "megatrain",
+                 "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(plan), "--config", str(tiny_config),
+                 "--set", "hardware.hbm_gb=0.002"]) == 1
+    err = capsys.readouterr().err
+    assert "error: " in err and "HBM short by" in err
+
+
+def test_plan_and_simulate_print_the_same_simulated_step(tiny_config, tmp_path, capsys):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--config", str(tiny_config), "--policy", "megatrain", "--json",
+                 "--out", str(plan)]) == 0
+    planned = json.loads(capsys.readouterr().out)["comparison"]["simulator"]["step_ms"]
+    assert main(["simulate", str(plan), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["simulator"]["step_ms"] == pytest.approx(
+        planned, rel=1e-12)
+
+
+def test_simulate_warns_when_the_stored_prediction_disagrees(tiny_config, tmp_path, capsys):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--config", str(tiny_config), "--policy", "megatrain",
+                 "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(plan)]) == 0
+    assert "warning" not in capsys.readouterr().err  # fresh plan: prediction re-evaluates
+    doc = json.loads(plan.read_text())
+    doc["predicted"]["step_ms"] *= 1.1
+    plan.write_text(json.dumps(doc))
+    assert main(["simulate", str(plan)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and "re-plan" in err

@@ -58,7 +58,28 @@ def test_report_with_another_plan_file(tmp_path, capsys):
     plan = write_run(tmp_path / "run")
     other = tmp_path / "other.json"
     other.write_text(json.dumps(dict(plan, predicted=dict(plan["predicted"], step_ms=50.0))))
-    assert main(["report", str(tmp_path / "run"), "--plan", str(other), "--json"]) == 0
+    assert main(["report", str(tmp_path / "run"), "--plan", str(other), "--force",
+                 "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     # another plan id: its records are none, so every record is used (warm-up still skipped)
     assert out["predicted_step_ms"] == 50.0 and out["measured_step_ms"] == 45
+
+
+def test_report_refuses_a_plan_the_run_did_not_measure_unless_forced(tmp_path, capsys):
+    from lazytrain.planner.plan import plan_digest
+
+    plan = write_run(tmp_path / "run")
+    from lazytrain.report.tables import read_windows_jsonl
+
+    records = read_windows_jsonl(tmp_path / "run" / "windows.jsonl")
+    assert {r.get("plan_id") for r in records} == {plan_digest(plan)}  # the run's own plan
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(dict(plan, predicted=dict(plan["predicted"], step_ms=50.0))))
+    assert main(["report", str(tmp_path / "run"), "--plan", str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --plan:") and "--force" in err and len(err.splitlines()) == 1
+    assert plan_digest(json.loads(other.read_text())) in err
+    # the run's own plan passed with --plan is accepted
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(plan))
+    assert main(["report", str(tmp_path / "run"), "--plan", str(same), "--json"]) == 0

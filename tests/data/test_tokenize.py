@@ -93,15 +93,17 @@ def test_stream_counts_skipped_and_refuses_when_nothing_fits(plain_tokenizer):
     examples, _ = arithmetic_dataset(num_train=4, num_eval=0, seed=0)
     with pytest.raises(ValueError, match="no sample fits data.seq_len=8"):
         _stream(plain_tokenizer, examples, seq_len=8, overlong="skip").next_micro_batch()
-    # Reference from the untruncated encodings: longer than 100 tokens -> truncated, unless no
-    # trained token is left in the first 100 -> skipped.
+    # Reference from the untruncated encodings: longer than `cut` tokens -> truncated, unless
+    # no trained token is left in the first `cut` -> skipped. `cut` is the median length, so
+    # some samples are longer.
     examples, _ = arithmetic_dataset(num_train=7, num_eval=0, seed=0)
     full = [encode(plain_tokenizer, ex, seq_len=1000, overlong="truncate") for ex in examples]
-    long = [f for f in full if len(f.input_ids) > 100]
-    n_skip = sum(all(lab == IGNORE_INDEX for lab in f.labels[1:100]) for f in long)
+    cut = sorted(len(f.input_ids) for f in full)[3]
+    long = [f for f in full if len(f.input_ids) > cut]
+    n_skip = sum(all(lab == IGNORE_INDEX for lab in f.labels[1:cut]) for f in long)
     assert long and len(long) > n_skip  # the fixture exercises truncation
-    stream = _stream(plain_tokenizer, examples, seq_len=100, micro_batch=7 - n_skip)
+    stream = _stream(plain_tokenizer, examples, seq_len=cut, micro_batch=7 - n_skip)
     batch = stream.next_micro_batch()
-    assert batch["input_ids"].shape == (7 - n_skip, 100)
+    assert batch["input_ids"].shape == (7 - n_skip, cut)
     assert stream.counts.truncated == len(long) - n_skip
     assert stream.counts.drawn - stream.counts.skipped == 7 - n_skip

@@ -17,7 +17,7 @@ EPILOG = """\
 examples:
   lazytrain train --config configs/tiny-llama-cpu.yaml --run-dir runs/tiny --steps 6
   lazytrain report runs/tiny --gantt runs/tiny/gantt.png
-  lazytrain report runs/tiny --plan other_plan.json --json --skip-steps 2
+  lazytrain report runs/tiny --plan other_plan.json --force --json --skip-steps 2
 """
 
 
@@ -29,7 +29,9 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with windows.jsonl")
     p.add_argument("--plan", metavar="plan.json", help="the plan to compare with (default: "
-                   "RUN_DIR/plan.json)")
+                   "RUN_DIR/plan.json); refused when the run measured another plan")
+    p.add_argument("--force", action="store_true",
+                   help="with --plan: compare even when its digest is not the run's plan_id")
     p.add_argument("--skip-steps", type=int, default=1, metavar="N",
                    help="warm-up steps left out of the medians (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -56,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{plan_path}: no plan; pass --plan plan.json")
     plan_dict = json.loads(plan_path.read_text())
     records = read_windows_jsonl(run_dir / "windows.jsonl")
+    if args.plan and not args.force:
+        check_plan_of_run(plan_dict, records, plan_path=plan_path)
     comparison = compare(plan_dict, records, skip_steps=args.skip_steps)
     if args.json:
         print(json.dumps(comparison.to_dict(), indent=1))
@@ -66,6 +70,24 @@ def run(args: argparse.Namespace) -> int:
                                        steps=comparison.steps_used, plan_id=comparison.plan_id)
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def check_plan_of_run(plan_dict: dict, records: list[dict], *, plan_path: Path) -> None:
+    """Refuse a plan the run did not measure (its digest is none of the records' plan_id).
+
+    Records without a plan_id (older runs) cannot be checked and are accepted.
+
+    Raises:
+        ValueError: one line naming the file, both digests and `--force`.
+    """
+    from lazytrain.report.tables import plan_id_of_dict
+
+    measured = sorted({r["plan_id"] for r in records if r.get("plan_id")})
+    pid = plan_id_of_dict(plan_dict)
+    if measured and pid not in measured:
+        raise ValueError(f"--plan: {plan_path} has digest {pid} but the run measured plan "
+                         f"{', '.join(measured)}; pass the run's plan.json, or --force to "
+                         f"compare anyway")
 
 
 def render_comparison_gantt(path, *, plan_dict: dict, records: list[dict], steps: list[int],

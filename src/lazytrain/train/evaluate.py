@@ -27,10 +27,10 @@ from lazytrain.data import (Example, encode, encode_prompt, extract_final_answer
 
 EVAL_BATCH = 8
 """Examples per evaluation forward / generation batch (bounds the [B, S, vocab] logits)."""
-MAX_NEW_TOKENS = {"arithmetic": 64}
+MAX_NEW_TOKENS = {"arithmetic": 48}
 """Greedy generation length per data format, tokens; others use DEFAULT_MAX_NEW_TOKENS. The
-arithmetic worked answers are at most 58 tokens with the SmolLM2 tokenizer (measured on 2,048
-generated problems)."""
+arithmetic worked answers are at most 37 tokens with the SmolLM2 tokenizer (measured on 2,048
+generated problems), plus the end-of-turn token."""
 DEFAULT_MAX_NEW_TOKENS = 160
 
 
@@ -47,7 +47,10 @@ class EvalResult:
     num_scored: int
     """Examples with a checkable answer (the exact-match denominator)."""
     samples: tuple[dict, ...] = ()
-    """Up to 3 {prompt answer, generated text, predicted answer} for the summary."""
+    """The first 3 scored examples' {prompt (last user turn), answer, generated text, predicted
+    answer}, for the summary; the same examples at every evaluation of a run."""
+    num_correct: int = 0
+    """Scored examples whose predicted answer equals the reference (exact-match numerator)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,9 +139,39 @@ def _evaluate(model: Any, tokenizer: Any, examples: list[Example], *, seq_len: i
         new_tokens = MAX_NEW_TOKENS.get(data_format, DEFAULT_MAX_NEW_TOKENS)
         texts = generate_answers(model, tokenizer, scored, max_new_tokens=new_tokens,
                                  pad_id=pad_id) if scored else []
-    predicted = [extract_final_answer(t) for t in texts]
-    hits = sum(p == ex.answer for p, ex in zip(predicted, scored))
-    samples = tuple({"answer": ex.answer, "generated": t, "predicted": p}
+    predicted, hits = grade(texts, scored)
+    samples = tuple({"prompt": ex.prompt_messages[-1].content, "answer": ex.answer,
+                     "generated": t, "predicted": p}
                     for ex, t, p in list(zip(scored, texts, predicted))[:3])
     return EvalResult(loss=loss, exact_match=hits / len(scored) if scored else None,
-                      num_examples=len(examples), num_scored=len(scored), samples=samples)
+                      num_examples=len(examples), num_scored=len(scored), samples=samples,
+                      num_correct=hits)
+
+
+def grade(texts: list[str], examples: list[Example]) -> tuple[list[str | None], int]:
+    """The exact-match grader: each generated text's final answer (`extract_final_answer`:
+    after the last `####`, else after `The answer is:`, else the last number), and how many
+    equal their example's reference answer.
+
+    Returns:
+        (predicted answers, normalized or None; the number of correct ones).
+    """
+    predicted = [extract_final_answer(t) for t in texts]
+    return predicted, sum(p is not None and p == ex.answer for p, ex in zip(predicted, examples))
+
+
+def sample_lines(when: str, result: EvalResult) -> list[str]:
+    """Two lines showing the first held-out sample: its question, then what the model wrote
+    (newlines as ` / `), the predicted and the expected answer; [] without a sample.
+
+    Args:
+        when: "before" or "after" (training), printed in the first line.
+        result: an evaluation with `samples`.
+    """
+    if not result.samples:
+        return []
+    s = result.samples[0]
+    verdict = "right" if s["predicted"] == s["answer"] else "wrong"
+    generated = " / ".join(ln.strip() for ln in s["generated"].strip().splitlines())
+    return [f"sample {when}: {s['prompt']}",
+            f"  model wrote: {generated}  -> {s['predicted']} (expected {s['answer']}: {verdict})"]

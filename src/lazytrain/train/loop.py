@@ -54,7 +54,7 @@ from lazytrain.config import RunConfig, apply_overrides, save_config
 from lazytrain.planner.plan import Plan
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
-from lazytrain.train.evaluate import build_eval_model, evaluate, load_weights
+from lazytrain.train.evaluate import build_eval_model, evaluate, load_weights, sample_lines
 from lazytrain.train.preflight import preflight
 from lazytrain.train.tracking import Trackers, check_trackers, step_scalars
 
@@ -593,6 +593,8 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
                 saved = trainer.save()  # still under stop_flag: a Ctrl-C now does not cut it
         timings["save_s"] = time.perf_counter() - mark
         mark = time.perf_counter()
+            for line in sample_lines("before", before):  # learning a person can see
+                log(line)
         after = trainer.evaluate() if stopped_by is None else None
         timings["eval_after_s"] = time.perf_counter() - mark
         if after is not None:
@@ -613,7 +615,9 @@ def _eval_line(when: str, result, *, seq_len: int) -> str:
     loss = (f"{result.loss:.4f}" if result.loss is not None else
             f"n/a (no held-out example keeps an answer token within data.seq_len={seq_len}; "
             f"raise data.seq_len)")
-    return f"eval {when}: loss {loss}, exact match {result.exact_match}"
+    match = (f"{result.exact_match} ({result.num_correct}/{result.num_scored})"
+             if result.exact_match is not None else "n/a (no checkable answers)")
+    return f"eval {when}: loss {loss}, exact match {match}"
 
 
 def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wall_s) -> dict:
@@ -621,6 +625,8 @@ def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wal
     return {
         "run_dir": str(trainer.run_dir), "steps_completed": trainer.step,
         "steps_this_run": len(records), "stopped_by": stopped_by,
+            for line in sample_lines("after", after):  # learning a person can see
+                log(line)
         "resumed_from": str(trainer.resumed_from.path) if trainer.resumed_from else None,
         "checkpoint": str(saved.path) if saved else None,
         "loss_first": records[0]["loss"] if records else None,
