@@ -1,0 +1,1140 @@
+"""GPU validation of LazyTrain's CUDA path: ordering, gradients, ceilings and overlap on one GPU.
+
+Run (no install; PYTHONPATH=src, or the script finds src/ itself):
+
+    PYTHONPATH=src python benchmarks/gpu_validate.py --out gpu_validate.json
+    PYTHONPATH=src python benchmarks/gpu_validate.py --quick --only ordering,gradients
+
+Sections (each a function below; each writes its figures and `ok` into the JSON):
+- environment: versions, device, CPU threads, locked-memory limit, MemAvailable, cgroup
+  memory.max, solver packages, and whether the heuristic/MegaTrain planner imports without one;
+- ceilings: pinned H2D / D2H / duplex GB/s at block and boundary sizes, alone and under a
+  running bf16 GEMM; the bf16 GEMM peak; host fp32 -> bf16 conversion and fp32 accumulation
+  GB/s (the engine's two host loops); `cudaHostAlloc` seconds per GiB;
+- ordering: `torch.cuda._sleep` stretches the producer stream so the consumer lags the host;
+  one micro-test per ordering rule through `CudaDevice`, each run as the runtime orders it
+  (must give exact data) and without the rule (shows whether the stress exposes the race);
+  then whole-engine stress: sleeps injected on the compute stream before every window, or on
+  the copy stream before every copy (by wrapping the engine's `_timed_window` and the device's
+  `copy` here, never in product code); gradients must equal the unstressed run's;
+- gradients: a mid-size Llama (hidden 1024, 4-6 layers, seq 1024, random init) under a plan
+  matrix (all hbm, all dram, nvme in a temp dir, recompute segments, keep-internals, mixed)
+  with grad_accum 2: fp32 engine vs plain HF autograd on the GPU; bf16 engine error vs the
+  fp32 reference within 1.5x HF's own bf16 error; 3 AdamW steps vs torch.optim.AdamW; every
+  fp32 plan run twice (a race shows as drift between runs);
+- overlap: hidden 4096, 6-8 layers, seq 4096, bf16, micro-batch 1, a plan with dram tiers,
+  recompute and keep built from measured block costs and link rates; per window from a
+  `torch.profiler` trace: compute-busy ms, copy-busy ms per stream, overlapped fraction,
+  exposed ms, against the plan's predicted window; model TFLOPS vs the measured GEMM peak;
+  `torch.cuda.max_memory_allocated` vs the plan's predicted peak HBM.
+
+Plans come from `lazytrain.planner.evaluate` (`decisions_from_tiers` + `build_plan`) and the
+MegaTrain rule, which need no MILP solver (the validation machine has neither HiGHS nor SCIP).
+Imports only torch, transformers, the standard library and lazytrain; installs nothing.
+
+A global time budget (`--budget-s`, default 280 s) keeps the run under 5 minutes on an H200:
+a section that cannot start in the time left is recorded as skipped (a failure), and a
+watchdog writes the JSON and exits if a section hangs. Every section catches its own errors;
+the JSON is rewritten (atomically) after each one. Exit code: 0 every selected section passed;
+1 a section failed, was skipped, or no CUDA device is present (the environment section is
+still written); 2 bad usage. On a CPU-only machine `--help` works and a run writes the
+environment section and exits 1 with a one-line reason.
+
+One file on purpose (one command to copy onto a GPU machine); sections are independent
+functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import copy
+import dataclasses
+import importlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import resource
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import transformers
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import lazytrain  # noqa: F401
+except ImportError:  # run from a checkout without PYTHONPATH=src
+    sys.path.insert(0, str(ROOT / "src"))
+    import lazytrain  # noqa: F401
+
+GB, GIB = 1e9, 2**30
+SECTION_ORDER = ("environment", "ceilings", "ordering", "gradients", "overlap")
+MIN_START_S = {"environment": 0, "ceilings": 15, "ordering": 15, "gradients": 25, "overlap": 40}
+"""Seconds of budget a section needs to start (full run); --quick halves them."""
+WATCHDOG_GRACE_S = 20
+"""Seconds past the budget before the watchdog writes the JSON and exits (a hung section)."""
+
+FP32_GRAD_TOL = 1e-4
+"""fp32 engine vs HF autograd on the GPU: max |diff| / max |reference grad| (cuBLAS and SDPA
+pick the same kernels for both; chunked loss and host accumulation change the summation order,
+~1e-6 in practice; a stale or overwritten buffer gives O(1))."""
+DRIFT_TOL = 1e-6
+"""Two identical fp32 runs: max |diff| / max |grad| (deterministic algorithms on; a race gives
+O(1); the bound is relaxed to 4x HF's own run-to-run drift if HF drifts more)."""
+BF16_RATIO_TOL = 1.5
+"""bf16 engine error vs the fp32 reference <= this x HF's own bf16 error (relative L2)."""
+ADAM_EPS = 1e-6
+"""AdamW eps of the 3-step comparison. Adam divides by sqrt(v) + eps, so near-zero gradients
+amplify fp32 noise by up to 1/eps; 1e-6 bounds that at ~0.1 lr per step for 1e-7 noise."""
+ADAM_TOL = 1e-2
+"""3 AdamW steps: ||p_engine - p_torch|| / ||p_torch - p_initial|| (global L2)."""
+STRESS_TOL = 1e-6
+"""Whole-engine stress: max |stressed - unstressed| / max |grad| (same order of operations)."""
+
+GRAD_SHAPE = dict(hidden=1024, layers=6, seq=1024, intermediate=2816, heads=16, kv_heads=8,
+                  batch=2)
+"""The gradient section's Llama (--quick: 4 layers, micro-batch 1)."""
+STRESS_SHAPE = dict(hidden=1024, layers=4, seq=512, intermediate=2816, heads=16, kv_heads=8,
+                    batch=2)
+"""The whole-engine stress model of the ordering section."""
+OVERLAP_SHAPE = dict(hidden=4096, layers=8, seq=4096, intermediate=11008, heads=32, kv_heads=8,
+                     batch=1)
+"""The overlap section's shape, Llama-7B-like widths with GQA (--quick: 6 layers); it also sizes
+the ceilings' block and boundary copies."""
+REF_DEVICE = "cuda"
+"""Where the HF reference runs."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Runner: budget, JSON, watchdog
+
+
+class Budget:
+    """Seconds left of the global time budget."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.t0 = seconds, time.perf_counter()
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.t0)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+@dataclasses.dataclass
+class Ctx:
+    """What every section gets: options, the device API, a temp dir, figures shared between
+    sections (GEMM peak, link rates) and the budget."""
+
+    args: argparse.Namespace
+    budget: Budget
+    tmp: Path
+    dev: object = None
+    shared: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def quick(self) -> bool:
+        return self.args.quick
+
+
+def log(msg: str) -> None:
+    print(f"[gpu_validate] {msg}", file=sys.stderr, flush=True)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Atomic write: temp file in the same directory, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, default=str, allow_nan=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def run_section(name: str, fn, ctx: Ctx) -> dict:
+    """Run one section; its exception becomes a failed result (with the traceback)."""
+    t0 = time.perf_counter()
+    try:
+        out = fn(ctx)
+        out.setdefault("ok", True)
+        out["status"] = "pass" if out["ok"] else "fail"
+    except Exception as exc:  # every section reports; the script goes on to the next one
+        out = {"ok": False, "status": "error", "error": f"{type(exc).__name__}: {exc}",
+               "traceback": traceback.format_exc()}
+    finally:
+        if torch.cuda.is_available():
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def start_watchdog(ctx: Ctx, results: dict, out: Path) -> threading.Timer:
+    """After budget + grace: mark the running section timed out, write the JSON, exit 3."""
+    def fire() -> None:
+        running = results.get("running")
+        if running:
+            results["sections"][running] = {"ok": False, "status": "timeout",
+                                            "error": f"still running after {ctx.budget.elapsed():.0f} s"}
+        results["ok"] = False
+        results["error"] = f"watchdog: time budget exceeded in section {running}"
+        with contextlib.suppress(Exception):
+            write_json(out, results)
+        log(results["error"])
+        os._exit(3)
+    timer = threading.Timer(ctx.args.budget_s + WATCHDOG_GRACE_S, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared builders
+
+
+def llama_config(*, hidden: int, layers: int, seq: int, intermediate: int, heads: int,
+                 kv_heads: int, vocab: int = 32000, dropout: float = 0.0, batch: int = 1):
+    """A random-init Llama config (no downloads); `batch` is accepted and ignored so a shape
+    dict can be passed whole."""
+    from transformers import LlamaConfig
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                       num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=kv_heads, max_position_embeddings=seq,
+                       attention_dropout=dropout, pad_token_id=0, tie_word_embeddings=False)
+
+
+def model_pair(config, *, seed: int):
+    """(HF reference on the GPU, adapter) with identical fp32 weights (a copied state_dict)."""
+    from transformers import AutoModelForCausalLM
+    from lazytrain.models import adapter_from_model
+    torch.manual_seed(seed)
+    ref = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    twin = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    twin.load_state_dict(copy.deepcopy(ref.state_dict()))
+    ref.train()
+    return ref.to(REF_DEVICE), adapter_from_model(twin)
+
+
+def make_batches(n: int, *, batch: int, seq: int, vocab: int, seed: int) -> list[dict]:
+    """n micro-batches [batch, seq] on the host; labels ignore a 16-token prompt, the last row
+    is right-padded by a quarter with an attention mask."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(1, vocab, (batch, seq), generator=g)
+        labels = ids.clone()
+        labels[:, :16] = -100
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        pad = seq // 4
+        ids[-1, -pad:], labels[-1, -pad:], mask[-1, -pad:] = 0, -100, 0
+        out.append({"input_ids": ids, "labels": labels, "attention_mask": mask})
+    return out
+
+
+def hf_grads(ref, batches: list[dict]) -> dict[str, torch.Tensor]:
+    """Plain HF autograd over the micro-batches (loss normalised by all label tokens), as fp32
+    host tensors."""
+    n = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+    ref.zero_grad(set_to_none=True)
+    for b in batches:
+        out = ref(**{k: v.to(REF_DEVICE) for k, v in b.items()}, use_cache=False,
+                  num_items_in_batch=torch.tensor(n, device=REF_DEVICE))
+        out.loss.backward()
+    return {name: p.grad.float().cpu() for name, p in ref.named_parameters()}
+
+
+def hand_problem(adapter, *, batch: int, seq: int, act_bytes: int, grad_accum: int):
+    """A planning problem whose boundary bytes are the real tensors' and whose provenance
+    matches the adapter and the batch shape (costs are placeholders: only the plan's structure
+    matters for a correctness run)."""
+    from lazytrain.planner.problem import PlanningProblem
+    L = adapter.num_blocks
+    A = batch * seq * adapter.config.hidden_size * act_bytes
+    P = adapter.params.blocks[0].numel * 4
+    return PlanningProblem(
+        fwd_ms=(1.0,) * L, fwd_grad_ms=(1.2,) * L, bwd_ms=(2.0,) * L, weight_bytes=(P,) * L,
+        grad_bytes=(P,) * L, internal_bytes=(8 * A,) * L, boundary_bytes=(A,) * (L + 1),
+        params_per_block=(P // 4,) * L, h2d_bytes_per_s=2e10, d2h_bytes_per_s=2e10,
+        duplex_bytes_per_s=3e10, nvme_read_bytes_per_s=2e9, nvme_write_bytes_per_s=2e9,
+        hbm_bytes=10**12, dram_bytes=10**12, nvme_bytes=10**12, grad_accum=grad_accum,
+        provenance={"model": "gpu-validate", "model_config_sha256": adapter.config_sha256,
+                    "seq_len": seq, "micro_batch": batch, "grad_accum": grad_accum})
+
+
+def plan_of(problem, tiers, keep=()):
+    """A validated Plan for `tiers` (len L+1) with a legal transfer schedule (no solver)."""
+    from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
+    from lazytrain.planner.plan import SolveRecord
+    decisions = decisions_from_tiers(problem, tuple(tiers), tuple(keep))
+    return build_plan(problem, decisions, solver=SolveRecord(backend="manual"))
+
+
+def plan_matrix(L: int) -> dict[str, tuple[list[str], tuple[int, ...]]]:
+    """name -> (tiers, keep_internals) of the gradient matrix for L blocks."""
+    from lazytrain.planner.heuristics import megatrain_tiers
+    H, D, N, R = "hbm", "dram", "nvme", "recompute"
+    mixed = [R] + [(D, N, H, R)[(i - 1) % 4] for i in range(1, L)] + [H]
+    keep_mixed = tuple(j for j in range(L) if mixed[j + 1] == H)
+    return {"all_hbm": ([H] * (L + 1), ()), "all_dram": ([D] * L + [H], ()),
+            "nvme": ([N] * L + [H], ()), "recompute": (list(megatrain_tiers(L, 2)), ()),
+            "keep": ([D] * L + [H], (L - 2, L - 1)), "mixed": (mixed, keep_mixed)}
+
+
+def grad_error(mine: dict, ref: dict) -> dict:
+    """max |diff| / max |ref| and relative L2 over all parameters, plus the worst tensor."""
+    scale = max(float(r.abs().max()) for r in ref.values())
+    worst, worst_name, num, den = 0.0, None, 0.0, 0.0
+    for name, r in ref.items():
+        d = mine[name].float() - r
+        m = float(d.abs().max())
+        if m > worst:
+            worst, worst_name = m, name
+        num += float(d.double().pow(2).sum())
+        den += float(r.double().pow(2).sum())
+    return {"max_rel": worst / scale if scale else math.inf, "l2_rel": math.sqrt(num / den)
+            if den else math.inf, "worst": worst_name, "scale": scale,
+            "bitwise": all(torch.equal(mine[n].float(), r) for n, r in ref.items())}
+
+
+def engine_grads(adapter, plan, ctx: Ctx, batches, *, dtype: str = "fp32", grad_accum: int = 2,
+                 wrap=None) -> dict[str, torch.Tensor]:
+    """The engine's accumulated gradients (fp32 host copies) for one compute_gradients call.
+    `wrap(engine)` may instrument the engine before the run (stress modes) and returns the
+    function that undoes it."""
+    from lazytrain.runtime.engine import Engine
+    engine = Engine(adapter, plan, device=ctx.dev, nvme_dir=ctx.tmp / "nvme",
+                    compute_dtype=dtype, grad_accum=grad_accum, seed=0)
+    undo = wrap(engine) if wrap is not None else None
+    try:
+        engine.compute_gradients(batches)
+        return {k: v.float().clone() for k, v in engine.gradients().items()}
+    finally:
+        engine.close()
+        if undo is not None:
+            undo()
+
+
+def cuda_ms(dev, fn, *, repeats: int, warmup: int = 1) -> float:
+    """Mean ms of fn() on the compute stream (timing events through the device API)."""
+    with dev.compute_scope():
+        for _ in range(warmup):
+            fn()
+        start = dev.timing_event()
+        for _ in range(repeats):
+            fn()
+        return dev.elapsed_ms(start, dev.timing_event()) / repeats
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+
+
+def environment(ctx: Ctx) -> dict:
+    """Versions, device, threads, memory limits, solver packages, solver-free planner import."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    lim = lambda v: "unlimited" if v == resource.RLIM_INFINITY else v  # noqa: E731
+    out = {"python": platform.python_version(), "platform": platform.platform(),
+           "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+           "transformers": transformers.__version__, "lazytrain": lazytrain.__version__,
+           "cuda_available": torch.cuda.is_available(),
+           "intra_op_threads": torch.get_num_threads(),
+           "inter_op_threads": torch.get_num_interop_threads(), "cpu_count": os.cpu_count(),
+           "cpus_usable": len(os.sched_getaffinity(0)),
+           "memlock_limit_bytes": {"soft": lim(soft), "hard": lim(hard)},
+           "mem_available_bytes": _meminfo("MemAvailable"), "cgroup_memory_max": _cgroup_max(),
+           "env": {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS",
+                                                  "PYTORCH_CUDA_ALLOC_CONF",
+                                                  "CUDA_VISIBLE_DEVICES")},
+           "packages": {m: importlib.util.find_spec(m) is not None
+                        for m in ("highspy", "pyscipopt", "bitsandbytes", "safetensors")}}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        out["device"] = {"name": p.name, "capability": f"{p.major}.{p.minor}",
+                         "total_memory_bytes": p.total_memory,
+                         "multiprocessors": p.multi_processor_count,
+                         "count": torch.cuda.device_count(),
+                         "cudnn": torch.backends.cudnn.version()}
+    for module in ("lazytrain.planner.heuristics", "lazytrain.planner.policy"):
+        importlib.import_module(module)
+    solvers = [m for m in ("lazytrain.planner.milp", "lazytrain.planner.solvers", "highspy",
+                           "pyscipopt") if m in sys.modules]
+    out["planner_without_solver"] = {"heuristics_and_policy_import": True,
+                                     "solver_modules_loaded": solvers}
+    out["ok"] = not solvers
+    return out
+
+
+def _meminfo(key: str) -> int | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def _cgroup_max() -> int | str | None:
+    """cgroup v2 memory.max (or v1 limit_in_bytes): bytes, "max", or None when absent."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError):
+            text = Path(path).read_text().strip()
+            return text if text == "max" else int(text)
+    return None
+
+
+def overlap_shape(quick: bool) -> dict:
+    """OVERLAP_SHAPE, with 6 layers under --quick."""
+    return {**OVERLAP_SHAPE, "layers": 6 if quick else OVERLAP_SHAPE["layers"]}
+
+
+def block_weight_bytes(s: dict) -> int:
+    """bf16 bytes of one Llama block of shape `s` (q, k, v, o, gate/up/down, two norms)."""
+    H, I, hd = s["hidden"], s["intermediate"], s["hidden"] // s["heads"]
+    return 2 * (2 * H * H + 2 * H * s["kv_heads"] * hd + 3 * H * I + 2 * H)
+
+
+def gemm_tflops(dev, n: int, iters: int) -> float:
+    """bf16 [n, n] @ [n, n] TFLOPS on the compute stream."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = cuda_ms(dev, lambda: a @ b, repeats=iters, warmup=3)
+    return 2 * n**3 / (ms / 1e3) / 1e12
+
+
+def copy_gbps(dev, nbytes: int, *, repeats: int, gemm_n: int | None = None) -> dict:
+    """H2D, D2H and duplex GB/s of pinned `nbytes` copies on two copy streams (host wall clock
+    around host-synchronised copies); with `gemm_n`, a bf16 GEMM burst runs on the compute
+    stream throughout, and its TFLOPS while the copies run are reported too."""
+    host_src, host_dst = dev.pinned_empty(nbytes), dev.pinned_empty(nbytes)
+    host_src.fill_(1)
+    d_dst, d_src = dev.empty(nbytes, torch.uint8), dev.empty(nbytes, torch.uint8).fill_(1)
+    s_h2d, s_d2h = dev.stream("validate_h2d"), dev.stream("validate_d2h")
+    a = b = None
+    if gemm_n:
+        a = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
+    dev.synchronize()
+    out = {}
+    for kind in ("h2d", "d2h", "duplex"):
+        legs = [(d_dst, host_src, s_h2d)] * (kind != "d2h") + [(host_dst, d_src, s_d2h)] * (kind != "h2d")
+        for dst, src, s in legs:  # warm-up
+            dev.host_wait(dev.copy(dst, src, stream=s))
+        gemm_start = gemm_end = None
+        with dev.compute_scope():
+            if gemm_n:  # enough GEMMs to outlast the copies (~2 ms each at 8192 on an H200)
+                gemm_start = dev.timing_event()
+                for _ in range(max(20, repeats * nbytes // (1 << 25))):
+                    a @ b
+                gemm_end = dev.timing_event()
+            t0 = time.perf_counter()
+            events = [dev.copy(dst, src, stream=s) for _ in range(repeats) for dst, src, s in legs]
+            for e in events:
+                dev.host_wait(e)
+            secs = time.perf_counter() - t0
+        out[f"{kind}_gb_per_s"] = len(legs) * repeats * nbytes / secs / GB
+        if gemm_n:
+            gemm_ms = dev.elapsed_ms(gemm_start, gemm_end)
+            count = max(20, repeats * nbytes // (1 << 25))
+            out[f"gemm_tflops_during_{kind}"] = 2 * gemm_n**3 * count / (gemm_ms / 1e3) / 1e12
+            out[f"gemm_outlasted_{kind}"] = gemm_ms / 1e3 >= secs
+    return out
+
+
+def host_loops_gbps(numel: int, dev, *, repeats: int) -> dict:
+    """The engine's host loops: fp32 master -> bf16 pinned staging (`DeviceWeights.load`) and
+    fp32 gradient accumulation from a pinned buffer (`ParamGroup.accumulate_grad`), GB/s of fp32
+    bytes read, with torch's current intra-op threads."""
+    master = torch.full((numel,), 1.2345, dtype=torch.float32)
+    staging = dev.pinned_empty(numel * 2).view(torch.bfloat16)
+    landing = dev.pinned_empty(numel * 4).view(torch.float32).fill_(0.5)
+    acc = torch.zeros(numel, dtype=torch.float32)
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return numel * 4 / min(times) / GB
+    return {"fp32_to_bf16_gb_per_s": best(lambda: staging.copy_(master)),
+            "fp32_accumulate_gb_per_s": best(lambda: acc.add_(landing)),
+            "numel": numel, "threads": torch.get_num_threads()}
+
+
+def host_alloc_s_per_gib(gibs: tuple[int, ...]) -> dict:
+    """Seconds per GiB of fresh pinned allocations (torch's host allocator -> cudaHostAlloc;
+    sizes are powers of two and held until the end, so none is served from its cache)."""
+    held, out = [], {}
+    for g in gibs:
+        t0 = time.perf_counter()
+        held.append(torch.empty(g * GIB, dtype=torch.uint8, pin_memory=True))
+        out[f"{g}_gib_s_per_gib"] = (time.perf_counter() - t0) / g
+    del held
+    return out
+
+
+def ceilings(ctx: Ctx) -> dict:
+    """Link, GEMM and host-loop ceilings (the numbers the planner's cost model needs)."""
+    dev, q = ctx.dev, ctx.quick
+    shape = overlap_shape(q)
+    sizes = {"boundary": shape["batch"] * shape["seq"] * shape["hidden"] * 2,
+             "block": block_weight_bytes(shape)}
+    peak = max(gemm_tflops(dev, n, 10 if q else 30) for n in ((8192,) if q else (4096, 8192)))
+    ctx.shared["gemm_peak_tflops"] = peak
+    out = {"bf16_gemm_peak_tflops": peak, "copy_bytes": sizes, "copies": {}}
+    reps = {"boundary": 8 if q else 20, "block": 3 if q else 6}
+    for name, nbytes in sizes.items():
+        out["copies"][name] = {"alone": copy_gbps(dev, nbytes, repeats=reps[name]),
+                               "under_gemm": copy_gbps(dev, nbytes, repeats=reps[name],
+                                                       gemm_n=8192)}
+    ctx.shared["copy_gbps"] = out["copies"]["block"]["alone"]
+    out["host_loops"] = host_loops_gbps(sizes["block"] // 2 // (4 if q else 1), dev,
+                                        repeats=2 if q else 3)
+    out["pinned_alloc"] = host_alloc_s_per_gib((1,) if q else (1, 2))
+    from lazytrain.spec.hardware import get_hardware
+    hw = get_hardware("h200")
+    out["preset_h200"] = {"h2d_gb_per_s": hw.h2d_bytes_per_s / GB,
+                          "d2h_gb_per_s": hw.d2h_bytes_per_s / GB,
+                          "duplex_gb_per_s": hw.duplex_bytes_per_s / GB}
+    alone = out["copies"]["block"]["alone"]
+    out["checks"] = {"links_over_1_gb_per_s": min(alone.values()) > 1.0,
+                     "gemm_over_10_tflops": peak > 10.0}
+    out["ok"] = all(out["checks"].values())
+    return out
+
+
+# --- ordering ---------------------------------------------------------------------------------
+
+
+def sleep_cycles_per_ms(dev) -> float:
+    """Clock cycles of `torch.cuda._sleep` per ms on this GPU (measured)."""
+    cycles = 20_000_000
+    ms = cuda_ms(dev, lambda: torch.cuda._sleep(cycles), repeats=3, warmup=1)
+    return cycles / ms
+
+
+def _on(stream):
+    """Make a device API stream current (to queue a `_sleep` on it)."""
+    return torch.cuda.stream(stream.raw)
+
+
+def rule_copy_waits_for_producer(dev, lag: int, ordered: bool, n: int) -> dict:
+    """A D2H copy of a tensor the compute stream is still producing waits for that stream."""
+    d2h = dev.stream("d2h")
+    host = dev.pinned_empty(n * 4).view(torch.float32).fill_(0.0)
+    with dev.compute_scope():
+        x = dev.empty(n, torch.float32).fill_(1.0)
+        torch.cuda._sleep(lag)  # the producer lags the host
+        x.fill_(2.0)
+        if ordered:
+            dev.wait_stream(d2h, dev.compute)
+        dev.host_wait(dev.copy(host, x, stream=d2h))
+        dev.synchronize()
+    return {"exact": bool((host == 2.0).all())}
+
+
+def rule_alloc_then_copy_stream(dev, lag: int, ordered: bool, n: int) -> dict:
+    """A buffer allocated on compute (maybe memory that queued compute work still writes) and
+    first written on a copy stream: the copy waits for the compute stream (wait_stream)."""
+    h2d = dev.stream("h2d")
+    src = dev.pinned_empty(n * 4).view(torch.float32).fill_(3.0)
+    with dev.compute_scope():
+        old = dev.empty(n, torch.float32)
+        torch.cuda._sleep(lag)
+        old.fill_(4.0)  # queued, still to run on the memory freed next
+        ptr = old.data_ptr()
+        del old
+        buf = dev.empty(n, torch.float32)
+        reused = buf.data_ptr() == ptr
+        if ordered:
+            dev.wait_stream(h2d, dev.compute)
+        dev.wait_event(dev.compute, dev.copy(buf, src, stream=h2d))
+        seen = buf.clone()
+        dev.synchronize()
+    return {"exact": bool((seen == 3.0).all()), "allocator_reused_block": reused}
+
+
+def rule_record_stream(dev, lag: int, ordered: bool, n: int) -> dict:
+    """A device tensor freed on compute while a lagging copy stream still reads it: with
+    record_stream the allocator does not hand its memory to the next compute allocation."""
+    d2h = dev.stream("d2h")
+    host = dev.pinned_empty(n * 4).view(torch.float32).fill_(0.0)
+    with dev.compute_scope():
+        t = dev.empty(n, torch.float32).fill_(5.0)
+        dev.wait_stream(d2h, dev.compute)
+        with _on(d2h):
+            torch.cuda._sleep(lag)  # the copy stream lags
+        event = dev.copy(host, t, stream=d2h)
+        if ordered:
+            dev.record_stream(t, d2h)
+        ptr = t.data_ptr()
+        del t
+        u = dev.empty(n, torch.float32)
+        reused = u.data_ptr() == ptr
+        u.fill_(6.0)
+        dev.host_wait(event)
+        dev.synchronize()
+    return {"exact": bool((host == 5.0).all()), "allocator_reused_block": reused}
+
+
+def rule_host_write_after_h2d(dev, lag: int, ordered: bool, n: int) -> dict:
+    """The host rewrites a pinned staging buffer only after its H2D copy completed."""
+    h2d = dev.stream("h2d")
+    staging = dev.pinned_empty(n * 4).view(torch.float32).fill_(7.0)
+    with dev.compute_scope():
+        d = dev.empty(n, torch.float32)
+        dev.wait_stream(h2d, dev.compute)
+        with _on(h2d):
+            torch.cuda._sleep(lag)
+        event = dev.copy(d, staging, stream=h2d)
+        if ordered:
+            dev.host_wait(event)
+        staging.fill_(8.0)  # the next load's bytes
+        dev.wait_event(dev.compute, event)
+        seen = d.clone()
+        dev.synchronize()
+    return {"exact": bool((seen == 7.0).all())}
+
+
+def rule_host_read_after_d2h(dev, lag: int, ordered: bool, n: int) -> dict:
+    """The host reads a D2H destination only after the copy's event completed."""
+    d2h = dev.stream("d2h")
+    host = dev.pinned_empty(n * 4).view(torch.float32).fill_(0.0)
+    with dev.compute_scope():
+        x = dev.empty(n, torch.float32)
+        torch.cuda._sleep(lag)
+        x.fill_(9.0)
+        dev.wait_stream(d2h, dev.compute)
+        event = dev.copy(host, x, stream=d2h)
+        if ordered:
+            dev.host_wait(event)
+        seen = host.clone()  # the host's read (gradient accumulation)
+        dev.synchronize()
+    return {"exact": bool((seen == 9.0).all())}
+
+
+ORDERING_RULES = {"copy_waits_for_producer": rule_copy_waits_for_producer,
+                  "alloc_on_compute_then_copy_stream": rule_alloc_then_copy_stream,
+                  "record_stream_keeps_memory": rule_record_stream,
+                  "host_write_after_h2d_sync": rule_host_write_after_h2d,
+                  "host_read_after_d2h_event": rule_host_read_after_d2h}
+
+
+def stress_compute(cycles: int):
+    """Wrap an engine so every window starts with a `_sleep` on the compute stream."""
+    def wrap(engine):
+        original = engine._timed_window
+
+        @contextlib.contextmanager
+        def lagging(name: str):
+            torch.cuda._sleep(cycles)  # the compute stream is current inside the step
+            with original(name):
+                yield
+        engine._timed_window = lagging
+        return lambda: None  # the engine is closed afterwards
+    return wrap
+
+
+def stress_copies(cycles: int):
+    """Wrap an engine's device so every copy's stream sleeps first (copies land late)."""
+    def wrap(engine):
+        dev = engine.dev
+        original = dev.copy
+
+        def lagging(dst, src, *, stream):
+            with _on(stream):
+                torch.cuda._sleep(cycles)
+            return original(dst, src, stream=stream)
+        dev.copy = lagging  # the device is shared with later runs: undone afterwards
+        return lambda: delattr(dev, "copy")
+    return wrap
+
+
+def ordering(ctx: Ctx) -> dict:
+    """Rule micro-tests under a lagging producer, then whole-engine stress."""
+    dev, q = ctx.dev, ctx.quick
+    per_ms = sleep_cycles_per_ms(dev)
+    lag = int(per_ms * (10 if q else 25))
+    n = 1 << 22  # 16 MiB fp32 buffers
+    out = {"sleep_cycles_per_ms": per_ms, "lag_ms": lag / per_ms, "rules": {}}
+    for name, rule in ORDERING_RULES.items():
+        ordered = rule(dev, lag, True, n)
+        unordered = rule(dev, lag, False, n)
+        out["rules"][name] = {"ordered": ordered, "ok": ordered["exact"],
+                              "race_seen_without_rule": not unordered["exact"]}
+    # whole engine: a small mixed plan (dram, nvme, recompute, keep) with grad_accum 2
+    shape = STRESS_SHAPE
+    config = llama_config(**shape)
+    ref, adapter = model_pair(config, seed=1)
+    batches = make_batches(2, batch=shape["batch"], seq=shape["seq"], vocab=config.vocab_size,
+                           seed=2)
+    tiers, keep = plan_matrix(shape["layers"])["mixed"]
+    plan = plan_of(hand_problem(adapter, batch=shape["batch"], seq=shape["seq"], act_bytes=4,
+                                grad_accum=2), tiers, keep)
+    with deterministic():
+        base = engine_grads(adapter, plan, ctx, batches)
+        vs_hf = grad_error(base, hf_grads(ref, batches))
+        engine_out = {"plan": {"tiers": tiers, "keep": list(keep)},
+                      "unstressed_vs_hf": vs_hf}
+        window_lag = int(per_ms * (1 if q else 2))
+        for mode, wrap in (("compute_lag", stress_compute(window_lag)),
+                           ("copy_lag", stress_copies(int(per_ms * 0.5)))):
+            err = grad_error(engine_grads(adapter, plan, ctx, batches, wrap=wrap), base)
+            engine_out[mode] = {**err, "ok": err["max_rel"] <= STRESS_TOL}
+    engine_out["ok"] = (vs_hf["max_rel"] <= FP32_GRAD_TOL and engine_out["compute_lag"]["ok"]
+                        and engine_out["copy_lag"]["ok"])
+    out["engine_stress"] = engine_out
+    out["ok"] = all(r["ok"] for r in out["rules"].values()) and engine_out["ok"]
+    return out
+
+
+@contextlib.contextmanager
+def deterministic():
+    """Deterministic algorithms where torch has them (warn elsewhere), restored afterwards."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+# --- gradients --------------------------------------------------------------------------------
+
+
+def gradients(ctx: Ctx) -> dict:
+    """fp32 plan matrix vs HF (twice: drift), bf16 vs HF's bf16 error, 3 AdamW steps."""
+    q = ctx.quick
+    shape = {**GRAD_SHAPE, **({"layers": 4, "batch": 1} if q else {})}
+    batch = shape["batch"]
+    config = llama_config(**shape)
+    ref, adapter = model_pair(config, seed=3)
+    batches = make_batches(2, batch=batch, seq=shape["seq"], vocab=config.vocab_size, seed=4)
+    problem = hand_problem(adapter, batch=batch, seq=shape["seq"], act_bytes=4, grad_accum=2)
+    problem_bf16 = hand_problem(adapter, batch=batch, seq=shape["seq"], act_bytes=2,
+                                grad_accum=2)
+    out = {"shape": {**shape, "grad_accum": 2}, "fp32": {}, "bf16": {}}
+    with deterministic():
+        want = hf_grads(ref, batches)
+        hf_drift = grad_error(hf_grads(ref, batches), want)["max_rel"]
+        out["hf_run_to_run_drift"] = hf_drift
+        drift_tol = max(DRIFT_TOL, 4 * hf_drift)
+        for name, (tiers, keep) in plan_matrix(shape["layers"]).items():
+            if ctx.budget.left() < 20:
+                out["fp32"][name] = {"ok": False, "error": "time budget"}
+                continue
+            plan = plan_of(problem, tiers, keep)
+            first = engine_grads(adapter, plan, ctx, batches)
+            second = engine_grads(adapter, plan, ctx, batches)
+            err, drift = grad_error(first, want), grad_error(second, first)
+            out["fp32"][name] = {"tiers": tiers, "keep": list(keep), "vs_hf": err,
+                                 "drift_max_rel": drift["max_rel"], "drift_bitwise": drift["bitwise"],
+                                 "ok": err["max_rel"] <= FP32_GRAD_TOL and drift["max_rel"] <= drift_tol}
+        hf16 = copy.deepcopy(ref).to(torch.bfloat16)
+        hf16_err = grad_error(hf_grads(hf16, batches), want)
+        del hf16
+        out["hf_bf16_vs_fp32"] = hf16_err
+        for name in ("all_hbm", "mixed"):
+            tiers, keep = plan_matrix(shape["layers"])[name]
+            err = grad_error(engine_grads(adapter, plan_of(problem_bf16, tiers, keep), ctx,
+                                          batches, dtype="bf16"), want)
+            ratio = err["l2_rel"] / hf16_err["l2_rel"]
+            out["bf16"][name] = {"vs_fp32": err, "ratio_to_hf_bf16": ratio,
+                                 "ok": ratio <= BF16_RATIO_TOL}
+    del ref, adapter
+    out["adamw"] = adamw_steps(ctx, config, shape, batch)
+    out["ok"] = (all(r["ok"] for r in out["fp32"].values())
+                 and all(r["ok"] for r in out["bf16"].values()) and out["adamw"]["ok"])
+    return out
+
+
+def adamw_steps(ctx: Ctx, config, shape: dict, batch: int, steps: int = 3) -> dict:
+    """`steps` engine AdamW steps (mixed plan, grad_accum 2) vs torch.optim.AdamW on HF."""
+    from lazytrain.runtime.engine import Engine
+    lr, wd = 1e-3, 0.01
+    ref, adapter = model_pair(config, seed=5)
+    initial = {n: p.detach().cpu().clone() for n, p in ref.named_parameters()}
+    tiers, keep = plan_matrix(shape["layers"])["mixed"]
+    plan = plan_of(hand_problem(adapter, batch=batch, seq=shape["seq"], act_bytes=4,
+                                grad_accum=2), tiers, keep)
+    engine = Engine(adapter, plan, device=ctx.dev, nvme_dir=ctx.tmp / "nvme", grad_accum=2,
+                    lr=lr, eps=ADAM_EPS, weight_decay=wd)
+    opt = torch.optim.AdamW(ref.parameters(), lr=lr, eps=ADAM_EPS, weight_decay=wd)
+    try:
+        for step in range(steps):
+            batches = make_batches(2, batch=batch, seq=shape["seq"], vocab=config.vocab_size,
+                                   seed=20 + step)
+            engine.step(batches)
+            hf_grads(ref, batches)
+            opt.step()
+        mine = engine.named_parameters_fp32()
+        num = den = 0.0
+        worst = 0.0
+        for name, p in ref.named_parameters():
+            r = p.detach().float().cpu()
+            d = mine[name].float() - r
+            num += float(d.double().pow(2).sum())
+            den += float((r - initial[name]).double().pow(2).sum())
+            worst = max(worst, float(d.abs().max()))
+    finally:
+        engine.close()
+    rel = math.sqrt(num / den) if den else math.inf
+    return {"steps": steps, "lr": lr, "eps": ADAM_EPS, "update_rel_l2_error": rel,
+            "max_abs_error_over_lr": worst / lr, "ok": rel <= ADAM_TOL}
+
+
+# --- overlap ----------------------------------------------------------------------------------
+
+
+def overlap_tiers(L: int) -> tuple[list[str], tuple[int, ...]]:
+    """hbm at 0 and L, odd boundaries below L-2 recomputed, the rest dram; block L-1 kept."""
+    tiers = ["hbm" if i in (0, L) else "recompute" if i % 2 and i < L - 2 else "dram"
+             for i in range(L + 1)]
+    return tiers, (L - 1,)
+
+
+def measured_problem(adapter, config, shape: dict, ctx: Ctx):
+    """The planner's problem for this model with block, embed and head times measured on this
+    GPU (the engine's own block code) and measured link rates; memory from the planner's model
+    (`planner.build`)."""
+    from lazytrain.config import config_from_dict
+    from lazytrain.planner.build import build_problem
+    from lazytrain.runtime.engine import HEAD_CHUNK_TOKENS
+    from lazytrain.runtime.profiler import BlockBench, block_kind_times, copy_rates, time_ms
+    from lazytrain.spec.costs import analytic_costs
+    from lazytrain.spec.hardware import get_hardware
+    from lazytrain.spec.model import ModelSpec
+    bench = BlockBench(adapter, micro_batch=shape["batch"], seq_len=shape["seq"], dtype="bf16",
+                       device=ctx.dev.torch_device)
+    times = block_kind_times(bench, ["block"] * adapter.num_blocks, repeats=3, warmup=1)["block"]
+    embed_ms = time_ms(bench.embed, device=bench.device, repeats=3, warmup=1)
+    head_ms = time_ms(bench.head, device=bench.device, repeats=3, warmup=1)
+    del bench
+    torch.cuda.empty_cache()
+    rates = ctx.shared.get("copy_gbps")
+    if rates is None:
+        raw = copy_rates(block_weight_bytes(shape), device=ctx.dev.torch_device, repeats=3)
+        rates = {f"{k}_gb_per_s": v / GB for k, v in raw.items()}
+    model = ModelSpec.from_hf_config(config.to_dict(), name="gpu-validate-overlap")
+    hw = get_hardware("h200", {
+        "hbm_gb": torch.cuda.get_device_properties(0).total_memory / GB,
+        "dram_gb": (_meminfo("MemAvailable") or 64 * GIB) / GB,
+        "h2d_gb_per_s": rates["h2d_gb_per_s"], "d2h_gb_per_s": rates["d2h_gb_per_s"],
+        "duplex_gb_per_s": rates["duplex_gb_per_s"]})
+    cfg = config_from_dict({"data": {"seq_len": shape["seq"]},
+                            "train": {"micro_batch": shape["batch"], "grad_accum": 1,
+                                      "compute_dtype": "bf16"}})
+    costs = analytic_costs(model, hw, seq_len=shape["seq"], micro_batch=shape["batch"],
+                           compute_dtype="bf16", head_chunk_tokens=HEAD_CHUNK_TOKENS)
+    blocks = tuple(dataclasses.replace(c, fwd_ms=times["fwd_ms"], fwd_grad_ms=times["fwd_grad_ms"],
+                                       bwd_ms=times["bwd_ms"]) for c in costs.blocks)
+    costs = dataclasses.replace(costs, blocks=blocks, embed_ms=embed_ms, head_ms=head_ms,
+                                source="gpu_validate measured")
+    problem = build_problem(model, hw, cfg, costs=costs)
+    measured = {"block": times, "embed_ms": embed_ms, "head_ms": head_ms, "links": rates}
+    return problem, measured
+
+
+def busy_union(intervals: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    """Disjoint sorted union of `intervals` clipped to [lo, hi]."""
+    out: list[list[float]] = []
+    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(union: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in union)
+
+
+def _intersect(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
+    total, i, j = 0.0, 0, 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        total += max(0.0, b - a)
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def window_overlap(trace: list[dict], *, prefix: str = "lt_window:") -> dict:
+    """Per window busy times from a Chrome trace of `torch.profiler` (times in us -> ms).
+
+    GPU work (kernels, memcpys, memsets: args.stream, args.correlation) is attributed to the
+    window whose host range (`record_function(prefix + name)`, a user_annotation) contains its
+    launch (the runtime call with the same correlation id). The compute stream is the one with
+    the most kernel time. A window spans, on the GPU, from the end of the previous window's last
+    compute op to the end of its own last compute op. Within that span: compute_busy_ms (union
+    of compute-stream ops), copy_busy_ms per other stream, overlapped_fraction (copy time on any
+    stream that coincides with compute, over all copy time), exposed_ms (span - compute busy:
+    the compute stream idle, waiting for copies or the host).
+
+    Returns:
+        {"compute_stream": id, "windows": [{name, span_ms, compute_busy_ms, copy_busy_ms
+        {stream: ms}, overlapped_fraction (None without copies), exposed_ms}, ...]} in host
+        order.
+    """
+    windows = sorted(((e["ts"], e["ts"] + e.get("dur", 0), e["name"][len(prefix):])
+                      for e in trace if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                      and e.get("name", "").startswith(prefix)))
+    launch_ts = {e["args"]["correlation"]: e["ts"] for e in trace
+                 if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                 and "correlation" in e.get("args", {})}
+    ops = [e for e in trace if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
+                                                                        "gpu_memset")]
+    kernel_time: dict = {}
+    for e in ops:
+        if e["cat"] == "kernel":
+            s = e["args"].get("stream")
+            kernel_time[s] = kernel_time.get(s, 0.0) + e.get("dur", 0)
+    if not windows or not kernel_time:
+        return {"compute_stream": None, "windows": []}
+    compute = max(kernel_time, key=kernel_time.get)
+    by_stream: dict = {}
+    for e in ops:
+        by_stream.setdefault(e["args"].get("stream"), []).append((e["ts"], e["ts"] + e.get("dur", 0)))
+    starts = [w[0] for w in windows]
+
+    def window_of(ts: float) -> int | None:
+        k = bisect.bisect_right(starts, ts) - 1
+        return k if k >= 0 and ts <= windows[k][1] else None
+    last_end = [None] * len(windows)
+    first_start = [None] * len(windows)
+    for e in ops:
+        if e["args"].get("stream") != compute:
+            continue
+        k = window_of(launch_ts.get(e["args"].get("correlation"), -1.0))
+        if k is None:
+            continue
+        end = e["ts"] + e.get("dur", 0)
+        last_end[k] = end if last_end[k] is None else max(last_end[k], end)
+        first_start[k] = e["ts"] if first_start[k] is None else min(first_start[k], e["ts"])
+    rows, prev_end = [], None
+    for k, (_, _, name) in enumerate(windows):
+        if last_end[k] is None:
+            continue
+        lo = prev_end if prev_end is not None else first_start[k]
+        hi = last_end[k]
+        prev_end = hi
+        comp = busy_union(by_stream[compute], lo, hi)
+        copies = {s: busy_union(iv, lo, hi) for s, iv in by_stream.items() if s != compute}
+        any_copy = busy_union([iv for u in copies.values() for iv in u], lo, hi)
+        copy_ms = _length(any_copy)
+        rows.append({"name": name, "span_ms": (hi - lo) / 1e3,
+                     "compute_busy_ms": _length(comp) / 1e3,
+                     "copy_busy_ms": {str(s): _length(u) / 1e3 for s, u in copies.items()
+                                      if _length(u) > 0},
+                     "overlapped_fraction": _intersect(any_copy, comp) / copy_ms if copy_ms else None,
+                     "exposed_ms": (hi - lo - _length(comp)) / 1e3})
+    return {"compute_stream": str(compute), "windows": rows}
+
+
+def profiled_run(engine, batches, trace_path: Path) -> None:
+    """One compute_gradients under torch.profiler with a record_function per window (wrapping
+    the engine's `_timed_window` here, not in product code); writes the Chrome trace."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    original = engine._timed_window
+
+    @contextlib.contextmanager
+    def marked(name: str):
+        with record_function(f"lt_window:{name}"), original(name):
+            yield
+    engine._timed_window = marked
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            engine.compute_gradients(batches)
+            engine.dev.synchronize()
+        prof.export_chrome_trace(str(trace_path))
+    finally:
+        engine._timed_window = original
+
+
+def build_overlap_model(config, dev):
+    """The adapter of a random-init model; initialised on the GPU (seconds instead of a
+    minute of CPU init for ~1.8e9 parameters), then moved into the host store."""
+    from transformers import AutoModelForCausalLM
+    from lazytrain.models import adapter_from_model
+    torch.manual_seed(0)
+    with torch.device(dev.torch_device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    adapter = adapter_from_model(model)
+    torch.cuda.empty_cache()
+    return adapter
+
+
+def overlap(ctx: Ctx) -> dict:
+    """Per-window overlap at a realistic shape, against the plan's prediction."""
+    from lazytrain.runtime.engine import Engine
+    shape = overlap_shape(ctx.quick)
+    config = llama_config(**shape)
+    adapter = build_overlap_model(config, ctx.dev)
+    problem, measured = measured_problem(adapter, config, shape, ctx)
+    tiers, keep = overlap_tiers(shape["layers"])
+    plan = plan_of(problem, tiers, keep)
+    engine = Engine(adapter, plan, device=ctx.dev, nvme_dir=ctx.tmp / "nvme",
+                    compute_dtype="bf16", model_config_sha256=problem.provenance["model_config_sha256"])
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(1, config.vocab_size, (shape["batch"], shape["seq"]), generator=g)
+    batches = [{"input_ids": ids, "labels": ids.clone()}]
+    try:
+        engine.compute_gradients(batches)  # warm-up: kernels chosen, pinned pools filled
+        ctx.dev.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        engine.compute_gradients(batches)
+        ctx.dev.synchronize()
+        step_s = time.perf_counter() - t0
+        peak_alloc = torch.cuda.max_memory_allocated()
+        window_ms = engine.meter.times_ms()
+        trace_path = ctx.tmp / "overlap_trace.json"
+        profiled_run(engine, batches, trace_path)
+    finally:
+        engine.close()
+    trace = json.loads(trace_path.read_text())
+    measured_windows = window_overlap(trace.get("traceEvents", trace))
+    predicted = {w.name: w for w in plan.windows}
+    for row in measured_windows["windows"]:
+        w = predicted.get(row["name"])
+        if w is not None:
+            row["predicted"] = {"time_ms": w.time_ms, "compute_ms": w.compute_ms,
+                                "exposed_ms": w.exposed_ms}
+            row["meter_ms"] = window_ms.get(row["name"])
+            row["measured_over_predicted"] = row["span_ms"] / w.time_ms if w.time_ms else None
+    flops = problem.model_flops_per_micro_batch
+    peak_tflops = ctx.shared.get("gemm_peak_tflops") or gemm_tflops(ctx.dev, 8192, 10)
+    model_tflops = flops / step_s / 1e12
+    pred = plan.predicted
+    missing = sorted(set(predicted) - {r["name"] for r in measured_windows["windows"]})
+    out = {"shape": shape, "plan": {"tiers": tiers, "keep": list(keep)},
+           "measured_costs": measured, "step_s": step_s,
+           "predicted_step_ms": pred.step_ms, "step_measured_over_predicted":
+           step_s * 1e3 / pred.step_ms if pred.step_ms else None,
+           "model_tflops": model_tflops, "predicted_model_tflops": pred.model_tflops,
+           "gemm_peak_tflops": peak_tflops, "model_tflops_over_peak": model_tflops / peak_tflops,
+           "max_memory_allocated_bytes": peak_alloc,
+           "predicted_peak_hbm_bytes": pred.peak_hbm_bytes,
+           "compute_stream": measured_windows["compute_stream"],
+           "windows": measured_windows["windows"], "windows_missing_in_trace": missing}
+    out["checks"] = {"every_plan_window_in_trace": not missing,
+                     "peak_memory_within_prediction": peak_alloc <= pred.peak_hbm_bytes}
+    out["ok"] = all(out["checks"].values())
+    return out
+
+
+SECTIONS = {"environment": environment, "ceilings": ceilings, "ordering": ordering,
+            "gradients": gradients, "overlap": overlap}
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="gpu_validate.py", description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="sections: " + ", ".join(SECTION_ORDER) + "\n\nexamples:\n"
+        "  PYTHONPATH=src python benchmarks/gpu_validate.py --out gpu_validate.json\n"
+        "  PYTHONPATH=src python benchmarks/gpu_validate.py --quick --only ordering,gradients")
+    p.add_argument("--out", type=Path, default=Path("gpu_validate.json"),
+                   help="JSON result file (written atomically after every section)")
+    p.add_argument("--quick", action="store_true",
+                   help="smaller shapes and fewer repeats (about half the time)")
+    p.add_argument("--only", default=None,
+                   help="comma-separated sections to run (environment always runs)")
+    p.add_argument("--budget-s", type=float, default=280.0,
+                   help="global time budget, s (default 280: under 5 minutes with start-up)")
+    p.add_argument("--tmp-dir", type=Path, default=None,
+                   help="directory for the NVMe tier and the trace (default: a new temp dir)")
+    args = p.parse_args(argv)
+    if args.only is None:
+        args.sections = list(SECTION_ORDER)
+    else:
+        wanted = [s.strip() for s in args.only.split(",") if s.strip()]
+        bad = [s for s in wanted if s not in SECTIONS]
+        if bad:
+            p.error(f"--only: unknown section {bad[0]!r}; use any of {', '.join(SECTION_ORDER)}")
+        args.sections = [s for s in SECTION_ORDER if s == "environment" or s in wanted]
+    if not args.budget_s > 0:
+        p.error(f"--budget-s must be > 0; got {args.budget_s}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # cuBLAS reproducibility (the drift check) needs this before the first cuBLAS handle
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    results = {"script": "benchmarks/gpu_validate.py", "argv": sys.argv[1:] if argv is None else argv,
+               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "quick": args.quick, "budget_s": args.budget_s, "sections": {}, "running": None}
+    with tempfile.TemporaryDirectory(prefix="gpu-validate-", dir=args.tmp_dir) as tmp:
+        ctx = Ctx(args=args, budget=Budget(args.budget_s), tmp=Path(tmp))
+        watchdog = start_watchdog(ctx, results, args.out)
+        try:
+            run_all(ctx, results, args.out)
+        finally:
+            watchdog.cancel()
+    results.pop("running", None)
+    results["elapsed_s"] = round(ctx.budget.elapsed(), 1)
+    results["ok"] = results.get("error") is None and all(
+        s["ok"] for s in results["sections"].values())
+    write_json(args.out, results)
+    failed = [n for n, s in results["sections"].items() if not s["ok"]]
+    log(f"wrote {args.out}: " + ("all sections passed" if results["ok"] else
+                                 f"FAILED: {', '.join(failed) or results.get('error')}"))
+    return 0 if results["ok"] else 1
+
+
+def run_all(ctx: Ctx, results: dict, out: Path) -> None:
+    """Every selected section in order; without CUDA only the environment runs."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        from lazytrain.runtime.device import make_device
+        ctx.dev = make_device("cuda")
+    else:
+        results["error"] = (f"no CUDA device: torch {torch.__version__} (CUDA "
+                            f"{torch.version.cuda}) sees none; only the environment section ran")
+        log(results["error"])
+    for name in ctx.args.sections:
+        need = MIN_START_S[name] / (2 if ctx.quick else 1)
+        if name != "environment" and not cuda:
+            results["sections"][name] = {"ok": False, "status": "skipped",
+                                         "error": "no CUDA device"}
+        elif ctx.budget.left() < need:
+            results["sections"][name] = {"ok": False, "status": "skipped",
+                                         "error": f"time budget: {ctx.budget.left():.0f} s left, "
+                                                  f"the section needs {need:.0f} s to start"}
+        else:
+            log(f"{name} ({ctx.budget.left():.0f} s of budget left)")
+            results["running"] = name
+            results["sections"][name] = run_section(name, SECTIONS[name], ctx)
+            results["running"] = None
+            log(f"{name}: {results['sections'][name]['status']} "
+                f"in {results['sections'][name]['seconds']} s")
+        write_json(out, results)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""benchmarks/gpu_validate.py: the CLI on a CPU-only machine, and its trace arithmetic.
+
+The GPU sections themselves run only where CUDA is (`mark.gpu`); here: `--help`, the one-line
+refusal without a GPU that still writes the environment section, bad `--only`, and the
+per-window busy/overlap figures on a hand-made profiler trace.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_validate.py"
+
+
+def _run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+
+
+def _module():
+    """The script as a module (registered first: its dataclasses look themselves up)."""
+    if "gpu_validate" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("gpu_validate", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gpu_validate"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["gpu_validate"]
+
+
+def test_help_works_without_a_gpu_and_lists_every_section():
+    proc = _run("--help")
+    assert proc.returncode == 0, proc.stderr
+    for section in ("environment", "ceilings", "ordering", "gradients", "overlap"):
+        assert section in proc.stdout
+    assert "PYTHONPATH=src python benchmarks/gpu_validate.py --out gpu_validate.json" in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_run_without_cuda_exits_nonzero_and_still_writes_the_environment(tmp_path):
+    out = tmp_path / "result.json"
+    proc = _run("--out", str(out))
+    assert proc.returncode == 1
+    assert "no CUDA device" in proc.stderr
+    data = json.loads(out.read_text())
+    assert data["ok"] is False and "no CUDA device" in data["error"]
+    env = data["sections"]["environment"]
+    assert env["ok"] is True and env["cuda_available"] is False
+    assert env["torch"] == torch.__version__
+    assert env["intra_op_threads"] == torch.get_num_threads()  # not forced to one thread
+    assert set(env["memlock_limit_bytes"]) == {"soft", "hard"}
+    assert "mem_available_bytes" in env and "cgroup_memory_max" in env
+    assert env["planner_without_solver"]["solver_modules_loaded"] == []
+    for name in ("ceilings", "ordering", "gradients", "overlap"):
+        assert data["sections"][name] == {"ok": False, "status": "skipped",
+                                          "error": "no CUDA device"}
+    assert not list(tmp_path.glob(".result.json.*"))  # the atomic write left no temp file
+
+
+def test_only_with_an_unknown_section_is_a_usage_error_naming_it():
+    proc = _run("--only", "ordering,bogus")
+    assert proc.returncode == 2
+    assert "--only: unknown section 'bogus'" in proc.stderr
+
+
+def _x(cat: str, ts: float, dur: float, **args) -> dict:
+    return {"ph": "X", "cat": cat, "name": args.pop("name", cat), "ts": ts, "dur": dur,
+            "args": args}
+
+
+def test_window_overlap_on_a_hand_made_trace():
+    gv = _module()
+    trace = [
+        _x("user_annotation", 0, 100, name="lt_window:f0"),
+        _x("user_annotation", 100, 100, name="lt_window:f1"),
+        _x("user_annotation", 0, 300, name="unrelated range"),
+        _x("cuda_runtime", 10, 1, correlation=1),
+        _x("cuda_runtime", 20, 1, correlation=2),
+        _x("cuda_runtime", 50, 1, correlation=3),
+        _x("cuda_runtime", 120, 1, correlation=4),
+        _x("kernel", 1000, 100, correlation=1, stream=7),
+        _x("kernel", 1200, 100, correlation=2, stream=7),
+        _x("gpu_memcpy", 1050, 200, correlation=3, stream=8),
+        _x("kernel", 1400, 100, correlation=4, stream=7),
+    ]
+    got = gv.window_overlap(trace)
+    assert got["compute_stream"] == "7"  # 300 us of kernels against none elsewhere
+    f0, f1 = got["windows"]
+    # f0 spans its first to its last compute op: [1000, 1300] us; compute busy 100 + 100;
+    # the copy [1050, 1250] coincides with compute on [1050, 1100] and [1200, 1250]
+    assert f0["name"] == "f0"
+    assert f0["span_ms"] == pytest.approx(0.3)
+    assert f0["compute_busy_ms"] == pytest.approx(0.2)
+    assert f0["copy_busy_ms"] == {"8": pytest.approx(0.2)}
+    assert f0["overlapped_fraction"] == pytest.approx(100 / 200)
+    assert f0["exposed_ms"] == pytest.approx(0.1)
+    # f1 starts where f0's compute ended (1300) and ends at its kernel's end (1500)
+    assert f1["span_ms"] == pytest.approx(0.2)
+    assert f1["compute_busy_ms"] == pytest.approx(0.1)
+    assert f1["copy_busy_ms"] == {} and f1["overlapped_fraction"] is None
+    assert f1["exposed_ms"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("layers", [4, 6, 8])
+def test_every_plan_of_the_script_is_legal_without_a_solver(layers):
+    gv = _module()
+    adapter = SimpleNamespace(num_blocks=layers, config=SimpleNamespace(hidden_size=64),
+                              params=SimpleNamespace(blocks=[SimpleNamespace(numel=1000)]),
+                              config_sha256="x")
+    problem = gv.hand_problem(adapter, batch=1, seq=16, act_bytes=4, grad_accum=2)
+    plans = {**gv.plan_matrix(layers), "overlap": gv.overlap_tiers(layers)}
+    for name, (tiers, keep) in plans.items():
+        plan = gv.plan_of(problem, tiers, keep)  # decisions_from_tiers + build_plan validate
+        assert list(plan.tiers) == list(tiers) and tuple(plan.keep_internals) == tuple(keep), name
+    mixed, keep = plans["mixed"]
+    assert {"dram", "nvme", "hbm", "recompute"} <= set(mixed) and keep
+    assert "recompute" in plans["overlap"][0] and "dram" in plans["overlap"][0]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_quick_ordering_section_passes_on_the_gpu(tmp_path):
+    out = tmp_path / "result.json"
+    proc = _run("--quick", "--only", "ordering", "--out", str(out), timeout=300)
+    data = json.loads(out.read_text())
+    assert proc.returncode == 0, json.dumps(data["sections"]["ordering"], indent=1)[:4000]
