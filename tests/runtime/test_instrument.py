@@ -110,11 +110,14 @@ def test_windows_jsonl_has_one_line_per_step_and_micro_batch_with_the_schema(tmp
     assert [(r["step"], r["micro_batch"]) for r in lines] == [(1, 0), (1, 1), (2, 0), (2, 1)]
     names = ["pre"] + window_names(4) + ["post"]
     for r in lines:
-        assert set(r) == {"step", "micro_batch", "plan_id", "windows"}
+        assert set(r) == {"step", "micro_batch", "plan_id", "ledger_peak", "windows"}
+        assert set(r["ledger_peak"]) == {"window", "hbm_bytes", "owners", "pinned_bytes"}
         assert r["plan_id"] == plan_id(plan)
         assert [w["name"] for w in r["windows"]] == names
         for w in r["windows"]:
-            assert set(w) == {"name", "wall_ms", "compute_ms", "wait_ms", "bytes", "peak_bytes"}
+            assert set(w) == {"name", "wall_ms", "compute_ms", "wait_ms", "bytes", "peak_bytes",
+                              "ledger"}
+            assert set(w["ledger"]["moved"]) == set(BYTE_CHANNELS)
             assert set(w["wait_ms"]) == set(CHANNELS)
             assert set(w["bytes"]) == set(BYTE_CHANNELS)
             assert set(w["peak_bytes"]) == set(PEAK_TIERS)

@@ -296,6 +296,7 @@ class CheckpointStore:
         if not tensor.is_contiguous():
             raise ValueError(f"{label}: tensor must be contiguous (the store moves flat byte ranges)")
         nbytes = tensor.numel() * tensor.element_size()
+        self.dev.ledger.relabel(tensor, f"boundary {boundary} ({tier})")
         self._entries[key] = _Entry(key=key, tier=tier, shape=tensor.shape, dtype=tensor.dtype,
                                     nbytes=nbytes, src=tensor)
         self._count("hbm", nbytes)

@@ -34,7 +34,11 @@ Vocabulary (CUDA semantics, torch 2.11+):
   job happens after everything the submitting thread did, and `wait_futures` makes the waiter
   happen after the job (the CUDA backend also sets the worker's current device);
 - `timing_event` / `elapsed_ms` measure a stream's time (CUDA events with timing; wall clock
-  on the CPU backends).
+  on the CPU backends);
+- `ledger` (`runtime/ledger.py`) books every allocation made here to its owner (reserved
+  before the memory is requested, so a budget overflow is an error naming the owner, not an
+  allocator OOM) and every copy's bytes to its channel; on the CPU backends `compute_scope`
+  also books the compute ops' fresh outputs (block workspace, kept graphs, head logits).
 
 Nothing outside this module (and the two CPU checker modules) calls `torch.cuda`'s stream,
 event or copy functions; `tests/runtime/test_device_api.py` enforces it.
@@ -51,6 +55,8 @@ from concurrent.futures import Executor, Future
 from typing import Callable, Sequence
 
 import torch
+
+from lazytrain.runtime.ledger import ComputeAllocations, Ledger
 
 DEVICE_KINDS = ("cpu", "cuda", "cpu-checked", "cpu-threaded")
 """`runtime.device` values that name a backend (`auto` resolves to cuda or cpu)."""
@@ -106,6 +112,8 @@ class Device:
         self.torch_device = torch.device("cpu")
         self.compute = Stream("compute")
         self._streams: dict[str, Stream] = {"compute": self.compute}
+        self.ledger = Ledger()
+        self._scope = threading.local()
 
     # --- streams and events ------------------------------------------------------------------
 
@@ -145,8 +153,14 @@ class Device:
         dtype conversion happens in the copy (fp32 host -> bf16 device, bf16 -> fp32). The
         caller keeps both tensors alive and unmodified until the event completed.
         """
+        self._book_copy(dst, stream)
         dst.copy_(src)
         return self.record(stream)
+
+    def _book_copy(self, dst: torch.Tensor, stream: Stream) -> None:
+        """The copy's bytes (the destination's) on the channel of its stream."""
+        channel = "h2d" if stream.name.endswith("h2d") else "d2h"
+        self.ledger.moved(channel, dst.numel() * dst.element_size())
 
     def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
         """The caching allocator must not reuse `tensor`'s memory before `stream`'s work queued
@@ -154,7 +168,22 @@ class Device:
 
     def empty(self, shape, dtype: torch.dtype, *, name: str | None = None) -> torch.Tensor:
         """Device memory [shape] of `dtype`, allocated on the compute stream (contents
-        undefined). `name` labels the buffer in checker messages."""
+        undefined). `name` is its ledger owner and labels it in checker messages.
+
+        Raises:
+            HbmBudgetExceeded: the ledger's budget for the current window would be passed
+                (raised before the memory is requested).
+        """
+        numel = shape if isinstance(shape, int) else int(torch.Size(shape).numel())
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        owner = name or "device buffer"
+        self.ledger.reserve("hbm", owner, nbytes)
+        with self.ledger.quiet():
+            t = self._alloc_device(shape, dtype)
+        self.ledger.track(t, "hbm", owner, reserved=nbytes)
+        return t
+
+    def _alloc_device(self, shape, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=self.torch_device)
 
     def pinned_empty(self, nbytes: int, *, name: str | None = None) -> torch.Tensor:
@@ -162,7 +191,19 @@ class Device:
 
         CPU backends: pageable memory, aligned by over-allocating one page and slicing (the
         slice keeps the allocation alive). CUDA: `cudaHostAlloc` memory is page-aligned already.
+        The ledger books `nbytes` to `name`.
+
+        Raises:
+            HostBudgetExceeded: the ledger's pinned budget would be passed.
         """
+        owner = name or "pinned host buffer"
+        self.ledger.reserve("pinned", owner, nbytes)
+        with self.ledger.quiet():
+            t = self._alloc_pinned(nbytes)
+        self.ledger.track(t, "pinned", owner, reserved=nbytes)
+        return t
+
+    def _alloc_pinned(self, nbytes: int) -> torch.Tensor:
         raw = torch.empty(nbytes + PAGE_BYTES, dtype=torch.uint8)
         shift = (-raw.data_ptr()) % PAGE_BYTES
         return raw[shift:shift + nbytes]
@@ -193,8 +234,11 @@ class Device:
     # --- scopes and timing -------------------------------------------------------------------
 
     def compute_scope(self):
-        """Context for the engine's compute: the checker logs every torch op inside it."""
-        return contextlib.nullcontext()
+        """Context for the engine's compute: the ledger books fresh op outputs to the current
+        compute owner (CPU backends), and the checker logs every torch op inside it."""
+        if getattr(self._scope, "active", False):
+            return contextlib.nullcontext()
+        return _Scope(self._scope, ComputeAllocations(self.ledger))
 
     def timing_event(self, stream: Stream | None = None):
         """A timestamp on `stream` (default compute): a CUDA timing event, or wall-clock s."""
@@ -232,6 +276,7 @@ class CudaDevice(Device):
         # (`compute_scope` makes it current), so no part asks for the current stream live.
         self.compute = Stream("compute", torch.cuda.current_stream(self.torch_device))
         self._streams = {"compute": self.compute}
+        self.ledger = Ledger()
 
     def _new_stream(self, name: str) -> Stream:
         return Stream(name, torch.cuda.Stream(self.torch_device))
@@ -259,6 +304,7 @@ class CudaDevice(Device):
         torch.cuda.synchronize(self.torch_device)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, *, stream: Stream) -> Event:
+        self._book_copy(dst, stream)
         with torch.cuda.stream(stream.raw):
             dst.copy_(src, non_blocking=True)
             return self.record(stream)
@@ -266,11 +312,11 @@ class CudaDevice(Device):
     def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
         tensor.record_stream(stream.raw)
 
-    def empty(self, shape, dtype: torch.dtype, *, name: str | None = None) -> torch.Tensor:
+    def _alloc_device(self, shape, dtype: torch.dtype) -> torch.Tensor:
         with torch.cuda.stream(self.compute.raw):
             return torch.empty(shape, dtype=dtype, device=self.torch_device)
 
-    def pinned_empty(self, nbytes: int, *, name: str | None = None) -> torch.Tensor:
+    def _alloc_pinned(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
     def submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:
@@ -293,6 +339,22 @@ class CudaDevice(Device):
     def elapsed_ms(self, start, end) -> float:
         end.synchronize()
         return start.elapsed_time(end)
+
+
+class _Scope:
+    """Enters the ledger's compute-allocation mode on this thread (nested scopes: no-ops)."""
+
+    def __init__(self, flag: threading.local, mode) -> None:
+        self.flag, self.mode = flag, mode
+
+    def __enter__(self):
+        self.flag.active = True
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.flag.active = False
+        return self.mode.__exit__(*exc)
 
 
 def make_device(kind: str, *, index: int | None = None, seed: int = 0) -> Device:

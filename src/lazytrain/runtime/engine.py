@@ -143,6 +143,7 @@ class Engine:
         self.drain = GradDrain(self.dev, max(self.params.max_block_numel(),
                                              self.params.ends.numel))
         self.meter = WindowMeter(self.dev)
+        self.ledger = self.dev.ledger
         self.store = store or CheckpointStore(
             device=self.dev, nvme_dir=Path(nvme_dir or "lazytrain_nvme"), io_threads=io_threads,
             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
@@ -224,6 +225,7 @@ class Engine:
             raise ValueError(f"got {len(micro_batches)} micro-batches; grad_accum is "
                              f"{self.grad_accum}")
         self.store.reset_peaks()
+        self.ledger.reset()
         self.meter.reset()
         if self.instrument is not None:
             self.instrument.begin_step()
@@ -280,7 +282,8 @@ class Engine:
             self.issue_transfers("turn", mb)
             if L - 1 not in self.resident:
                 mb.weights[L - 1] = self.prefetch_weights(L - 1)
-            loss, grad = self.head_chunks(mb, self.store.get(L, micro_batch=mb.index), tokens)
+            with self._owner("head and loss"):
+                loss, grad = self.head_chunks(mb, self.store.get(L, micro_batch=mb.index), tokens)
             self.store.release(L, micro_batch=mb.index)
         if mb.aux is not None:
             loss += mb.aux.loss()  # HF: loss += coef * aux (every block has run forward)
@@ -345,14 +348,14 @@ class Engine:
         flat = self.weights.ready(mb.weights[j])
         logits = None if mb.aux is None else []  # router logits, counted once per forward
         if j not in self.keep:
-            with torch.no_grad():
+            with torch.no_grad(), self._owner(f"block {j} forward"):
                 out = self._block(mb, j, h, flat, router_logits=logits)
             if mb.aux is not None:
                 mb.aux.observe(logits)
             return out
         x = h.detach().requires_grad_()
         leaves = self._grad_leaves(j, flat)
-        with torch.enable_grad():
+        with torch.enable_grad(), self._owner(f"kept graph of block {j}"):
             out = self.adapter.forward_block(j, x, leaves, mb.kwargs[j], router_logits=logits)
         if mb.aux is not None:
             mb.aux.observe(logits)
@@ -370,7 +373,7 @@ class Engine:
             handle = upcoming
             if k + 1 < e - 1:
                 upcoming = load(k + 1)  # block k+1 loads while block k recomputes (4th slot)
-            with torch.no_grad(), self._replay(mb.rng[k]):
+            with torch.no_grad(), self._replay(mb.rng[k]), self._owner(f"recompute of block {k}"):
                 h = self._block(mb, k, h, self.weights.ready(handle))
             if k not in self.resident:
                 self.weights.release(handle)
@@ -383,6 +386,11 @@ class Engine:
         Returns:
             d loss / d boundary j [B, S, H].
         """
+        with self._owner(f"block {j} backward"):
+            return self._backward_block(mb, j, grad, step_lr=step_lr)
+
+    def _backward_block(self, mb: _MicroBatch, j: int, grad: torch.Tensor, *,
+                        step_lr: float | None) -> torch.Tensor:
         if j in mb.kept:
             x, out, leaves, logits = mb.kept.pop(j)
         else:
@@ -481,13 +489,27 @@ class Engine:
 
     @contextmanager
     def _timed_window(self, name: str):
-        """The meter, and the instrument when on, around one window (its barrier included)."""
-        with self.meter.window(name):
-            if self.instrument is None:
-                yield
-            else:
-                with self.instrument.window(name):
+        """The meter, the ledger's window and the instrument when on, around one window (its
+        barrier included)."""
+        self.ledger.begin_window(name)
+        try:
+            with self.meter.window(name):
+                if self.instrument is None:
                     yield
+                else:
+                    with self.instrument.window(name):
+                        yield
+        finally:
+            self.ledger.end_window()
+
+    @contextmanager
+    def _owner(self, owner: str):
+        """Book the compute allocations made inside to `owner` (the ledger's compute owner)."""
+        prev, self.ledger.compute_owner = self.ledger.compute_owner, owner
+        try:
+            yield
+        finally:
+            self.ledger.compute_owner = prev
 
     def _block(self, mb: _MicroBatch, j: int, h: torch.Tensor, flat: torch.Tensor, *,
                router_logits: list | None = None) -> torch.Tensor:

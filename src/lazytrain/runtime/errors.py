@@ -56,13 +56,38 @@ class HbmBudgetExceeded(AssertionError):
         limit_bytes: the plan's ``hbm_checkpoint_bytes`` for that window (bytes).
     """
 
-    def __init__(self, *, window: str, held_bytes: int, limit_bytes: int, detail: str = "") -> None:
-        msg = (
-            f"window {window}: checkpoint store holds {held_bytes} HBM bytes, over the plan's "
-            f"hbm_checkpoint_bytes {limit_bytes} by {held_bytes - limit_bytes}"
-        )
+    def __init__(self, *, window: str, held_bytes: int, limit_bytes: int, detail: str = "",
+                 owner: str | None = None) -> None:
+        if owner is None:
+            msg = (f"window {window}: checkpoint store holds {held_bytes} HBM bytes, over the "
+                   f"plan's hbm_checkpoint_bytes {limit_bytes} by {held_bytes - limit_bytes}")
+        else:
+            msg = (f"window {window}: reserving HBM for {owner} would hold {held_bytes} bytes, "
+                   f"over the plan's peak HBM {limit_bytes} by {held_bytes - limit_bytes}")
         super().__init__(msg + (f" ({detail})" if detail else ""))
         self.window = window
+        self.held_bytes = held_bytes
+        self.limit_bytes = limit_bytes
+        self.owner = owner
+
+
+class HostBudgetExceeded(RuntimeError):
+    """A pinned host reservation would pass the plan's pinned (staging + DRAM-tier) bytes.
+
+    Attributes:
+        window: window name of the reservation.
+        owner: what asked for the memory ("weight staging buffer 2", ...).
+        held_bytes: pinned bytes held including the request (bytes).
+        limit_bytes: the plan's pinned bytes (bytes).
+    """
+
+    def __init__(self, *, window: str, held_bytes: int, limit_bytes: int, owner: str,
+                 detail: str = "") -> None:
+        super().__init__(f"window {window}: pinning host memory for {owner} would hold "
+                         f"{held_bytes} bytes, over the plan's pinned bytes {limit_bytes} by "
+                         f"{held_bytes - limit_bytes}" + (f" ({detail})" if detail else ""))
+        self.window = window
+        self.owner = owner
         self.held_bytes = held_bytes
         self.limit_bytes = limit_bytes
 

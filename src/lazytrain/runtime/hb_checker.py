@@ -277,6 +277,7 @@ class CheckedDevice(Device):
             op = f"copy on {stream.name}"
             self._access(src, actor=stream.name, epoch=epoch, write=False, op=op)
             self._access(dst, actor=stream.name, epoch=epoch, write=True, op=op)
+        self._book_copy(dst, stream)
         with self._suspended():
             dst.copy_(src)
         return self.record(stream)
@@ -289,7 +290,7 @@ class CheckedDevice(Device):
 
     def empty(self, shape, dtype: torch.dtype, *, name: str | None = None) -> torch.Tensor:
         with self._suspended():
-            t = torch.empty(shape, dtype=dtype)
+            t = super().empty(shape, dtype, name=name)
         with self._lock:
             epoch = self._clock(self.compute.name).get(self.compute.name, 0)
             self._buffer(t, actor=self.compute.name, epoch=epoch, host=False,
@@ -298,7 +299,7 @@ class CheckedDevice(Device):
 
     def pinned_empty(self, nbytes: int, *, name: str | None = None) -> torch.Tensor:
         with self._suspended():
-            t = super().pinned_empty(nbytes)
+            t = super().pinned_empty(nbytes, name=name)
         with self._lock:
             self._buffer(t, actor=self._thread_actor(), epoch=0, host=True, pinned=True,
                          label=name or f"pinned host buffer of {nbytes} bytes")
@@ -363,7 +364,7 @@ class CheckedDevice(Device):
     def compute_scope(self):
         if getattr(self._local, "mode", None) is not None:
             return contextlib.nullcontext()
-        return _ScopeGuard(self)
+        return _Nested(super().compute_scope(), _ScopeGuard(self))
 
     @contextlib.contextmanager
     def _suspended(self):
@@ -451,3 +452,22 @@ class _ScopeGuard:
     def __exit__(self, *exc):
         self.device._local.mode = None
         return self.mode.__exit__(*exc)
+
+
+class _Nested:
+    """Two scopes entered in order and left in reverse (the ledger's, then the checker's)."""
+
+    def __init__(self, outer, inner) -> None:
+        self.outer, self.inner = outer, inner
+
+    def __enter__(self):
+        self.outer.__enter__()
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.inner.__exit__(*exc)
+        finally:
+            self.outer.__exit__(*exc)
+        return False

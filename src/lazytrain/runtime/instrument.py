@@ -48,7 +48,13 @@ re-planning/refit code reads these key names):
          "bytes": {"h2d", "d2h", "nvme_read", "nvme_write": int},
                                 # activation bytes moved by the store (NVMe kinds include 4 KiB
                                 # padding) + weight bytes loaded (h2d) + gradient bytes drained (d2h)
-         "peak_bytes": {"hbm", "dram", "nvme": int}}]}
+         "peak_bytes": {"hbm", "dram", "nvme": int},
+         "ledger": {"hbm_bytes": int,      # the allocation ledger (runtime/ledger.py): peak
+                    "pinned_bytes": int,   # HBM / pinned bytes held by all owners, per window
+                    "moved": {"h2d", "d2h", "nvme_read", "nvme_write": int}}}],
+                                # bytes the device API copied / NVMe I/O issued in the window
+     "ledger_peak": {"window": str, "hbm_bytes": int, "pinned_bytes": int,
+                     "owners": {owner: bytes}}}   # the step's HBM peak so far, largest owners
                                 # store accounting: checkpoint bytes in HBM, host bytes
                                 # (dram + dram_staging), NVMe file bytes. Peaks are the store's
                                 # per-window-name peaks since the step started, so for
@@ -192,6 +198,7 @@ class Instrument:
         self._mb_windows: list[_Window] = []
         self._records: list[dict] = []
         self._moved_seen: dict[str, dict[str, int]] = {}
+        self._ledger_seen: dict[str, dict[str, int]] = {}
 
     # --- wiring ------------------------------------------------------------------------------
 
@@ -262,6 +269,7 @@ class Instrument:
         self._mb_windows = []
         self._mb = None
         self._moved_seen = {}
+        self._ledger_seen = {}
 
     def begin_micro_batch(self, index: int) -> None:
         """Close the previous micro-batch's record and start micro-batch `index`."""
@@ -280,6 +288,7 @@ class Instrument:
         self._finish_micro_batch()
         out, self._records = self._records, []
         self._moved_seen = {}
+        self._ledger_seen = {}
         return out
 
     def _finish_micro_batch(self) -> None:
@@ -298,10 +307,36 @@ class Instrument:
             if w.name in peaks:
                 w.peaks = _tier_peaks(peaks[w.name])
             windows.append(self._resolve(w))
+        self._add_ledger(windows)
         self._records.append({"micro_batch": self._mb, "plan_id": self.plan_id,
+                              "ledger_peak": self._ledger_peak(),
                               "windows": windows})
         self._mb_windows = []
         self._mb = None
+
+    def _add_ledger(self, windows: list[dict]) -> None:
+        """Each window's ledger figures: peak HBM and pinned bytes held (all owners; the peak
+        since the step started, as `peak_bytes`) and bytes moved per channel in this
+        micro-batch (`runtime/ledger.py`)."""
+        ledger = self.device.ledger
+        hbm, pinned = ledger.peak_by_window("hbm"), ledger.peak_by_window("pinned")
+        moved = ledger.moved_by_window()
+        for w in windows:
+            name = w["name"]
+            now = moved.get(name, {})
+            seen = self._ledger_seen.get(name, {})
+            w["ledger"] = {"hbm_bytes": int(hbm.get(name, 0)),
+                           "pinned_bytes": int(pinned.get(name, 0)),
+                           "moved": {c: int(now.get(c, 0) - seen.get(c, 0)) for c in CHANNELS
+                                     if c in ("h2d", "d2h", "nvme_read", "nvme_write")}}
+            self._ledger_seen[name] = dict(now)
+
+    def _ledger_peak(self) -> dict:
+        """The window of the step's HBM peak so far and its largest owners (bytes)."""
+        window, owners = self.device.ledger.peak_owners("hbm")
+        top = dict(sorted(owners.items(), key=lambda kv: -kv[1])[:8])
+        return {"window": window, "hbm_bytes": int(sum(owners.values())), "owners": top,
+                "pinned_bytes": int(self.device.ledger.peak_bytes("pinned"))}
 
     def _resolve(self, w: _Window) -> dict:
         wall = self.device.elapsed_ms(w.start, w.end)

@@ -18,10 +18,21 @@ drive. The torch CPU allocator aligns to 64 B only, hence ``aligned_empty``.
 Durability: the files are scratch that lives for one training step and is read back by the same
 process, so nothing is fsync'ed (a crash loses the step anyway; see ``CheckpointStore`` for the
 cleanup of files on exit).
+
+Integrity: every written 4 KiB page gets an xxh3-64 digest (kept in memory: 10 B per page, 0.25%
+of the NVMe bytes), and every page read back is checked against it, so a flipped bit or a file
+changed by someone else is a ``CheckpointIOError`` naming the page, not silently wrong
+gradients. The store always moves whole 4 KiB pages (padded lengths, aligned offsets); a
+partial last page is checked when it is read with the length it was written with. Cost:
+``benchmarks/nvme_io.py``.
+
+Stuck drives: ``wait`` gives up after ``timeout_s`` (``runtime.nvme_timeout_s``) with
+``NvmeTimeoutError`` naming the boundary and the file, instead of hanging the step forever.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno as errno_mod
 import functools
 import os
@@ -32,7 +43,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+import xxhash
 
 from lazytrain.runtime.device import Device
 from lazytrain.runtime.errors import CheckpointIOError, boundary_label
@@ -50,6 +63,64 @@ RAM_FILESYSTEMS = ("tmpfs", "ramfs")
 
 Key = tuple[int, int]
 """(boundary, micro_batch) identifying one checkpoint file."""
+
+PAGE_BYTES = 4096
+"""Granularity of the integrity digests (bytes): ALIGN_BYTES, the unit every request of the
+store is made of."""
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Default limit of one wait for NVMe requests (s): far above any window's transfers (GBs at
+GB/s), far below "forever"; `runtime.nvme_timeout_s` sets it."""
+
+
+class NvmeTimeoutError(CheckpointIOError):
+    """NVMe requests did not finish within `timeout_s` (a stuck or failing drive)."""
+
+
+class _PageSums:
+    """xxh3-64 digest and length of every written page of one file (numpy, grown on demand)."""
+
+    def __init__(self) -> None:
+        self.digest = np.zeros(0, dtype=np.uint64)
+        self.length = np.zeros(0, dtype=np.uint16)  # 0: page not written
+        self.lock = threading.Lock()  # chunks of one file are written by several threads
+
+    def _grow(self, pages: int) -> None:
+        if pages > len(self.digest):
+            size = max(pages, 2 * len(self.digest))
+            self.digest = np.concatenate([self.digest, np.zeros(size - len(self.digest),
+                                                                dtype=np.uint64)])
+            self.length = np.concatenate([self.length, np.zeros(size - len(self.length),
+                                                                dtype=np.uint16)])
+
+    @staticmethod
+    def pages(data: memoryview, offset: int):
+        """(page index, length, xxh3-64) of each page of `data` at file `offset`; None when
+        `offset` is not page-aligned (such requests are not checked)."""
+        if offset % PAGE_BYTES:
+            return None
+        first = offset // PAGE_BYTES
+        return [(first + k, len(data[a:a + PAGE_BYTES]),
+                 xxhash.xxh3_64_intdigest(data[a:a + PAGE_BYTES]))
+                for k, a in enumerate(range(0, len(data), PAGE_BYTES))]
+
+    def record(self, data: memoryview, offset: int) -> None:
+        """Remember the digests of `data`, just written at `offset`."""
+        pages = self.pages(data, offset)  # hashed outside the lock
+        if pages:
+            with self.lock:
+                self._grow(pages[-1][0] + 1)
+                for index, length, digest in pages:
+                    self.digest[index], self.length[index] = digest, length
+
+    def first_mismatch(self, data: memoryview, offset: int) -> int | None:
+        """File offset of the first page of `data` (just read at `offset`) whose digest differs
+        from the written one; None when all match (pages never written are not checked)."""
+        for index, length, digest in self.pages(data, offset) or ():
+            if index < len(self.length) and self.length[index] == length and \
+                    int(self.digest[index]) != digest:
+                return index * PAGE_BYTES
+        return None
 
 
 def align_up(nbytes: int) -> int:
@@ -253,8 +324,10 @@ class NvmeIO:
         direct: bool | None = None,
         fault_hook: Callable[[IoEvent], None] | None = None,
         device: Device | None = None,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.device = device or Device()
+        self.timeout_s = timeout_s or None  # 0 / None: wait forever
         if io_threads < 1:
             raise ValueError(f"runtime.io_threads must be >= 1; got {io_threads}")
         if chunk_bytes <= 0 or chunk_bytes % ALIGN_BYTES:
@@ -276,6 +349,8 @@ class NvmeIO:
         self._read_fds: dict[Key, int] = {}
         self._files: dict[Key, Path] = {}
         self._pending: dict[Key, list[Future]] = {}
+        self._sums: dict[Key, _PageSums] = {}  # integrity digests of each file's pages
+        self._stuck = False  # a wait timed out: cleanup no longer waits for the drive
         self._closed = False
 
     def path_for(self, key: Key) -> Path:
@@ -315,6 +390,7 @@ class NvmeIO:
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.direct else 0)
             fd = self._open(key, "open_write", flags)
             self._write_fds[key] = fd
+            self._sums[key] = _PageSums()  # a new file: forget the old one's digests
         return self._submit(key, "write", fd, buffer, offset, wait_for)
 
     def read(self, key: Key, buffer: torch.Tensor, offset: int) -> list[Future]:
@@ -348,7 +424,11 @@ class NvmeIO:
 
     def remove(self, key: Key) -> None:
         """Wait for the key's pending requests (errors ignored), close its fds, delete its file."""
-        self.device.wait_futures(self._pending.pop(key, []))
+        pending = self._pending.pop(key, [])
+        if self._stuck:  # do not hang on a drive that stopped answering
+            pending = [f for f in pending if f.done()]
+        self.device.wait_futures(pending)
+        self._sums.pop(key, None)
         for fds in (self._write_fds, self._read_fds):
             fd = fds.pop(key, None)
             if fd is not None:
@@ -362,7 +442,24 @@ class NvmeIO:
         return list(self._files.values())
 
     def wait(self, futures: Sequence[Future]) -> None:
-        """Wait for every future, then raise the first failure (so no request still runs)."""
+        """Wait for every future, then raise the first failure (so no request still runs).
+
+        Raises:
+            NvmeTimeoutError: some request was still running after `timeout_s` (names the
+                boundary and the file of one of them).
+            CheckpointIOError: a request failed.
+        """
+        if self.timeout_s is not None and futures:
+            _, late = concurrent.futures.wait(futures, timeout=self.timeout_s)
+            if late:
+                self._stuck = True
+                key = next((k for k, fs in self._pending.items() if late & set(fs)), (-1, 0))
+                raise NvmeTimeoutError(
+                    f"{boundary_label(*key)}: NVMe requests on {self.path_for(key)} did not "
+                    f"finish within runtime.nvme_timeout_s={self.timeout_s:g} s ({len(late)} "
+                    f"still running): the drive is stuck or failing; check it (dmesg, "
+                    f"nvme smart-log) or raise runtime.nvme_timeout_s",
+                    boundary=key[0], micro_batch=key[1], path=self.path_for(key))
         errors = self.device.wait_futures(futures)
         for err in errors:
             if err is not None:
@@ -375,7 +472,7 @@ class NvmeIO:
         self._closed = True
         for key in list(self._files) + list(self._pending):
             self.remove(key)
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=not self._stuck, cancel_futures=self._stuck)
 
     def _open(self, key: Key, op: str, flags: int) -> int:
         path = self.path_for(key)
@@ -407,6 +504,7 @@ class NvmeIO:
                 f"O_DIRECT needs {ALIGN_BYTES}-aligned offset, length and address; got offset "
                 f"{offset}, length {nbytes}, address {buffer.data_ptr():#x}"
             )
+        self.device.ledger.moved(f"nvme_{op}", nbytes)  # booked to the issuing window
         view = buffer.numpy()  # shares memory; os.pwrite/preadv use the buffer without a copy
         job = self._write_chunk if op == "write" else self._read_chunk
         futures = []
@@ -432,6 +530,7 @@ class NvmeIO:
             raise self._error(key, f"write to {path}", exc.strerror or str(exc), exc.errno) from exc
         if done != len(chunk):
             raise self._error(key, f"write to {path}", f"short write: {done} of {len(chunk)} bytes at offset {offset}")
+        self._sums[key].record(chunk, offset)
 
     def _read_chunk(self, key: Key, fd: int, chunk: memoryview, part: torch.Tensor, offset: int,
                     wait_for) -> None:
@@ -446,6 +545,13 @@ class NvmeIO:
         if done != len(chunk):
             # A regular file returns fewer bytes than asked only at end of file: it was truncated.
             raise self._error(key, f"read from {path}", f"short read: {done} of {len(chunk)} bytes at offset {offset}")
+        sums = self._sums.get(key)
+        bad = sums.first_mismatch(chunk, offset) if sums is not None else None
+        if bad is not None:
+            raise self._error(key, f"read from {path}", f"checksum mismatch (xxh3-64) of the "
+                              f"{PAGE_BYTES}-byte page at offset {bad}: the bytes read are not "
+                              f"the bytes written (a flipped bit on the drive, or another "
+                              f"process wrote the file)")
 
     def _call_hook(self, event: IoEvent) -> None:
         if self._hook is not None:

@@ -160,6 +160,7 @@ class ThreadedDevice(Device):
         self._raise_errors()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, *, stream: Stream) -> Event:
+        self._book_copy(dst, stream)
         if stream is self.compute:
             dst.copy_(src)
             return self.record(stream)
