@@ -133,6 +133,11 @@ class HardwareConfig:
     nvme_devices_per_node: int | None = None
     """Override: NVMe drives in the node, >= 1 (informational: `nvme_*_gb_per_s` are the
     node's totals over these drives). None keeps the preset's value."""
+    allow_implausible: bool = False
+    """Accept figures outside their plausible range (HBM 1 MB..2 TB per GPU, DRAM 16 MB..64 TB,
+    NVMe 0..1 PB, bandwidths 0.001 GB/s..10 TB/s, peak 1 GFLOP/s..100 PFLOP/s; table in
+    docs/execution_model.md). False: such a figure is refused in one line naming the key and the
+    likely unit mistake (`hbm_gb: 80000` is MB typed as GB); `--allow-implausible` sets it."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "hardware")
@@ -375,6 +380,10 @@ class RuntimeConfig:
     when it is on tmpfs)."""
     io_threads: int = 2
     """Worker threads for NVMe reads/writes, >= 1."""
+    nvme_timeout_s: float = 300.0
+    """Longest wait for the NVMe tier's requests of one window, s, >= 0; past it the step fails
+    with NvmeTimeoutError naming the file (a stuck drive) instead of hanging forever. 0: wait
+    forever. 300: far above a window's transfers (GBs at GB/s)."""
     threads: int = 0
     """torch intra-op threads, >= 0; 0: torch's default (all cores)."""
     head_chunk_tokens: int = 1024
@@ -383,6 +392,8 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         _check(self.io_threads >= 1, "runtime.io_threads", ">= 1", self.io_threads)
+        _check(math.isfinite(self.nvme_timeout_s) and self.nvme_timeout_s >= 0,
+               "runtime.nvme_timeout_s", ">= 0 (0 = no timeout)", self.nvme_timeout_s)
         _check(self.threads >= 0, "runtime.threads", ">= 0", self.threads)
         _check(self.head_chunk_tokens >= 1, "runtime.head_chunk_tokens", ">= 1",
                self.head_chunk_tokens)

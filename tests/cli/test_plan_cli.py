@@ -103,7 +103,7 @@ def test_unknown_config_key_exits_2_with_one_line_naming_the_key(tiny_config, ca
 def test_impossible_hbm_budget_exits_1_naming_the_budget(tiny_config, capsys):
     pytest.importorskip("highspy")
     code = main(["plan", "--config", str(tiny_config), "--policy", "milp",
-                 "--set", "hardware.hbm_gb=0.000001"])
+                 "--set", "hardware.hbm_gb=0.002"])  # 2 MB: plausible, too small
     assert code == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "HBM" in err
@@ -194,3 +194,32 @@ def test_simulate_warns_when_the_stored_prediction_disagrees(tiny_config, tmp_pa
     assert main(["simulate", str(plan)]) == 0
     err = capsys.readouterr().err
     assert err.startswith("warning: ") and "re-plan" in err
+
+
+def test_hbm_typed_in_mb_is_refused_in_one_line_unless_allowed(tiny_config, capsys):
+    assert main(["plan", "--config", str(tiny_config), "--policy", "heuristic",
+                 "--set", "hardware.hbm_gb=80000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("error: hardware.hbm_gb: 80000 GB") and "MB typed as GB" in err
+    assert main(["plan", "--config", str(tiny_config), "--policy", "heuristic",
+                 "--set", "hardware.hbm_gb=80000", "--allow-implausible"]) == 0
+
+
+def test_a_hardware_file_with_hbm_in_the_wrong_unit_is_refused_naming_the_file(tiny_config,
+                                                                               tmp_path, capsys):
+    from lazytrain.spec.hardware import PRESETS
+
+    spec = PRESETS["h800-paper"].to_dict()
+    spec["hbm_bytes"] = 80000  # MB typed as bytes
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(spec))
+    assert main(["plan", "--config", str(tiny_config), "--policy", "heuristic",
+                 "--hardware", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{path}: hbm_bytes: 80000 bytes" in err and "MB typed as bytes" in err
+
+
+def test_the_tiny_cpu_config_with_64_mb_of_device_memory_still_plans(repo_root, capsys):
+    assert main(["plan", "--config", str(repo_root / "configs" / "tiny-llama-cpu.yaml"),
+                 "--policy", "heuristic"]) == 0

@@ -60,9 +60,12 @@ def test_provenance_carries_the_resolved_config_and_horizons(seed_cfg):
 
 
 def test_default_job_builds_a_cpu_problem_without_files():
-    p = problem_from_config(load_config(None))
+    cfg = load_config(None)
+    p = problem_from_config(cfg)
     assert p.num_blocks == 30 and not p.copies_overlap_compute
-    assert p.boundary_bytes[0] == 4 * 160 * 576 * 4 and p.host_bytes_per_param == 16.0
+    # [micro_batch, seq_len, hidden 576] in fp32
+    assert p.boundary_bytes[0] == cfg.train.micro_batch * cfg.data.seq_len * 576 * 4
+    assert p.host_bytes_per_param == 16.0
 
 
 def test_megatrain_plan_of_the_planner_predicts_176_9_tflops(seed_cfg):

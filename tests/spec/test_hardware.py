@@ -100,3 +100,50 @@ def test_non_finite_or_implausible_spec_figures_are_rejected_with_their_range(fi
 def test_every_preset_lies_within_the_plausible_ranges():
     for spec in PRESETS.values():
         assert HardwareSpec.from_dict(spec.to_dict()) == spec
+
+
+# ---- plausibility of each figure (units) ------------------------------------------------------
+
+from lazytrain.spec.hardware import PLAUSIBLE_RANGES, implausible_figure  # noqa: E402
+
+
+def test_every_preset_is_plausible():
+    for name, spec in PRESETS.items():
+        assert spec.implausible_figures() == [], name
+
+
+@pytest.mark.parametrize("field,value,unit,label,meant", [
+    ("hbm_bytes", 80000e9, 1e9, "hardware.hbm_gb", "MB typed as GB"),      # MB typed as GB
+    ("hbm_bytes", 80000, 1.0, "spec.json: hbm_bytes", "MB typed as bytes"),  # 80 kB
+    ("dram_bytes", 2e15, 1e9, "hardware.dram_gb", "MB typed as GB"),
+    ("h2d_bytes_per_s", 25000e9, 1e9, "hardware.h2d_gb_per_s", "MB/s typed as GB/s"),
+    ("peak_flops", 989000e12, 1e12, "hardware.peak_tflops", "GFLOP/s typed as TFLOP/s"),
+    ("nvme_bytes", 4e18, 1e9, "hardware.nvme_gb", "kB typed as GB"),
+], ids=["hbm_gb_in_mb", "hbm_bytes_in_mb", "dram_gb_in_mb", "h2d_in_mb_per_s", "peak",
+        "nvme_gb_in_kb"])
+def test_an_implausible_figure_is_refused_naming_key_value_and_unit_mistake(field, value, unit,
+                                                                            label, meant):
+    line = implausible_figure(field, value, typed_unit=unit, label=label)
+    assert line is not None and line.startswith(f"{label}: {value / unit:g} ")
+    assert "not a plausible" in line and "allow_implausible" in line
+    assert (meant in line) if meant else ("typed as" not in line)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("hbm_bytes", 0.064e9), ("hbm_bytes", 1e6), ("hbm_bytes", 2e12), ("dram_bytes", 16e6),
+    ("nvme_bytes", 0), ("nvme_bytes", 1e15), ("h2d_bytes_per_s", 1e6),
+    ("nvme_read_bytes_per_s", 10e12), ("peak_flops", 1e9), ("peak_flops", 100e15),
+])
+def test_the_edges_of_every_range_are_accepted(field, value):
+    assert implausible_figure(field, value) is None
+    kind = "bandwidth" if field.endswith("_per_s") else field
+    lo, hi = PLAUSIBLE_RANGES[kind][1:]
+    assert lo <= value <= hi
+
+
+@pytest.mark.parametrize("value", ["80GB", True, None], ids=["string", "bool", "null"])
+def test_a_non_numeric_hardware_field_is_named(value):
+    d = PRESETS["h800-paper"].to_dict()
+    d["nvme_bytes"] = value
+    with pytest.raises(ValueError, match=r"hardware nvme_bytes must be a number; got"):
+        HardwareSpec.from_dict(d)

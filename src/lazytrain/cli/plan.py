@@ -33,6 +33,7 @@ FLAG_KEYS = {
     "megatrain_k": "planner.megatrain_k",
     "nproc_per_node": "dist.nproc_per_node",
     "nnodes": "dist.nnodes",
+    "allow_implausible": "hardware.allow_implausible",
 }
 """argparse dest -> the config key the flag sets (flags are named after config keys)."""
 
@@ -61,6 +62,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-accum", type=int, metavar="N", help="train.grad_accum, micro-batches")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any config key (repeatable; named flags win over --set)")
+    p.add_argument("--allow-implausible", action="store_const", const=True, default=None,
+                   help="hardware.allow_implausible: accept hardware figures outside their "
+                   "plausible range (by default refused as a likely unit mistake)")
 
 
 def register(subparsers) -> None:

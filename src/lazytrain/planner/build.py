@@ -32,11 +32,13 @@ test_build.py): 26.90e9 params x 12 B = 322.8 GB of states + ~8 GB staging fits 
 
 from __future__ import annotations
 
+import dataclasses
+
 from lazytrain import __version__
 from lazytrain.config import RunConfig
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.spec.costs import ModelCosts, analytic_costs, profile_costs
-from lazytrain.spec.hardware import HardwareSpec, get_hardware
+from lazytrain.spec.hardware import PRESETS, HardwareSpec, get_hardware
 from lazytrain.spec.model import ModelSpec
 
 HOST_BYTES_PER_PARAM = {"fp32": 16.0, "bf16": 12.0}
@@ -167,12 +169,30 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
 
 
 def hardware_from_config(cfg: RunConfig) -> HardwareSpec:
-    """The `hardware:` section resolved: preset or file, with the GB-unit overrides applied."""
+    """The `hardware:` section resolved: preset or file, with the GB-unit overrides applied.
+
+    Raises:
+        ValueError: a figure outside its plausible range (`spec.hardware.PLAUSIBLE_RANGES`),
+            one line naming the key (or the file's field), the value and the likely unit
+            mistake; `hardware.allow_implausible: true` skips this check.
+    """
+    from lazytrain.spec.hardware import OVERRIDE_FIELDS
+
     h = cfg.hardware
     overrides = {k: getattr(h, k) for k in (
         "hbm_gb", "dram_gb", "nvme_gb", "h2d_gb_per_s", "d2h_gb_per_s", "duplex_gb_per_s",
         "nvme_read_gb_per_s", "nvme_write_gb_per_s", "peak_tflops", "matmul_efficiency")}
-    return get_hardware(h.preset, overrides)
+    spec = get_hardware(h.preset, overrides)
+    if not getattr(h, "allow_implausible", False):
+        labels = {OVERRIDE_FIELDS[k][0]: (f"hardware.{k}", OVERRIDE_FIELDS[k][1])
+                  for k, v in overrides.items() if v is not None}
+        origin = f"hardware.preset {h.preset}" if h.preset in PRESETS else f"{h.preset}:"
+        for f in dataclasses.fields(spec):
+            labels.setdefault(f.name, (f"{origin} {f.name}", 1.0))
+        bad = spec.implausible_figures(labels=labels)
+        if bad:
+            raise ValueError(bad[0])
+    return spec
 
 
 def problem_from_config(cfg: RunConfig) -> PlanningProblem:

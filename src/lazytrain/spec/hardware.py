@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,81 @@ typos or overflow (`.inf`, `1e400`), and the planner's LP (ms costs, 1e9..1e12-b
 loses its numeric precision (1e-300 GB/s: HiGHS ends with status error)."""
 
 
+PLAUSIBLE_RANGES: dict[str, tuple[str, float, float]] = {
+    "hbm_bytes": ("HBM per GPU", 1e6, 2e12),
+    "dram_bytes": ("DRAM per node", 16e6, 64e12),
+    "nvme_bytes": ("NVMe per node", 0.0, 1e15),
+    "bandwidth": ("bandwidth", 1e6, 10e12),
+    "peak_flops": ("peak compute", 1e9, 100e15),
+}
+TYPICAL = {"hbm_bytes": 80e9, "dram_bytes": 1e12, "nvme_bytes": 4e12, "bandwidth": 25e9,
+           "peak_flops": 1e15}
+"""A typical figure of each kind (an H100-class node): of the unit mistakes that would bring a
+refused figure into range, the hint names the one that lands nearest to it (log scale)."""
+"""Kind -> (name, low, high) in bytes, bytes/s or FLOP/s: what a real machine can have (the
+table in docs/execution_model.md, "Hardware figures"). HBM 1 MB..2 TB (the `cpu` preset and
+configs/tiny-llama-cpu.yaml use 64 MB), DRAM 16 MB..64 TB, NVMe 0..1 PB, every bandwidth
+1 MB/s..10 TB/s (1 MB/s = 0.001 GB/s stays accepted: the planner handles slow links),
+peak 1 GFLOP/s..100 PFLOP/s. Outside, the figure is most likely typed in the wrong unit
+(`hbm_gb: 80000` meant MB); `hardware.allow_implausible: true` lets it through."""
+
+_UNIT_NAMES = {"bytes": {1.0: "bytes", 1e3: "kB", 1e6: "MB", 1e9: "GB", 1e12: "TB", 1e15: "PB"},
+               "bytes/s": {1.0: "B/s", 1e3: "kB/s", 1e6: "MB/s", 1e9: "GB/s", 1e12: "TB/s",
+                           1e15: "PB/s"},
+               "FLOP/s": {1.0: "FLOP/s", 1e6: "MFLOP/s", 1e9: "GFLOP/s", 1e12: "TFLOP/s",
+                          1e15: "PFLOP/s", 1e18: "EFLOP/s"}}
+
+
+def _kind(field_name: str) -> str:
+    return "bandwidth" if field_name.endswith("_bytes_per_s") else field_name
+
+
+def _pretty(value: float, family: str) -> str:
+    """`80 GB`, `1.5 GB/s`, `989 TFLOP/s`: the largest unit that keeps the number >= 1."""
+    names = _UNIT_NAMES[family]
+    unit = max((u for u in names if u <= abs(value)), default=min(names))
+    return f"{value / unit:g} {names[unit]}"
+
+
+def implausible_figure(field_name: str, value: float, *, typed_unit: float = 1.0,
+                       label: str | None = None) -> str | None:
+    """A one-line refusal when `value` (bytes, bytes/s or FLOP/s) is outside its kind's
+    `PLAUSIBLE_RANGES`, else None.
+
+    Args:
+        field_name: the HardwareSpec field (`hbm_bytes`, `h2d_bytes_per_s`, `peak_flops`).
+        value: the figure in base units.
+        typed_unit: the unit the user typed it in (1e9 for `hbm_gb`, 1 for a file's bytes).
+        label: how to name the field in the message (default `hardware <field_name>`).
+
+    Returns:
+        `hardware.hbm_gb: 80000 GB = 80 TB is not a plausible HBM per GPU (1 MB..2 TB); MB
+        typed as GB? (80000 MB = 80 GB); set hardware.allow_implausible: true (or
+        --allow-implausible) if it is right`, or None.
+    """
+    kind = _kind(field_name)
+    if kind not in PLAUSIBLE_RANGES:
+        return None
+    what, lo, hi = PLAUSIBLE_RANGES[kind]
+    if lo <= value <= hi:
+        return None
+    family = "FLOP/s" if kind == "peak_flops" else "bytes/s" if kind == "bandwidth" else "bytes"
+    names = _UNIT_NAMES[family]
+    typed = value / typed_unit
+    head = (f"{label or 'hardware ' + field_name}: {typed:g} {names.get(typed_unit, '')} = "
+            f"{_pretty(value, family)} is not a plausible {what} ({_pretty(lo, family)}.."
+            f"{_pretty(hi, family)})")
+    meant = [typed_unit / f if value > hi else typed_unit * f for f in (1e3, 1e6, 1e9, 1e12)]
+    meant = [u for u in meant if u in names and lo <= typed * u <= hi and typed * u > 0]
+    hint = ""
+    if meant:
+        u = min(meant, key=lambda u: abs(math.log(typed * u / TYPICAL[kind])))
+        hint = (f"; {names[u]} typed as {names.get(typed_unit, 'this unit')}? "
+                f"({typed:g} {names[u]} = {_pretty(typed * u, family)})")
+    return (head + hint + "; set hardware.allow_implausible: true (or --allow-implausible) "
+            "if it is right")
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class HardwareSpec:
     """One machine as the planner sees it (one GPU, or this CPU)."""
@@ -112,15 +188,20 @@ class HardwareSpec:
     """NVMe drives in the node (the paper's host has 2); `nvme_*_bytes_per_s` are their total."""
 
     def __post_init__(self) -> None:
-        """Range checks (`SPEC_RANGES`; counts >= 1).
+        """Type and range checks (numbers, not booleans; `SPEC_RANGES`; counts >= 1). The
+        plausibility of each figure for its kind is a separate check (`implausible_figures`).
 
         Raises:
-            ValueError: a non-finite or out-of-range figure (field, range and value named).
+            ValueError: a non-numeric, non-finite or out-of-range figure (field, range and
+                value named).
         """
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in ("name", "copies_overlap_compute"):
                 continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"hardware {f.name} must be a number; got {value!r} "
+                                 f"({type(value).__name__}) ({self.name})")
             if f.name.endswith("_bytes_per_s"):
                 lo, hi = SPEC_RANGES["bandwidth"]
                 ok, rule = lo <= value <= hi, f"in [{lo:g}, {hi:g}] bytes/s"
@@ -140,6 +221,23 @@ class HardwareSpec:
                 ok, rule = value >= 1, ">= 1"
             if not ok:  # also catches nan, which fails every comparison
                 raise ValueError(f"hardware {f.name} must be {rule}; got {value!r} ({self.name})")
+
+    def implausible_figures(self, *, labels: dict | None = None) -> list[str]:
+        """One refusal line per figure outside `PLAUSIBLE_RANGES` (empty: all plausible).
+
+        Args:
+            labels: {field: (label, typed unit)} for figures the user typed in other units
+                (config overrides: `hbm_bytes` -> ("hardware.hbm_gb", 1e9)).
+        """
+        labels = labels or {}
+        out = []
+        for f in dataclasses.fields(self):
+            label, unit = labels.get(f.name, (None, 1.0))
+            line = implausible_figure(f.name, getattr(self, f.name), typed_unit=unit,
+                                      label=label)
+            if line is not None and f.name != "name":
+                out.append(line)
+        return out
 
     @property
     def achieved_flops(self) -> float:
