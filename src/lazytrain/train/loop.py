@@ -569,6 +569,8 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
         mark = time.perf_counter()
         if before is not None:
             log(_eval_line("before", before, seq_len=cfg.data.seq_len))
+            for line in sample_lines("before", before):  # learning a person can see
+                log(line)
         bar = tqdm(total=cfg.train.steps, initial=trainer.step, file=sys.stderr,
                    disable=not progress, desc="train", unit="step")
         last_save = clock()
@@ -593,12 +595,12 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
                 saved = trainer.save()  # still under stop_flag: a Ctrl-C now does not cut it
         timings["save_s"] = time.perf_counter() - mark
         mark = time.perf_counter()
-            for line in sample_lines("before", before):  # learning a person can see
-                log(line)
         after = trainer.evaluate() if stopped_by is None else None
         timings["eval_after_s"] = time.perf_counter() - mark
         if after is not None:
             log(_eval_line("after", after, seq_len=cfg.data.seq_len))
+            for line in sample_lines("after", after):  # learning a person can see
+                log(line)
         summary = _summary(trainer, records=records, before=before, after=after, saved=saved,
                            stopped_by=stopped_by, wall_s=time.perf_counter() - t_start)
         summary["timings_s"] = timings
@@ -625,8 +627,6 @@ def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wal
     return {
         "run_dir": str(trainer.run_dir), "steps_completed": trainer.step,
         "steps_this_run": len(records), "stopped_by": stopped_by,
-            for line in sample_lines("after", after):  # learning a person can see
-                log(line)
         "resumed_from": str(trainer.resumed_from.path) if trainer.resumed_from else None,
         "checkpoint": str(saved.path) if saved else None,
         "loss_first": records[0]["loss"] if records else None,
