@@ -104,11 +104,15 @@ def test_converted_config_plans_with_the_shared_model_config(shared_dir, tmp_pat
 
 @pytest.mark.parametrize("stem", sorted(NO_MODEL_CONFIG))
 def test_plan_without_the_model_config_is_refused_in_one_line_naming_it(shared_dir, tmp_path,
-                                                                       stem, capsys):
+                                                                       stem, capsys,
+                                                                       monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id is looked up in the HF cache only
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_hf_cache"))
     out, _ = _convert(shared_dir, tmp_path, stem, capsys)
     assert main(["plan", "--config", str(out), "--policy", "heuristic"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("error: model config not found")
+    assert err.count("\n") == 0 and err.startswith(("error: model config not found",  # path
+                                                      "error: model.config_path: "))  # hub id
     assert NO_MODEL_CONFIG[stem] in err and "--model" in err
 
 

@@ -36,3 +36,25 @@ def test_a_step_after_a_failed_step_runs_and_its_gradients_equal_autograd(tmp_pa
     scale = max(float(g.abs().max()) for g in ref_grads.values())
     for name, g in ref_grads.items():
         assert float((grads[name] - g).abs().max()) <= 1e-5 * scale, name
+
+
+def test_a_flipped_bit_in_an_nvme_checkpoint_stops_the_step_instead_of_wrong_gradients(tmp_path):
+    def flip(event):
+        if event.op == "open_read" and event.boundary == 1:
+            with open(event.path, "r+b") as fh:
+                fh.seek(100)
+                byte = fh.read(1)[0]
+                fh.seek(100)
+                fh.write(bytes([byte ^ 0x01]))
+
+    _, adapter = model_pair(tiny_config("llama", layers=3))
+    plan = plan_for(adapter, [H, N, R, H])
+    engine = Engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme",
+                    store=CheckpointStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
+                                          fault_hook=flip))
+    try:
+        with pytest.raises(CheckpointIOError, match="checksum mismatch") as info:
+            engine.compute_gradients(micro_batches(1))
+        assert info.value.boundary == 1
+    finally:
+        engine.close()

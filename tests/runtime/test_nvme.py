@@ -257,3 +257,72 @@ def test_files_are_removed_when_the_interpreter_exits_or_gets_ctrl_c(tmp_path, m
     else:
         assert "KeyboardInterrupt" in proc.stderr
     assert list((tmp_path / "nvme").iterdir()) == []
+
+
+# ---- integrity: checksums and timeouts ------------------------------------------------------
+
+
+def flip_bit_before_read(path_offset: int):
+    """A fault hook that flips one bit of the file, at `path_offset`, before it is read."""
+    def hook(event: IoEvent) -> None:
+        if event.op == "open_read":
+            with open(event.path, "r+b") as fh:
+                fh.seek(path_offset)
+                byte = fh.read(1)[0]
+                fh.seek(path_offset)
+                fh.write(bytes([byte ^ 0x10]))
+    return hook
+
+
+@pytest.mark.parametrize("direct", direct_modes())
+def test_a_flipped_bit_on_the_drive_is_a_checksum_error_naming_the_page(tmp_path, direct):
+    require_direct(direct, tmp_path)
+    store = make_store(tmp_path, direct, flip_bit_before_read(2 * ALIGN_BYTES + 17))
+    offload(store, 7)
+    with pytest.raises(CheckpointIOError, match=r"checksum mismatch \(xxh3-64\) of the 4096-byte "
+                                                r"page at offset 8192") as info:
+        prefetch(store, 7)
+    store.close()
+    assert_names_boundary_and_path(info.value, tmp_path / "nvme")
+    assert list((tmp_path / "nvme").iterdir()) == []
+
+
+@pytest.mark.parametrize("direct", direct_modes())
+def test_unchanged_files_pass_the_check_and_a_rewrite_replaces_the_digests(tmp_path, direct):
+    require_direct(direct, tmp_path)
+    nbytes = 6 * ALIGN_BYTES
+    io = NvmeIO(tmp_path, chunk_bytes=SMALL_CHUNK_BYTES, direct=direct)
+    try:
+        for seed in (1, 2):  # the second write of the key truncates and rewrites the file
+            src = aligned_empty(nbytes)
+            src.copy_(random_bytes(nbytes, seed=seed))
+            io.wait(io.write((1, 0), src, 0))
+            io.finish_write((1, 0))
+            dst = aligned_empty(nbytes)
+            # read back in other splits than written: 4 KiB at 12 KiB, then the rest
+            io.wait(io.read((1, 0), dst[3 * ALIGN_BYTES:4 * ALIGN_BYTES], 3 * ALIGN_BYTES))
+            io.wait(io.read((1, 0), dst[:3 * ALIGN_BYTES], 0))
+            io.wait(io.read((1, 0), dst[4 * ALIGN_BYTES:], 4 * ALIGN_BYTES))
+            io.finish_read((1, 0))
+            assert torch.equal(dst, src)
+    finally:
+        io.close()
+
+
+def test_a_stuck_drive_is_a_timeout_error_naming_the_file_not_a_hang(tmp_path):
+    from lazytrain.runtime.nvme import NvmeTimeoutError
+
+    faults = FaultInjector()
+    io = NvmeIO(tmp_path, chunk_bytes=SMALL_CHUNK_BYTES, direct=False, fault_hook=faults,
+                timeout_s=0.2)
+    src = aligned_empty(2 * ALIGN_BYTES)
+    try:
+        io.wait(io.write((4, 0), src, 0))
+        io.finish_write((4, 0))
+        faults.delay_reads(3000)  # the drive answers after 3 s, 15x the timeout
+        with pytest.raises(NvmeTimeoutError, match=r"runtime\.nvme_timeout_s=0\.2 s") as info:
+            io.wait(io.read((4, 0), aligned_empty(2 * ALIGN_BYTES), 0))
+        assert info.value.boundary == 4 and info.value.path == io.path_for((4, 0))
+        assert isinstance(info.value, CheckpointIOError)
+    finally:
+        io.close()

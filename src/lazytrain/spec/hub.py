@@ -48,11 +48,17 @@ def _error(repo_id: str, what: str, exc: Exception) -> Exception:
     from huggingface_hub import errors
 
     get = f"hf download {repo_id}" + (" config.json" if what == "config.json" else "")
-    if isinstance(exc, errors.LocalEntryNotFoundError) or offline():
-        where = _cache_dir() or "the HF cache (~/.cache/huggingface/hub, HF_HUB_CACHE)"
+    local = ("pass the downloaded config.json with --model PATH (model.config_path)"
+             if what == "config.json" else "set model.config_path to the downloaded directory")
+    where = _cache_dir() or "the HF cache (~/.cache/huggingface/hub, HF_HUB_CACHE)"
+    if offline():
         return HubModelError(f"model.config_path: {repo_id} ({what}) is not in {where} and "
                              f"HF_HUB_OFFLINE=1 forbids downloading; run `{get}` where there "
-                             f"is network, or unset HF_HUB_OFFLINE")
+                             f"is network and {local}, or unset HF_HUB_OFFLINE")
+    if isinstance(exc, errors.LocalEntryNotFoundError):  # no network and not cached
+        return OSError(f"model.config_path: {repo_id} ({what}) is not in {where} and the hub "
+                       f"cannot be reached; check the network, or run `{get}` elsewhere and "
+                       f"{local}")
     if isinstance(exc, (errors.RepositoryNotFoundError, errors.GatedRepoError,
                         errors.RemoteEntryNotFoundError, errors.RevisionNotFoundError)):
         return HubModelError(f"model.config_path: {repo_id}: {type(exc).__name__} ("

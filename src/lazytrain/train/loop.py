@@ -292,7 +292,7 @@ class Trainer:
         self.plan.save(run_dir / "plan.json")
         print(setup.plan_summary(self.plan, source=str(cfg.model.config_path)), flush=True)
         self.trackers = Trackers(tracker_names, run_dir=run_dir, config=cfg.to_dict())
-        self.nvme_dir = Path(cfg.runtime.nvme_dir) if cfg.runtime.nvme_dir else run_dir / "nvme"
+        self.nvme_dir = setup.job_nvme_dir(cfg.runtime.nvme_dir, run_dir=run_dir)
         hf_config = setup.load_hf_config(source)
         from lazytrain.spec.model import ModelSpec
         spec = ModelSpec.from_hf_config(hf_config.to_dict())
@@ -312,7 +312,15 @@ class Trainer:
             self.cfg = cfg = resolve_epochs(cfg, self.data.train, world_size=self.world_size,
                                             log=log)
             tc = cfg.train
-        self.engine = self._make_engine()
+        # one lock per job: the first (local) rank takes it, the job's other ranks share the dir
+        self._nvme_lock = (setup.lock_nvme_dir(self.nvme_dir)
+                           if getattr(getattr(self, "ctx", None), "local_rank", 0) == 0 else None)
+        try:
+            self.engine = self._make_engine()
+        except BaseException:
+            self._release_nvme_lock()
+            raise
+        self.log(f"nvme: {self.nvme_dir} ({self.nvme_io_mode()} I/O)")
         self.replanner = self._make_replanner()
         self.step = 0
         if saved_state is not None:
@@ -354,6 +362,7 @@ class Trainer:
             device=make_device(self.device_kind, seed=tc.seed), nvme_dir=self.nvme_dir,
             io_threads=self.cfg.runtime.io_threads, fault_hook=self.hooks.fault_hook,
             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in self.plan.windows})
+        store.io.timeout_s = self.cfg.runtime.nvme_timeout_s or None  # 0: wait forever
         return Engine(self.adapter, self.plan, device=store.dev, nvme_dir=self.nvme_dir,
                       compute_dtype=tc.compute_dtype, lr=tc.lr,
                       betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps,
@@ -469,10 +478,26 @@ class Trainer:
         return flag
 
     def close(self) -> None:
-        if self.replanner is not None:
-            self.replanner.close()
-        self.trackers.close()
-        self.engine.close()
+        try:
+            if self.replanner is not None:
+                self.replanner.close()
+            self.trackers.close()
+            self.engine.close()
+        finally:
+            self._release_nvme_lock()  # after the store deleted its files
+
+    _nvme_lock = None
+    """The open lock file of this job's NVMe directory (`setup.lock_nvme_dir`), or None."""
+
+    def _release_nvme_lock(self) -> None:
+        if self._nvme_lock is not None:
+            self._nvme_lock.close()
+            self._nvme_lock = None
+
+    def nvme_io_mode(self) -> str:
+        """"O_DIRECT" or "buffered": how the NVMe tier's files are read and written here (the
+        fallback to buffered I/O when the filesystem refuses O_DIRECT is silent otherwise)."""
+        return "O_DIRECT" if self.engine.store.io.direct else "buffered"
 
 
 @contextmanager
@@ -642,5 +667,6 @@ def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wal
                  "tiers": list(trainer.plan.tiers),
                  "predicted_step_s": trainer.plan.predicted.step_ms / 1e3
                  if trainer.plan.predicted else None},
+        "nvme": {"dir": str(trainer.nvme_dir), "io": trainer.nvme_io_mode()},
         "device": trainer.device, "model_flops_params": trainer.flops_params, "wall_s": wall_s,
     }

@@ -12,6 +12,7 @@ nothing about the training loop.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,6 +261,60 @@ def check_same_model(cfg: Any, saved: dict | None, checkpoint: Path) -> None:
         raise ValueError(f"model.config_path: {want} now has another architecture "
                          f"({configured.num_blocks} blocks) than checkpoint {checkpoint} "
                          f"({trained.num_blocks} blocks); {fix}")
+
+
+class NvmeDirInUseError(RuntimeError):
+    """Another job holds the lock of this job's NVMe directory (the CLI exits 1)."""
+
+
+NVME_LOCK_SUFFIX = ".lock"
+"""A job's NVMe directory `D` is locked through the file `D.lock` beside it (flock'ed by the
+job, holding the owner's pid; beside, so the directory holds only checkpoint files)."""
+
+
+def job_nvme_dir(nvme_dir: str, *, run_dir: Path) -> Path:
+    """Where this job's NVMe-tier files go: `RUN_DIR/nvme` by default, else a subdirectory of
+    `runtime.nvme_dir` named after the run directory and a hash of its absolute path, so that
+    jobs sharing one `runtime.nvme_dir` never read each other's files, while the ranks of one
+    job (one run directory) share theirs."""
+    import hashlib
+
+    if not nvme_dir:
+        return run_dir / "nvme"
+    digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
+    return Path(nvme_dir).expanduser() / f"job-{run_dir.resolve().name}-{digest}"
+
+
+def lock_nvme_dir(directory: Path) -> Any:
+    """Take the job's lock on `directory` (created, with its lock file `directory.lock`);
+    returns the open lock file, to be closed when the job ends (closing releases the lock; the
+    lock also dies with the process).
+
+    Raises:
+        NvmeDirInUseError: another live job holds it (its pid named).
+        OSError: the directory cannot be created or written.
+    """
+    import fcntl
+
+    directory.mkdir(parents=True, exist_ok=True)
+    lock_path = directory.with_name(directory.name + NVME_LOCK_SUFFIX)
+    handle = open(lock_path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "?"
+        handle.close()
+        raise NvmeDirInUseError(
+            f"runtime.nvme_dir: {directory} is in use by another job (pid {owner} holds "
+            f"{lock_path}); two jobs on one NVMe directory would read each "
+            f"other's files: wait for it, or run this one with another --run-dir or "
+            f"runtime.nvme_dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
