@@ -126,17 +126,20 @@ def aliases_section() -> list[str]:
 def formats_section() -> list[str]:
     """The data formats (`data.format`), one example record each."""
     lines = ["## Data formats (`data.format`)", "",
-             "`data.path` names a JSON file (a list of records) or a JSONL file (one record per",
-             "line); `auto` picks the first format below whose required columns the first",
-             "record has. `embedded:arithmetic` needs no file (generated word problems).", ""]
+             "`data.path` names a JSON (a list of records), JSONL (one record per line),",
+             "Parquet, Arrow or CSV file, a folder of them, or a Hugging Face Hub dataset id",
+             "(`data.subset`, `data.split`), all read with `datasets`; `auto` picks the first",
+             "format below whose required columns the dataset has. `embedded:arithmetic` needs",
+             "no file (generated word problems).", ""]
     for name, spec in FORMATS.items():
         lines += [f"### `{name}`", "", f"Required columns: "
                   + ", ".join(f"`{c}`" for c in spec.required) + ". One JSONL line:", "",
                   "```json", json.dumps(FORMAT_EXAMPLES[name]), "```", ""]
     lines += ["### LlamaFactory registry (`data.registry_path`)", "",
-              "A `dataset_info.json` maps names to files under `data.dataset_dir`; `data.path`",
-              "then names an entry. `formatting` is `alpaca` (default) or `sharegpt`, and",
-              "`columns` / `tags` rename the fields:", "",
+              "A `dataset_info.json` maps names to files under `data.dataset_dir`",
+              "(`file_name`) or to Hub datasets (`hf_hub_url`, with `subset` and `split`);",
+              "`data.path` then names an entry. `formatting` is `alpaca` (default) or",
+              "`sharegpt`, and `columns` / `tags` rename the fields:", "",
               "```json", json.dumps(REGISTRY_EXAMPLE, indent=1), "```", ""]
     return lines
 

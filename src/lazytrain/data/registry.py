@@ -130,7 +130,8 @@ def resolve_entry(registry_path: str | Path, name: str, *,
         dataset_dir: folder `file_name` resolves against; None: the registry's folder.
 
     Raises:
-        ValueError: unknown name (with the closest names), a hub-only entry, an unknown
+        ValueError: unknown name (with the closest names), an entry with neither file_name
+            nor hf_hub_url, an unknown
             formatting, ranking data, unsupported (multimodal/tool/preference) columns, an
             unknown column role or tag, or a bad num_samples.
     """
