@@ -131,9 +131,9 @@ def resolve_entry(registry_path: str | Path, name: str, *,
 
     Raises:
         ValueError: unknown name (with the closest names), an entry with neither file_name
-            nor hf_hub_url, an unknown
-            formatting, ranking data, unsupported (multimodal/tool/preference) columns, an
-            unknown column role or tag, or a bad num_samples.
+            nor hf_hub_url, an unknown formatting, ranking data, unsupported
+            (multimodal/tool/preference) columns, an unknown column role or tag, or a bad
+            num_samples.
     """
     registry = load_registry(registry_path)
     if name not in registry:
