@@ -17,6 +17,12 @@ How the page cache is kept out of the numbers:
 - baseline: the write includes ``fsync``; the read uses O_DIRECT, or, where the filesystem
   refuses it, ``posix_fadvise(DONTNEED)`` after the fsync and a buffered read.
 On tmpfs all of this is RAM bandwidth (the store warns).
+
+Integrity cost (second table): the store's round trip with the xxh3-64 page digests that
+``NvmeIO`` computes on every write and checks on every read, against the same round trip with
+the two digest calls replaced by no-ops inside this benchmark only (the runtime has no switch to
+turn them off), and the digest rate of one thread alone (GB/s over 4 KiB pages). Ratios
+(checked / unchecked) are what to compare across machines.
 """
 
 from __future__ import annotations
@@ -28,8 +34,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import contextlib
+
 import torch
 
+from lazytrain.runtime import nvme
 from lazytrain.runtime.activations import CheckpointStore
 from lazytrain.runtime.nvme import CHUNK_BYTES, aligned_empty, align_up, filesystem_type, supports_o_direct
 
@@ -161,6 +170,63 @@ def measure_nvme_path(
     return result
 
 
+@contextlib.contextmanager
+def _digests_off():
+    """The store without page digests (benchmark only): record and check become no-ops."""
+    record, check = nvme._PageSums.record, nvme._PageSums.first_mismatch
+    nvme._PageSums.record = lambda self, data, offset: None
+    nvme._PageSums.first_mismatch = lambda self, data, offset: None
+    try:
+        yield
+    finally:
+        nvme._PageSums.record, nvme._PageSums.first_mismatch = record, check
+
+
+def measure_checksum_cost(nvme_dir: Path | str, nbytes: int, *, io_threads: int = 2,
+                          direct: bool | None = None, chunk_bytes: int = CHUNK_BYTES,
+                          repeats: int = 3) -> dict:
+    """The store's NVMe round trip with and without the page digests, in one run.
+
+    Returns:
+        dict with GB/s (1e9 B/s) checked_write/read, unchecked_write/read, digest_gb_per_s (one
+        thread hashing 4 KiB pages in memory) and write_ratio / read_ratio (checked /
+        unchecked: 1.0 = free).
+    """
+    nvme_dir = Path(nvme_dir)
+    nvme_dir.mkdir(parents=True, exist_ok=True)
+    use_direct = supports_o_direct(nvme_dir) if direct is None else direct
+    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    kw = dict(io_threads=io_threads, direct=use_direct, chunk_bytes=chunk_bytes)
+    checked, unchecked = [], []
+    for _ in range(repeats):  # interleaved, so drift of the drive affects both alike
+        checked.append(_store_round_trip(nvme_dir, data, **kw))
+        with _digests_off():
+            unchecked.append(_store_round_trip(nvme_dir, data, **kw))
+    view = memoryview(data.numpy())
+    t0 = time.perf_counter()
+    nvme._PageSums.pages(view, 0)
+    digest_s = time.perf_counter() - t0
+    out = {"nbytes": nbytes, "direct": use_direct, "io_threads": io_threads,
+           "digest_gb_per_s": nbytes / digest_s / GB}
+    for name, runs in (("checked", checked), ("unchecked", unchecked)):
+        out[f"{name}_write_gb_per_s"] = nbytes / min(w for w, _ in runs) / GB
+        out[f"{name}_read_gb_per_s"] = nbytes / min(r for _, r in runs) / GB
+    for d in ("write", "read"):
+        out[f"{d}_ratio"] = out[f"checked_{d}_gb_per_s"] / out[f"unchecked_{d}_gb_per_s"]
+    return out
+
+
+def format_checksum_table(result: dict) -> str:
+    """The integrity-cost table: checked vs unchecked GB/s per direction and the ratio."""
+    rows = [f"page digests (xxh3-64 per 4 KiB; one thread hashes {result['digest_gb_per_s']:.2f}"
+            f" GB/s)",
+            f"{'direction':<10}{'checked':>10}{'unchecked':>11}{'ratio':>8}"]
+    for d in ("write", "read"):
+        rows.append(f"{d:<10}{result[f'checked_{d}_gb_per_s']:>10.2f}"
+                    f"{result[f'unchecked_{d}_gb_per_s']:>11.2f}{result[f'{d}_ratio']:>8.2f}")
+    return "\n".join(rows)
+
+
 def format_table(result: dict) -> str:
     """The benchmark's table: one row per direction, store vs dd GB/s and the ratio."""
     head = (f"NVMe path, {result['nbytes'] / 1e6:.0f} MB on {result['filesystem']}, store "
@@ -185,7 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.nvme_dir or Path.cwd(), prefix="nvme-bench-") as tmp:
         result = measure_nvme_path(tmp, args.nbytes_mb * 1_000_000, io_threads=args.io_threads,
                                    direct=False if args.buffered else None, repeats=args.repeats)
+        cost = measure_checksum_cost(tmp, args.nbytes_mb * 1_000_000,
+                                     io_threads=args.io_threads,
+                                     direct=False if args.buffered else None,
+                                     repeats=max(args.repeats, 3))
     print(format_table(result))
+    print(format_checksum_table(cost))
     return 0
 
 

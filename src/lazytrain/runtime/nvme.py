@@ -95,32 +95,39 @@ class _PageSums:
 
     @staticmethod
     def pages(data: memoryview, offset: int):
-        """(page index, length, xxh3-64) of each page of `data` at file `offset`; None when
-        `offset` is not page-aligned (such requests are not checked)."""
-        if offset % PAGE_BYTES:
+        """(first page index, xxh3-64 digests [n] uint64, lengths [n] uint16) of the pages of
+        `data` at file `offset`; None when `offset` is not page-aligned (not checked)."""
+        if offset % PAGE_BYTES or not len(data):
             return None
-        first = offset // PAGE_BYTES
-        return [(first + k, len(data[a:a + PAGE_BYTES]),
-                 xxhash.xxh3_64_intdigest(data[a:a + PAGE_BYTES]))
-                for k, a in enumerate(range(0, len(data), PAGE_BYTES))]
+        digest = xxhash.xxh3_64_intdigest
+        sums = np.fromiter((digest(data[a:a + PAGE_BYTES])
+                            for a in range(0, len(data), PAGE_BYTES)), dtype=np.uint64)
+        lengths = np.full(len(sums), PAGE_BYTES, dtype=np.uint16)
+        lengths[-1] = len(data) - (len(sums) - 1) * PAGE_BYTES
+        return offset // PAGE_BYTES, sums, lengths
 
     def record(self, data: memoryview, offset: int) -> None:
         """Remember the digests of `data`, just written at `offset`."""
         pages = self.pages(data, offset)  # hashed outside the lock
-        if pages:
+        if pages is not None:
+            first, sums, lengths = pages
             with self.lock:
-                self._grow(pages[-1][0] + 1)
-                for index, length, digest in pages:
-                    self.digest[index], self.length[index] = digest, length
+                self._grow(first + len(sums))
+                self.digest[first:first + len(sums)] = sums
+                self.length[first:first + len(sums)] = lengths
 
     def first_mismatch(self, data: memoryview, offset: int) -> int | None:
         """File offset of the first page of `data` (just read at `offset`) whose digest differs
-        from the written one; None when all match (pages never written are not checked)."""
-        for index, length, digest in self.pages(data, offset) or ():
-            if index < len(self.length) and self.length[index] == length and \
-                    int(self.digest[index]) != digest:
-                return index * PAGE_BYTES
-        return None
+        from the written one; None when all match (pages never written, or written with
+        another length, are not checked)."""
+        pages = self.pages(data, offset)
+        if pages is None:
+            return None
+        first, sums, lengths = pages
+        n = max(0, min(len(sums), len(self.length) - first))
+        known = self.length[first:first + n] == lengths[:n]
+        bad = np.flatnonzero(known & (self.digest[first:first + n] != sums[:n]))
+        return int(first + bad[0]) * PAGE_BYTES if len(bad) else None
 
 
 def align_up(nbytes: int) -> int:
