@@ -2,7 +2,10 @@
 
 Layout of `RUN_DIR/checkpoints/step-000012/`:
 
-    config.json, model.safetensors (or shards + index)   HF-loadable fp32 weights
+    config.json, model.safetensors (or shards + index)   HF-loadable weights in the master
+                                                          dtype (config.json's dtype says
+                                                          which: float32 or bfloat16)
+    generation_config.json                                generation defaults of the config
     tokenizer.json, tokenizer_config.json, ...           the tokenizer, so the dir is a model
     trainer_state.pt                                      optimizer + RNG (engine), data position,
                                                           step, LR schedule position

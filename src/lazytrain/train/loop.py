@@ -9,8 +9,11 @@ per optimizer step: step, loss, tokens, label_tokens, step_s, tokens_per_s, mode
 grad_norm, peak_bytes per store accounting key), `windows.jsonl` (one JSON object per step and
 micro-batch: every window's wall, compute, waits and bytes per channel; schema in
 `runtime/instrument.py`), `summary.json`, `checkpoints/step-N/` (see
-`checkpoint.py`), `nvme/` (the NVMe tier's scratch unless runtime.nvme_dir is set),
-`tensorboard/` and `wandb/` when `train.report_to` names them (`tracking.py`).
+`checkpoint.py`), `nvme/` (the NVMe tier's scratch; with runtime.nvme_dir set, the job's own
+subdirectory `job-<run name>-<hash>` there, locked through `<that>.lock` so that a second job
+is refused: `setup.job_nvme_dir`), `tensorboard/` and `wandb/` when `train.report_to` names
+them (`tracking.py`). `summary.json` records the NVMe directory and whether O_DIRECT or
+buffered I/O ran there.
 
 Run directory: a fresh run (no `resume`) refuses a directory that already holds a run's state
 (checkpoints, metrics, windows, summary) unless `overwrite` is set, which deletes exactly those
