@@ -32,7 +32,7 @@ Plans come from `lazytrain.planner.evaluate` (`decisions_from_tiers` + `build_pl
 MegaTrain rule, which need no MILP solver (the validation machine has neither HiGHS nor SCIP).
 Imports only torch, transformers, the standard library and lazytrain; installs nothing.
 
-A global time budget (`--budget-s`, default 280 s) keeps the run under 5 minutes on an H200:
+A global time budget (`--budget-s`, default 270 s) keeps the run under 5 minutes on an H200:
 a section that cannot start in the time left is recorded as skipped (a failure), and a
 watchdog writes the JSON and exits if a section hangs. Every section catches its own errors;
 the JSON is rewritten (atomically) after each one. Exit code: 0 every selected section passed;
@@ -491,6 +491,8 @@ def host_alloc_s_per_gib(gibs: tuple[int, ...]) -> dict:
 def ceilings(ctx: Ctx) -> dict:
     """Link, GEMM and host-loop ceilings (the numbers the planner's cost model needs)."""
     dev, q = ctx.dev, ctx.quick
+    # first, before any pinned buffer exists that torch's host allocator could hand back
+    pinned_alloc = host_alloc_s_per_gib((1,) if q else (1, 2))
     shape = overlap_shape(q)
     sizes = {"boundary": shape["batch"] * shape["seq"] * shape["hidden"] * 2,
              "block": block_weight_bytes(shape)}
@@ -505,7 +507,7 @@ def ceilings(ctx: Ctx) -> dict:
     ctx.shared["copy_gbps"] = out["copies"]["block"]["alone"]
     out["host_loops"] = host_loops_gbps(sizes["block"] // 2 // (4 if q else 1), dev,
                                         repeats=2 if q else 3)
-    out["pinned_alloc"] = host_alloc_s_per_gib((1,) if q else (1, 2))
+    out["pinned_alloc"] = pinned_alloc
     from lazytrain.spec.hardware import get_hardware
     hw = get_hardware("h200")
     out["preset_h200"] = {"h2d_gb_per_s": hw.h2d_bytes_per_s / GB,
@@ -689,11 +691,11 @@ def ordering(ctx: Ctx) -> dict:
     with deterministic():
         base = engine_grads(adapter, plan, ctx, batches)
         vs_hf = grad_error(base, hf_grads(ref, batches))
-        engine_out = {"plan": {"tiers": tiers, "keep": list(keep)},
-                      "unstressed_vs_hf": vs_hf}
         window_lag = int(per_ms * (1 if q else 2))
+        engine_out = {"plan": {"tiers": tiers, "keep": list(keep)}, "unstressed_vs_hf": vs_hf,
+                      "lag_ms_per_window_or_copy": window_lag / per_ms}
         for mode, wrap in (("compute_lag", stress_compute(window_lag)),
-                           ("copy_lag", stress_copies(int(per_ms * 0.5)))):
+                           ("copy_lag", stress_copies(window_lag))):
             err = grad_error(engine_grads(adapter, plan, ctx, batches, wrap=wrap), base)
             engine_out[mode] = {**err, "ok": err["max_rel"] <= STRESS_TOL}
     engine_out["ok"] = (vs_hf["max_rel"] <= FP32_GRAD_TOL and engine_out["compute_lag"]["ok"]
@@ -879,7 +881,13 @@ def _intersect(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> fl
     return total
 
 
-def window_overlap(trace: list[dict], *, prefix: str = "lt_window:") -> dict:
+def _arg(event: dict, key: str):
+    """A trace event's args[key] (None when absent)."""
+    return (event.get("args") or {}).get(key)
+
+
+def window_overlap(trace: list[dict], *, prefix: str = "lt_window:",
+                   markers: dict[int, str] | None = None) -> dict:
     """Per window busy times from a Chrome trace of `torch.profiler` (times in us -> ms).
 
     GPU work (kernels, memcpys, memsets: args.stream, args.correlation) is attributed to the
@@ -889,7 +897,9 @@ def window_overlap(trace: list[dict], *, prefix: str = "lt_window:") -> dict:
     compute op to the end of its own last compute op. Within that span: compute_busy_ms (union
     of compute-stream ops), copy_busy_ms per other stream, overlapped_fraction (copy time on any
     stream that coincides with compute, over all copy time), exposed_ms (span - compute busy:
-    the compute stream idle, waiting for copies or the host).
+    the compute stream idle, waiting for copies or the host). `markers` maps the byte count of
+    a marker memcpy to the name of the stream it ran on (streams are named by it; others keep
+    their id).
 
     Returns:
         {"compute_stream": id, "windows": [{name, span_ms, compute_busy_ms, copy_busy_ms
@@ -899,22 +909,28 @@ def window_overlap(trace: list[dict], *, prefix: str = "lt_window:") -> dict:
     windows = sorted(((e["ts"], e["ts"] + e.get("dur", 0), e["name"][len(prefix):])
                       for e in trace if e.get("ph") == "X" and e.get("cat") == "user_annotation"
                       and e.get("name", "").startswith(prefix)))
-    launch_ts = {e["args"]["correlation"]: e["ts"] for e in trace
+    launch_ts = {_arg(e, "correlation"): e["ts"] for e in trace
                  if e.get("cat") in ("cuda_runtime", "cuda_driver")
-                 and "correlation" in e.get("args", {})}
+                 and _arg(e, "correlation") is not None}
     ops = [e for e in trace if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
                                                                         "gpu_memset")]
     kernel_time: dict = {}
     for e in ops:
         if e["cat"] == "kernel":
-            s = e["args"].get("stream")
+            s = _arg(e, "stream")
             kernel_time[s] = kernel_time.get(s, 0.0) + e.get("dur", 0)
     if not windows or not kernel_time:
         return {"compute_stream": None, "windows": []}
     compute = max(kernel_time, key=kernel_time.get)
+    names = {compute: "compute"}
+    for e in ops:
+        name = (markers or {}).get(_arg(e, "bytes")) if e["cat"] == "gpu_memcpy" else None
+        if name is not None:
+            names.setdefault(_arg(e, "stream"), name)
+    label = lambda s: names.get(s, str(s))  # noqa: E731
     by_stream: dict = {}
     for e in ops:
-        by_stream.setdefault(e["args"].get("stream"), []).append((e["ts"], e["ts"] + e.get("dur", 0)))
+        by_stream.setdefault(_arg(e, "stream"), []).append((e["ts"], e["ts"] + e.get("dur", 0)))
     starts = [w[0] for w in windows]
 
     def window_of(ts: float) -> int | None:
@@ -923,9 +939,9 @@ def window_overlap(trace: list[dict], *, prefix: str = "lt_window:") -> dict:
     last_end = [None] * len(windows)
     first_start = [None] * len(windows)
     for e in ops:
-        if e["args"].get("stream") != compute:
+        if _arg(e, "stream") != compute:
             continue
-        k = window_of(launch_ts.get(e["args"].get("correlation"), -1.0))
+        k = window_of(launch_ts.get(_arg(e, "correlation"), -1.0))
         if k is None:
             continue
         end = e["ts"] + e.get("dur", 0)
@@ -944,16 +960,24 @@ def window_overlap(trace: list[dict], *, prefix: str = "lt_window:") -> dict:
         copy_ms = _length(any_copy)
         rows.append({"name": name, "span_ms": (hi - lo) / 1e3,
                      "compute_busy_ms": _length(comp) / 1e3,
-                     "copy_busy_ms": {str(s): _length(u) / 1e3 for s, u in copies.items()
+                     "copy_busy_ms": {label(s): _length(u) / 1e3 for s, u in copies.items()
                                       if _length(u) > 0},
                      "overlapped_fraction": _intersect(any_copy, comp) / copy_ms if copy_ms else None,
                      "exposed_ms": (hi - lo - _length(comp)) / 1e3})
-    return {"compute_stream": str(compute), "windows": rows}
+    return {"compute_stream": str(compute), "stream_names": {str(k): v for k, v in names.items()},
+            "windows": rows}
 
 
-def profiled_run(engine, batches, trace_path: Path) -> None:
+ENGINE_STREAMS = ("h2d", "d2h", "ckpt_h2d", "ckpt_d2h")
+"""The runtime's copy streams (runtime/streams.py, runtime/activations.py)."""
+MARKER_BYTES = 4096 * 7 + 1
+"""Marker copy k has MARKER_BYTES + k bytes (a size no engine copy has): names stream k."""
+
+
+def profiled_run(engine, batches, trace_path: Path) -> dict[int, str]:
     """One compute_gradients under torch.profiler with a record_function per window (wrapping
-    the engine's `_timed_window` here, not in product code); writes the Chrome trace."""
+    the engine's `_timed_window` here, not in product code), then one marker copy per engine
+    stream; writes the Chrome trace and returns marker bytes -> stream name."""
     from torch.profiler import ProfilerActivity, profile, record_function
     original = engine._timed_window
 
@@ -963,12 +987,48 @@ def profiled_run(engine, batches, trace_path: Path) -> None:
             yield
     engine._timed_window = marked
     try:
+        dev = engine.dev
+        host = dev.pinned_empty(MARKER_BYTES + len(ENGINE_STREAMS))
+        target = dev.empty(MARKER_BYTES + len(ENGINE_STREAMS), torch.uint8)
+        dev.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             engine.compute_gradients(batches)
-            engine.dev.synchronize()
+            dev.synchronize()
+            for k, name in enumerate(ENGINE_STREAMS):
+                dev.host_wait(dev.copy(target[:MARKER_BYTES + k], host[:MARKER_BYTES + k],
+                                       stream=dev.stream(name)))
         prof.export_chrome_trace(str(trace_path))
     finally:
         engine._timed_window = original
+    return {MARKER_BYTES + k: name for k, name in enumerate(ENGINE_STREAMS)}
+
+
+def window_totals(rows: list[dict]) -> dict:
+    """Sums over the plan's windows (those with a prediction): span, compute busy, exposed and
+    predicted ms, and the copy-time-weighted overlapped fraction."""
+    rows = [r for r in rows if "predicted" in r]
+    copy = [sum(r["copy_busy_ms"].values()) for r in rows]
+    overlapped = sum(c * (r["overlapped_fraction"] or 0.0) for c, r in zip(copy, rows))
+    return {"span_ms": sum(r["span_ms"] for r in rows),
+            "compute_busy_ms": sum(r["compute_busy_ms"] for r in rows),
+            "exposed_ms": sum(r["exposed_ms"] for r in rows),
+            "predicted_ms": sum(r["predicted"]["time_ms"] for r in rows),
+            "predicted_exposed_ms": sum(r["predicted"]["exposed_ms"] for r in rows),
+            "copy_busy_ms": sum(copy),
+            "overlapped_fraction": overlapped / sum(copy) if sum(copy) else None}
+
+
+def ledger_figures(dev) -> dict:
+    """The device API's ledger after a step (runtime/ledger.py): peak HBM and pinned bytes it
+    booked and the owners at the HBM peak; on CUDA it books the runtime's own allocations, not
+    the compute stream's workspace, so its peak stays at or below the allocator's."""
+    try:
+        window, owners = dev.ledger.peak_owners("hbm")
+        return {"peak_hbm_bytes": dev.ledger.peak_bytes("hbm"),
+                "peak_pinned_bytes": dev.ledger.peak_bytes("pinned"),
+                "hbm_peak_window": window, "hbm_peak_owners": owners}
+    except AttributeError as exc:  # a runtime without the ledger: report, do not fail the rest
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def build_overlap_model(config, dev):
@@ -1007,13 +1067,17 @@ def overlap(ctx: Ctx) -> dict:
         ctx.dev.synchronize()
         step_s = time.perf_counter() - t0
         peak_alloc = torch.cuda.max_memory_allocated()
+        ledger = ledger_figures(ctx.dev)
         window_ms = engine.meter.times_ms()
         trace_path = ctx.tmp / "overlap_trace.json"
-        profiled_run(engine, batches, trace_path)
+        if ctx.budget.left() < 15:
+            raise TimeoutError(f"time budget: {ctx.budget.left():.0f} s left before the "
+                               "profiled step")
+        markers = profiled_run(engine, batches, trace_path)
     finally:
         engine.close()
     trace = json.loads(trace_path.read_text())
-    measured_windows = window_overlap(trace.get("traceEvents", trace))
+    measured_windows = window_overlap(trace.get("traceEvents", trace), markers=markers)
     predicted = {w.name: w for w in plan.windows}
     for row in measured_windows["windows"]:
         w = predicted.get(row["name"])
@@ -1027,6 +1091,8 @@ def overlap(ctx: Ctx) -> dict:
     model_tflops = flops / step_s / 1e12
     pred = plan.predicted
     missing = sorted(set(predicted) - {r["name"] for r in measured_windows["windows"]})
+    from lazytrain.planner.heuristics import heuristic_plan
+    heuristic = heuristic_plan(problem, time_budget_s=1.0)  # what the planner would pick here
     out = {"shape": shape, "plan": {"tiers": tiers, "keep": list(keep)},
            "measured_costs": measured, "step_s": step_s,
            "predicted_step_ms": pred.step_ms, "step_measured_over_predicted":
@@ -1034,11 +1100,18 @@ def overlap(ctx: Ctx) -> dict:
            "model_tflops": model_tflops, "predicted_model_tflops": pred.model_tflops,
            "gemm_peak_tflops": peak_tflops, "model_tflops_over_peak": model_tflops / peak_tflops,
            "max_memory_allocated_bytes": peak_alloc,
-           "predicted_peak_hbm_bytes": pred.peak_hbm_bytes,
-           "compute_stream": measured_windows["compute_stream"],
+           "predicted_peak_hbm_bytes": pred.peak_hbm_bytes, "ledger": ledger,
+           "step_s_is": "wall time of one compute_gradients (forward + backward, no optimizer)",
+           "stream_names": measured_windows.get("stream_names"),
+           "heuristic_plan": {"tiers": list(heuristic.tiers),
+                              "keep": list(heuristic.keep_internals),
+                              "predicted_step_ms": heuristic.predicted.step_ms},
+           "totals": window_totals(measured_windows["windows"]),
            "windows": measured_windows["windows"], "windows_missing_in_trace": missing}
     out["checks"] = {"every_plan_window_in_trace": not missing,
                      "peak_memory_within_prediction": peak_alloc <= pred.peak_hbm_bytes}
+    if "peak_hbm_bytes" in ledger:  # the ledger books a subset of what the allocator holds
+        out["checks"]["ledger_peak_within_allocator_peak"] = ledger["peak_hbm_bytes"] <= peak_alloc
     out["ok"] = all(out["checks"].values())
     return out
 
@@ -1064,8 +1137,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="smaller shapes and fewer repeats (about half the time)")
     p.add_argument("--only", default=None,
                    help="comma-separated sections to run (environment always runs)")
-    p.add_argument("--budget-s", type=float, default=280.0,
-                   help="global time budget, s (default 280: under 5 minutes with start-up)")
+    p.add_argument("--budget-s", type=float, default=270.0,
+                   help="global time budget, s (default 270: under 5 minutes with start-up "
+                        "and the watchdog's grace)")
     p.add_argument("--tmp-dir", type=Path, default=None,
                    help="directory for the NVMe tier and the trace (default: a new temp dir)")
     args = p.parse_args(argv)

@@ -92,16 +92,18 @@ def test_window_overlap_on_a_hand_made_trace():
         _x("kernel", 1200, 100, correlation=2, stream=7),
         _x("gpu_memcpy", 1050, 200, correlation=3, stream=8),
         _x("kernel", 1400, 100, correlation=4, stream=7),
+        _x("gpu_memcpy", 2000, 1, correlation=9, stream=8, bytes=5),  # names stream 8
     ]
-    got = gv.window_overlap(trace)
+    got = gv.window_overlap(trace, markers={5: "h2d"})
     assert got["compute_stream"] == "7"  # 300 us of kernels against none elsewhere
+    assert got["stream_names"] == {"7": "compute", "8": "h2d"}
     f0, f1 = got["windows"]
     # f0 spans its first to its last compute op: [1000, 1300] us; compute busy 100 + 100;
     # the copy [1050, 1250] coincides with compute on [1050, 1100] and [1200, 1250]
     assert f0["name"] == "f0"
     assert f0["span_ms"] == pytest.approx(0.3)
     assert f0["compute_busy_ms"] == pytest.approx(0.2)
-    assert f0["copy_busy_ms"] == {"8": pytest.approx(0.2)}
+    assert f0["copy_busy_ms"] == {"h2d": pytest.approx(0.2)}
     assert f0["overlapped_fraction"] == pytest.approx(100 / 200)
     assert f0["exposed_ms"] == pytest.approx(0.1)
     # f1 starts where f0's compute ended (1300) and ends at its kernel's end (1500)
@@ -135,3 +137,19 @@ def test_quick_ordering_section_passes_on_the_gpu(tmp_path):
     proc = _run("--quick", "--only", "ordering", "--out", str(out), timeout=300)
     data = json.loads(out.read_text())
     assert proc.returncode == 0, json.dumps(data["sections"]["ordering"], indent=1)[:4000]
+
+
+def test_window_totals_weight_the_overlap_by_copy_time():
+    gv = _module()
+    rows = [{"span_ms": 3.0, "compute_busy_ms": 2.0, "exposed_ms": 1.0, "overlapped_fraction": 0.5,
+             "copy_busy_ms": {"h2d": 2.0}, "predicted": {"time_ms": 2.5, "exposed_ms": 0.5}},
+            {"span_ms": 1.0, "compute_busy_ms": 1.0, "exposed_ms": 0.0, "overlapped_fraction": 1.0,
+             "copy_busy_ms": {"h2d": 1.0, "d2h": 1.0}, "predicted": {"time_ms": 1.0,
+                                                                    "exposed_ms": 0.0}},
+            {"name": "pre", "span_ms": 9.0, "compute_busy_ms": 9.0, "exposed_ms": 0.0,
+             "overlapped_fraction": None, "copy_busy_ms": {}}]  # no prediction: left out
+    got = gv.window_totals(rows)
+    assert got["span_ms"] == 4.0 and got["compute_busy_ms"] == 3.0 and got["exposed_ms"] == 1.0
+    assert got["predicted_ms"] == 3.5 and got["predicted_exposed_ms"] == 0.5
+    assert got["copy_busy_ms"] == 4.0
+    assert got["overlapped_fraction"] == pytest.approx((2.0 * 0.5 + 2.0 * 1.0) / 4.0)
