@@ -107,8 +107,8 @@ def test_a_staging_buffer_rewritten_before_its_h2d_completed_is_caught(tmp_path,
 
 def test_a_gradient_read_on_the_host_before_its_d2h_completed_is_caught(tmp_path, monkeypatch):
     def finish_oldest(self):
-        event, k, buf, group, first, on_done = self.pending.popleft()
-        group.accumulate_grad(buf, first=first)  # no host wait for the copy
+        event, k, buf, group, first, start, on_done = self.pending.popleft()
+        group.accumulate_grad(buf, first=first, start=start)  # no host wait for the copy
         self.free.append(k)
         if on_done is not None:
             on_done()

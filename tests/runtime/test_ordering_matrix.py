@@ -142,8 +142,8 @@ def test_cpu_threaded_turns_an_early_gradient_read_into_wrong_gradients(tmp_path
     from lazytrain.runtime import streams as streams_mod
 
     def finish_oldest(self):  # accumulates without waiting for the gradient's D2H
-        event, k, buf, group, first, on_done = self.pending.popleft()
-        group.accumulate_grad(buf, first=first)
+        event, k, buf, group, first, start, on_done = self.pending.popleft()
+        group.accumulate_grad(buf, first=first, start=start)
         self.free.append(k)
         if on_done is not None:
             on_done()

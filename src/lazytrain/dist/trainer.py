@@ -108,7 +108,7 @@ class DataParallelTrainer(Trainer):
             grad_accum=tc.grad_accum, seed=rank_seed(tc.seed, self.ctx.rank),
             io_threads=self.cfg.runtime.io_threads, shared_masters=self.masters_shared,
             model_config_sha256=setup.model_config_sha256(self.adapter.config), store=store,
-            instrument=True)
+            instrument=True, head_chunk_tokens=self.cfg.runtime.head_chunk_tokens, budgets=True)
 
     def _make_replanner(self):
         """Rank 0's online re-planner (`planner.replan_every_steps`), fed with rank 0's measured

@@ -39,8 +39,10 @@ from lazytrain.runtime.streams import DeviceWeights, GradDrain, WindowMeter
 
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
-HEAD_CHUNK_TOKENS = 128
-"""Sequence positions per head/loss chunk: logits exist for [B, chunk, V] at a time."""
+HEAD_CHUNK_TOKENS = 1024
+"""Default flattened tokens (micro-batch x positions) per head/loss chunk: logits exist for
+[B, HEAD_CHUNK_TOKENS // B, V] at a time; `runtime.head_chunk_tokens`, which the planner's head
+workspace counts with the same meaning."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -81,6 +83,9 @@ class _MicroBatch:
     weights: dict[int, object] = field(default_factory=dict)
     aux: RouterAux | None = None
     """MoE router aux-loss statistics (None when the model adds no aux loss)."""
+    pending_drain: tuple | None = None
+    """(group, device gradient, on_done) of the block whose backward just ran: drained at the
+    start of the next window."""
 
 
 class Engine:
@@ -106,6 +111,12 @@ class Engine:
         store: an existing CheckpointStore (tests with fault hooks); default: a new one.
         instrument: record every window's waits and bytes per channel (runtime/instrument.py)
             into `StepStats.windows`.
+        head_chunk_tokens: flattened tokens per head/loss chunk (`runtime.head_chunk_tokens`);
+            a chunk covers max(1, head_chunk_tokens // micro_batch) positions.
+        budgets: reserve against the HBM and pinned budgets the plan was made for
+            (`plan_budgets`): an allocation past them raises HbmBudgetExceeded /
+            HostBudgetExceeded naming the owner and window, before the memory is requested.
+            False: book only.
         optimizer: an existing optimizer with `BlockOptimizer`'s interface (data parallel:
             `lazytrain.dist.sharding.ShardedOptimizer`); default: a new `BlockOptimizer`.
         grad_sync: data parallel hook (`lazytrain.dist.reducer.GradReducer`): `all_sum(x)` sums a
@@ -120,7 +131,8 @@ class Engine:
                  clip_grad_norm: float | None = None, grad_accum: int = 1, seed: int = 0,
                  io_threads: int = 2, model_config_sha256: str | None = None,
                  store: CheckpointStore | None = None, optimizer: BlockOptimizer | None = None,
-                 grad_sync=None, instrument: bool = False) -> None:
+                 grad_sync=None, instrument: bool = False,
+                 head_chunk_tokens: int = HEAD_CHUNK_TOKENS, budgets: bool = False) -> None:
         dev = store.dev if store is not None and not isinstance(device, Device) else device
         if plan.num_blocks != adapter.num_blocks:
             raise ValueError(f"plan has {plan.num_blocks} blocks, model has {adapter.num_blocks}")
@@ -140,10 +152,17 @@ class Engine:
             self.dev.host_tensor(g.master, name=f"{g.name} master")
             self.dev.host_tensor(g.grad, name=f"{g.name} gradient accumulator")
         self.weights = DeviceWeights(self.params, self.dev, self.dtype)
-        self.drain = GradDrain(self.dev, max(self.params.max_block_numel(),
-                                             self.params.ends.numel))
-        self.meter = WindowMeter(self.dev)
+        if head_chunk_tokens < 1:
+            raise ValueError(f"runtime.head_chunk_tokens must be >= 1; got {head_chunk_tokens}")
+        self.head_chunk_tokens = head_chunk_tokens
         self.ledger = self.dev.ledger
+        self.budgets = budgets
+        if budgets:
+            hbm, pinned = plan_budgets(plan)
+            self.ledger.set_limits(hbm_limits=None if hbm is None else {"*": hbm},
+                                   pinned_limit_bytes=pinned)
+        self.drain = GradDrain(self.dev, self.params.max_block_numel(), dtype=self.dtype)
+        self.meter = WindowMeter(self.dev)
         self.store = store or CheckpointStore(
             device=self.dev, nvme_dir=Path(nvme_dir or "lazytrain_nvme"), io_threads=io_threads,
             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
@@ -294,11 +313,14 @@ class Engine:
         """b{L-1}..b0 segment by segment (last first), then the embedding backward (post).
 
         `step_lr` set: the last micro-batch of a step without clipping; each block's update is
-        queued as soon as its gradient is in the host accumulator.
+        queued as soon as its gradient is in the host accumulator. Block j+1's gradient drains
+        in window b{j} (while block j computes) and block 0's in post, as the plan counts them.
         """
         for s, e in self.plan.segments_backward():
             for j in range(e - 1, s - 1, -1):
                 with self.window(f"b{j}"):
+                    if mb.pending_drain is not None:
+                        self.drain_gradients(mb)  # block j+1's
                     self.issue_transfers(f"b{j}", mb)
                     if j >= 1 and j - 1 not in self.resident:
                         mb.weights[j - 1] = self.prefetch_weights(j - 1)
@@ -308,6 +330,7 @@ class Engine:
                     self.store.release(j, micro_batch=mb.index)
                     self.weights.release(mb.weights.pop(j))
         with self._timed_window("post"):
+            self.drain_gradients(mb)  # block 0's
             self.embed_backward(mb, grad)
             on_done = (self._on_grads_final(self.params.ends, step_lr)
                        if mb.index == self.grad_accum - 1 else None)
@@ -411,8 +434,14 @@ class Engine:
         group = self.params.blocks[j]
         self.optimizer.note_gradients(group, dict(zip(leaves, grad_leaves)), first=mb.index == 0)
         on_done = self._on_grads_final(group, step_lr) if mb.index == self.grad_accum - 1 else None
-        self.drain.drain(group, grad_w, first=mb.index == 0, on_done=on_done)
+        mb.pending_drain = (group, grad_w, on_done)  # drained in the next window
         return grad_x
+
+    def drain_gradients(self, mb: _MicroBatch) -> None:
+        """Start the D2H of the last backward block's gradient (GradDrain)."""
+        group, grad_w, on_done = mb.pending_drain
+        mb.pending_drain = None
+        self.drain.drain(group, grad_w, first=mb.index == 0, on_done=on_done)
 
     def _on_grads_final(self, group, step_lr: float | None):
         """Callback for the drain of `group`'s last micro-batch: start its cross-rank reduction
@@ -431,21 +460,24 @@ class Engine:
     def head_chunks(self, mb: _MicroBatch, h: torch.Tensor, tokens: int
                     ) -> tuple[float, torch.Tensor]:
         """Loss and its gradient chunk by chunk; never materialises [B, S, V] logits."""
-        ends = self.params.ends
+        names = list(dict.fromkeys((self._norm_name, self.adapter.head_name)))  # tied: once
+        grad_views = self.params.ends.views(self._ends_grad)
         grad_h = torch.empty_like(h)
         total = 0.0
-        for a in range(0, h.shape[1], HEAD_CHUNK_TOKENS):
-            b = min(h.shape[1], a + HEAD_CHUNK_TOKENS)
+        chunk = max(1, self.head_chunk_tokens // h.shape[0])  # positions of [B, chunk] tokens
+        for a in range(0, h.shape[1], chunk):
+            b = min(h.shape[1], a + chunk)
             x = h[:, a:b].detach().requires_grad_()
-            w = self._ends_dev.detach().requires_grad_()
-            v = ends.views(w)
+            # one leaf per weight (views, no copy): no ends-sized zero gradient per chunk
+            leaves = {n: self._ends_view(n).detach().requires_grad_() for n in names}
             with torch.enable_grad():
                 loss = self.adapter.head_loss_sum(
-                    x, mb.targets[:, a:b], norm_weight=v[self._norm_name],
-                    head_weight=v[self.adapter.head_name]) / max(tokens, 1)
-            gx, gw = torch.autograd.grad(loss, (x, w))
+                    x, mb.targets[:, a:b], norm_weight=leaves[self._norm_name],
+                    head_weight=leaves[self.adapter.head_name]) / max(tokens, 1)
+            gx, *gw = torch.autograd.grad(loss, (x, *leaves.values()))
             grad_h[:, a:b] = gx
-            self._ends_grad.add_(gw)
+            for n, g in zip(leaves, gw):
+                grad_views[n].add_(g)  # accumulated in place, fp32
             total += float(loss.detach())
         return total, grad_h
 
@@ -456,11 +488,12 @@ class Engine:
 
     def embed_backward(self, mb: _MicroBatch, grad: torch.Tensor) -> None:
         """d loss / d embedding weight from d loss / d boundary 0, into the ends gradient."""
-        w = self._ends_dev.detach().requires_grad_()
+        name = self.adapter.embed_name
+        w = self._ends_view(name).detach().requires_grad_()
         with torch.enable_grad():
-            out = self.adapter.embed(mb.input_ids, self.params.ends.views(w)[self.adapter.embed_name])
+            out = self.adapter.embed(mb.input_ids, w)
         (gw,) = torch.autograd.grad(out, (w,), grad)
-        self._ends_grad.add_(gw)
+        self.params.ends.views(self._ends_grad)[name].add_(gw)  # in place, fp32
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -638,3 +671,30 @@ class Engine:
         self.optimizer.close()
         self.store.close()
         self.dev.close()
+
+
+def plan_budgets(plan: Plan) -> tuple[int | None, int | None]:
+    """(HBM bytes, pinned host bytes) the plan was made to fit: the ledger's hard limits.
+
+    HBM: the planner's HBM budget (`provenance.memory.hbm_budget_bytes`: the device's memory
+    less its reserve); past it the allocator would fail, so the ledger refuses first, naming the
+    owner. Pinned: the DRAM left after the host states (DRAM-tier checkpoints and staging pools
+    live there). The plan's *predictions* (usually lower) are compared with the ledger's
+    measured peaks in `lazytrain report`. None where the plan carries no memory model (a
+    hand-made problem).
+    """
+    memory = (plan.provenance or {}).get("memory") or {}
+    hbm = memory.get("hbm_budget_bytes")
+    pinned = None
+    if "dram_free_for_checkpoints_bytes" in memory and "staging_bytes" in memory:
+        pinned = max(0, memory["dram_free_for_checkpoints_bytes"] + memory["staging_bytes"])
+    return (None if hbm is None else int(hbm)), (None if pinned is None else int(pinned))
+
+
+def predicted_pinned_bytes(plan: Plan) -> int | None:
+    """The plan's predicted pinned host bytes: its DRAM bytes less the host states (DRAM-tier
+    checkpoints + staging pools); None without a memory model."""
+    memory = (plan.provenance or {}).get("memory") or {}
+    if plan.predicted is None or "states_bytes" not in memory:
+        return None
+    return int(plan.predicted.dram_bytes - memory["states_bytes"])

@@ -63,7 +63,7 @@ class HbmBudgetExceeded(AssertionError):
                    f"plan's hbm_checkpoint_bytes {limit_bytes} by {held_bytes - limit_bytes}")
         else:
             msg = (f"window {window}: reserving HBM for {owner} would hold {held_bytes} bytes, "
-                   f"over the plan's peak HBM {limit_bytes} by {held_bytes - limit_bytes}")
+                   f"over the plan's HBM budget {limit_bytes} by {held_bytes - limit_bytes}")
         super().__init__(msg + (f" ({detail})" if detail else ""))
         self.window = window
         self.held_bytes = held_bytes
@@ -72,19 +72,20 @@ class HbmBudgetExceeded(AssertionError):
 
 
 class HostBudgetExceeded(RuntimeError):
-    """A pinned host reservation would pass the plan's pinned (staging + DRAM-tier) bytes.
+    """A pinned host reservation would pass the plan's pinned budget (the DRAM left for
+    DRAM-tier checkpoints and staging pools after the host states).
 
     Attributes:
         window: window name of the reservation.
         owner: what asked for the memory ("weight staging buffer 2", ...).
         held_bytes: pinned bytes held including the request (bytes).
-        limit_bytes: the plan's pinned bytes (bytes).
+        limit_bytes: the plan's pinned budget (bytes).
     """
 
     def __init__(self, *, window: str, held_bytes: int, limit_bytes: int, owner: str,
                  detail: str = "") -> None:
         super().__init__(f"window {window}: pinning host memory for {owner} would hold "
-                         f"{held_bytes} bytes, over the plan's pinned bytes {limit_bytes} by "
+                         f"{held_bytes} bytes, over the plan's pinned budget {limit_bytes} by "
                          f"{held_bytes - limit_bytes}" + (f" ({detail})" if detail else ""))
         self.window = window
         self.owner = owner

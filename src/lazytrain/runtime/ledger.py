@@ -47,7 +47,8 @@ class Ledger:
     """Bytes held per kind and owner, and bytes moved per channel, window by window.
 
     Args:
-        hbm_limits: window name -> the plan's peak HBM bytes for that window (None: no check).
+        hbm_limits: window name -> the plan's peak HBM bytes for that window; the key "*"
+            applies to every window without its own (None: no check).
         pinned_limit_bytes: the plan's pinned host bytes (None: no check).
     """
 
@@ -116,7 +117,7 @@ class Ledger:
         with self._lock:
             now = self._total[kind] + nbytes
             if kind == "hbm":
-                limit = self.hbm_limits.get(self.window)
+                limit = self.hbm_limits.get(self.window, self.hbm_limits.get("*"))
                 if limit is not None and now > limit:
                     raise HbmBudgetExceeded(window=self.window, held_bytes=now, limit_bytes=limit,
                                             owner=owner, detail=self._top(kind))

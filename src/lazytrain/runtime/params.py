@@ -96,7 +96,8 @@ class ParamGroup:
     def grad_views(self) -> dict[str, torch.Tensor]:
         return self.views(self.grad)
 
-    def accumulate_grad(self, flat_grad: torch.Tensor | None, *, first: bool) -> None:
+    def accumulate_grad(self, flat_grad: torch.Tensor | None, *, first: bool,
+                        start: int = 0) -> None:
         """Add one backward's flat gradient (host, fp32 or compute dtype) into the accumulator.
 
         A bf16 accumulator rounds to nearest once per contribution: `add_` computes the sum
@@ -104,18 +105,21 @@ class ParamGroup:
         micro-batches rounds once per micro-batch (MegaTrain's bf16 gradient layout).
 
         Args:
-            flat_grad: [numel] gradient of the group, or None when no parameter of the group
-                was used (the accumulator then gets zeros).
+            flat_grad: [n] gradient of elements start..start+n of the group (the whole group by
+                default), or None when no parameter of the group was used (the accumulator
+                then gets zeros).
             first: True for the first contribution of the step: overwrite instead of add.
+            start: element offset of `flat_grad` in the group (chunked drains).
         """
         if flat_grad is None:
             if first:
                 self.grad.zero_()
             return
+        target = self.grad[start:start + flat_grad.numel()]
         if first:
-            self.grad.copy_(flat_grad)
+            target.copy_(flat_grad)
         else:
-            self.grad.add_(flat_grad)
+            target.add_(flat_grad)
 
 
 class HostParams:

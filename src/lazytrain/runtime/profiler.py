@@ -135,8 +135,9 @@ class BlockBench:
         a = self.adapter
         targets = torch.nn.functional.pad(self.labels[:, 1:], (0, 1), value=-100)
         norm_name = f"{a.layout.norm}.weight"
-        for c0 in range(0, self.h.shape[1], HEAD_CHUNK_TOKENS):
-            c1 = min(self.h.shape[1], c0 + HEAD_CHUNK_TOKENS)
+        chunk = max(1, HEAD_CHUNK_TOKENS // self.h.shape[0])  # as the engine's head chunks
+        for c0 in range(0, self.h.shape[1], chunk):
+            c1 = min(self.h.shape[1], c0 + chunk)
             x = self.h[:, c0:c1].detach().requires_grad_()
             w = self.ends.detach().requires_grad_()
             v = self.params.ends.views(w)

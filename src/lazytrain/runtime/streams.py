@@ -114,48 +114,59 @@ class DeviceWeights:
 class GradDrain:
     """Device gradients -> host accumulators, in order, through a bounded buffer pool.
 
-    Each drain converts the gradient to fp32 on the device, copies it into a pinned fp32 buffer
-    on the "d2h" stream (after the compute that produced it), and the host adds it into the
-    accumulator only after the copy's event completed; the buffer is reused only then. The
-    accumulator has the master dtype: a bf16 one rounds each fp32 contribution once
-    (`ParamGroup.accumulate_grad`).
+    Gradients travel in the compute dtype (the plan's G bytes; MegaTrain drains bf16 too): each
+    drain copies the flat gradient into a pinned buffer on the "d2h" stream (after the compute
+    that produced it), and the host adds it into the accumulator only after the copy's event
+    completed; the buffer is reused only then. A group larger than one buffer (the ends:
+    embedding + head, accumulated in fp32 on the device) drains in buffer-sized chunks, each
+    converted to the compute dtype by the copy. The accumulator has the master dtype: a bf16
+    one rounds each contribution once (`ParamGroup.accumulate_grad`).
 
     Args:
         device: the device API.
-        numel: largest group, elements.
+        numel: elements per buffer (the largest block).
+        dtype: the compute dtype (of the gradients on the link).
         count: pinned buffers in flight.
     """
 
-    def __init__(self, device: Device, numel: int, *, count: int = 2) -> None:
+    def __init__(self, device: Device, numel: int, *, dtype: torch.dtype = torch.float32,
+                 count: int = 2) -> None:
         self.device = device
         self.d2h = device.stream("d2h")
         self.pending: deque = deque()
-        self.buffers = [device.pinned_empty(numel * 4, name=f"gradient drain buffer {k}")
-                        .view(torch.float32) for k in range(count)]
+        size = torch.empty((), dtype=dtype).element_size()
+        self.numel = numel
+        self.buffers = [device.pinned_empty(numel * size, name=f"gradient drain buffer {k}")
+                        .view(dtype) for k in range(count)]
         self.free = deque(range(len(self.buffers)))
 
     def drain(self, group: ParamGroup, grad: torch.Tensor | None, *, first: bool,
               on_done: Callable[[], None] | None = None) -> None:
-        """Queue one gradient; `on_done` runs once it is in the host accumulator."""
+        """Queue one gradient ([group.numel] on the device, any float dtype); `on_done` runs once
+        all of it is in the host accumulator."""
         if grad is None:
             group.accumulate_grad(None, first=first)
             if on_done is not None:
                 on_done()
             return
-        if not self.free:
-            self._finish_oldest()
-        k = self.free.popleft()
-        buf = self.buffers[k][:group.numel]
-        src = grad.float()
-        self.device.wait_stream(self.d2h, self.device.compute)  # src is complete on compute
-        event = self.device.copy(buf, src, stream=self.d2h)
-        self.device.record_stream(src, self.d2h)  # src is freed by compute before the copy ran
-        self.pending.append((event, k, buf, group, first, on_done))
+        self.device.wait_stream(self.d2h, self.device.compute)  # grad is complete on compute
+        starts = range(0, group.numel, self.numel)
+        for start in starts:
+            end = min(group.numel, start + self.numel)
+            if not self.free:
+                self._finish_oldest()
+            k = self.free.popleft()
+            buf = self.buffers[k][:end - start]
+            event = self.device.copy(buf, grad[start:end], stream=self.d2h)
+            last = start == starts[-1]
+            self.pending.append((event, k, buf, group, first, start, on_done if last else None))
+        # the device gradient may be freed by compute before the copies ran
+        self.device.record_stream(grad, self.d2h)
 
     def _finish_oldest(self) -> None:
-        event, k, buf, group, first, on_done = self.pending.popleft()
+        event, k, buf, group, first, start, on_done = self.pending.popleft()
         self.device.host_wait(event)  # sync point: the copy into buf is complete
-        group.accumulate_grad(buf, first=first)
+        group.accumulate_grad(buf, first=first, start=start)
         self.free.append(k)
         if on_done is not None:
             on_done()

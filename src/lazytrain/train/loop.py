@@ -372,7 +372,8 @@ class Trainer:
                       weight_decay=tc.weight_decay, clip_grad_norm=tc.clip_grad_norm or None,
                       grad_accum=tc.grad_accum, seed=tc.seed, io_threads=self.cfg.runtime.io_threads,
                       model_config_sha256=setup.model_config_sha256(self.adapter.config),
-                      store=store, instrument=True)
+                      store=store, instrument=True,
+                      head_chunk_tokens=self.cfg.runtime.head_chunk_tokens, budgets=True)
 
     def _restore(self, state: dict) -> None:
         self.engine.load_state_dict(state["engine"])
