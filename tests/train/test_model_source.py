@@ -65,6 +65,7 @@ def test_plan_of_a_named_hub_model_reads_its_config_from_the_hf_cache(offline_ca
     assert main(["plan", "--config", str(path), "--policy", "megatrain"]) == 0
     out = capsys.readouterr().out
     assert "5 blocks" in out and "30 blocks" not in out  # not the built-in SmolLM2
+    assert "plan for Org/Five (Org/Five) on " in out  # the summary names the source
 
 
 def test_an_uncached_hub_id_while_offline_exits_2_with_one_line(offline_cache, capsys):

@@ -351,7 +351,9 @@ def format_table(problem, plan, report: dict) -> str:
     from lazytrain.planner.plan import TIERS
 
     L, prov = plan.num_blocks, plan.provenance
-    lines = [f"plan for {prov.get('model', problem.name)} on {prov.get('hardware', '?')}: "
+    source = ((prov.get("config") or {}).get("model") or {}).get("config_path")
+    model = prov.get('model', problem.name) + (f" ({source})" if source else "")
+    lines = [f"plan for {model} on {prov.get('hardware', '?')}: "
              f"{L} blocks, seq {prov.get('seq_len', '?')}, micro-batch "
              f"{prov.get('micro_batch', '?')}, grad-accum {problem.grad_accum}"]
     s = report["solver"]
