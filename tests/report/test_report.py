@@ -71,7 +71,8 @@ def test_compare_gives_hand_computed_medians_and_deltas(tmp_path):
     assert c.measured_step_ms == 45 and c.predicted_step_ms == 40
     assert c.measured_exposed_ms["h2d"] == 4
     assert c.predicted_exposed_ms == pytest.approx(2.0 + 0.0 + 8.0)
-    assert (c.predicted_peak_hbm_bytes, c.measured_peak_hbm_bytes) == (300, 250)
+    assert (c.predicted_peak_checkpoint_bytes, c.measured_peak_checkpoint_bytes) == (300, 250)
+    assert c.measured_peak_hbm_bytes is None  # recorded without the ledger
     assert [w.name for w in c.most_wrong()] == ["b0", "f0", "turn"]
 
 
@@ -97,3 +98,38 @@ def test_format_table_names_the_totals_and_the_most_wrong_window(tmp_path):
     text = format_table(compare(plan, read_windows_jsonl(tmp_path / "windows.jsonl")))
     assert "step time" in text and "peak HBM" in text
     assert "most wrong: b0 (+6.00 ms)" in text
+
+
+def test_compare_reports_the_ledgers_peaks_owners_and_bytes_per_window(tmp_path):
+    plan = plan_dict()
+    plan["predicted"].update(peak_hbm_bytes=5000, dram_bytes=9000)
+    plan["provenance"]["memory"] = {"states_bytes": 8000}
+    plan["windows"][0]["h2d_bytes"] = 4096  # f0 loads 4096 bytes
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    pid = plan_id_of_dict(plan)
+    with open(run_dir / "windows.jsonl", "w") as fh:
+        for step, (hbm, pinned, moved) in {1: (4000, 900, 4096), 2: (4500, 1000, 4096)}.items():
+            ws = []
+            for n in ("pre", "f0", "turn", "b0", "post"):
+                w = window(n, 1.0)
+                w["ledger"] = {"hbm_bytes": hbm if n == "turn" else 10, "pinned_bytes": pinned,
+                               "moved": dict(ZERO_BYTES, h2d=moved if n == "f0" else 0)}
+                ws.append(w)
+            fh.write(json.dumps({"step": step, "micro_batch": 0, "plan_id": pid, "windows": ws,
+                                 "ledger_peak": {"window": "turn", "hbm_bytes": hbm,
+                                                 "pinned_bytes": pinned,
+                                                 "owners": {"kept graph of block 0": hbm}}})
+                     + "\n")
+    c = compare(plan, read_windows_jsonl(run_dir / "windows.jsonl"), skip_steps=0)
+    assert (c.predicted_peak_hbm_bytes, c.measured_peak_hbm_bytes) == (5000, 4500)
+    assert (c.predicted_pinned_bytes, c.measured_pinned_bytes) == (1000, 1000)  # 9000 - 8000
+    assert c.peak_window == "turn" and c.peak_owners == {"kept graph of block 0": 4500}
+    rows = {w.name: w for w in c.windows}
+    assert rows["f0"].predicted_bytes["h2d"] == 4096 and rows["f0"].measured_bytes["h2d"] == 4096
+    assert rows["turn"].measured_ledger_hbm_bytes == 4500
+    d = c.to_dict()
+    assert {"predicted_peak_hbm_bytes", "measured_peak_hbm_bytes", "predicted_pinned_bytes",
+            "measured_pinned_bytes", "predicted_peak_checkpoint_bytes",
+            "measured_peak_checkpoint_bytes"} <= set(d)
+    assert "largest at the HBM peak (turn): kept graph of block 0 0.00 MB" in format_table(c)

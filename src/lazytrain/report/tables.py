@@ -23,6 +23,8 @@ from lazytrain.planner.plan import plan_digest
 
 CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write", "optimizer")
 """`wait_ms` keys of windows.jsonl (runtime/instrument.py)."""
+BYTE_CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write")
+"""Per-window byte channels: the plan's `{channel}_bytes`, the ledger's `moved`."""
 
 
 def plan_id_of_dict(plan_dict: dict) -> str:
@@ -43,7 +45,16 @@ class WindowRow:
     exposed_ms: dict[str, float]
     """Measured median wait per channel, ms."""
     predicted_hbm_bytes: float | None
+    """The plan's hbm_checkpoint_bytes of the window (checkpoint store only)."""
     measured_hbm_bytes: int
+    """The store's measured checkpoint bytes (max over samples)."""
+    predicted_bytes: dict[str, float] | None = None
+    """The plan's bytes per channel in this window (one micro-batch)."""
+    measured_bytes: dict[str, int] | None = None
+    """The ledger's bytes moved per channel (median over samples; None for runs recorded
+    before the ledger)."""
+    measured_ledger_hbm_bytes: int | None = None
+    """The ledger's peak HBM bytes over all owners in the window (max over samples)."""
 
     @property
     def delta_ms(self) -> float | None:
@@ -63,10 +74,23 @@ class Comparison:
     """grad_accum * sum of the plan windows' exposed_ms."""
     measured_exposed_ms: dict[str, float]
     """Per channel: median over steps of the step's summed waits, ms."""
-    predicted_peak_hbm_bytes: float
+    predicted_peak_checkpoint_bytes: float
     """Max over windows of the plan's hbm_checkpoint_bytes (checkpoint store only)."""
-    measured_peak_hbm_bytes: int
+    measured_peak_checkpoint_bytes: int
+    """Max over windows of the store's measured checkpoint bytes."""
     windows: list[WindowRow]
+    predicted_peak_hbm_bytes: float | None = None
+    """The plan's whole predicted peak HBM (fixed working set + checkpoints + kept graphs)."""
+    measured_peak_hbm_bytes: int | None = None
+    """The allocation ledger's peak over all owners (None: run recorded before the ledger)."""
+    predicted_pinned_bytes: float | None = None
+    """The plan's DRAM bytes less the host states: DRAM-tier checkpoints + staging pools."""
+    measured_pinned_bytes: int | None = None
+    """The ledger's peak pinned host bytes."""
+    peak_window: str | None = None
+    """Window of the ledger's HBM peak."""
+    peak_owners: dict[str, int] | None = None
+    """Largest owners at the ledger's HBM peak, bytes."""
 
     def most_wrong(self, k: int = 5) -> list[WindowRow]:
         """The k windows with the largest |measured - predicted| (predicted windows only)."""
@@ -81,14 +105,22 @@ class Comparison:
             "measured_exposed_ms": self.measured_exposed_ms,
             "predicted_peak_hbm_bytes": self.predicted_peak_hbm_bytes,
             "measured_peak_hbm_bytes": self.measured_peak_hbm_bytes,
+            "predicted_pinned_bytes": self.predicted_pinned_bytes,
+            "measured_pinned_bytes": self.measured_pinned_bytes,
+            "predicted_peak_checkpoint_bytes": self.predicted_peak_checkpoint_bytes,
+            "measured_peak_checkpoint_bytes": self.measured_peak_checkpoint_bytes,
+            "peak_window": self.peak_window, "peak_owners": self.peak_owners,
             "windows": [{"name": w.name, "predicted_ms": w.predicted_ms,
                          "measured_ms": w.measured_ms, "delta_ms": w.delta_ms,
                          "predicted_compute_ms": w.predicted_compute_ms,
                          "measured_compute_ms": w.measured_compute_ms,
                          "predicted_exposed_ms": w.predicted_exposed_ms,
                          "exposed_ms": w.exposed_ms,
-                         "predicted_hbm_bytes": w.predicted_hbm_bytes,
-                         "measured_hbm_bytes": w.measured_hbm_bytes} for w in self.windows],
+                         "predicted_checkpoint_bytes": w.predicted_hbm_bytes,
+                         "measured_checkpoint_bytes": w.measured_hbm_bytes,
+                         "measured_hbm_bytes": w.measured_ledger_hbm_bytes,
+                         "predicted_bytes": w.predicted_bytes,
+                         "measured_bytes": w.measured_bytes} for w in self.windows],
             "most_wrong": [w.name for w in self.most_wrong()],
         }
 
@@ -152,16 +184,26 @@ def compare(plan_dict: dict, records: list[dict], *, skip_steps: int = 1) -> Com
     rows = [_row(n, samples[n], predicted.get(n)) for n in names]
     accum = int((plan_dict.get("provenance") or {}).get("grad_accum", 1) or 1)
     pred = plan_dict.get("predicted") or {}
+    memory = (plan_dict.get("provenance") or {}).get("memory") or {}
+    peaks = [r["ledger_peak"] for r in recs if "ledger_peak" in r]
+    top = max(peaks, key=lambda p: p["hbm_bytes"]) if peaks else None
     return Comparison(
         plan_id=pid, steps_used=steps,
         predicted_step_ms=pred.get("step_ms"),
         measured_step_ms=statistics.median(step_ms),
         predicted_exposed_ms=accum * sum(w["exposed_ms"] for w in predicted.values()),
         measured_exposed_ms={c: statistics.median(v) for c, v in exposed_by_step.items()},
-        predicted_peak_hbm_bytes=max([w["hbm_checkpoint_bytes"] for w in predicted.values()]
-                                     or [0.0]),
-        measured_peak_hbm_bytes=max(w.measured_hbm_bytes for w in rows),
-        windows=rows)
+        predicted_peak_checkpoint_bytes=max([w["hbm_checkpoint_bytes"]
+                                             for w in predicted.values()] or [0.0]),
+        measured_peak_checkpoint_bytes=max(w.measured_hbm_bytes for w in rows),
+        windows=rows,
+        predicted_peak_hbm_bytes=pred.get("peak_hbm_bytes"),
+        measured_peak_hbm_bytes=None if top is None else max(p["hbm_bytes"] for p in peaks),
+        predicted_pinned_bytes=(pred["dram_bytes"] - memory["states_bytes"]
+                                if "dram_bytes" in pred and "states_bytes" in memory else None),
+        measured_pinned_bytes=None if top is None else max(p["pinned_bytes"] for p in peaks),
+        peak_window=None if top is None else top["window"],
+        peak_owners=None if top is None else top["owners"])
 
 
 def _row(name: str, ws: list[dict], pred: dict | None) -> WindowRow:
@@ -175,7 +217,13 @@ def _row(name: str, ws: list[dict], pred: dict | None) -> WindowRow:
         predicted_exposed_ms=None if pred is None else pred["exposed_ms"],
         exposed_ms={c: med(w["wait_ms"].get(c, 0.0) for w in ws) for c in CHANNELS},
         predicted_hbm_bytes=None if pred is None else pred["hbm_checkpoint_bytes"],
-        measured_hbm_bytes=max(int(w["peak_bytes"].get("hbm", 0)) for w in ws))
+        measured_hbm_bytes=max(int(w["peak_bytes"].get("hbm", 0)) for w in ws),
+        predicted_bytes=(None if pred is None else
+                         {c: pred.get(f"{c}_bytes", 0.0) for c in BYTE_CHANNELS}),
+        measured_bytes=({c: med(w["ledger"]["moved"][c] for w in ws) for c in BYTE_CHANNELS}
+                        if all("ledger" in w for w in ws) else None),
+        measured_ledger_hbm_bytes=(max(w["ledger"]["hbm_bytes"] for w in ws)
+                                   if all("ledger" in w for w in ws) else None))
 
 
 def format_table(c: Comparison) -> str:
@@ -197,8 +245,19 @@ def format_table(c: Comparison) -> str:
               f"{ms(c.measured_step_ms)} ms   delta {ms(delta)} ms",
               f"exposed        predicted {ms(c.predicted_exposed_ms)} ms   measured "
               + ", ".join(f"{k} {v:.2f}" for k, v in c.measured_exposed_ms.items()) + " ms",
-              f"peak HBM ckpt  predicted {c.predicted_peak_hbm_bytes / 1e6:9.3f} MB   measured "
-              f"{c.measured_peak_hbm_bytes / 1e6:9.3f} MB",
+              f"peak HBM ckpt  predicted {c.predicted_peak_checkpoint_bytes / 1e6:9.3f} MB   "
+              f"measured {c.measured_peak_checkpoint_bytes / 1e6:9.3f} MB",
+              f"peak HBM       predicted {_mb(c.predicted_peak_hbm_bytes)} MB   measured "
+              f"{_mb(c.measured_peak_hbm_bytes)} MB (ledger, all owners)",
+              f"pinned host    predicted {_mb(c.predicted_pinned_bytes)} MB   measured "
+              f"{_mb(c.measured_pinned_bytes)} MB",
+              *([f"largest at the HBM peak ({c.peak_window}): " + ", ".join(
+                  f"{o} {b / 1e6:.2f} MB" for o, b in c.peak_owners.items())]
+                if c.peak_owners else []),
               "most wrong: " + ", ".join(f"{w.name} ({w.delta_ms:+.2f} ms)"
                                          for w in c.most_wrong())]
     return "\n".join(lines)
+
+
+def _mb(nbytes: float | None) -> str:
+    return f"{'-':>9}" if nbytes is None else f"{nbytes / 1e6:9.3f}"
