@@ -8,8 +8,9 @@ import itertools
 import pytest
 
 from lazytrain.planner.evaluate import (
-    Decisions, build_plan, checkpoint_bytes, decisions_from_tiers, evaluate, schedule_transfers,
+    Decisions, build_plan, checkpoint_bytes, decisions_from_tiers, evaluate,
 )
+from lazytrain.planner.schedule import schedule_transfers
 from lazytrain.planner.plan import (
     Plan, PlanValidationError, SolveRecord, Transfer, legal_ords, window_names, window_ord,
 )

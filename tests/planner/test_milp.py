@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -220,3 +221,19 @@ def test_solve_record_of_a_result_without_dual_bound_uses_the_lp_bound():
     assert res.gap is None  # what the record showed as unknown / 100%
     rec = solve_record(milp, res, lp_bound_ms=500.0)
     assert rec.gap == pytest.approx(0.006)
+
+
+def test_highs_prints_no_banner_on_stdout_or_stderr(tmp_path):
+    pytest.importorskip("highspy")
+    # a fresh process: HiGHS prints its banner once per process, on its first instance
+    code = ("from lazytrain.planner.milp import build_milp\n"
+            "from lazytrain.planner.solvers import solve\n"
+            "import sys; sys.path.insert(0, %r)\n"
+            "from test_milp import small_problem\n"
+            "res = solve(build_milp(small_problem()).model, backend='highs', time_limit_s=30)\n"
+            "print('status', res.status)\n" % str(Path(__file__).parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "status optimal"
+    assert "HiGHS" not in out.stdout + out.stderr

@@ -43,6 +43,10 @@ def test_nvme_heavy_milp_plan_simulates_within_one_percent_of_the_evaluator(nvme
                             lp_bound=False)
     assert plan.tiers.count("nvme") >= 10  # the trigger: an NVMe-heavy plan
     _assert_agree(nvme_problem, plan)
+    by_window: dict = {}
+    for t in plan.transfers:  # the MILP never reads a boundary in a window that writes it
+        by_window.setdefault((t.boundary, t.window), set()).add(t.kind)
+    assert not any({"nvme_write", "nvme_read"} <= kinds for kinds in by_window.values())
 
 
 def test_nvme_heavy_heuristic_plan_simulates_within_one_percent(nvme_problem):

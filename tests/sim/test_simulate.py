@@ -246,3 +246,22 @@ def test_same_window_nvme_write_after_its_d2h_is_serial_in_both_models(evaluator
     assert simulate(p, plan).window("f0").time_ms == pytest.approx(2.0)
     assert evaluator.evaluate(p, plan).windows[0].time_ms == pytest.approx(2.0)
     assert compare(p, plan) == []
+
+
+def test_a_read_in_the_window_of_a_later_write_waits_for_it_in_both_models(evaluator):
+    # NVMe at 0.5 B/ms x 1e3: half a boundary (500 B) takes 1 ms. Boundary 0 (nvme, use b0):
+    # d2h in f0; writes 0.5 in f1 and 0.5 in turn; reads 0.5 in turn (bytes written in f1) and
+    # 0.5 in b1; h2d in b1. The runtime's read waits for every write of the boundary issued
+    # so far, so turn's read starts after turn's write: 1 ms + 1 ms = 2 ms (head and the W1
+    # load take 1 ms each beside it). A read that only waited for the bytes it moves would
+    # start at once (1 ms window).
+    p = tiny_problem(L=2, embed_ms=0.0, nvme_read_bytes_per_s=0.5 * KB_PER_MS,
+                     nvme_write_bytes_per_s=0.5 * KB_PER_MS)
+    plan = Plan(tiers=("nvme", "hbm", "hbm"),
+                transfers=(T(0, "d2h", "f0"), T(0, "nvme_write", "f1", 0.5),
+                           T(0, "nvme_write", "turn", 0.5), T(0, "nvme_read", "turn", 0.5),
+                           T(0, "nvme_read", "b1", 0.5), T(0, "h2d", "b1")))
+    assert simulate(p, plan).window("turn").time_ms == pytest.approx(2.0)
+    turn = [w for w in evaluator.evaluate(p, plan).windows if w.name == "turn"][0]
+    assert turn.time_ms == pytest.approx(2.0)
+    assert compare(p, plan) == []

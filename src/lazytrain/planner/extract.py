@@ -43,8 +43,14 @@ def start_from_plan(milp: Milp, plan: Plan) -> list[float] | None:
         for j in plan.q8_blocks:
             x[v.q8[j]] = 1.0
         family = {kind: fam for fam, kind in KINDS.items()}
+        last_write: dict[int, int] = {}
         for tr in plan.transfers:
-            x[v.transfer(family[tr.kind])[tr.boundary, window_ord(tr.window, L)]] += tr.fraction
+            o = window_ord(tr.window, L)
+            x[v.transfer(family[tr.kind])[tr.boundary, o]] += tr.fraction
+            if tr.kind == "nvme_write":
+                last_write[tr.boundary] = max(o, last_write.get(tr.boundary, o))
+        for (i, q), c in v.wdone.items():  # every write of i has run by the end of window q
+            x[c] = 1.0 if last_write.get(i, -1) <= q else 0.0
     except KeyError:
         return None
     _complete_epigraph(milp, x)

@@ -22,7 +22,7 @@ BF16_MASTER_BYTES_PER_PARAM = 12.0
 
 
 def feasible_plan(problem: PlanningProblem, *, backend: str, time_limit_s: float,
-                  threads: int = 1, seed: int = 0) -> Plan:
+                  threads: int = 1, seed: int = 0, start: Plan | None = None) -> Plan:
     """A plan that fits the HBM, DRAM and NVMe budgets (not optimized for time).
 
     Args:
@@ -30,6 +30,7 @@ def feasible_plan(problem: PlanningProblem, *, backend: str, time_limit_s: float
         backend: "highs" or "scip".
         time_limit_s: solver limit, s.
         threads, seed: solver threads and seed.
+        start: a plan to start from, even one that overflows (its shortfall is an incumbent).
 
     Returns:
         The plan of the feasibility optimum (solver status "feasibility").
@@ -40,12 +41,13 @@ def feasible_plan(problem: PlanningProblem, *, backend: str, time_limit_s: float
             solver stopped before proving that no plan fits.
     """
     from lazytrain.planner.evaluate import build_plan
-    from lazytrain.planner.extract import extract_decisions
+    from lazytrain.planner.extract import extract_decisions, start_from_plan
     from lazytrain.planner.solvers import solve
 
     milp = build_milp(problem, capacity="min_shortfall")
+    x0 = start_from_plan(milp, start) if start is not None else None
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=1e-6,
-                threads=threads, seed=seed)
+                threads=threads, seed=seed, start=x0)
     if res.values is None:
         raise RuntimeError(f"{backend} found no assignment of the feasibility model in "
                            f"{time_limit_s} s (status {res.status}); raise planner.time_limit_s")

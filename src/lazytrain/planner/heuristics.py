@@ -3,7 +3,7 @@
 `heuristic_plan` always returns a plan (the MILP's warm start and its time-out fallback):
 uniform-K starts with lifetime-ordered tiers (latest boundaries hbm while HBM fits, earlier
 ones dram while DRAM fits, the earliest nvme), the transfer schedule of
-`evaluate.schedule_transfers`, a greedy repair when a capacity is violated (best ratio of
+`schedule.schedule_transfers`, a greedy repair when a capacity is violated (best ratio of
 shortfall removed to step time added) and a first-improvement local search (tier moves,
 +-1 shifts, (un)materialize, keep toggles on the last blocks). Candidate moves are scored
 incrementally (only the windows and holding intervals a move touches are recomputed); an
@@ -21,9 +21,10 @@ import time
 
 from lazytrain.planner.chains import recompute_terms
 from lazytrain.planner.evaluate import (
-    Decisions, _Loads, build_plan, check_tiers, decisions_from_tiers, holding_intervals, schedule_loads, schedule_offload, schedule_prefetch, segment_ends,
+    Decisions, build_plan, check_tiers, decisions_from_tiers, holding_intervals, segment_ends,
     segments_of,
 )
+from lazytrain.planner.schedule import Loads, schedule_loads, schedule_offload, schedule_prefetch
 from lazytrain.planner.plan import (
     OFFLOAD_TIERS, TIERS, Plan, SolveRecord, Transfer, window_name,
 )
@@ -174,7 +175,7 @@ class _State:
     q8: tuple[int, ...]
     ends: list[int]
     sched: dict
-    loads: _Loads
+    loads: Loads
     times: list[float]
     hbm: list[float]
     dram: float
@@ -247,7 +248,7 @@ class _Search:
         ends = segment_ends(tiers) + [L]
         changed = [i for i in range(L) if tiers[i] != cur.tiers[i] or ends[i] != cur.ends[i]]
         chan = {k: v[:] for k, v in cur.loads.chan.items()}
-        loads = _Loads(p, cur.loads.comp[:], chan["h2d"], chan["d2h"],
+        loads = Loads(p, cur.loads.comp[:], chan["h2d"], chan["d2h"],
                        rec=(cur.loads.rec_ms[:], cur.loads.rec_bytes[:]))
         loads.chan = chan
         touched: set[int] = set()
@@ -286,7 +287,7 @@ class _Search:
         short, cost = self._score([sum(times) + dt], hbm, dram, nvme, q8)
         return short, cost
 
-    def _shift_fixed(self, loads: _Loads, cur: _State, tiers, keep, touched: set) -> None:
+    def _shift_fixed(self, loads: Loads, cur: _State, tiers, keep, touched: set) -> None:
         """Apply the compute/weight-traffic changes of new segments and keep toggles."""
         p, L = self.p, self.L
         old, new = set(segments_of(cur.tiers)), set(segments_of(tiers))

@@ -55,16 +55,20 @@ def plan_with_policy(problem: PlanningProblem, policy: str = "milp", *, backend:
     else:
         plan = heuristics.heuristic_plan(problem, time_budget_s=max(0.5, time_limit_s / 10))
         if policy == "milp":
-            from lazytrain.planner.milp import solve_milp
+            from lazytrain.planner.milp import gap_against_best_bound, solve_milp
 
             solved = solve_milp(problem, backend=backend, time_limit_s=time_limit_s, gap=gap,
                                 threads=threads, seed=seed, warm_start=plan, bounds=bounds)
             if plan.predicted is None or solved.predicted.step_ms <= plan.predicted.step_ms \
                     or "violations" in plan.provenance:
                 plan = solved
-            else:
+            else:  # the heuristic's step against the same best bound the solver's gap used
+                g = solved.solver.gap
+                best = (solved.predicted.step_ms / (1 + g)) if g is not None else None
                 plan = dataclasses.replace(plan, solver=dataclasses.replace(
-                    solved.solver, status=f"{solved.solver.status}; heuristic kept"))
+                    solved.solver, status=f"{solved.solver.status}; heuristic kept",
+                    gap=gap_against_best_bound(plan.predicted.step_ms, best,
+                                               bounds.lp_step_ms)))
     return dataclasses.replace(plan, bounds=bounds)
 
 

@@ -23,8 +23,10 @@ Dependencies (reason strings appear in `compare` explanations):
   segment recompute loads), freed when every compute using those weights has ended. A resident
   block's forward load goes to its own buffer (no slot), as in the engine.
 - "boundary produced before offload", "d2h staged before nvme write", "checkpoint written before
-  read", "checkpoint read before h2d", "staged before h2d": a chunk covering bytes [a, b) of a
-  boundary waits for every source chunk starting below b (cumulative precedence).
+  read", "checkpoint read before h2d", "staged before h2d": a chunk waits for every source chunk
+  of its boundary issued so far, as the runtime does (its NVMe write waits for the D2H event,
+  its read for every write future, its H2D for every read future), not only for the bytes it
+  moves: a chained transfer never pipelines with its source in one window.
 - "prefetch before its consumer": the first compute that reads an offloaded boundary waits for
   all its h2d chunks.
 - "gradient drain after backward": drain of G[j] waits for B[j]; B[j] takes a `grads` pool slot
@@ -124,7 +126,7 @@ class _Builder:
                 raise ValueError(f"boundary {i}: {kind} in window {window} moves bytes up to "
                                  f"{hi:.3f} of A[{i}] before {src} has covered them; the plan "
                                  f"breaks cumulative precedence (run Plan.validate())")
-            deps = [(tid, why) for a, _b, tid in have if a < hi - _FRACTION_TOL]
+            deps = [(tid, why) for _a, _b, tid in have]  # the whole source issued so far
         tid = self.add(f"A{i} {kind} {fraction:.2f}", kind, window,
                        fraction * self.p.boundary_bytes[i], deps=deps, kind=kind, boundary=i)
         done.append((lo, hi, tid))
