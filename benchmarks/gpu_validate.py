@@ -189,8 +189,9 @@ def start_watchdog(ctx: Ctx, results: dict, out: Path) -> threading.Timer:
     def fire() -> None:
         running = results.get("running")
         if running:
-            results["sections"][running] = {"ok": False, "status": "timeout",
-                                            "error": f"still running after {ctx.budget.elapsed():.0f} s"}
+            results["sections"][running] = {
+                "ok": False, "status": "timeout",
+                "error": f"still running after {ctx.budget.elapsed():.0f} s"}
         results["ok"] = False
         results["error"] = f"watchdog: time budget exceeded in section {running}"
         with contextlib.suppress(Exception):
@@ -430,7 +431,8 @@ def copy_gbps(dev, nbytes: int, *, repeats: int, gemm_n: int | None = None) -> d
     dev.synchronize()
     out = {}
     for kind in ("h2d", "d2h", "duplex"):
-        legs = [(d_dst, host_src, s_h2d)] * (kind != "d2h") + [(host_dst, d_src, s_d2h)] * (kind != "h2d")
+        legs = ([(d_dst, host_src, s_h2d)] * (kind != "d2h")
+                + [(host_dst, d_src, s_d2h)] * (kind != "h2d"))
         for dst, src, s in legs:  # warm-up
             dev.host_wait(dev.copy(dst, src, stream=s))
         gemm_start = gemm_end = None
@@ -744,9 +746,10 @@ def gradients(ctx: Ctx) -> dict:
             first = engine_grads(adapter, plan, ctx, batches)
             second = engine_grads(adapter, plan, ctx, batches)
             err, drift = grad_error(first, want), grad_error(second, first)
-            out["fp32"][name] = {"tiers": tiers, "keep": list(keep), "vs_hf": err,
-                                 "drift_max_rel": drift["max_rel"], "drift_bitwise": drift["bitwise"],
-                                 "ok": err["max_rel"] <= FP32_GRAD_TOL and drift["max_rel"] <= drift_tol}
+            out["fp32"][name] = {
+                "tiers": tiers, "keep": list(keep), "vs_hf": err,
+                "drift_max_rel": drift["max_rel"], "drift_bitwise": drift["bitwise"],
+                "ok": err["max_rel"] <= FP32_GRAD_TOL and drift["max_rel"] <= drift_tol}
         hf16 = copy.deepcopy(ref).to(torch.bfloat16)
         hf16_err = grad_error(hf_grads(hf16, batches), want)
         del hf16
@@ -852,7 +855,8 @@ def measured_problem(adapter, config, shape: dict, ctx: Ctx):
     return problem, measured
 
 
-def busy_union(intervals: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+def busy_union(intervals: list[tuple[float, float]], lo: float, hi: float
+               ) -> list[tuple[float, float]]:
     """Disjoint sorted union of `intervals` clipped to [lo, hi]."""
     out: list[list[float]] = []
     for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals):
@@ -886,6 +890,36 @@ def _arg(event: dict, key: str):
     return (event.get("args") or {}).get(key)
 
 
+def _compute_spans(windows, ops, launch_ts, compute) -> list[tuple[float, float] | None]:
+    """Per window (host order): (first start, last end) of the compute-stream ops it launched,
+    us; None for a window that launched none."""
+    starts = [w[0] for w in windows]
+    spans: list = [None] * len(windows)
+    for e in ops:
+        if _arg(e, "stream") != compute:
+            continue
+        ts = launch_ts.get(_arg(e, "correlation"), -1.0)
+        k = bisect.bisect_right(starts, ts) - 1
+        if k < 0 or ts > windows[k][1]:
+            continue  # launched outside every window
+        a, b = e["ts"], e["ts"] + e.get("dur", 0)
+        spans[k] = (a, b) if spans[k] is None else (min(spans[k][0], a), max(spans[k][1], b))
+    return spans
+
+
+def _window_row(name: str, lo: float, hi: float, by_stream: dict, compute, label) -> dict:
+    """Busy figures of one window spanning [lo, hi] us on the GPU."""
+    comp = busy_union(by_stream[compute], lo, hi)
+    copies = {s: busy_union(iv, lo, hi) for s, iv in by_stream.items() if s != compute}
+    any_copy = busy_union([iv for u in copies.values() for iv in u], lo, hi)
+    copy_us = _length(any_copy)
+    return {"name": name, "span_ms": (hi - lo) / 1e3, "compute_busy_ms": _length(comp) / 1e3,
+            "copy_busy_ms": {label(s): _length(u) / 1e3 for s, u in copies.items()
+                             if _length(u) > 0},
+            "overlapped_fraction": _intersect(any_copy, comp) / copy_us if copy_us else None,
+            "exposed_ms": (hi - lo - _length(comp)) / 1e3}
+
+
 def window_overlap(trace: list[dict], *, prefix: str = "lt_window:",
                    markers: dict[int, str] | None = None) -> dict:
     """Per window busy times from a Chrome trace of `torch.profiler` (times in us -> ms).
@@ -902,68 +936,41 @@ def window_overlap(trace: list[dict], *, prefix: str = "lt_window:",
     their id).
 
     Returns:
-        {"compute_stream": id, "windows": [{name, span_ms, compute_busy_ms, copy_busy_ms
-        {stream: ms}, overlapped_fraction (None without copies), exposed_ms}, ...]} in host
-        order.
+        {"compute_stream": id, "stream_names": {id: name}, "windows": [{name, span_ms,
+        compute_busy_ms, copy_busy_ms {stream: ms}, overlapped_fraction (None without copies),
+        exposed_ms}, ...]} in host order.
     """
-    windows = sorted(((e["ts"], e["ts"] + e.get("dur", 0), e["name"][len(prefix):])
-                      for e in trace if e.get("ph") == "X" and e.get("cat") == "user_annotation"
-                      and e.get("name", "").startswith(prefix)))
+    windows = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"][len(prefix):])
+                     for e in trace if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                     and e.get("name", "").startswith(prefix))
     launch_ts = {_arg(e, "correlation"): e["ts"] for e in trace
                  if e.get("cat") in ("cuda_runtime", "cuda_driver")
                  and _arg(e, "correlation") is not None}
-    ops = [e for e in trace if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy",
-                                                                        "gpu_memset")]
-    kernel_time: dict = {}
+    ops = [e for e in trace
+           if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    kernel_us: dict = {}
+    by_stream: dict = {}
     for e in ops:
+        s = _arg(e, "stream")
+        by_stream.setdefault(s, []).append((e["ts"], e["ts"] + e.get("dur", 0)))
         if e["cat"] == "kernel":
-            s = _arg(e, "stream")
-            kernel_time[s] = kernel_time.get(s, 0.0) + e.get("dur", 0)
-    if not windows or not kernel_time:
+            kernel_us[s] = kernel_us.get(s, 0.0) + e.get("dur", 0)
+    if not windows or not kernel_us:
         return {"compute_stream": None, "windows": []}
-    compute = max(kernel_time, key=kernel_time.get)
+    compute = max(kernel_us, key=kernel_us.get)
     names = {compute: "compute"}
     for e in ops:
         name = (markers or {}).get(_arg(e, "bytes")) if e["cat"] == "gpu_memcpy" else None
         if name is not None:
             names.setdefault(_arg(e, "stream"), name)
     label = lambda s: names.get(s, str(s))  # noqa: E731
-    by_stream: dict = {}
-    for e in ops:
-        by_stream.setdefault(_arg(e, "stream"), []).append((e["ts"], e["ts"] + e.get("dur", 0)))
-    starts = [w[0] for w in windows]
-
-    def window_of(ts: float) -> int | None:
-        k = bisect.bisect_right(starts, ts) - 1
-        return k if k >= 0 and ts <= windows[k][1] else None
-    last_end = [None] * len(windows)
-    first_start = [None] * len(windows)
-    for e in ops:
-        if _arg(e, "stream") != compute:
-            continue
-        k = window_of(launch_ts.get(_arg(e, "correlation"), -1.0))
-        if k is None:
-            continue
-        end = e["ts"] + e.get("dur", 0)
-        last_end[k] = end if last_end[k] is None else max(last_end[k], end)
-        first_start[k] = e["ts"] if first_start[k] is None else min(first_start[k], e["ts"])
     rows, prev_end = [], None
-    for k, (_, _, name) in enumerate(windows):
-        if last_end[k] is None:
+    for (_, _, name), span in zip(windows, _compute_spans(windows, ops, launch_ts, compute)):
+        if span is None:
             continue
-        lo = prev_end if prev_end is not None else first_start[k]
-        hi = last_end[k]
-        prev_end = hi
-        comp = busy_union(by_stream[compute], lo, hi)
-        copies = {s: busy_union(iv, lo, hi) for s, iv in by_stream.items() if s != compute}
-        any_copy = busy_union([iv for u in copies.values() for iv in u], lo, hi)
-        copy_ms = _length(any_copy)
-        rows.append({"name": name, "span_ms": (hi - lo) / 1e3,
-                     "compute_busy_ms": _length(comp) / 1e3,
-                     "copy_busy_ms": {label(s): _length(u) / 1e3 for s, u in copies.items()
-                                      if _length(u) > 0},
-                     "overlapped_fraction": _intersect(any_copy, comp) / copy_ms if copy_ms else None,
-                     "exposed_ms": (hi - lo - _length(comp)) / 1e3})
+        lo = prev_end if prev_end is not None else span[0]
+        prev_end = span[1]
+        rows.append(_window_row(name, lo, span[1], by_stream, compute, label))
     return {"compute_stream": str(compute), "stream_names": {str(k): v for k, v in names.items()},
             "windows": rows}
 
@@ -1044,8 +1051,30 @@ def build_overlap_model(config, dev):
     return adapter
 
 
+def overlap_runs(engine, batches, ctx: Ctx) -> dict:
+    """Warm-up, a timed compute_gradients (allocator peak, ledger, meter) and a profiled one;
+    returns their figures and the per-window trace analysis."""
+    engine.compute_gradients(batches)  # warm-up: kernels chosen, pinned pools filled
+    ctx.dev.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    engine.compute_gradients(batches)
+    ctx.dev.synchronize()
+    out = {"step_s": time.perf_counter() - t0, "peak_alloc": torch.cuda.max_memory_allocated(),
+           "ledger": ledger_figures(ctx.dev), "meter_ms": engine.meter.times_ms()}
+    if ctx.budget.left() < 15:
+        raise TimeoutError(f"time budget: {ctx.budget.left():.0f} s left before the profiled "
+                           "step")
+    trace_path = ctx.tmp / "overlap_trace.json"
+    markers = profiled_run(engine, batches, trace_path)
+    trace = json.loads(trace_path.read_text())
+    out["trace"] = window_overlap(trace.get("traceEvents", trace), markers=markers)
+    return out
+
+
 def overlap(ctx: Ctx) -> dict:
     """Per-window overlap at a realistic shape, against the plan's prediction."""
+    from lazytrain.planner.heuristics import heuristic_plan
     from lazytrain.runtime.engine import Engine
     shape = overlap_shape(ctx.quick)
     config = llama_config(**shape)
@@ -1054,64 +1083,49 @@ def overlap(ctx: Ctx) -> dict:
     tiers, keep = overlap_tiers(shape["layers"])
     plan = plan_of(problem, tiers, keep)
     engine = Engine(adapter, plan, device=ctx.dev, nvme_dir=ctx.tmp / "nvme",
-                    compute_dtype="bf16", model_config_sha256=problem.provenance["model_config_sha256"])
+                    compute_dtype="bf16",
+                    model_config_sha256=problem.provenance["model_config_sha256"])
     g = torch.Generator().manual_seed(6)
     ids = torch.randint(1, config.vocab_size, (shape["batch"], shape["seq"]), generator=g)
-    batches = [{"input_ids": ids, "labels": ids.clone()}]
     try:
-        engine.compute_gradients(batches)  # warm-up: kernels chosen, pinned pools filled
-        ctx.dev.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        engine.compute_gradients(batches)
-        ctx.dev.synchronize()
-        step_s = time.perf_counter() - t0
-        peak_alloc = torch.cuda.max_memory_allocated()
-        ledger = ledger_figures(ctx.dev)
-        window_ms = engine.meter.times_ms()
-        trace_path = ctx.tmp / "overlap_trace.json"
-        if ctx.budget.left() < 15:
-            raise TimeoutError(f"time budget: {ctx.budget.left():.0f} s left before the "
-                               "profiled step")
-        markers = profiled_run(engine, batches, trace_path)
+        run = overlap_runs(engine, [{"input_ids": ids, "labels": ids.clone()}], ctx)
     finally:
         engine.close()
-    trace = json.loads(trace_path.read_text())
-    measured_windows = window_overlap(trace.get("traceEvents", trace), markers=markers)
+    rows, pred = run["trace"]["windows"], plan.predicted
     predicted = {w.name: w for w in plan.windows}
-    for row in measured_windows["windows"]:
+    for row in rows:
         w = predicted.get(row["name"])
         if w is not None:
             row["predicted"] = {"time_ms": w.time_ms, "compute_ms": w.compute_ms,
                                 "exposed_ms": w.exposed_ms}
-            row["meter_ms"] = window_ms.get(row["name"])
+            row["meter_ms"] = run["meter_ms"].get(row["name"])
             row["measured_over_predicted"] = row["span_ms"] / w.time_ms if w.time_ms else None
-    flops = problem.model_flops_per_micro_batch
     peak_tflops = ctx.shared.get("gemm_peak_tflops") or gemm_tflops(ctx.dev, 8192, 10)
-    model_tflops = flops / step_s / 1e12
-    pred = plan.predicted
-    missing = sorted(set(predicted) - {r["name"] for r in measured_windows["windows"]})
-    from lazytrain.planner.heuristics import heuristic_plan
+    model_tflops = problem.model_flops_per_micro_batch / run["step_s"] / 1e12
+    missing = sorted(set(predicted) - {r["name"] for r in rows})
     heuristic = heuristic_plan(problem, time_budget_s=1.0)  # what the planner would pick here
     out = {"shape": shape, "plan": {"tiers": tiers, "keep": list(keep)},
-           "measured_costs": measured, "step_s": step_s,
-           "predicted_step_ms": pred.step_ms, "step_measured_over_predicted":
-           step_s * 1e3 / pred.step_ms if pred.step_ms else None,
+           "measured_costs": measured, "step_s": run["step_s"],
+           "step_s_is": "wall time of one compute_gradients (forward + backward, no optimizer)",
+           "predicted_step_ms": pred.step_ms,
+           "step_measured_over_predicted": run["step_s"] * 1e3 / pred.step_ms,
            "model_tflops": model_tflops, "predicted_model_tflops": pred.model_tflops,
            "gemm_peak_tflops": peak_tflops, "model_tflops_over_peak": model_tflops / peak_tflops,
-           "max_memory_allocated_bytes": peak_alloc,
-           "predicted_peak_hbm_bytes": pred.peak_hbm_bytes, "ledger": ledger,
-           "step_s_is": "wall time of one compute_gradients (forward + backward, no optimizer)",
-           "stream_names": measured_windows.get("stream_names"),
+           "max_memory_allocated_bytes": run["peak_alloc"],
+           "predicted_peak_hbm_bytes": pred.peak_hbm_bytes, "ledger": run["ledger"],
            "heuristic_plan": {"tiers": list(heuristic.tiers),
                               "keep": list(heuristic.keep_internals),
                               "predicted_step_ms": heuristic.predicted.step_ms},
-           "totals": window_totals(measured_windows["windows"]),
-           "windows": measured_windows["windows"], "windows_missing_in_trace": missing}
+           "stream_names": run["trace"].get("stream_names"), "totals": window_totals(rows),
+           "windows": rows, "windows_missing_in_trace": missing}
     out["checks"] = {"every_plan_window_in_trace": not missing,
-                     "peak_memory_within_prediction": peak_alloc <= pred.peak_hbm_bytes}
-    if "peak_hbm_bytes" in ledger:  # the ledger books a subset of what the allocator holds
-        out["checks"]["ledger_peak_within_allocator_peak"] = ledger["peak_hbm_bytes"] <= peak_alloc
+                     "peak_memory_within_prediction": run["peak_alloc"] <= pred.peak_hbm_bytes}
+    if run["trace"]["compute_stream"] is None:
+        out["error"] = ("the profiler trace has no GPU kernel events (CUPTI activity tracing "
+                        "unavailable?)")
+    if "peak_hbm_bytes" in run["ledger"]:  # the ledger books a subset of the allocator's bytes
+        out["checks"]["ledger_peak_within_allocator_peak"] = (
+            run["ledger"]["peak_hbm_bytes"] <= run["peak_alloc"])
     out["ok"] = all(out["checks"].values())
     return out
 
@@ -1160,7 +1174,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # cuBLAS reproducibility (the drift check) needs this before the first cuBLAS handle
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    results = {"script": "benchmarks/gpu_validate.py", "argv": sys.argv[1:] if argv is None else argv,
+    results = {"script": "benchmarks/gpu_validate.py",
+               "argv": sys.argv[1:] if argv is None else argv,
                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "quick": args.quick, "budget_s": args.budget_s, "sections": {}, "running": None}
     with tempfile.TemporaryDirectory(prefix="gpu-validate-", dir=args.tmp_dir) as tmp:
