@@ -19,10 +19,13 @@ DRAM (the planner's row: DRAM-tier checkpoints + staging + states <= `dram_bytes
   states   = host_bytes_per_param x params: fp32 master 16 B (fp32 weights, grads, Adam m, v);
              bf16 master 12 B (bf16 weights and grads, fp32 m, v; MegaTrain). DESIGN.md sec. 2.
   staging  = the bounded pinned pool for streamed weights (`WEIGHT_POOL_BLOCKS` x max P), the
-             pinned gradient landing buffers (2 x max G) and the NVMe bounce pool
-             (`NVME_BOUNCE_BOUNDARIES` x A). PlanningProblem has one constant-DRAM field,
-             `nvme_staging_bytes`; all three pools go there (their split is in
-             `provenance["memory"]`). `dram_bytes` stays the hardware's DRAM.
+             pinned gradient landing buffers (2 x max G, compute dtype, as the runtime drains)
+             and the NVMe bounce pool (`NVME_BOUNCE_BOUNDARIES` x A padded to 4 KiB), plus,
+             with bf16 masters, the optimizer's fp32 scratch (8 B x the largest group: weights
+             and gradient of the group being stepped; pageable, not pinned).
+             PlanningProblem has one constant-DRAM field, `nvme_staging_bytes`; all of them go
+             there (their split is in `provenance["memory"]`). `dram_bytes` stays the
+             hardware's DRAM.
 
 Seed scenario numbers (Qwen3.5-27B, h800-paper, seq 1024 x 72, bf16; tests/planner/
 test_build.py): 26.90e9 params x 12 B = 322.8 GB of states + ~8 GB staging fits 360 GB with
@@ -150,10 +153,13 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
         "block_workspace_bytes": costs.block_workspace_bytes,
         "head_workspace_bytes": costs.head_workspace_bytes,
     }
+    largest_group = max([b.params for b in model.blocks] + [model.ends_params])
     staging = {
         "weight_pool_bytes": WEIGHT_POOL_BLOCKS * max_p,
         "grad_landing_bytes": 2 * max_g,
-        "nvme_bounce_bytes": NVME_BOUNCE_BOUNDARIES * a,
+        "nvme_bounce_bytes": NVME_BOUNCE_BOUNDARIES * _align_up(a),
+        # bf16 masters: AdamW steps an fp32 [2, largest group] copy (runtime/optim.py)
+        "optimizer_scratch_bytes": 8 * largest_group if cfg.train.master_dtype == "bf16" else 0,
     }
     states = int(HOST_BYTES_PER_PARAM[cfg.train.master_dtype] * model.total_params)
     staging_bytes = sum(staging.values())
@@ -166,6 +172,11 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
         **staging,
         "dram_free_for_checkpoints_bytes": hw.dram_bytes - states - staging_bytes,
     }
+
+
+def _align_up(nbytes: int, align: int = 4096) -> int:
+    """NVMe bounce buffers are padded to the 4 KiB O_DIRECT block (runtime/nvme.py)."""
+    return -(-int(nbytes) // align) * align
 
 
 def hardware_from_config(cfg: RunConfig) -> HardwareSpec:

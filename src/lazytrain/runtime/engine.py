@@ -687,14 +687,17 @@ def plan_budgets(plan: Plan) -> tuple[int | None, int | None]:
     hbm = memory.get("hbm_budget_bytes")
     pinned = None
     if "dram_free_for_checkpoints_bytes" in memory and "staging_bytes" in memory:
-        pinned = max(0, memory["dram_free_for_checkpoints_bytes"] + memory["staging_bytes"])
+        pinned = max(0, memory["dram_free_for_checkpoints_bytes"] + memory["staging_bytes"]
+                     - memory.get("optimizer_scratch_bytes", 0))
     return (None if hbm is None else int(hbm)), (None if pinned is None else int(pinned))
 
 
 def predicted_pinned_bytes(plan: Plan) -> int | None:
-    """The plan's predicted pinned host bytes: its DRAM bytes less the host states (DRAM-tier
-    checkpoints + staging pools); None without a memory model."""
+    """The plan's predicted pinned host bytes: its DRAM bytes less the host states and the
+    optimizer's pageable scratch (DRAM-tier checkpoints + staging pools); None without a
+    memory model."""
     memory = (plan.provenance or {}).get("memory") or {}
     if plan.predicted is None or "states_bytes" not in memory:
         return None
-    return int(plan.predicted.dram_bytes - memory["states_bytes"])
+    return int(plan.predicted.dram_bytes - memory["states_bytes"]
+               - memory.get("optimizer_scratch_bytes", 0))

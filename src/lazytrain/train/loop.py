@@ -251,7 +251,11 @@ def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, r
     pred = plan.predicted
     dram = int(pred.dram_bytes) if pred else 16 * num_params
     eval_copy = EVAL_BYTES_PER_PARAM * num_params if cfg.data.num_eval else 0
-    pinned = max(0, dram - 16 * num_params)  # dram-tier checkpoints + staging pools
+    # dram-tier checkpoints + staging pools: the plan's DRAM less the host states (which depend
+    # on train.master_dtype: 16 or 12 B/param) and the optimizer's pageable scratch
+    memory = plan.provenance.get("memory") or {}
+    states = memory.get("states_bytes", 16 * num_params)
+    pinned = max(0, dram - states - memory.get("optimizer_scratch_bytes", 0))
     preflight(device=device, host_bytes=dram + eval_copy,
               hbm_bytes=int(pred.peak_hbm_bytes) if pred else 0, pinned_bytes=pinned,
               nvme_bytes=int(pred.nvme_bytes) if pred else 0, nvme_dir=nvme_dir,
