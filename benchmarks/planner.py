@@ -118,6 +118,9 @@ def run(name: str, problem: PlanningProblem, *, time_limit_s: float, gap: float,
         print(f"{label:22} {st} {vs:>8} {sgap:>7} {status[:12]:>12} {secs:8.2f} {sim:>14}  "
               f"{tier}")
     baselines = [p for p in (paper, fixed) if p is not None and not p.provenance.get("violations")]
+    if best is not None and not baselines:
+        print("milp speedup: - (no fixed-K rule fits the budgets; the paper's K=4 is over "
+              "budget)", flush=True)
     if best is not None and baselines:
         base = min(baselines, key=lambda p: p.predicted.step_ms)
         print(f"milp speedup: {base.predicted.step_ms / best.predicted.step_ms:.3f}x over the "
