@@ -118,6 +118,10 @@ OFFLINE_SCRIPT = textwrap.dedent("""
         read_dataset("openai/not_cached")
     except FileNotFoundError as exc:
         out["error"] = str(exc)
+    try:
+        read_dataset("openai/gsm8k", subset="socratic")
+    except ValueError as exc:
+        out["subset_error"] = str(exc)
     print("RESULT" + json.dumps(out))
 """)
 
@@ -145,6 +149,9 @@ def test_hub_ids_and_hub_registry_entries_load_from_the_cache_offline(tmp_path, 
     assert out["metamath"] == [[meta_rows[0]["query"], meta_rows[0]["response"]]]
     assert "'openai/not_cached' is not in the datasets cache" in out["error"]
     assert "HF_DATASETS_OFFLINE is set" in out["error"] and str(cache) in out["error"]
+    assert out["subset_error"].startswith("data.subset: 'socratic' does not select a "
+                                          "configuration of openai/gsm8k")
+    assert "'main'" in out["subset_error"]  # the cached configurations are listed
 
 
 def test_plan_with_a_hub_dataset_loads_neither_datasets_nor_torch(repo_root):

@@ -147,7 +147,7 @@ def _explain(exc: ValueError, path: str, *, subset: str, split: str, what: str) 
     msg = str(exc).replace("\n", " ")
     if "corresponds to no data" in msg:
         return ValueError(f"{what}: {path} has no records; it needs at least one")
-    if "Unknown split" in msg or "split" in msg.lower() and split in msg:
+    if "Unknown split" in msg or "Bad split" in msg:
         return ValueError(f"data.split: {split!r} is not a split of {path} ({msg}); set "
                           f"data.split to one of its splits")
     if "config" in msg.lower():
