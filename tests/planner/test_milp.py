@@ -237,3 +237,23 @@ def test_highs_prints_no_banner_on_stdout_or_stderr(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "status optimal"
     assert "HiGHS" not in out.stdout + out.stderr
+
+
+def test_scip_stopped_before_its_first_dual_bound_reports_the_gap_against_the_lp_bound():
+    pytest.importorskip("pyscipopt")
+    pytest.importorskip("highspy")
+    from lazytrain.planner.bounds import lp_bound_ms
+    from lazytrain.planner.extract import start_from_plan
+    from lazytrain.planner.solvers import solve
+
+    problem = small_problem(L=8, nvme_bytes=10**13)
+    milp = build_milp(problem)
+    start = start_from_plan(milp, heuristic_plan(problem))
+    # a node limit of 0: deterministic stand-in for a time limit shorter than the root LP
+    res = solve(milp.model, backend="scip", node_limit=0, start=start, time_limit_s=30)
+    assert res.status == "node_limit" and res.values is not None
+    assert res.dual_bound is None  # SCIP's -1e20 "infinity" is no bound
+    lp = lp_bound_ms(problem)
+    rec = solve_record(milp, res, lp_bound_ms=lp)
+    assert rec.gap == pytest.approx(res.objective / lp - 1, rel=1e-9)
+    assert rec.gap < 0.5  # not the 100% a -1e20 bound gave

@@ -10,7 +10,8 @@ Must not know: tiers, windows or plans. The solver packages are imported lazily 
 adapters, so importing this module loads neither (and `lazytrain.planner` never imports it).
 
 Statuses (`SolveResult.status`): "optimal" (proven within the requested gap), "time_limit"
-(stopped by the time limit; `values` holds the incumbent if one was found), "infeasible",
+(stopped by the time limit; `values` holds the incumbent if one was found), "node_limit"
+(the same for a node limit), "infeasible",
 "unbounded", "error" (anything else, with the backend's own status in `detail`).
 """
 
@@ -195,7 +196,7 @@ def resolve_backend(backend: str, num_blocks: int) -> str:
 def solve(model: LinearModel, *, backend: str = "highs", time_limit_s: float = 10.0,
           gap: float = 0.005, threads: int = 1, seed: int = 0,
           start: list[float] | None = None, relax: bool = False,
-          fixed: dict[int, float] | None = None) -> SolveResult:
+          fixed: dict[int, float] | None = None, node_limit: int | None = None) -> SolveResult:
     """Solve `model` with one backend.
 
     Args:
@@ -209,6 +210,8 @@ def solve(model: LinearModel, *, backend: str = "highs", time_limit_s: float = 1
         relax: drop integrality (the LP relaxation).
         fixed: {column: value} bounds fixed for this solve only (brute-force checks, warm-start
             completion).
+        node_limit: stop after this many branch-and-bound nodes (status "node_limit"); a
+            deterministic stand-in for a very short time limit in tests. None: no limit.
 
     Returns:
         SolveResult (status as in the module docstring).
@@ -220,7 +223,7 @@ def solve(model: LinearModel, *, backend: str = "highs", time_limit_s: float = 1
         raise ValueError(f"planner.backend must be one of {BACKENDS}; got {backend!r}")
     adapter = _solve_highs if backend == "highs" else _solve_scip
     return adapter(model, time_limit_s=time_limit_s, gap=gap, threads=threads, seed=seed,
-                   start=start, relax=relax, fixed=fixed or {})
+                   start=start, relax=relax, fixed=fixed or {}, node_limit=node_limit)
 
 
 def _bounds(model: LinearModel, fixed: dict[int, float]) -> tuple[list[float], list[float]]:
@@ -264,7 +267,7 @@ def _enforce_highs_deadline(h, highspy, *, deadline: float) -> None:
 
 
 def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start, relax,
-                 fixed) -> SolveResult:
+                 fixed, node_limit=None) -> SolveResult:
     import highspy
     import numpy as np
 
@@ -275,6 +278,8 @@ def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start,
     h.setOptionValue("mip_rel_gap", float(gap))
     h.setOptionValue("threads", int(threads))
     h.setOptionValue("random_seed", int(seed))
+    if node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(node_limit))
     for option, value in HIGHS_SUBMIP_OPTIONS.items():
         h.setOptionValue(option, value)
     lp = highspy.HighsLp()
@@ -351,7 +356,7 @@ def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start,
 
 
 def _solve_scip(model: LinearModel, *, time_limit_s, gap, threads, seed, start, relax,
-                fixed) -> SolveResult:
+                fixed, node_limit=None) -> SolveResult:
     import pyscipopt
 
     m = pyscipopt.Model()
@@ -360,6 +365,8 @@ def _solve_scip(model: LinearModel, *, time_limit_s, gap, threads, seed, start, 
     m.setParam("limits/gap", float(gap))
     m.setParam("randomization/randomseedshift", int(seed))
     m.setParam("parallel/maxnthreads", int(threads))
+    if node_limit is not None:
+        m.setParam("limits/nodes", int(node_limit))
     lb, ub = _bounds(model, fixed)
     is_mip = not relax and any(model.var_integer)
     xs = []
@@ -392,14 +399,15 @@ def _solve_scip(model: LinearModel, *, time_limit_s, gap, threads, seed, start, 
     solve_s = time.perf_counter() - t0
     name = m.getStatus()
     status = {"optimal": "optimal", "gaplimit": "optimal", "timelimit": "time_limit",
-              "infeasible": "infeasible", "unbounded": "unbounded"}.get(name, "error")
+              "nodelimit": "node_limit", "infeasible": "infeasible",
+              "unbounded": "unbounded"}.get(name, "error")
     values = None
     if m.getNSols() > 0:
         best = m.getBestSol()
         values = [m.getSolVal(best, x) for x in xs]
     objective = model.objective_value(values) if values is not None else None
     dual = m.getDualbound() if status != "infeasible" else None
-    if dual is not None and not math.isfinite(dual):
-        dual = None
+    if dual is not None and (not math.isfinite(dual) or abs(dual) >= m.infinity()):
+        dual = None  # SCIP reports -1e20 (its infinity) before the root bound is known
     return SolveResult(backend="scip", status=status, values=values, objective=objective,
                        dual_bound=dual, solve_s=solve_s, detail=name)
