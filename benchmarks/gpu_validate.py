@@ -750,6 +750,8 @@ def gradients(ctx: Ctx) -> dict:
                 "tiers": tiers, "keep": list(keep), "vs_hf": err,
                 "drift_max_rel": drift["max_rel"], "drift_bitwise": drift["bitwise"],
                 "ok": err["max_rel"] <= FP32_GRAD_TOL and drift["max_rel"] <= drift_tol}
+        if ctx.budget.left() > 20:
+            out["fp32"]["mixed_dropout"] = dropout_case(ctx, shape, drift_tol)
         hf16 = copy.deepcopy(ref).to(torch.bfloat16)
         hf16_err = grad_error(hf_grads(hf16, batches), want)
         del hf16
@@ -766,6 +768,26 @@ def gradients(ctx: Ctx) -> dict:
     out["ok"] = (all(r["ok"] for r in out["fp32"].values())
                  and all(r["ok"] for r in out["bf16"].values()) and out["adamw"]["ok"])
     return out
+
+
+def dropout_case(ctx: Ctx, shape: dict, drift_tol: float) -> dict:
+    """The mixed plan with attention dropout 0.1: the engine replays each block's RNG state in
+    recompute and re-forward, so its masks (and gradients) equal HF's under the same seed."""
+    config = llama_config(**shape, dropout=0.1)
+    ref, adapter = model_pair(config, seed=7)
+    batches = make_batches(2, batch=shape["batch"], seq=shape["seq"], vocab=config.vocab_size,
+                           seed=8)
+    tiers, keep = plan_matrix(shape["layers"])["mixed"]
+    plan = plan_of(hand_problem(adapter, batch=shape["batch"], seq=shape["seq"], act_bytes=4,
+                                grad_accum=2), tiers, keep)
+    torch.manual_seed(0)  # as the engine's constructor (seed=0) does
+    want = hf_grads(ref, batches)
+    first = engine_grads(adapter, plan, ctx, batches)
+    second = engine_grads(adapter, plan, ctx, batches)
+    err, drift = grad_error(first, want), grad_error(second, first)
+    return {"tiers": tiers, "keep": list(keep), "attention_dropout": 0.1, "vs_hf": err,
+            "drift_max_rel": drift["max_rel"], "drift_bitwise": drift["bitwise"],
+            "ok": err["max_rel"] <= FP32_GRAD_TOL and drift["max_rel"] <= drift_tol}
 
 
 def adamw_steps(ctx: Ctx, config, shape: dict, batch: int, steps: int = 3) -> dict:
@@ -1173,11 +1195,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # cuBLAS reproducibility (the drift check) needs this before the first cuBLAS handle
+    preset = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     results = {"script": "benchmarks/gpu_validate.py",
                "argv": sys.argv[1:] if argv is None else argv,
                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "quick": args.quick, "budget_s": args.budget_s, "sections": {}, "running": None}
+               "quick": args.quick, "budget_s": args.budget_s,
+               "cublas_workspace_config_set_by_script": preset is None,
+               "sections": {}, "running": None}
     with tempfile.TemporaryDirectory(prefix="gpu-validate-", dir=args.tmp_dir) as tmp:
         ctx = Ctx(args=args, budget=Budget(args.budget_s), tmp=Path(tmp))
         watchdog = start_watchdog(ctx, results, args.out)
