@@ -532,8 +532,11 @@ class CheckpointStore:
     # ---- buffers and counters ------------------------------------------------------------
 
     def _acquire_host(self, e: _Entry) -> None:
-        e.host = self._pool.acquire(e.padded_bytes)
-        e.host[e.nbytes:].zero_()  # deterministic file padding
+        # a dram copy is exactly the boundary (the plan's A); an NVMe bounce buffer is padded
+        # to the 4 KiB O_DIRECT block, with zeroed padding (deterministic files)
+        e.host = self._pool.acquire(e.nbytes if e.tier == "dram" else e.padded_bytes)
+        if e.tier == "nvme":
+            e.host[e.nbytes:].zero_()
         self._count(*self._host_account(e))
 
     def _release_host(self, e: _Entry) -> None:
