@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from concurrent.futures import Executor, Future
 from typing import Callable, Sequence
 
@@ -189,9 +190,9 @@ class Device:
     def pinned_empty(self, nbytes: int, *, name: str | None = None) -> torch.Tensor:
         """Host ``uint8`` [nbytes], page-locked on CUDA, PAGE_BYTES-aligned (contents undefined).
 
-        CPU backends: pageable memory, aligned by over-allocating one page and slicing (the
-        slice keeps the allocation alive). CUDA: `cudaHostAlloc` memory is page-aligned already.
-        The ledger books `nbytes` to `name`.
+        Aligned by over-allocating one page and slicing (the slice keeps the allocation
+        alive); on CUDA those exact pages are then page-locked with `cudaHostRegister`
+        (`CudaDevice._alloc_pinned`). The ledger books `nbytes` to `name`.
 
         Raises:
             HostBudgetExceeded: the ledger's pinned budget would be passed.
@@ -317,6 +318,18 @@ class CudaDevice(Device):
             return torch.empty(shape, dtype=dtype, device=self.torch_device)
 
     def _alloc_pinned(self, nbytes: int) -> torch.Tensor:
+        """Exactly `nbytes` page-locked: page-aligned pageable memory registered with
+        `cudaHostRegister` (torch's pinned allocator rounds every request up to a power of two,
+        so a power-of-two boundary plus its 4 KiB pad would pin twice its size). The pages are
+        unregistered when the storage is freed; the runtime frees pinned buffers only after
+        synchronizing their copies (pools, `close`). Falls back to torch's pinned allocator
+        where registration fails."""
+        t = super()._alloc_pinned(nbytes)
+        cudart = torch.cuda.cudart()
+        ptr = t.data_ptr()
+        if nbytes and int(cudart.cudaHostRegister(ptr, nbytes, 0)) == 0:
+            weakref.finalize(t.untyped_storage(), cudart.cudaHostUnregister, ptr)
+            return t
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
     def submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:

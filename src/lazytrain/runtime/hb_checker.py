@@ -29,8 +29,9 @@ and the buffer):
    when every access from another stream is ordered before its allocating stream's next work,
    unless `record_stream` named that stream; a pool buffer is `recycle`d only when every access
    of other actors is ordered before the recycling thread.
-   Pinned buffers freed by torch are exempt: torch's host caching allocator itself defers their
-   reuse until the copies that used them completed.
+   Pinned buffers are exempt from the free rule (the runtime frees them only at `close` or
+   when a pool drops cached buffers, after synchronizing their copies); their reuse through a
+   pool is what `recycle` checks.
 
 Out of scope (documented limits): cross-process ordering of node-shared master weights (the
 owner updates in place while peers copy; the data-parallel protocol orders it with collectives)
