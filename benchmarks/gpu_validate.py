@@ -37,11 +37,16 @@ a section that cannot start in the time left is recorded as skipped (a failure),
 watchdog writes the JSON and exits if a section hangs. Every section catches its own errors;
 the JSON is rewritten (atomically) after each one. Exit code: 0 every selected section passed;
 1 a section failed, was skipped, or no CUDA device is present (the environment section is
-still written); 2 bad usage. On a CPU-only machine `--help` works and a run writes the
-environment section and exits 1 with a one-line reason.
+still written); 2 bad usage; 3 the watchdog stopped a hung section (the JSON names it). On a
+CPU-only machine `--help` works and a run writes the environment section and exits 1 with a
+one-line reason.
 
-One file on purpose (one command to copy onto a GPU machine); sections are independent
-functions.
+The overlap section also reports the device API ledger's HBM peak against the allocator's, the
+heuristic planner's pick for the measured problem, and totals over the windows; the fp32
+matrix also runs the mixed plan with attention dropout (RNG replay in recompute).
+
+One file on purpose (one command to copy onto a GPU machine, longer than the style guide's
+400 lines for that reason); sections are independent functions.
 """
 
 from __future__ import annotations
