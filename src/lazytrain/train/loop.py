@@ -319,9 +319,12 @@ class Trainer:
             self.cfg = cfg = resolve_epochs(cfg, self.data.train, world_size=self.world_size,
                                             log=log)
             tc = cfg.train
-        # one lock per job: the first (local) rank takes it, the job's other ranks share the dir
-        self._nvme_lock = (setup.lock_nvme_dir(self.nvme_dir)
-                           if getattr(getattr(self, "ctx", None), "local_rank", 0) == 0 else None)
+        # one lock per job and node: local rank 0 takes it, the node's other ranks share the
+        # dir; nodes lock their own file (the directory may be on a file system they share)
+        ctx = getattr(self, "ctx", None)
+        if getattr(ctx, "local_rank", 0) == 0:
+            node = f"node{ctx.node_rank}" if ctx is not None and ctx.nnodes > 1 else ""
+            self._nvme_lock = setup.lock_nvme_dir(self.nvme_dir, node=node)
         try:
             self.engine = self._make_engine()
         except BaseException:
@@ -481,8 +484,9 @@ class Trainer:
     """Writes summary.json (False on ranks > 0 of a data-parallel job, `lazytrain.dist`)."""
 
     def should_stop(self, flag: bool) -> bool:
-        """Whether to stop after this step given the stop-signal flag (data parallel: any
-        rank's)."""
+        """Whether to stop after this step given the stop-signal flag (data parallel: True when
+        the flag is set on any rank, one collective; also used to agree on a wall-clock
+        checkpoint, since the ranks' clocks differ)."""
         return flag
 
     def close(self) -> None:
@@ -617,7 +621,10 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
                 if trainer.should_stop(bool(stop["set"])):
                     stopped_by = stop["set"] or "SIGTERM"  # data parallel: another rank's
                     break
-                if _save_due(cfg, step=trainer.step, since_save_s=clock() - last_save):
+                due = _save_due(cfg, step=trainer.step, since_save_s=clock() - last_save)
+                if trainer.world_size > 1 and cfg.train.checkpoint_every_min:
+                    due = trainer.should_stop(due)  # any rank's clock: all save together
+                if due:
                     with save_errors(run_dir, step=trainer.step):
                         saved = trainer.save()
                     last_save = clock()

@@ -285,10 +285,11 @@ def job_nvme_dir(nvme_dir: str, *, run_dir: Path) -> Path:
     return Path(nvme_dir).expanduser() / f"job-{run_dir.resolve().name}-{digest}"
 
 
-def lock_nvme_dir(directory: Path) -> Any:
-    """Take the job's lock on `directory` (created, with its lock file `directory.lock`);
-    returns the open lock file, to be closed when the job ends (closing releases the lock; the
-    lock also dies with the process).
+def lock_nvme_dir(directory: Path, *, node: str = "") -> Any:
+    """Take the job's lock on `directory` (created, with its lock file `directory.lock`, or
+    `directory.<node>.lock` for one node of a multi-node job); returns the open lock file, to
+    be closed when the job ends (closing releases the lock; the lock also dies with the
+    process).
 
     Raises:
         NvmeDirInUseError: another live job holds it (its pid named).
@@ -297,7 +298,8 @@ def lock_nvme_dir(directory: Path) -> Any:
     import fcntl
 
     directory.mkdir(parents=True, exist_ok=True)
-    lock_path = directory.with_name(directory.name + NVME_LOCK_SUFFIX)
+    lock_path = directory.with_name(directory.name + (f".{node}" if node else "")
+                                    + NVME_LOCK_SUFFIX)
     handle = open(lock_path, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
