@@ -181,7 +181,10 @@ class ModelAdapter:
         for most families, one complex freqs_cis tensor for DeepSeek-V2; `kind` is the layer
         kind for a per-kind rotary (Gemma3), None otherwise."""
         rotary_device = next(iter(self.rotary.buffers())).device
-        args = (hidden.to(rotary_device), position_ids.to(rotary_device))
+        # HF's rotary reads only the dtype and device of its first argument: an empty tensor,
+        # not [B, S, H] copied to the rotary's device (a device-to-host sync per micro-batch)
+        probe = torch.empty(0, dtype=hidden.dtype, device=rotary_device)
+        args = (probe, position_ids.to(rotary_device))
         rope = self.rotary(*args) if kind is None else self.rotary(*args, kind)
         return (tuple(t.to(hidden.device) for t in rope) if isinstance(rope, tuple)
                 else rope.to(hidden.device))

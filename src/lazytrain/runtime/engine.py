@@ -463,7 +463,7 @@ class Engine:
         names = list(dict.fromkeys((self._norm_name, self.adapter.head_name)))  # tied: once
         grad_views = self.params.ends.views(self._ends_grad)
         grad_h = torch.empty_like(h)
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
         chunk = max(1, self.head_chunk_tokens // h.shape[0])  # positions of [B, chunk] tokens
         for a in range(0, h.shape[1], chunk):
             b = min(h.shape[1], a + chunk)
@@ -478,8 +478,8 @@ class Engine:
             grad_h[:, a:b] = gx
             for n, g in zip(leaves, gw):
                 grad_views[n].add_(g)  # accumulated in place, fp32
-            total += float(loss.detach())
-        return total, grad_h
+            total += loss.detach()  # on the device: no host sync per chunk
+        return float(total), grad_h  # sync point: one per micro-batch
 
     def embed(self, mb: _MicroBatch) -> torch.Tensor:
         """Boundary 0: [B, S, H] embedding of the micro-batch's tokens (no autograd)."""
