@@ -235,6 +235,7 @@ def test_a_bad_data_path_is_reported_before_planning_and_loading(arithmetic_mode
 
     monkeypatch.setattr(setup, "make_plan", must_not_run)
     monkeypatch.setattr(setup, "load_adapter", must_not_run)
+    monkeypatch.setattr(setup, "resolve_model_source", must_not_run)  # a hub id downloads there
     run = tmp_path / "run"
     cfg = tiny_config(arithmetic_model_dir, run, f"data.path={tmp_path / 'nope.jsonl'}")
     with pytest.raises(FileNotFoundError, match=r"data\.path: .*nope\.jsonl does not exist"):

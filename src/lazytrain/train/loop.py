@@ -290,10 +290,10 @@ class Trainer:
             saved_state = self.resumed_from.load_state()  # weights_only: refuses code objects
             setup.check_same_model(cfg, saved_state.get("config"), self.resumed_from.path)
             source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
-        else:
-            source = setup.resolve_model_source(cfg.model.config_path, weights=True)
         setup.check_data_paths(cfg.data)
         self.plan = _get_plan(cfg, run_dir, plan=plan, resuming=self.resumed_from is not None)
+        if self.resumed_from is None:  # after planning: a hub id downloads its weights here
+            source = setup.resolve_model_source(cfg.model.config_path, weights=True)
         make_run_dir(run_dir)
         save_config(cfg, run_dir / "config.yaml")
         self.plan.save(run_dir / "plan.json")
