@@ -406,3 +406,21 @@ def test_a_bf16_checkpoint_says_bfloat16_and_carries_a_generation_config(arithme
     hf32 = json.loads((ckpt.latest_checkpoint(tmp_path / "fp32").path / "config.json")
                       .read_text())
     assert hf32.get("dtype", hf32.get("torch_dtype")) == "float32"
+
+
+def test_report_json_into_a_closed_pipe_ends_quietly(arithmetic_model_dir, tiny_plan, tmp_path):
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    train(tiny_config(arithmetic_model_dir, run, "train.steps=1", "data.num_eval=0"),
+          plan=tiny_plan, progress=False)
+    # `lazytrain report RUN --json | head -c 0`: the reader is gone before the first write, so
+    # every write fails with EPIPE (deterministic, whatever the output's size)
+    proc = subprocess.Popen([sys.executable, "-m", "lazytrain.cli.main", "report", str(run),
+                             "--json", "--skip-steps", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "BrokenPipe" not in err and "Traceback" not in err
