@@ -106,14 +106,10 @@ def test_a_staging_buffer_rewritten_before_its_h2d_completed_is_caught(tmp_path,
 
 
 def test_a_gradient_read_on_the_host_before_its_d2h_completed_is_caught(tmp_path, monkeypatch):
-    def finish_oldest(self):
-        event, k, buf, group, first, start, on_done = self.pending.popleft()
+    def accumulate(self, event, buf, group, *, first, start):
         group.accumulate_grad(buf, first=first, start=start)  # no host wait for the copy
-        self.free.append(k)
-        if on_done is not None:
-            on_done()
 
-    monkeypatch.setattr(streams_mod.GradDrain, "_finish_oldest", finish_oldest)
+    monkeypatch.setattr(streams_mod.GradDrain, "_accumulate", accumulate)
     exc = _violation(tmp_path)
     assert "gradient drain buffer" in exc.buffer
     assert "d2h" in exc.first and "host:" in exc.second

@@ -141,13 +141,9 @@ def test_cpu_threaded_turns_a_missing_weight_wait_into_wrong_gradients(tmp_path,
 def test_cpu_threaded_turns_an_early_gradient_read_into_wrong_gradients(tmp_path, monkeypatch):
     from lazytrain.runtime import streams as streams_mod
 
-    def finish_oldest(self):  # accumulates without waiting for the gradient's D2H
-        event, k, buf, group, first, start, on_done = self.pending.popleft()
+    def accumulate(self, event, buf, group, *, first, start):  # no wait for the D2H
         group.accumulate_grad(buf, first=first, start=start)
-        self.free.append(k)
-        if on_done is not None:
-            on_done()
 
     assert _threaded_grads_error(tmp_path / "ok", [D] * 4 + [H]) <= 1e-5
-    monkeypatch.setattr(streams_mod.GradDrain, "_finish_oldest", finish_oldest)
+    monkeypatch.setattr(streams_mod.GradDrain, "_accumulate", accumulate)
     assert _threaded_grads_error(tmp_path / "bad", [D] * 4 + [H]) > 1e-3

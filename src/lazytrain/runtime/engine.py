@@ -668,6 +668,7 @@ class Engine:
 
     def close(self) -> None:
         """Finish queued updates, stop the worker, remove NVMe files, stop stream threads."""
+        self.drain.close()
         self.optimizer.close()
         self.store.close()
         self.dev.close()

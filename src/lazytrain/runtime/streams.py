@@ -22,6 +22,7 @@ Knows nothing about plans or tiers.
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -116,8 +117,10 @@ class GradDrain:
 
     Gradients travel in the compute dtype (the plan's G bytes; MegaTrain drains bf16 too): each
     drain copies the flat gradient into a pinned buffer on the "d2h" stream (after the compute
-    that produced it), and the host adds it into the accumulator only after the copy's event
-    completed; the buffer is reused only then. A group larger than one buffer (the ends:
+    that produced it), and an accumulation worker thread (one intra-op thread, off the main
+    thread's critical path) waits for the copy's event and adds the buffer into the host
+    accumulator; the buffer is reused, and the drain's `on_done` runs on the calling thread,
+    only once that job finished. A group larger than one buffer (the ends:
     embedding + head, accumulated in fp32 on the device) drains in buffer-sized chunks, each
     converted to the compute dtype by the copy. The accumulator has the master dtype: a bf16
     one rounds each contribution once (`ParamGroup.accumulate_grad`).
@@ -139,6 +142,7 @@ class GradDrain:
         self.buffers = [device.pinned_empty(numel * size, name=f"gradient drain buffer {k}")
                         .view(dtype) for k in range(count)]
         self.free = deque(range(len(self.buffers)))
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytrain-accum")
 
     def drain(self, group: ParamGroup, grad: torch.Tensor | None, *, first: bool,
               on_done: Callable[[], None] | None = None) -> None:
@@ -158,15 +162,24 @@ class GradDrain:
             k = self.free.popleft()
             buf = self.buffers[k][:end - start]
             event = self.device.copy(buf, grad[start:end], stream=self.d2h)
+            job = self.device.submit(self.worker, self._accumulate, event, buf, group,
+                                     first=first, start=start)
             last = start == starts[-1]
-            self.pending.append((event, k, buf, group, first, start, on_done if last else None))
+            self.pending.append((job, k, on_done if last else None))
         # the device gradient may be freed by compute before the copies ran
         self.device.record_stream(grad, self.d2h)
 
-    def _finish_oldest(self) -> None:
-        event, k, buf, group, first, start, on_done = self.pending.popleft()
+    def _accumulate(self, event, buf: torch.Tensor, group: ParamGroup, *, first: bool,
+                    start: int) -> None:
+        """Worker: add one drained gradient (chunk) into the host accumulator."""
+        torch.set_num_threads(1)  # per thread: the main thread keeps its intra-op threads
         self.device.host_wait(event)  # sync point: the copy into buf is complete
         group.accumulate_grad(buf, first=first, start=start)
+
+    def _finish_oldest(self) -> None:
+        job, k, on_done = self.pending.popleft()
+        self.device.wait_futures([job])  # ordered after the worker's read of the buffer
+        job.result()  # re-raises the worker's error
         self.free.append(k)
         if on_done is not None:
             on_done()
@@ -175,6 +188,11 @@ class GradDrain:
         """Finish every queued drain."""
         while self.pending:
             self._finish_oldest()
+
+    def close(self) -> None:
+        """Finish every queued drain and stop the worker."""
+        self.flush()
+        self.worker.shutdown(wait=True)
 
 
 class WindowMeter:
