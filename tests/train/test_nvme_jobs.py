@@ -60,3 +60,21 @@ def test_the_summary_records_whether_o_direct_or_buffered_io_ran(arithmetic_mode
     nvme = json.loads((run / "summary.json").read_text())["nvme"]
     assert nvme["dir"] == str(run / "nvme")
     assert nvme["io"] == ("O_DIRECT" if supports_o_direct(run / "nvme") else "buffered")
+
+
+@pytest.mark.parametrize("timeout_s,expected", [(7.5, 7.5), (0, None)])
+def test_runtime_nvme_timeout_s_reaches_the_nvme_waits(arithmetic_model_dir, tiny_plan,
+                                                       tmp_path, monkeypatch, timeout_s,
+                                                       expected):
+    from lazytrain.runtime.nvme import NvmeIO
+
+    seen, real_wait = set(), NvmeIO.wait
+
+    def wait(self, futures):
+        seen.add(self.timeout_s)
+        return real_wait(self, futures)
+
+    monkeypatch.setattr(NvmeIO, "wait", wait)
+    train(tiny_config(arithmetic_model_dir, tmp_path / "run", "train.steps=1", "data.num_eval=0",
+                      f"runtime.nvme_timeout_s={timeout_s}"), plan=tiny_plan, progress=False)
+    assert seen == {expected}  # every window barrier waited with the configured limit

@@ -372,7 +372,8 @@ class Trainer:
             device=make_device(self.device_kind, seed=tc.seed), nvme_dir=self.nvme_dir,
             io_threads=self.cfg.runtime.io_threads, fault_hook=self.hooks.fault_hook,
             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in self.plan.windows})
-        store.io.timeout_s = self.cfg.runtime.nvme_timeout_s or None  # 0: wait forever
+        # before the Engine wraps store.io with its instrument (0: wait without a limit)
+        store.io.timeout_s = self.cfg.runtime.nvme_timeout_s or None
         return Engine(self.adapter, self.plan, device=store.dev, nvme_dir=self.nvme_dir,
                       compute_dtype=tc.compute_dtype, lr=tc.lr,
                       betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps,
