@@ -5,7 +5,7 @@ Scenarios:
   split-128      the seed with every block split into two half blocks (compute, weights,
                  gradients, internals and parameters halved; boundary activations unchanged,
                  since a half block still outputs [micro_batch, seq, hidden]); k_max 16.
-  nvme-split-128 the same split of an NVMe-heavy seed (HBM 40 GB, DRAM 200 GB, NVMe 1 TB at
+  nvme-split-128 the same split of an NVMe-heavy seed (HBM 40 GB, DRAM 225 GB, NVMe 1 TB at
                  1.5 GB/s read, 1.0 GB/s write, 8-bit states offered, micro-batch 58).
 
 For each: the MILP with HiGHS and SCIP, warm-started from the heuristic (and HiGHS cold at 64
@@ -35,7 +35,7 @@ from lazytrain.sim import compare, simulate
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = REPO / "configs" / "qwen3.6-27b-h800.yaml"
-NVME_HEAVY = ["hardware.hbm_gb=40", "hardware.dram_gb=200", "hardware.nvme_gb=1000",
+NVME_HEAVY = ["hardware.hbm_gb=40", "hardware.dram_gb=225", "hardware.nvme_gb=1000",
               "hardware.nvme_read_gb_per_s=1.5", "hardware.nvme_write_gb_per_s=1.0",
               "planner.allow_q8=true", "train.micro_batch=58"]
 
