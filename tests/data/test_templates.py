@@ -10,6 +10,9 @@ labels are -100 on the prompt and tail pieces and the token ids on the target pi
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from lazytrain.config import DataConfig
@@ -127,3 +130,19 @@ def test_generation_stops_at_eos_and_at_the_templates_end_of_turn_token(name, ma
     # The test tokenizer holds <|im_end|> as one token but not <|eot_id|>.
     expected = [vocab["<|eos|>"]] + ([vocab[marker]] if marker else [])
     assert stop_token_ids(fresh_tokenizer) == expected
+
+
+SMOLLM2_DIR = Path(os.environ.get("LAZYTRAIN_CACHE", Path.home() / ".cache/lazytrain")) \
+    / "smollm2-135m-instruct"
+
+
+@pytest.mark.skipif(not (SMOLLM2_DIR / "tokenizer.json").exists(),
+                    reason="SmolLM2 tokenizer not converted yet (lazytrain.models.smollm2)")
+def test_chatml_on_the_real_smollm2_tokenizer_masks_by_the_assistant_mask():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(SMOLLM2_DIR)
+    tok.chat_template = choose_template(tok, "chatml")[0]
+    enc = encode(tok, CHAT, seq_len=512, overlong="truncate")
+    ids, labels = _reference(tok, EXPECTED["chatml"])
+    assert (list(enc.input_ids), list(enc.labels)) == (ids, labels)
