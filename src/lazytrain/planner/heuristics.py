@@ -414,7 +414,9 @@ class _Search:
         return best if lo > 0 or max(best.hbm) <= p.hbm_bytes else self.build(assign(0), ())
 
     def repair(self, cur: _State) -> _State:
-        """While a capacity is short: apply the move with the best shortfall removed per ms."""
+        """While a capacity is short: apply the move with the best shortfall removed per ms
+        (after `q8_top_up`, which closes a DRAM shortfall with 8-bit states in one step)."""
+        cur = self.q8_top_up(cur)
         for _ in range(3 * self.L + 8):
             if cur.score[0] <= 0 or time.perf_counter() > self.deadline:
                 break
@@ -436,6 +438,26 @@ class _Search:
                 break
             cur = nxt
         return cur
+
+    def q8_top_up(self, cur: _State) -> _State:
+        """8-bit states on the fewest blocks (in block order, as the q8 edit adds them) that
+        close `cur`'s DRAM shortfall, in one move: at q8_penalty_ms_per_gparam per 1e9
+        parameters it is the cheapest DRAM there is, but one block per greedy round takes L
+        rounds of the whole neighbourhood (the repair's deadline ran out first on 64 blocks)."""
+        p = self.p
+        need = cur.dram - p.dram_bytes
+        if not p.allow_q8 or need <= 0:
+            return cur
+        q8 = list(cur.q8)
+        for j in range(self.L):
+            if need <= 0:
+                break
+            if j not in q8:
+                q8.append(j)
+                need -= p.params_per_block[j] * (p.host_bytes_per_param
+                                                 - p.host_bytes_per_param_q8)
+        nxt = self.build(cur.tiers, cur.keep, tuple(sorted(q8)))
+        return nxt if nxt.score < cur.score else cur
 
     def local_search(self, cur: _State) -> _State:
         """First-improvement descent over `moves` until a full pass finds nothing."""
