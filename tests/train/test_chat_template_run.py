@@ -41,3 +41,20 @@ def test_a_configured_template_replaces_the_tokenizers_and_is_saved(arithmetic_m
     chat = [{"role": "user", "content": "hi"}]
     assert saved.apply_chat_template(chat, tokenize=False) == (
         "<|bos|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>")
+
+
+def test_a_missing_template_file_is_refused_before_planning_and_hub_eval_ids_pass(tmp_path):
+    from lazytrain.config import DataConfig
+    from lazytrain.train.setup import check_data_paths
+
+    with pytest.raises(FileNotFoundError, match=r"^data.chat_template: 'chat.jinja' is neither "
+                                                r"a named template \(chatml, qwen, llama3\)"):
+        check_data_paths(DataConfig(chat_template="chat.jinja"), base_dir=tmp_path)
+    (tmp_path / "chat.jinja").write_text("{{ messages }}")
+    check_data_paths(DataConfig(chat_template="chat.jinja"), base_dir=tmp_path)
+    check_data_paths(DataConfig(chat_template="llama3"), base_dir=tmp_path)
+    # Hub ids for the eval data are the data layer's to resolve, as for data.path
+    check_data_paths(DataConfig(path="openai/gsm8k", eval_path="openai/gsm8k",
+                                eval_split="test"), base_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"^data.eval_path: .*held.jsonl does not exist"):
+        check_data_paths(DataConfig(eval_path="held.jsonl"), base_dir=tmp_path)

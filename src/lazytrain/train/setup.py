@@ -204,14 +204,15 @@ def check_data_paths(data_cfg: Any, *, base_dir: str | Path | None = None) -> No
     """Refuse a data file that does not exist, before planning and before loading weights.
 
     Checks `data.path` (unless embedded or a registry entry), `data.registry_path`,
-    `data.dataset_dir` and `data.eval_path`, each relative to `base_dir` (default: the cwd) as
-    `lazytrain.data.build_data` resolves them. A value that may be a hub dataset id
-    (`org/name` without a data-file suffix) is left to the data layer.
+    `data.dataset_dir`, `data.eval_path` and a `data.chat_template` that is not a named
+    template (a Jinja file), each relative to `base_dir` (default: the cwd) as
+    `lazytrain.data.build_data` resolves them. A data or eval path that may be a hub dataset
+    id (`org/name` without a data-file suffix) is left to the data layer.
 
     Raises:
         FileNotFoundError: one line naming the key, the path and the fix.
     """
-    from lazytrain.data import EMBEDDED_PREFIX
+    from lazytrain.data import EMBEDDED_PREFIX, TEMPLATES
 
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     checks = [("data.registry_path", data_cfg.registry_path),
@@ -223,9 +224,16 @@ def check_data_paths(data_cfg: Any, *, base_dir: str | Path | None = None) -> No
         if not value:
             continue
         path = base / Path(value).expanduser()
-        if not path.exists() and (_is_local_path(value) or key != "data.path"):
+        may_be_hub_id = key in ("data.path", "data.eval_path")
+        if not path.exists() and (_is_local_path(value) or not may_be_hub_id):
             raise FileNotFoundError(f"{key}: {path} does not exist; fix the path (relative "
                                     f"paths resolve against {base})")
+    template = data_cfg.chat_template
+    if template and template not in TEMPLATES and not (base / Path(template).expanduser()
+                                                       ).is_file():
+        raise FileNotFoundError(f"data.chat_template: {template!r} is neither a named template "
+                                f"({', '.join(TEMPLATES)}) nor a Jinja file under {base}; give "
+                                f"one of those")
 
 
 def check_same_model(cfg: Any, saved: dict | None, checkpoint: Path) -> None:
