@@ -483,14 +483,22 @@ def host_loops_gbps(numel: int, dev, *, repeats: int) -> dict:
             "numel": numel, "threads": torch.get_num_threads()}
 
 
-def host_alloc_s_per_gib(gibs: tuple[int, ...]) -> dict:
-    """Seconds per GiB of fresh pinned allocations (torch's host allocator -> cudaHostAlloc;
-    sizes are powers of two and held until the end, so none is served from its cache)."""
-    held, out = [], {}
+def host_alloc_s_per_gib(dev, gibs: tuple[int, ...]) -> dict:
+    """Seconds per GiB of fresh pinned allocations: torch's host allocator (cudaHostAlloc;
+    sizes are powers of two and held until the end, so none is served from its cache) and the
+    device API's `pinned_empty` (the runtime's own path), with whether it page-locked the
+    memory."""
+    held, out = [], {"cuda_host_alloc": {}, "device_api_pinned_empty": {}}
     for g in gibs:
         t0 = time.perf_counter()
         held.append(torch.empty(g * GIB, dtype=torch.uint8, pin_memory=True))
-        out[f"{g}_gib_s_per_gib"] = (time.perf_counter() - t0) / g
+        out["cuda_host_alloc"][f"{g}_gib_s_per_gib"] = (time.perf_counter() - t0) / g
+    for g in gibs:
+        t0 = time.perf_counter()
+        t = dev.pinned_empty(g * GIB, name="gpu_validate pinned timing")
+        out["device_api_pinned_empty"][f"{g}_gib_s_per_gib"] = (time.perf_counter() - t0) / g
+        out["device_api_pinned_empty"]["is_pinned"] = bool(t.is_pinned())
+        held.append(t)
     del held
     return out
 
@@ -499,7 +507,7 @@ def ceilings(ctx: Ctx) -> dict:
     """Link, GEMM and host-loop ceilings (the numbers the planner's cost model needs)."""
     dev, q = ctx.dev, ctx.quick
     # first, before any pinned buffer exists that torch's host allocator could hand back
-    pinned_alloc = host_alloc_s_per_gib((1,) if q else (1, 2))
+    pinned_alloc = host_alloc_s_per_gib(dev, (1,) if q else (1, 2))
     shape = overlap_shape(q)
     sizes = {"boundary": shape["batch"] * shape["seq"] * shape["hidden"] * 2,
              "block": block_weight_bytes(shape)}
@@ -1052,6 +1060,16 @@ def window_totals(rows: list[dict]) -> dict:
             "overlapped_fraction": overlapped / sum(copy) if sum(copy) else None}
 
 
+def fresh_thread_intra_op_threads() -> int:
+    """torch.get_num_threads() in a new thread: what a worker started now (the optimizer's,
+    NVMe I/O) gets, since each thread takes the process-wide setting at its first use."""
+    out: list[int] = []
+    worker = threading.Thread(target=lambda: out.append(torch.get_num_threads()))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
 def ledger_figures(dev) -> dict:
     """The device API's ledger after a step (runtime/ledger.py): peak HBM and pinned bytes it
     booked and the owners at the HBM peak; on CUDA it books the runtime's own allocations, not
@@ -1105,6 +1123,7 @@ def overlap(ctx: Ctx) -> dict:
     from lazytrain.runtime.engine import Engine
     shape = overlap_shape(ctx.quick)
     config = llama_config(**shape)
+    threads_before = fresh_thread_intra_op_threads()
     adapter = build_overlap_model(config, ctx.dev)
     problem, measured = measured_problem(adapter, config, shape, ctx)
     tiers, keep = overlap_tiers(shape["layers"])
@@ -1144,7 +1163,10 @@ def overlap(ctx: Ctx) -> dict:
                               "keep": list(heuristic.keep_internals),
                               "predicted_step_ms": heuristic.predicted.step_ms},
            "stream_names": run["trace"].get("stream_names"), "totals": window_totals(rows),
-           "windows": rows, "windows_missing_in_trace": missing}
+           "windows": rows, "windows_missing_in_trace": missing,
+           "fresh_thread_intra_op_threads": {"before_engine": threads_before,
+                                             "after_engine": fresh_thread_intra_op_threads(),
+                                             "main_thread": torch.get_num_threads()}}
     out["checks"] = {"every_plan_window_in_trace": not missing,
                      "peak_memory_within_prediction": run["peak_alloc"] <= pred.peak_hbm_bytes}
     if run["trace"]["compute_stream"] is None:
