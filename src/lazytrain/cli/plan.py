@@ -292,8 +292,9 @@ def build_report(problem, plan, baseline, *, policy: str, megatrain_k: int,
     fits = {} if baseline.provenance.get("violations") else {paper: baseline}
     if baseline.provenance.get("violations"):
         rows[paper]["over_budget"] = True
-    best_label = "best fixed K (none fits)"
-    if best_fixed is not None:
+    if best_fixed is None:
+        rows["best fixed K (none fits)"] = throughput(problem, None)
+    else:
         best_label = f"best fixed K (K={k_of(best_fixed)})"
         rows[best_label] = _row(problem, best_fixed)
         fits[best_label] = best_fixed
@@ -381,7 +382,8 @@ def format_table(problem, plan, report: dict) -> str:
 
 
 def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
+    """`format(v, spec)`, or "-" right-aligned to the spec's width when `v` is None."""
+    return "-".rjust(int(spec.split(".")[0])) if v is None else format(v, spec)
 
 
 def _perf_table(report: dict) -> list[str]:
