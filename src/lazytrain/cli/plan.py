@@ -387,11 +387,11 @@ def _fmt(v, spec: str) -> str:
 
 
 def _perf_table(report: dict) -> list[str]:
-    head = f"{'':<20} {'step ms':>12} {'model TFLOPS':>13} {'tokens/s':>11} {'peak HBM GB':>12}"
+    head = f"{'':<24} {'step ms':>12} {'model TFLOPS':>13} {'tokens/s':>11} {'peak HBM GB':>12}"
     out = [head]
     for label, r in report["rows"].items():
         hbm = r.get("peak_hbm_bytes")
-        out.append(f"{label:<20} {_fmt(r['step_ms'], '12.1f')} {_fmt(r['model_tflops'], '13.1f')}"
+        out.append(f"{label:<24} {_fmt(r['step_ms'], '12.1f')} {_fmt(r['model_tflops'], '13.1f')}"
                    f" {_fmt(r['tokens_per_s'], '11.1f')} "
                    f"{_fmt(None if hbm is None else hbm / 1e9, '12.2f')}"
                    + ("  over budget" if r.get("over_budget") else ""))
