@@ -530,7 +530,10 @@ def ceilings(ctx: Ctx) -> dict:
                           "duplex_gb_per_s": hw.duplex_bytes_per_s / GB}
     alone = out["copies"]["block"]["alone"]
     out["checks"] = {"links_over_1_gb_per_s": min(alone.values()) > 1.0,
-                     "gemm_over_10_tflops": peak > 10.0}
+                     "gemm_over_10_tflops": peak > 10.0,
+                     # unpinned buffers would make every runtime copy synchronous
+                     "device_api_buffers_pinned": pinned_alloc["device_api_pinned_empty"]
+                     ["is_pinned"]}
     out["ok"] = all(out["checks"].values())
     return out
 
