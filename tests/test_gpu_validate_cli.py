@@ -1,12 +1,14 @@
 """benchmarks/gpu_validate.py: the CLI on a CPU-only machine, and its trace arithmetic.
 
 The GPU sections themselves run only where CUDA is (`mark.gpu`); here: `--help`, the one-line
-refusal without a GPU that still writes the environment section, bad `--only`, and the
-per-window busy/overlap figures on a hand-made profiler trace.
+refusal without a GPU that still writes the environment section, bad `--only`, the per-window
+busy/overlap figures on a hand-made profiler trace, every plan the script builds, and each
+ordering micro-test judged by the happens-before checker (cpu-checked).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -155,3 +157,20 @@ def test_window_totals_weight_the_overlap_by_copy_time():
     assert got["predicted_ms"] == 3.5 and got["predicted_exposed_ms"] == 0.5
     assert got["copy_busy_ms"] == 4.0
     assert got["overlapped_fraction"] == pytest.approx((2.0 * 0.5 + 2.0 * 1.0) / 4.0)
+
+
+@pytest.mark.parametrize("rule", ["copy_waits_for_producer", "alloc_on_compute_then_copy_stream",
+                                  "record_stream_keeps_memory", "host_write_after_h2d_sync",
+                                  "host_read_after_d2h_event"])
+def test_each_ordering_micro_test_is_judged_by_the_happens_before_checker(rule, monkeypatch):
+    """The script's micro-tests, run on cpu-checked (the _sleep lag is a no-op there): as the
+    runtime orders them there is no violation and the data is exact; without the rule the
+    checker names the unordered access, so each micro-test really tests its rule."""
+    from lazytrain.runtime.device import make_device
+    from lazytrain.runtime.hb_checker import OrderingViolation
+    gv = _module()
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    monkeypatch.setattr(gv, "_on", lambda stream: contextlib.nullcontext())
+    assert gv.ORDERING_RULES[rule](make_device("cpu-checked"), 0, True, 1024)["exact"]
+    with pytest.raises(OrderingViolation, match="is not ordered after"):
+        gv.ORDERING_RULES[rule](make_device("cpu-checked"), 0, False, 1024)
