@@ -169,7 +169,10 @@ def test_a_weight_load_that_does_not_wait_for_the_blocks_update_is_caught(tmp_pa
 
     monkeypatch.setattr(Engine, "prefetch_weights", prefetch_weights)
     exc = _violation(tmp_path, steps=2, clip=0.5)
-    assert "master" in exc.buffer and "adamw" in exc.first + exc.second
+    # whichever the threads reach first: the load reading the master the update writes, or
+    # the next step's gradient accumulation overwriting what the update still reads
+    assert ("master" in exc.buffer or "gradient accumulator" in exc.buffer)
+    assert "adamw" in exc.first + exc.second
 
 
 def test_checker_numerics_equal_the_cpu_backend_bit_for_bit(tmp_path):

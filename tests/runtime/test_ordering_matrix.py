@@ -147,3 +147,20 @@ def test_cpu_threaded_turns_an_early_gradient_read_into_wrong_gradients(tmp_path
     assert _threaded_grads_error(tmp_path / "ok", [D] * 4 + [H]) <= 1e-5
     monkeypatch.setattr(streams_mod.GradDrain, "_accumulate", accumulate)
     assert _threaded_grads_error(tmp_path / "bad", [D] * 4 + [H]) > 1e-3
+
+
+def test_an_engine_leaves_a_device_it_was_given_open_for_the_next_engine(tmp_path):
+    dev = make_device("cpu-threaded", seed=2)
+    try:
+        for run in range(2):  # the second engine would hang on a closed device
+            _, adapter = model_pair(tiny_config("llama"))
+            engine = Engine(adapter, _plan(adapter, "mixed_tiers"), device=dev,
+                            nvme_dir=tmp_path / f"nvme{run}", grad_accum=2)
+            try:
+                engine.step(micro_batches(2))
+            finally:
+                engine.close()
+    finally:
+        dev.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        dev.copy(torch.empty(2), torch.ones(2), stream=dev.stream("h2d"))

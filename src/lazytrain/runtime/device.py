@@ -324,12 +324,13 @@ class CudaDevice(Device):
         unregistered when the storage is freed; the runtime frees pinned buffers only after
         synchronizing their copies (pools, `close`). Falls back to torch's pinned allocator
         where registration fails."""
-        t = super()._alloc_pinned(nbytes)
+        pages = -(-nbytes // PAGE_BYTES) * PAGE_BYTES  # whole pages: no page shared with
+        t = super()._alloc_pinned(pages)               # another buffer's registration
         cudart = torch.cuda.cudart()
         ptr = t.data_ptr()
-        if nbytes and int(cudart.cudaHostRegister(ptr, nbytes, 0)) == 0:
+        if pages and int(cudart.cudaHostRegister(ptr, pages, 0)) == 0:
             weakref.finalize(t.untyped_storage(), cudart.cudaHostUnregister, ptr)
-            return t
+            return t[:nbytes]
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
     def submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:

@@ -141,6 +141,7 @@ class Engine:
             raise ValueError(f"train.compute_dtype: {compute_dtype!r}; use fp32 or bf16")
         torch.manual_seed(seed)
         self.adapter, self.plan, self.L = adapter, plan, plan.num_blocks
+        self._owns_device = not isinstance(dev, Device)  # made here from a name: ours to close
         self.dev = as_device(dev)
         if store is not None and store.dev is not self.dev:
             raise ValueError("Engine: the store was built on another device object; pass "
@@ -583,12 +584,10 @@ class Engine:
         their pending update)."""
         self.optimizer.wait(self.params.ends)
         ends = self.params.ends
-        h2d = self.weights.h2d
         self._ends_dev = self.dev.empty(ends.numel, self.dtype, name="ends weights")
-        self.dev.wait_stream(h2d, self.dev.compute)  # fresh memory compute may still use
-        # a pageable source: the copy converts the dtype; compute waits for it below
-        self.dev.wait_event(self.dev.compute, self.dev.copy(self._ends_dev, ends.master,
-                                                            stream=h2d))
+        # through the pinned staging ring, converted on the host: no fp32 device copy, no
+        # pageable (blocking) source; compute waits for the last chunk
+        self.dev.wait_event(self.dev.compute, self.weights.load_flat(self._ends_dev, ends.master))
 
     def _prepare(self, m: int, batch: dict) -> _MicroBatch:
         ids = batch["input_ids"].to(self.device)
@@ -671,7 +670,8 @@ class Engine:
         self.drain.close()
         self.optimizer.close()
         self.store.close()
-        self.dev.close()
+        if self._owns_device:
+            self.dev.close()
 
 
 def plan_budgets(plan: Plan) -> tuple[int | None, int | None]:

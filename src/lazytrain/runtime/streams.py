@@ -99,6 +99,24 @@ class DeviceWeights:
         self.staging.mark_in_flight(k, event)
         return WeightHandle(block=block, flat=dst, event=event, slot=slot)
 
+    def load_flat(self, dst: torch.Tensor, master: torch.Tensor) -> Event:
+        """Copy a host master of any size (the ends) into device buffer `dst` through the
+        staging ring, one staging buffer at a time: converted to the compute dtype on the host,
+        so the device never holds an fp32 copy and nothing is copied from pageable memory.
+        Returns the last copy's event (the copies run in order on the h2d stream).
+
+        Ordering: the first copy waits for the compute queued before `dst`'s allocation."""
+        self.device.wait_stream(self.h2d, self.device.compute)  # fresh memory compute may use
+        step = self.staging.buffers[0].numel()
+        event = None
+        for start in range(0, master.numel(), step):
+            end = min(master.numel(), start + step)
+            k, buf = self.staging.acquire()
+            buf[:end - start].copy_(master[start:end])  # master -> compute dtype on the host
+            event = self.device.copy(dst[start:end], buf[:end - start], stream=self.h2d)
+            self.staging.mark_in_flight(k, event)
+        return event
+
     def ready(self, handle: WeightHandle) -> torch.Tensor:
         """The device buffer, after making compute wait for its load (no host sync)."""
         self.device.wait_event(self.device.compute, handle.event)
@@ -117,8 +135,8 @@ class GradDrain:
 
     Gradients travel in the compute dtype (the plan's G bytes; MegaTrain drains bf16 too): each
     drain copies the flat gradient into a pinned buffer on the "d2h" stream (after the compute
-    that produced it), and an accumulation worker thread (one intra-op thread, off the main
-    thread's critical path) waits for the copy's event and adds the buffer into the host
+    that produced it), and an accumulation worker thread (off the main thread's critical
+    path) waits for the copy's event and adds the buffer into the host
     accumulator; the buffer is reused, and the drain's `on_done` runs on the calling thread,
     only once that job finished. A group larger than one buffer (the ends:
     embedding + head, accumulated in fp32 on the device) drains in buffer-sized chunks, each
@@ -172,7 +190,6 @@ class GradDrain:
     def _accumulate(self, event, buf: torch.Tensor, group: ParamGroup, *, first: bool,
                     start: int) -> None:
         """Worker: add one drained gradient (chunk) into the host accumulator."""
-        torch.set_num_threads(1)  # per thread: the main thread keeps its intra-op threads
         self.device.host_wait(event)  # sync point: the copy into buf is complete
         group.accumulate_grad(buf, first=first, start=start)
 

@@ -110,6 +110,8 @@ class ThreadedDevice(Device):
         return w
 
     def _enqueue(self, stream: Stream, fn: Callable[[], None], *, delay: bool) -> _Job:
+        if self._closed:
+            raise RuntimeError("cpu-threaded device is closed: its stream threads have stopped")
         worker = self._worker(stream)
         pause = worker.rng.uniform(MIN_DELAY_S, MAX_DELAY_S) if delay else 0.0
 

@@ -496,6 +496,7 @@ class Trainer:
                 self.replanner.close()
             self.trackers.close()
             self.engine.close()
+            self.engine.dev.close()  # the trainer made the device (make_device): its threads
         finally:
             self._release_nvme_lock()  # after the store deleted its files
 
