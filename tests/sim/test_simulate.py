@@ -220,9 +220,9 @@ def test_compare_reports_recompute_loads_waiting_for_a_third_weight_buffer(evalu
 def test_recompute_windows_agree_with_the_runtimes_four_weight_buffers_on_loaded_links(
         name, evaluator):
     # links at 0.8 B/ms x 1e3: a 1000-byte load takes 1.25 ms, longer than a forward (1 ms),
-    # so every recompute waits for its weights on the H2D stream; both models charge it
-    # (no embedding time: `pre` overlaps it with W0 in the simulator, not in the evaluator)
-    p = _varied(embed_ms=0.0, h2d_bytes_per_s=0.8 * KB_PER_MS, d2h_bytes_per_s=0.8 * KB_PER_MS)
+    # so every recompute waits for its weights on the H2D stream; both models charge it (and
+    # both run the embedding beside block 0's weight load in `pre`)
+    p = _varied(h2d_bytes_per_s=0.8 * KB_PER_MS, d2h_bytes_per_s=0.8 * KB_PER_MS)
     tiers, keep = PLANS[name]
     plan = _plan(p, tiers, keep)
     assert compare(p, plan, options=SimOptions(weight_buffers=4)) == []
@@ -237,7 +237,7 @@ def test_compare_reports_duplex_sharing(evaluator):
 
 
 def test_same_window_nvme_write_after_its_d2h_is_serial_in_both_models(evaluator):
-    p = tiny_problem(L=2, embed_ms=0.0)
+    p = tiny_problem(L=2)
     plan = Plan(tiers=("nvme", "hbm", "hbm"),
                 transfers=(T(0, "d2h", "f0"), T(0, "nvme_write", "f0"),
                            T(0, "nvme_read", "turn"), T(0, "h2d", "b1")))
@@ -255,7 +255,7 @@ def test_a_read_in_the_window_of_a_later_write_waits_for_it_in_both_models(evalu
     # so far, so turn's read starts after turn's write: 1 ms + 1 ms = 2 ms (head and the W1
     # load take 1 ms each beside it). A read that only waited for the bytes it moves would
     # start at once (1 ms window).
-    p = tiny_problem(L=2, embed_ms=0.0, nvme_read_bytes_per_s=0.5 * KB_PER_MS,
+    p = tiny_problem(L=2, nvme_read_bytes_per_s=0.5 * KB_PER_MS,
                      nvme_write_bytes_per_s=0.5 * KB_PER_MS)
     plan = Plan(tiers=("nvme", "hbm", "hbm"),
                 transfers=(T(0, "d2h", "f0"), T(0, "nvme_write", "f1", 0.5),

@@ -24,6 +24,7 @@ Source: ../shared/PLANNER_NOTES.md section 6.5.
 
 from __future__ import annotations
 
+from lazytrain.planner.evaluate import pre_ms
 from lazytrain.planner.plan import Bounds
 from lazytrain.planner.problem import PlanningProblem
 
@@ -72,7 +73,7 @@ def roofline_ms(problem: PlanningProblem) -> float:
         windows = max(comp, h2d_ms, d2h_ms, ms(h2d + d2h, p.duplex_bytes_per_s))
     else:
         windows = comp + h2d_ms + d2h_ms
-    pre = p.embed_ms + ms(p.weight_bytes[0], p.h2d_bytes_per_s)
+    pre = pre_ms(p)
     post = ms(p.grad_bytes[0] + p.ends_grad_bytes, p.d2h_bytes_per_s)
     return p.grad_accum * (pre + windows + post) + p.const_ms
 
@@ -108,7 +109,7 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
         windows = max(comp, h2d_ms, d2h_ms, ms(h2d + d2h, p.duplex_bytes_per_s))
     else:
         windows = comp + h2d_ms + d2h_ms
-    pre = p.embed_ms + ms(p.weight_bytes[0], p.h2d_bytes_per_s)
+    pre = pre_ms(p)
     post = ms(p.grad_bytes[0] + p.ends_grad_bytes, p.d2h_bytes_per_s)
     return p.grad_accum * (pre + windows + post) + p.const_ms
 

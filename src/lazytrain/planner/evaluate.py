@@ -150,6 +150,16 @@ def window_time_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: float
             + _ms(nr, p.nvme_read_bytes_per_s) + _ms(nw, p.nvme_write_bytes_per_s))
 
 
+def pre_ms(problem: PlanningProblem) -> float:
+    """The `pre` term, ms: the embedding forward and block 0's weight load, side by side on a
+    GPU (max: the load runs on the H2D stream while the embedding computes), one after the
+    other on a CPU (sum). Source: docs/execution_model.md, "Step time"."""
+    load = _ms(problem.weight_bytes[0], problem.h2d_bytes_per_s)
+    if problem.copies_overlap_compute:
+        return max(problem.embed_ms, load)
+    return problem.embed_ms + load
+
+
 def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_weights=None
                 ) -> tuple[list[float], list[float], list[float]]:
     """Per-window compute (ms), H2D and D2H bytes before activation transfers, by ord.
@@ -296,7 +306,7 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
                                     d2h_bytes=d2h[o], nvme_read_bytes=nr[o],
                                     nvme_write_bytes=nw[o], time_ms=t, exposed_ms=t - comp[o],
                                     hbm_checkpoint_bytes=held[o]))
-    pre = p.embed_ms + _ms(p.weight_bytes[0], p.h2d_bytes_per_s)
+    pre = pre_ms(p)
     post = _ms(p.grad_bytes[0] + p.ends_grad_bytes, p.d2h_bytes_per_s)
     micro = pre + total + post
     step = p.grad_accum * micro + p.const_ms

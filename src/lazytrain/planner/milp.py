@@ -236,10 +236,11 @@ class Scaled:
 
 def scale_inputs(problem: PlanningProblem) -> Scaled:
     """Convert bytes to GB and bytes/s to GB/ms (the only unit conversion of the model)."""
+    from lazytrain.planner.evaluate import pre_ms  # the evaluator's constant term, shared
     p, L = problem, problem.num_blocks
     gb = lambda xs: tuple(x / GB for x in xs)  # noqa: E731
     per_ms = lambda bps: bps / GB / 1e3  # noqa: E731
-    pre = p.embed_ms + p.weight_bytes[0] / p.h2d_bytes_per_s * 1e3
+    pre = pre_ms(p)
     post = (p.grad_bytes[0] + p.ends_grad_bytes) / p.d2h_bytes_per_s * 1e3
     states = p.host_bytes_per_param * (sum(p.params_per_block) + p.ends_params)
     compute = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms

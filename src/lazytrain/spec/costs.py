@@ -281,13 +281,15 @@ def megatrain_load_waits_ms(costs: ModelCosts, *, k: int = 4) -> dict[str, float
 
 def megatrain_step_ms(costs: ModelCosts, *, k: int = 4) -> float:
     """Step time of one micro-batch under the MegaTrain rule, ms:
-    `pre + sum_w max(compute_w + wait_w, link_w) + post` with `pre = embed_ms + P[0]/bw_h2d`,
+    `pre + sum_w max(compute_w + wait_w, link_w) + post` with `pre = max(embed_ms, P[0]/bw_h2d)`
+    (side by side on a GPU; their sum on a CPU),
     `post = (G[0] + ends grads)/bw_d2h` and wait_w the recompute load waits
     (`megatrain_load_waits_ms`) (execution_model.md "Step time", copies overlapping; exact when
     every window is compute-bound)."""
     hw = costs.hardware
     waits = megatrain_load_waits_ms(costs, k=k)
-    pre = costs.embed_ms + costs.blocks[0].weight_bytes / hw.h2d_bytes_per_s * 1e3
+    load = costs.blocks[0].weight_bytes / hw.h2d_bytes_per_s * 1e3
+    pre = max(costs.embed_ms, load) if hw.copies_overlap_compute else costs.embed_ms + load
     post = (costs.blocks[0].grad_bytes + costs.ends_grad_bytes) / hw.d2h_bytes_per_s * 1e3
     return pre + sum(max(comp + waits.get(w, 0.0), lk)
                      for w, comp, lk in megatrain_windows(costs, k=k)) + post
