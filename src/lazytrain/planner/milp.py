@@ -64,7 +64,7 @@ Constraint families (function that adds them)
                                                                             add_transfer_totals
     5. legality       x[i,o] <= sum_{e: o legal for (i,e)} seg[i,e]         add_transfer_legality
     6. precedence     cum_o nvw <= cum_{o-1} d2h; cum_o nvr <= cum_{o-1} nvw;
-                      cum_o h2d <= cum_o d2h; cum_o h2d <= cum_{o-1} nvr + dram[i]
+                      cum_o h2d <= cum_{o-1} d2h; cum_o h2d <= cum_{o-1} nvr + dram[i]
                       (a chained NVMe transfer never shares its source's window) add_precedence
     6b. reads after writes   nvr[i,o] <= wdone[i,o-1]; wdone[i,o] <= wdone[i,o+1];
                       nvw[i,o+1] + wdone[i,o] <= 1  (no read while a write of i runs)
@@ -443,17 +443,18 @@ def add_transfer_legality(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 
 def add_precedence(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
-    """cum_o nvw <= cum_{o-1} d2h;  cum_o nvr <= cum_{o-1} nvw;  cum_o h2d <= cum_o d2h;
+    """cum_o nvw <= cum_{o-1} d2h;  cum_o nvr <= cum_{o-1} nvw;  cum_o h2d <= cum_{o-1} d2h;
     cum_o h2d <= cum_{o-1} nvr + dram.
 
     cum_o x = sum_{o' <= o} x[i,o']. A chained NVMe transfer runs in a later window than the
     part of its source it moves: the runtime starts it only after the source's whole transfer,
-    so a same-window pair would not pipeline (docs/execution_model.md, "In-window order"). The
+    so a same-window pair would not pipeline (docs/execution_model.md, "In-window order"); a
+    DRAM boundary's h2d in its d2h's window would adopt the HBM copy and move nothing. The
     dram[i] term switches the NVMe-read rule off for DRAM checkpoints. Rows only at ords where
     the earlier kind may be incomplete (later rows follow from the totals). Fractions.
     Source: docs/execution_model.md, "Transfers and their legal windows" (precedence column).
     """
-    rules = [("nvw", "d2h", False, 1), ("nvr", "nvw", False, 1), ("h2d", "d2h", False, 0),
+    rules = [("nvw", "d2h", False, 1), ("nvr", "nvw", False, 1), ("h2d", "d2h", False, 1),
              ("h2d", "nvr", True, 1)]
     for later, earlier, plus_dram, lag in rules:
         for i in range(p.L):

@@ -130,7 +130,7 @@ def schedule_prefetch(loads: Loads, problem: PlanningProblem, i: int, tier: str,
     if tier == "dram":
         lo = max(offload["d2h"])
         return {"h2d": loads.fill_whole("h2d", A,
-                                        _ords(problem, "h2d", i, segment_end, lo)[::-1])}
+                                        _later_ords(problem, "h2d", i, segment_end, lo)[::-1])}
     read_ords = _later_ords(problem, "nvme_read", i, segment_end, max(offload["nvme_write"]))
     h2d = loads.fill_whole("h2d", A, _later_ords(problem, "h2d", i, segment_end,
                                                  read_ords[0])[::-1])
