@@ -237,3 +237,32 @@ def test_gpu_schedule_spreads_a_slow_nvme_read_over_window_slack():
     hz = dict(drain_windows=2, prefetch_windows=2, nvme_lead_windows=3)
     for t in tr:
         assert window_ord(t.window, L) in legal_ords(t.kind, t.boundary, L, L, **hz)
+
+
+@pytest.mark.parametrize("horizon", [1, 3], ids=["h1", "h3"])
+def test_no_scheduled_chain_shares_its_sources_window_when_a_later_one_is_legal(horizon):
+    # 4 blocks, every tier mix: a dram h2d after its d2h's window (the runtime would adopt the
+    # HBM copy there and move nothing); NVMe: write after d2h, read after write, h2d after read
+    L = 4
+    p = _problem(fwd_ms=(10.0,) * L, fwd_grad_ms=(12.0,) * L, bwd_ms=(20.0,) * L,
+                 weight_bytes=(200 * U,) * L, grad_bytes=(100 * U,) * L,
+                 internal_bytes=(30 * U,) * L, boundary_bytes=(50 * U,) * (L + 1),
+                 params_per_block=(10**8,) * L, block_fwd_flops=(1e11,) * L,
+                 drain_windows=horizon, prefetch_windows=horizon, nvme_lead_windows=horizon)
+    chain = {"nvme_write": "d2h", "nvme_read": "nvme_write"}
+    for head in itertools.product(("hbm", "dram", "nvme", "recompute"), repeat=L):
+        tiers = head + ("hbm",)
+        ords: dict = {}
+        for t in schedule_transfers(p, tiers):
+            ords.setdefault((t.boundary, t.kind), []).append(window_ord(t.window, L))
+        for (i, kind), got in ords.items():
+            src = chain.get(kind) or ({"dram": "d2h", "nvme": "nvme_read"}[tiers[i]]
+                                      if kind == "h2d" else None)
+            if src is None:
+                continue
+            later = [o for o in legal_ords(kind, i, Plan(tiers=tiers).segment_end_of(i), L,
+                                           drain_windows=horizon, prefetch_windows=horizon,
+                                           nvme_lead_windows=horizon)
+                     if o > max(ords[i, src])]
+            if tiers[i] == "dram" or later:
+                assert min(got) > max(ords[i, src]), (tiers, i, kind)
