@@ -172,9 +172,9 @@ def _banner_discarded():
 # `auto` backend: from benchmarks/planner.py on 2 shared cores. 2026-11-29: at L = 64 HiGHS
 # reached the 0.5% gap in 1.4 s cold / 0.8 s warm against SCIP's 6.3 s / 3.7 s; at L = 128
 # SCIP warm reached 0.18% in 9.4 s while HiGHS warm stayed at 3.9%. 2026-12-01 (recompute-order
-# rows, two-phase budgets): L = 64 HiGHS warm 0.00% in 0.6 s, SCIP warm 0.24% in 1.1 s; L = 128
-# split seed SCIP warm 0.50% in 9.2 s, HiGHS warm 0.93% at its 30 s limit; L = 128 NVMe-heavy
-# HiGHS warm 0.00% in 7.1 s, SCIP 1.24% at its 30 s limit. So HiGHS up to 64 blocks, SCIP
+# rows, two-phase budgets): L = 64 HiGHS warm 0.01% in 0.8 s, SCIP warm 0.24% in 1.5 s; L = 128
+# split seed SCIP warm 0.47% in 10.5 s, HiGHS warm 0.58% at its 30 s limit; L = 128 NVMe-heavy
+# HiGHS warm 0.00% in 22 s, SCIP 2.14% at its 30 s limit. So HiGHS up to 64 blocks, SCIP
 # above (mixed at 128; HiGHS has also overrun its MIP time limit there, ERGO-Code/HiGHS#885).
 AUTO_HIGHS_MAX_BLOCKS = 64
 
