@@ -22,6 +22,7 @@ from lazytrain.planner.plan import (
     WindowRecord, use_ord, window_names, window_ord,
 )
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.staging import staging_by_window
 
 GB = 1e9
 """Bytes per GB in messages (DESIGN: GB means 1e9 bytes)."""
@@ -84,6 +85,9 @@ class Evaluation:
     nvme_short_bytes: float = 0.0
     q8_param_fraction: float = 0.0
     """Parameters with 8-bit Adam moments / all parameters (blocks + ends)."""
+    pinned_bytes: float = 0.0
+    """Page-locked host bytes: DRAM-tier checkpoints, the weight staging and gradient landing
+    pools and the NVMe staging peak (the DRAM row less host states and pageable scratch)."""
 
     @property
     def predicted(self) -> Predicted:
@@ -91,7 +95,8 @@ class Evaluation:
         return Predicted(step_ms=self.step_ms, model_tflops=self.model_tflops,
                          hardware_tflops=self.hardware_tflops, tokens_per_s=self.tokens_per_s,
                          peak_hbm_bytes=self.peak_hbm_bytes, dram_bytes=self.dram_bytes,
-                         nvme_bytes=self.nvme_bytes, q8_param_fraction=self.q8_param_fraction)
+                         nvme_bytes=self.nvme_bytes, q8_param_fraction=self.q8_param_fraction,
+                         pinned_bytes=self.pinned_bytes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,7 +325,15 @@ def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
     q8 = set(d.q8_blocks)
     states = sum(n * (p.host_bytes_per_param_q8 if j in q8 else p.host_bytes_per_param)
                  for j, n in enumerate(p.params_per_block)) + p.ends_params * p.host_bytes_per_param
-    dram = sum(A[i] for i, t in enumerate(tiers) if t == "dram") + p.nvme_staging_bytes + states
+    dram_tier = sum(A[i] for i, t in enumerate(tiers) if t == "dram")
+    dram = dram_tier + p.nvme_staging_bytes + states  # the MILP's DRAM row (family 9)
+    # pinned: what the runtime page-locks, with the schedule's exact NVMe staging peak (one
+    # padded bounce buffer per boundary in flight) in place of the row's constant bounce pool.
+    # The DRAM row keeps the constant: where the schedule needs more, the ledger's pinned
+    # budget (the DRAM left for checkpoints and staging) still bounds the runtime.
+    staging = max(staging_by_window(A, tiers, d.transfers, p.num_blocks))
+    pinned = (dram_tier + p.nvme_staging_bytes - p.nvme_bounce_bytes - p.host_scratch_bytes
+              + max(p.nvme_bounce_bytes, staging))
     nvme = float(sum(A[i] for i, t in enumerate(tiers) if t == "nvme"))
     peak = max(hbm)
     violations = []
@@ -349,7 +362,7 @@ def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
     step_s = step / 1e3
     return Evaluation(
         windows=tuple(windows), step_ms=step, micro_step_ms=micro, peak_hbm_bytes=peak,
-        hbm_by_window=tuple(hbm), dram_bytes=dram, nvme_bytes=nvme,
+        hbm_by_window=tuple(hbm), dram_bytes=dram, nvme_bytes=nvme, pinned_bytes=pinned,
         violations=tuple(violations), feasible=not violations, hardware_flops=hw_flops,
         model_tflops=p.model_flops_per_micro_batch * p.grad_accum / step_s / 1e12,
         hardware_tflops=hw_flops / step_s / 1e12,

@@ -212,6 +212,9 @@ class Predicted:
     q8_param_fraction: float = 0.0
     """Fraction of all trainable parameters (blocks and ends) whose Adam moments are 8-bit
     (the blocks in `q8_blocks`); 0 for plans written before this field."""
+    pinned_bytes: float = 0.0
+    """Page-locked host bytes the runtime holds at the peak: DRAM-tier checkpoints, staging
+    pools, the NVMe staging peak; 0 for plans written before this field."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -82,6 +82,13 @@ class PlanningProblem:
     """Constant DRAM staging, bytes: the NVMe bounce pool plus the pinned weight pool and gradient
     landing buffers (planner/build.py puts all three here; the split is in provenance "memory").
     The name is kept for compatibility with saved problems and plans."""
+    nvme_bounce_bytes: int = 0
+    """The NVMe bounce pool's share of `nvme_staging_bytes` (the DRAM row's constant). The
+    predicted pinned bytes replace it by the plan's exact NVMe staging peak when that is larger
+    (`planner/staging.py`), as the runtime holds one padded buffer per boundary in flight."""
+    host_scratch_bytes: int = 0
+    """The pageable (not pinned) share of `nvme_staging_bytes`: the bf16 masters' fp32
+    optimizer scratch."""
     host_bytes_per_param: float = 16.0
     """Host bytes per parameter for master weights + grads + Adam moments (fp32 master: 16;
     MegaTrain bf16 master: 12). Source: DESIGN.md section 2, runtime/optim.py row."""

@@ -8,10 +8,10 @@ block, twice (runtime/activations.py):
   window where its last h2d fraction completes;
 - when the read starts before the write-side release, the same buffer is kept throughout.
 
-`staging_by_window` gives the padded bytes held in each window (ord 0..2L); its maximum is what
-the plan's DRAM row must hold for the NVMe tier (the MILP budgets a constant,
-`planner/build.py` `NVME_BOUNCE_BOUNDARIES`; the evaluator counts this exact figure). Pure
-Python, no torch.
+`staging_by_window` gives the padded bytes held in each window (ord 0..2L); its maximum goes
+into the plan's predicted pinned bytes (`Predicted.pinned_bytes`). The DRAM row of the MILP and
+the evaluator budgets a constant pool instead (`planner/build.py` `NVME_BOUNCE_BOUNDARIES`).
+Pure Python, no torch.
 """
 
 from __future__ import annotations

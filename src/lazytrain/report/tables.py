@@ -199,9 +199,11 @@ def compare(plan_dict: dict, records: list[dict], *, skip_steps: int = 1) -> Com
         windows=rows,
         predicted_peak_hbm_bytes=pred.get("peak_hbm_bytes"),
         measured_peak_hbm_bytes=None if top is None else max(p["hbm_bytes"] for p in peaks),
-        predicted_pinned_bytes=(pred["dram_bytes"] - memory["states_bytes"]
-                                - memory.get("optimizer_scratch_bytes", 0)
-                                if "dram_bytes" in pred and "states_bytes" in memory else None),
+        predicted_pinned_bytes=(pred.get("pinned_bytes") or
+                                (pred["dram_bytes"] - memory["states_bytes"]
+                                 - memory.get("optimizer_scratch_bytes", 0)
+                                 if "dram_bytes" in pred and "states_bytes" in memory
+                                 else None)),
         measured_pinned_bytes=None if top is None else max(p["pinned_bytes"] for p in peaks),
         peak_window=None if top is None else top["window"],
         peak_owners=None if top is None else top["owners"])

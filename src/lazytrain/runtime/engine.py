@@ -698,7 +698,11 @@ def predicted_pinned_bytes(plan: Plan) -> int | None:
     optimizer's pageable scratch (DRAM-tier checkpoints + staging pools); None without a
     memory model."""
     memory = (plan.provenance or {}).get("memory") or {}
-    if plan.predicted is None or "states_bytes" not in memory:
+    if plan.predicted is None:
+        return None
+    if plan.predicted.pinned_bytes:
+        return int(plan.predicted.pinned_bytes)
+    if "states_bytes" not in memory:  # a plan written before `predicted.pinned_bytes`
         return None
     return int(plan.predicted.dram_bytes - memory["states_bytes"]
                - memory.get("optimizer_scratch_bytes", 0))
