@@ -96,8 +96,8 @@ def test_window_bytes_equal_the_plan_transfers_and_weight_loads(tmp_path):
     assert by_name["turn"]["bytes"]["nvme_write"] == A_PADDED  # boundary 3's
     b2 = by_name["b2"]["bytes"]
     # b2: boundary 0 read back (padded; a read runs in the window before its h2d), boundary 1
-    # sent (A); block 1's weights (H2D); block 2's gradient drained (D2H: the engine queues a
-    # block's drain in its own backward window)
+    # sent (A); block 1's weights (H2D); block 3's gradient drained (D2H: block j+1's drain is
+    # issued in b{j}, while block j computes, as the plan counts G[j+1]); P = G in fp32
     assert b2["nvme_read"] == A_PADDED and b2["h2d"] == A_BYTES + P and b2["d2h"] == P
     assert by_name["b0"]["bytes"]["h2d"] == 0  # nothing left to load
     assert by_name["f3"]["peak_bytes"]["nvme"] == 3 * A_PADDED  # boundary 3's file: in turn
