@@ -31,6 +31,8 @@ PLANS = {
     "one_segment_reembedded": ([R, R, R, R, H], (), None),
     "keep_internals": ([H, R, H, H, H], (2, 3), None),
     "keep_after_recompute_nvme_input": ([N, R, R, D, H], (2, 3), None),
+    # block 3 kept while its input boundary 3 goes to NVMe: the kept graph still holds it
+    "keep_with_its_input_on_nvme": ([H, H, H, N, H], (3,), None),
     "resident_weights": ([H, D, H, N, H], (), (0, 2)),
 }
 BYTE_CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write")
