@@ -10,6 +10,7 @@ channel.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -122,8 +123,10 @@ def test_windows_jsonl_has_one_line_per_step_and_micro_batch_with_the_schema(tmp
         assert r["plan_id"] == plan_id(plan)
         assert [w["name"] for w in r["windows"]] == names
         for w in r["windows"]:
-            assert set(w) == {"name", "wall_ms", "compute_ms", "wait_ms", "bytes", "peak_bytes",
-                              "ledger"}
+            assert set(w) == {"name", "wall_ms", "compute_ms", "exposed_ms", "wait_ms",
+                              "busy_ms", "host_ms", "bytes", "peak_bytes", "ledger"}
+            assert set(w["busy_ms"]) == set(BYTE_CHANNELS)
+            assert w["exposed_ms"] == pytest.approx(w["wall_ms"] - w["compute_ms"], abs=1e-3)
             assert set(w["ledger"]["moved"]) == set(BYTE_CHANNELS)
             assert set(w["wait_ms"]) == set(CHANNELS)
             assert set(w["bytes"]) == set(BYTE_CHANNELS)
@@ -152,3 +155,29 @@ def test_instrumented_engine_computes_the_same_gradients(tmp_path):
     assert grads[0].keys() == grads[1].keys()
     for k in grads[0]:
         assert torch.equal(grads[0][k], grads[1][k]), k
+
+
+def test_a_slowed_host_conversion_is_attributed_to_the_host_not_to_compute_or_h2d(tmp_path,
+                                                                                 monkeypatch):
+    from lazytrain.runtime.streams import DeviceWeights
+
+    sleep_ms = 40.0
+    convert = DeviceWeights.convert
+
+    def slow_convert(self, staging, master):  # the host converts 40 ms slower per block
+        with self.device.host_work():
+            time.sleep(sleep_ms / 1e3)
+        convert(self, staging, master)
+
+    monkeypatch.setattr(DeviceWeights, "convert", slow_convert)
+    engine, _ = _engine([H, H, H, H, H], tmp_path)
+    try:
+        (record,) = engine.step(micro_batches(1)).windows
+    finally:
+        engine.close()
+    by_name = {w["name"]: w for w in record["windows"]}
+    for j in range(3):  # f{j} converts block j+1's weights
+        w = by_name[f"f{j}"]
+        assert w["host_ms"] >= 0.9 * sleep_ms, w
+        assert w["compute_ms"] < w["host_ms"] / 2, w  # not compute
+        assert w["wait_ms"]["h2d"] < w["host_ms"] / 2, w  # not the link

@@ -132,13 +132,80 @@ class Device:
         return Event(self, stream)
 
     def wait_event(self, stream: Stream, event: Event | None) -> None:
-        """Later work on `stream` waits for `event` (no host block). None: nothing to wait for."""
+        """Later work on `stream` waits for `event` (no host block). None: nothing to wait for.
+
+        The compute stream's waits are reported to the observer on the event's channel."""
+        if event is None:
+            return
+        if stream is self.compute and self._observing():
+            self._observed_compute_wait(stream, event)
+        else:
+            self._wait_event(stream, event)
+
+    def _wait_event(self, stream: Stream, event: Event) -> None:
+        """Backend: make `stream` wait for `event`."""
+
+    def _observed_compute_wait(self, stream: Stream, event: Event) -> None:
+        """The compute stream's wait, timed on the host (the CPU backends run compute there)."""
+        t0 = time.perf_counter()
+        self._wait_event(stream, event)
+        self.observer.on_wait(channel_of(event.stream), time.perf_counter() - t0)
 
     def wait_stream(self, stream: Stream, other: Stream) -> None:
         """Later work on `stream` waits for all work queued on `other` so far."""
 
     def host_wait(self, event: Event | None) -> None:
-        """Block the calling thread until `event` completed (sync point)."""
+        """Block the calling thread until `event` completed (sync point); the observer gets the
+        blocked time on the event's channel."""
+        if event is None:
+            return
+        t0 = time.perf_counter() if self._observing() else None
+        self._host_wait(event)
+        if t0 is not None:
+            self.observer.on_wait(channel_of(event.stream), time.perf_counter() - t0)
+
+    def _host_wait(self, event: Event) -> None:
+        """Backend: block until `event` completed."""
+
+    # --- observation (runtime/instrument.py) --------------------------------------------------
+
+    observer = None
+    """Gets `on_wait(channel, s)` (the engine's thread blocked), `on_stream_wait(channel, a, b)`
+    (CUDA: the compute stream waited, timing events), `on_busy(channel, s)` /
+    `on_busy_events(channel, a, b)` (a channel moved bytes) and `on_host(s)` (host work); set
+    by `set_observer`, an explicit interface: nothing of the runtime is patched."""
+
+    def set_observer(self, observer) -> None:
+        """Report waits, channel busy time and host work to `observer` (None: stop); waits are
+        those of the calling thread (the engine's)."""
+        self.observer = observer
+        self._observer_thread = threading.current_thread()
+
+    def _observing(self) -> bool:
+        return (self.observer is not None
+                and threading.current_thread() is getattr(self, "_observer_thread", None))
+
+    @contextlib.contextmanager
+    def waiting(self, channel: str):
+        """Time a host block on `channel` that is not one of this API's waits (e.g. a
+        `concurrent.futures.wait` with a timeout) for the observer."""
+        t0 = time.perf_counter() if self._observing() else None
+        try:
+            yield
+        finally:
+            if t0 is not None:
+                self.observer.on_wait(channel, time.perf_counter() - t0)
+
+    @contextlib.contextmanager
+    def host_work(self):
+        """Time host work (weight conversion, gradient accumulation) for the observer, on any
+        thread."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.observer is not None:
+                self.observer.on_host(time.perf_counter() - t0)
 
     def query(self, event: Event) -> bool:
         return True
@@ -155,6 +222,20 @@ class Device:
         caller keeps both tensors alive and unmodified until the event completed.
         """
         self._book_copy(dst, stream)
+        if not self._observing() or self.copies_async:
+            return self._copy(dst, src, stream)
+        t0 = time.perf_counter()  # a synchronous copy: busy, and compute waits for it
+        event = self._copy(dst, src, stream)
+        seconds = time.perf_counter() - t0
+        self.observer.on_busy(channel_of(stream), seconds)
+        self.observer.on_wait(channel_of(stream), seconds)
+        return event
+
+    copies_async = False
+    """True where copies run beside the calling thread (cuda, cpu-threaded)."""
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, stream: Stream) -> Event:
+        """Backend: queue the copy; its event."""
         dst.copy_(src)
         return self.record(stream)
 
@@ -223,14 +304,34 @@ class Device:
 
     # --- host threads ------------------------------------------------------------------------
 
-    def submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:
+    def submit(self, executor: Executor, fn: Callable, *args, channel: str = "host",
+               **kwargs) -> Future:
         """Run `fn(*args, **kwargs)` on `executor`'s worker thread, after everything the calling
-        thread did; `wait_futures` orders the waiter after it."""
+        thread did; `wait_futures` orders the waiter after it. `channel` names what a wait for
+        the job is a wait for ("nvme_read", "nvme_write", "optimizer", "d2h", "host")."""
+        future = self._submit(executor, fn, *args, **kwargs)
+        future.lazytrain_channel = channel  # type: ignore[attr-defined]
+        return future
+
+    def _submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:
         return executor.submit(fn, *args, **kwargs)
 
     def wait_futures(self, futures: Sequence[Future]) -> list[BaseException | None]:
-        """Wait for every future; returns their exceptions (None for success), in order."""
-        return [f.exception() for f in futures]
+        """Wait for every future; returns their exceptions (None for success), in order. The
+        observer gets each wait on its future's channel."""
+        observing = self._observing()
+        errors = []
+        for f in futures:
+            t0 = time.perf_counter() if observing else None
+            errors.append(f.exception())
+            if t0 is not None:
+                self.observer.on_wait(getattr(f, "lazytrain_channel", "host"),
+                                      time.perf_counter() - t0)
+        self._joined(futures)
+        return errors
+
+    def _joined(self, futures: Sequence[Future]) -> None:
+        """Backend: the caller is now ordered after the futures' jobs (the checker's clocks)."""
 
     # --- scopes and timing -------------------------------------------------------------------
 
@@ -287,16 +388,21 @@ class CudaDevice(Device):
         raw.record(stream.raw)
         return Event(self, stream, raw)
 
-    def wait_event(self, stream: Stream, event: Event | None) -> None:
-        if event is not None:
-            stream.raw.wait_event(event.raw)
+    def _wait_event(self, stream: Stream, event: Event) -> None:
+        stream.raw.wait_event(event.raw)
+
+    def _observed_compute_wait(self, stream: Stream, event: Event) -> None:
+        """The compute stream's stall on the copy, from compute-stream timing events."""
+        start = self.timing_event(self.compute)
+        stream.raw.wait_event(event.raw)
+        self.observer.on_stream_wait(channel_of(event.stream), start,
+                                     self.timing_event(self.compute))
 
     def wait_stream(self, stream: Stream, other: Stream) -> None:
         stream.raw.wait_stream(other.raw)
 
-    def host_wait(self, event: Event | None) -> None:
-        if event is not None:
-            event.raw.synchronize()
+    def _host_wait(self, event: Event) -> None:
+        event.raw.synchronize()
 
     def query(self, event: Event) -> bool:
         return event.raw.query()
@@ -304,11 +410,17 @@ class CudaDevice(Device):
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.torch_device)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, stream: Stream) -> Event:
-        self._book_copy(dst, stream)
+    copies_async = True
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, stream: Stream) -> Event:
+        observed = self.observer is not None
         with torch.cuda.stream(stream.raw):
+            start = self.timing_event(stream) if observed else None
             dst.copy_(src, non_blocking=True)
-            return self.record(stream)
+            event = self.record(stream)
+        if observed:  # the copy engine's busy time, from the copy stream's own events
+            self.observer.on_busy_events(channel_of(stream), start, self.timing_event(stream))
+        return event
 
     def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
         tensor.record_stream(stream.raw)
@@ -333,7 +445,7 @@ class CudaDevice(Device):
             return t[:nbytes]
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
-    def submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:
+    def _submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:
         index = self.torch_device.index
 
         def job():
@@ -369,6 +481,11 @@ class _Scope:
     def __exit__(self, *exc):
         self.flag.active = False
         return self.mode.__exit__(*exc)
+
+
+def channel_of(stream: Stream) -> str:
+    """The byte channel of a copy stream: "h2d" (h2d, ckpt_h2d) or "d2h" (d2h, ckpt_d2h)."""
+    return "h2d" if stream.name.endswith("h2d") else "d2h"
 
 
 def make_device(kind: str, *, index: int | None = None, seed: int = 0) -> Device:

@@ -251,19 +251,17 @@ class CheckedDevice(Device):
             event.raw = dict(self._clock(stream.name))
             return event
 
-    def wait_event(self, stream: Stream, event: Event | None) -> None:
-        if event is not None:
-            with self._lock:
-                self._join(stream.name, event.raw)
+    def _wait_event(self, stream: Stream, event: Event) -> None:
+        with self._lock:
+            self._join(stream.name, event.raw)
 
     def wait_stream(self, stream: Stream, other: Stream) -> None:
         with self._lock:
             self._join(stream.name, self._clock(other.name))
 
-    def host_wait(self, event: Event | None) -> None:
-        if event is not None:
-            with self._lock:
-                self._join(self._thread_actor(), event.raw)
+    def _host_wait(self, event: Event) -> None:
+        with self._lock:
+            self._join(self._thread_actor(), event.raw)
 
     def synchronize(self) -> None:
         with self._lock:
@@ -271,14 +269,13 @@ class CheckedDevice(Device):
             for name in list(self._streams):
                 self._join(actor, self._clock(name))
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, stream: Stream) -> Event:
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, stream: Stream) -> Event:
         with self._lock:
             self._raise_pending()
             epoch = self._queue_on(stream)
             op = f"copy on {stream.name}"
             self._access(src, actor=stream.name, epoch=epoch, write=False, op=op)
             self._access(dst, actor=stream.name, epoch=epoch, write=True, op=op)
-        self._book_copy(dst, stream)
         with self._suspended():
             dst.copy_(src)
         return self.record(stream)
@@ -331,7 +328,7 @@ class CheckedDevice(Device):
             actor = self._thread_actor()
             self._access(tensor, actor=actor, epoch=self._tick(actor), write=write, op=what)
 
-    def submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:
+    def _submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:
         with self._lock:
             parent = dict(self._clock(self._thread_actor()))
 
@@ -350,15 +347,13 @@ class CheckedDevice(Device):
         future.lazytrain_clock = future_clock  # type: ignore[attr-defined]
         return future
 
-    def wait_futures(self, futures: Sequence[Future]) -> list[BaseException | None]:
-        errors = [f.exception() for f in futures]
+    def _joined(self, futures: Sequence[Future]) -> None:
         with self._lock:
             actor = self._thread_actor()
             for f in futures:
                 clock = getattr(f, "lazytrain_clock", None)
                 if clock is not None:
                     self._join(actor, clock[0])
-        return errors
 
     # --- compute ops -------------------------------------------------------------------------
 

@@ -1,38 +1,36 @@
-"""Per-window instrumentation of the engine: wall time, compute time, waits and bytes per channel.
+"""Per-window instrumentation of the engine: wall, compute, waits, busy and host time per channel.
 
 Owns what one step of the engine measured, window by window, and its JSON form
-(`RUN_DIR/windows.jsonl`). It decides nothing and changes no ordering: `Instrument.attach`
-wraps the calls in which the engine (or its store) can wait for a channel, and each wrapper
-knows its channel *by construction* (the call it wraps), never by guessing from timings:
+(`RUN_DIR/windows.jsonl`). It decides nothing and changes no ordering, and it replaces no method
+of another object: it is the device API's observer (`Device.set_observer`, an explicit
+interface), and every wait, copy and piece of host work of the runtime already goes through the
+device API, which knows each one's channel *by construction*:
 
-| channel      | waits timed (CPU: `time.perf_counter` on the calling thread)                    |
-|--------------|----------------------------------------------------------------------------------|
-| `h2d`        | `DeviceWeights.load` (the weight copy; synchronous on CPU), `store.transfer(h2d)` |
-| `d2h`        | `GradDrain.drain` / `flush` (gradient drain), `store.transfer(d2h)`                |
-| `nvme_write` | `store.transfer(nvme_write)` (issuing), every `io.wait` on write futures          |
-| `nvme_read`  | `store.transfer(nvme_read)` (issuing), every `io.wait` on read futures            |
-| `optimizer`  | `BlockOptimizer.wait` (a block's pending AdamW update before its weight load)     |
+| what the device API reports   | where it comes from                                            |
+|-------------------------------|----------------------------------------------------------------|
+| `on_wait(channel, s)`         | the engine's thread blocked: `host_wait` of an event (channel  |
+|                               | of its stream: h2d/ckpt_h2d -> h2d, d2h/ckpt_d2h -> d2h),      |
+|                               | `wait_futures` (the channel the job was submitted with:        |
+|                               | nvme_read, nvme_write, optimizer, d2h for the gradient drain), |
+|                               | a synchronous copy on the CPU backends (compute waits for it)  |
+| `on_stream_wait(channel,a,b)` | CUDA: the compute stream's `wait_event`, a pair of compute-    |
+|                               | stream timing events around it                                 |
+| `on_busy(channel, s)`,        | a channel moving bytes: a copy (CPU: timed on the host; CUDA:  |
+| `on_busy_events(channel,a,b)` | the copy stream's own events), an NVMe chunk (its thread)      |
+| `on_host(s)`                  | host work: master -> compute dtype conversion, gradient        |
+|                               | accumulation (on its worker)                                   |
 
-NVMe futures are tagged with their kind when the store creates them (a thin proxy around
-`store.io`), so the store's own waits (the window barrier `end_window`, an h2d waiting for its
-nvme_read, an nvme_read waiting for its nvme_write) are attributed to the channel of the futures
-waited for. Within one barrier, write futures are waited for before read futures; time where
-both were outstanding goes to the first. Waits nest (an h2d transfer of an nvme boundary waits
-for its reads): a wait's time excludes the waits nested inside it, so every millisecond is
-counted once. On CPU a window's `compute_ms` is its wall time minus all its waits (everything
-the main thread did that was not a channel wait: kernels, bookkeeping).
+Per window: `compute_ms` is compute-stream time only: on CUDA the wall time of the compute
+stream (its events) less its waits for copies; on the CPU backends (compute runs on the engine's
+thread) the wall time less every wait and the engine thread's host work. `exposed_ms =
+wall_ms - compute_ms`. `busy_ms` per channel is the channel's own busy time (it may overlap
+compute); `host_ms` the host work of the window, on any thread.
 
-Which window gets an NVMe read stall: the window whose plan transfer issued the read. The read
-is waited for either by an h2d of the same boundary later in that window (`TRANSFER_ORDER`
-issues nvme_read before h2d) or by that window's barrier (`end_window` waits for every future
-issued in the window), so the stall never leaks into a later window.
-
-CUDA (written, untested here): window walls and the compute stream's waits for copies are
-CUDA events on the compute stream (a pair around `weights.ready`, `store.get` and, at the window
-barrier, around `compute.wait_stream` of the store's d2h and h2d streams); host-side waits
-(NVMe futures, optimizer, event synchronize in the gradient drain) stay on `perf_counter`.
-`compute_ms = max(0, wall_ms - sum(wait_ms))` there too. The weight H2D of block j+1 issued in
-`f{j}` is waited for by the compute stream in `f{j+1}` (its consumer), not in `f{j}`.
+Which window gets a stall: the one open when the engine's thread waited. An NVMe read is waited
+for by an h2d of the same boundary later in its issuing window or by that window's barrier
+(`end_window` waits for every future issued in the window), so its stall never leaks into a
+later window. Work on other threads (NVMe chunks, accumulation) is booked to the window open
+when it ran.
 
 windows.jsonl schema (one JSON object per line, one line per step and micro-batch; the
 re-planning/refit code reads these key names):
@@ -43,43 +41,43 @@ re-planning/refit code reads these key names):
      "windows": [               # execution order: pre, f0..f{L-1}, turn, b{L-1}..b0, post
         {"name": str,
          "wall_ms": float,      # window wall time, ms (includes its barrier)
-         "compute_ms": float,   # wall_ms - sum(wait_ms), ms
-         "wait_ms": {"h2d", "d2h", "nvme_read", "nvme_write", "optimizer": float ms},
+         "compute_ms": float,   # compute-stream time (see above), ms
+         "exposed_ms": float,   # wall_ms - compute_ms
+         "wait_ms": {"h2d", "d2h", "nvme_read", "nvme_write", "optimizer", "host": float ms},
+         "busy_ms": {"h2d", "d2h", "nvme_read", "nvme_write": float ms},
+         "host_ms": float,      # host work (conversion, accumulation), ms
          "bytes": {"h2d", "d2h", "nvme_read", "nvme_write": int},
-                                # activation bytes moved by the store (NVMe kinds include 4 KiB
-                                # padding) + weight bytes loaded (h2d) + gradient bytes drained (d2h)
-         "peak_bytes": {"hbm", "dram", "nvme": int},
-         "ledger": {"hbm_bytes": int,      # the allocation ledger (runtime/ledger.py): peak
-                    "pinned_bytes": int,   # HBM / pinned bytes held by all owners, per window
-                    "moved": {"h2d", "d2h", "nvme_read", "nvme_write": int}}}],
                                 # bytes the device API copied / NVMe I/O issued in the window
-     "ledger_peak": {"window": str, "hbm_bytes": int, "pinned_bytes": int,
-                     "owners": {owner: bytes}}}   # the step's HBM peak so far, largest owners
+                                # (the ledger's; NVMe kinds include 4 KiB padding)
+         "peak_bytes": {"hbm", "dram", "nvme": int},
                                 # store accounting: checkpoint bytes in HBM, host bytes
                                 # (dram + dram_staging), NVMe file bytes. Peaks are the store's
                                 # per-window-name peaks since the step started, so for
                                 # micro_batch k they are the max over micro-batches 0..k.
+         "ledger": {"hbm_bytes": int,      # the allocation ledger (runtime/ledger.py): peak
+                    "pinned_bytes": int,   # HBM / pinned bytes held by all owners, per window
+                    "moved": {"h2d", "d2h", "nvme_read", "nvme_write": int}}}],
+     "ledger_peak": {"window": str, "hbm_bytes": int, "pinned_bytes": int,
+                     "owners": {owner: bytes}}}   # the step's HBM peak so far, largest owners
 
-`pre` and `post` are not store windows: their `bytes` are weights/gradients only and their
-`peak_bytes` are the store's bytes at the window's end.
+`pre` and `post` are not store windows: their `peak_bytes` are the store's bytes at the window's
+end.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
-import torch
-
-CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write", "optimizer")
+CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write", "optimizer", "host")
 """Channels the compute can wait for (`wait_ms` keys)."""
 BYTE_CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write")
-"""Channels that move bytes (`bytes` keys)."""
+"""Channels that move bytes (`bytes` and `busy_ms` keys)."""
 PEAK_TIERS = ("hbm", "dram", "nvme")
 """`peak_bytes` keys."""
 _STORE_TIER_KEYS = {"hbm": ("hbm",), "dram": ("dram", "dram_staging"), "nvme": ("nvme",)}
-_FUTURE_KIND_ATTR = "_lazytrain_kind"
 
 
 def plan_id(plan) -> str:
@@ -90,101 +88,27 @@ def plan_id(plan) -> str:
 class _Window:
     """One open window of one micro-batch (internal, mutable)."""
 
-    __slots__ = ("name", "start", "end", "waits", "stream_waits", "bytes", "peaks")
+    __slots__ = ("name", "start", "end", "waits", "stream_waits", "busy", "busy_events",
+                 "host_ms", "engine_host_ms", "peaks")
 
     def __init__(self, name: str, start) -> None:
         self.name, self.start, self.end = name, start, None
         self.waits = dict.fromkeys(CHANNELS, 0.0)
         self.stream_waits: list[tuple[str, object, object]] = []  # CUDA event pairs
-        self.bytes = dict.fromkeys(BYTE_CHANNELS, 0)
+        self.busy = dict.fromkeys(BYTE_CHANNELS, 0.0)
+        self.busy_events: list[tuple[str, object, object]] = []  # CUDA event pairs
+        self.host_ms = 0.0
+        self.engine_host_ms = 0.0  # host work on the engine's own thread (not compute)
         self.peaks: dict[str, int] | None = None
-
-
-class _IoProxy:
-    """`store.io` with its futures tagged by kind and its waits timed per kind.
-
-    Everything else is forwarded to the wrapped `NvmeIO` unchanged.
-    """
-
-    def __init__(self, io, instrument: "Instrument") -> None:
-        self._io, self._instrument = io, instrument
-
-    def __getattr__(self, name):
-        return getattr(self._io, name)
-
-    def write(self, *args, **kwargs):
-        return _tag(self._io.write(*args, **kwargs), "nvme_write")
-
-    def read(self, *args, **kwargs):
-        return _tag(self._io.read(*args, **kwargs), "nvme_read")
-
-    def wait(self, futures) -> None:
-        """As `NvmeIO.wait` (wait for all, then raise the first failure), timed per kind."""
-        futures = list(futures)
-        for kind in ("nvme_write", "nvme_read"):
-            group = [f for f in futures if getattr(f, _FUTURE_KIND_ATTR, None) == kind]
-            if group:
-                with self._instrument.wait(kind):
-                    self._io.device.wait_futures(group)  # through the device API: ordered
-        self._io.wait(futures)
-
-
-def _tag(futures: list, kind: str) -> list:
-    for f in futures:
-        setattr(f, _FUTURE_KIND_ATTR, kind)
-    return futures
-
-
-class _Wait:
-    """Context manager timing one host-side wait of `channel`, exclusive of nested waits."""
-
-    __slots__ = ("inst", "channel", "start", "nested")
-
-    def __init__(self, inst: "Instrument", channel: str) -> None:
-        self.inst, self.channel = inst, channel
-
-    def __enter__(self):
-        self.nested = 0.0
-        self.inst._stack.append(self)
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        elapsed = time.perf_counter() - self.start
-        stack = self.inst._stack
-        stack.pop()
-        if stack:
-            stack[-1].nested += elapsed
-        w = self.inst._open
-        if w is not None:
-            w.waits[self.channel] += (elapsed - self.nested) * 1e3
-
-
-class _StreamWait:
-    """CUDA: a pair of compute-stream events around a compute-stream wait of `channel`."""
-
-    __slots__ = ("inst", "channel", "start")
-
-    def __init__(self, inst: "Instrument", channel: str) -> None:
-        self.inst, self.channel = inst, channel
-
-    def __enter__(self):
-        self.start = self.inst._event()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        w = self.inst._open
-        if w is not None:
-            w.stream_waits.append((self.channel, self.start, self.inst._event()))
 
 
 class Instrument:
     """Collects per-window measurements of one engine; see the module docstring.
 
     Args:
-        device: the engine's device API (`runtime/device.py`): timing events on CUDA, wall
-            clock on the CPU backends.
-        store: the engine's `CheckpointStore` (bytes moved, peaks; its `io` gets the proxy).
+        device: the engine's device API (`runtime/device.py`); the instrument becomes its
+            observer in `attach`.
+        store: the engine's `CheckpointStore` (peaks).
         plan: the plan being executed (for `plan_id`).
     """
 
@@ -192,74 +116,56 @@ class Instrument:
         self.device, self.store = device, store
         self.cuda = device.is_cuda
         self.plan_id = plan_id(plan)
-        self._stack: list[_Wait] = []
+        self._lock = threading.Lock()
+        self._engine_thread = threading.current_thread()
         self._open: _Window | None = None
         self._mb: int | None = None
         self._mb_windows: list[_Window] = []
         self._records: list[dict] = []
-        self._moved_seen: dict[str, dict[str, int]] = {}
         self._ledger_seen: dict[str, dict[str, int]] = {}
 
     # --- wiring ------------------------------------------------------------------------------
 
     def attach(self, engine) -> None:
-        """Wrap the engine's waiting calls (instance attributes; the classes are untouched)."""
-        opt, weights, drain, store = engine.optimizer, engine.weights, engine.drain, self.store
-        opt.wait = self._timed("optimizer", opt.wait)
-        weights.load = self._timed("h2d", weights.load, count=_weight_bytes(weights))
-        drain.drain = self._timed("d2h", drain.drain, count=_grad_bytes)
-        drain.flush = self._timed("d2h", drain.flush)
-        transfer = store.transfer
-
-        def timed_transfer(boundary, kind, *args, **kwargs):
-            with _Wait(self, kind):
-                return transfer(boundary, kind, *args, **kwargs)
-
-        store.transfer = timed_transfer
-        store.io = _IoProxy(store.io, self)
-        if self.cuda:
-            weights.ready = self._stream_timed("h2d", weights.ready)
-            store.get = self._stream_timed("h2d", store.get)
-            store.end_window = self._cuda_barrier(store.end_window)
+        """Observe the engine's device API (waits, copies, host work): nothing is patched."""
+        self._engine_thread = threading.current_thread()
+        self.device.set_observer(self)
 
     def set_plan(self, plan) -> None:
         """A new plan from the next window on (re-planning switches at a step boundary)."""
         self.plan_id = plan_id(plan)
 
-    def wait(self, channel: str) -> _Wait:
-        """`with inst.wait("nvme_read"):` times a host-side wait of `channel`."""
-        return _Wait(self, channel)
+    # --- the device API's observer interface -------------------------------------------------
 
-    def _timed(self, channel: str, fn, *, count=None):
-        def wrapped(*args, **kwargs):
-            with _Wait(self, channel):
-                out = fn(*args, **kwargs)
-            if count is not None and self._open is not None:
-                self._open.bytes[channel] += count(*args, **kwargs)
-            return out
-        return wrapped
+    def on_wait(self, channel: str, seconds: float) -> None:
+        w = self._open
+        if w is not None:
+            w.waits[channel if channel in w.waits else "host"] += seconds * 1e3
 
-    def _stream_timed(self, channel: str, fn):
-        def wrapped(*args, **kwargs):
-            with _StreamWait(self, channel):
-                return fn(*args, **kwargs)
-        return wrapped
+    def on_stream_wait(self, channel: str, start, end) -> None:
+        w = self._open
+        if w is not None:
+            w.stream_waits.append((channel, start, end))
 
-    def _cuda_barrier(self, end_window):
-        """Before the store's barrier, make compute wait on its d2h, then h2d stream (timed)."""
-        dev = self.device
-        channels = (("d2h", self.store.d2h_stream), ("h2d", self.store.h2d_stream))
+    def on_busy(self, channel: str, seconds: float) -> None:
+        with self._lock:
+            w = self._open
+            if w is not None and channel in w.busy:
+                w.busy[channel] += seconds * 1e3
 
-        def wrapped():
-            for channel, stream in channels:
-                with _StreamWait(self, channel):
-                    # the barrier would wait on these events anyway
-                    dev.wait_stream(dev.compute, stream)
-            return end_window()
-        return wrapped
+    def on_busy_events(self, channel: str, start, end) -> None:
+        with self._lock:
+            w = self._open
+            if w is not None:
+                w.busy_events.append((channel, start, end))
 
-    def _event(self):
-        return self.device.timing_event()
+    def on_host(self, seconds: float) -> None:
+        with self._lock:
+            w = self._open
+            if w is not None:
+                w.host_ms += seconds * 1e3
+                if threading.current_thread() is self._engine_thread:
+                    w.engine_host_ms += seconds * 1e3
 
     # --- windows -----------------------------------------------------------------------------
 
@@ -268,7 +174,6 @@ class Instrument:
         self._records.clear()
         self._mb_windows = []
         self._mb = None
-        self._moved_seen = {}
         self._ledger_seen = {}
 
     def begin_micro_batch(self, index: int) -> None:
@@ -287,37 +192,28 @@ class Instrument:
         """
         self._finish_micro_batch()
         out, self._records = self._records, []
-        self._moved_seen = {}
         self._ledger_seen = {}
         return out
 
     def _finish_micro_batch(self) -> None:
         if self._mb is None:
             return
-        moved = self.store.bytes_moved_by_window()
         peaks = self.store.peak_by_window()
         windows = []
         for w in self._mb_windows:
-            now = moved.get(w.name)
-            if now is not None:
-                seen = self._moved_seen.get(w.name, {})
-                for kind, n in now.items():
-                    w.bytes[kind] += n - seen.get(kind, 0)
-                self._moved_seen[w.name] = now
             if w.name in peaks:
                 w.peaks = _tier_peaks(peaks[w.name])
             windows.append(self._resolve(w))
         self._add_ledger(windows)
         self._records.append({"micro_batch": self._mb, "plan_id": self.plan_id,
-                              "ledger_peak": self._ledger_peak(),
-                              "windows": windows})
+                              "ledger_peak": self._ledger_peak(), "windows": windows})
         self._mb_windows = []
         self._mb = None
 
     def _add_ledger(self, windows: list[dict]) -> None:
         """Each window's ledger figures: peak HBM and pinned bytes held (all owners; the peak
         since the step started, as `peak_bytes`) and bytes moved per channel in this
-        micro-batch (`runtime/ledger.py`)."""
+        micro-batch (`runtime/ledger.py`), which are also the window's `bytes`."""
         ledger = self.device.ledger
         hbm, pinned = ledger.peak_by_window("hbm"), ledger.peak_by_window("pinned")
         moved = ledger.moved_by_window()
@@ -325,10 +221,10 @@ class Instrument:
             name = w["name"]
             now = moved.get(name, {})
             seen = self._ledger_seen.get(name, {})
+            delta = {c: int(now.get(c, 0) - seen.get(c, 0)) for c in BYTE_CHANNELS}
+            w["bytes"] = dict(delta)
             w["ledger"] = {"hbm_bytes": int(hbm.get(name, 0)),
-                           "pinned_bytes": int(pinned.get(name, 0)),
-                           "moved": {c: int(now.get(c, 0) - seen.get(c, 0)) for c in CHANNELS
-                                     if c in ("h2d", "d2h", "nvme_read", "nvme_write")}}
+                           "pinned_bytes": int(pinned.get(name, 0)), "moved": delta}
             self._ledger_seen[name] = dict(now)
 
     def _ledger_peak(self) -> dict:
@@ -340,12 +236,23 @@ class Instrument:
 
     def _resolve(self, w: _Window) -> dict:
         wall = self.device.elapsed_ms(w.start, w.end)
+        stream_waits = 0.0
         for channel, a, b in w.stream_waits:
-            w.waits[channel] += self.device.elapsed_ms(a, b)
-        waits = {c: round(w.waits[c], 4) for c in CHANNELS}
-        return {"name": w.name, "wall_ms": round(wall, 4),
-                "compute_ms": round(max(0.0, wall - sum(w.waits.values())), 4),
-                "wait_ms": waits, "bytes": dict(w.bytes),
+            ms = self.device.elapsed_ms(a, b)
+            w.waits[channel] += ms
+            stream_waits += ms
+        for channel, a, b in w.busy_events:
+            w.busy[channel] += self.device.elapsed_ms(a, b)
+        if self.cuda:  # the compute stream's own events: its wall less its waits for copies
+            compute = wall - stream_waits
+        else:  # compute runs on this thread: less every wait and this thread's host work
+            compute = wall - sum(w.waits.values()) - w.engine_host_ms
+        compute = max(0.0, compute)
+        return {"name": w.name, "wall_ms": round(wall, 4), "compute_ms": round(compute, 4),
+                "exposed_ms": round(wall - compute, 4),
+                "wait_ms": {c: round(w.waits[c], 4) for c in CHANNELS},
+                "busy_ms": {c: round(w.busy[c], 4) for c in BYTE_CHANNELS},
+                "host_ms": round(w.host_ms, 4), "bytes": dict.fromkeys(BYTE_CHANNELS, 0),
                 "peak_bytes": w.peaks or dict.fromkeys(PEAK_TIERS, 0)}
 
 
@@ -357,29 +264,23 @@ class _WindowScope:
 
     def __enter__(self):
         inst = self.inst
-        inst._open = _Window(self.name, inst._event() if inst.cuda else time.perf_counter())
+        window = _Window(self.name, inst.device.timing_event())
+        with inst._lock:
+            inst._open = window
         return self
 
     def __exit__(self, *exc) -> None:
         inst = self.inst
         w = inst._open
-        w.end = inst._event() if inst.cuda else time.perf_counter()
+        w.end = inst.device.timing_event()
         w.peaks = _tier_peaks(inst.store.bytes_by_tier())  # pre/post; store windows override
         inst._mb_windows.append(w)
-        inst._open = None
+        with inst._lock:
+            inst._open = None
 
 
 def _tier_peaks(accounting: dict[str, int]) -> dict[str, int]:
     return {t: int(sum(accounting.get(k, 0) for k in keys)) for t, keys in _STORE_TIER_KEYS.items()}
-
-
-def _weight_bytes(weights):
-    size = torch.empty((), dtype=weights.dtype).element_size()
-    return lambda group, *args, **kwargs: group.numel * size
-
-
-def _grad_bytes(group, grad, *args, **kwargs) -> int:
-    return 0 if grad is None else group.numel * 4  # fp32 into the host accumulator
 
 
 def write_windows_jsonl(path: str | Path, *, step: int, records: list[dict]) -> None:

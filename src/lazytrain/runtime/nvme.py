@@ -37,6 +37,7 @@ import errno as errno_mod
 import functools
 import os
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -457,7 +458,12 @@ class NvmeIO:
             CheckpointIOError: a request failed.
         """
         if self.timeout_s is not None and futures:
-            _, late = concurrent.futures.wait(futures, timeout=self.timeout_s)
+            late = set()
+            for kind in ("nvme_write", "nvme_read"):  # writes first: a barrier waits for both
+                group = [f for f in futures if getattr(f, "lazytrain_channel", None) == kind]
+                if group:
+                    with self.device.waiting(kind):  # the observer's wait on this channel
+                        late |= concurrent.futures.wait(group, timeout=self.timeout_s)[1]
             if late:
                 self._stuck = True
                 key = next((k for k, fs in self._pending.items() if late & set(fs)), (-1, 0))
@@ -519,7 +525,7 @@ class NvmeIO:
             chunk = memoryview(view[start : start + self.chunk_bytes])
             part = buffer[start : start + self.chunk_bytes]
             futures.append(self.device.submit(self._pool, job, key, fd, chunk, part,
-                                              offset + start, wait_for))
+                                              offset + start, wait_for, channel=f"nvme_{op}"))
         self._pending.setdefault(key, []).extend(futures)
         return futures
 
@@ -530,9 +536,11 @@ class NvmeIO:
             if wait_for is not None:
                 wait_for()
             self.device.host_access(part, write=False, what=f"NVMe write of {path.name}")
+            t0 = time.perf_counter()
             self._call_hook(IoEvent(op="write", boundary=key[0], micro_batch=key[1], path=path,
                                     offset=offset, nbytes=len(chunk)))
             done = os.pwrite(fd, chunk, offset)
+            self._busy("nvme_write", t0)
         except OSError as exc:
             raise self._error(key, f"write to {path}", exc.strerror or str(exc), exc.errno) from exc
         if done != len(chunk):
@@ -546,7 +554,9 @@ class NvmeIO:
         try:
             self._call_hook(IoEvent(op="read", boundary=key[0], micro_batch=key[1], path=path,
                                     offset=offset, nbytes=len(chunk)))
+            t0 = time.perf_counter()
             done = os.preadv(fd, [chunk], offset)
+            self._busy("nvme_read", t0)
         except OSError as exc:
             raise self._error(key, f"read from {path}", exc.strerror or str(exc), exc.errno) from exc
         if done != len(chunk):
@@ -559,6 +569,11 @@ class NvmeIO:
                               f"{PAGE_BYTES}-byte page at offset {bad}: the bytes read are not "
                               f"the bytes written (a flipped bit on the drive, or another "
                               f"process wrote the file)")
+
+    def _busy(self, channel: str, t0: float) -> None:
+        """The drive's busy time of one chunk, for the device's observer (runtime/instrument)."""
+        if self.device.observer is not None:
+            self.device.observer.on_busy(channel, time.perf_counter() - t0)
 
     def _call_hook(self, event: IoEvent) -> None:
         if self._hook is not None:

@@ -214,7 +214,7 @@ class BlockOptimizer:
             if missing:
                 self.frozen[group.name] = frozenset(missing)
         self.futures[group.name] = self.device.submit(self.worker, self._update, group, lr,
-                                                      grad_scale)
+                                                      grad_scale, channel="optimizer")
 
     def _update(self, group: ParamGroup, lr: float, grad_scale: float) -> None:
         """One group's AdamW step (worker thread). fp32 masters: in place, the accumulator

@@ -93,7 +93,7 @@ class DeviceWeights:
             slot = self.free.popleft()
             dst, after = self.slots[slot][:group.numel], self.free_events[slot]
         k, buf = self.staging.acquire()
-        buf[:group.numel].copy_(group.master)  # master -> compute dtype on the host
+        self.convert(buf[:group.numel], group.master)
         self.device.wait_event(self.h2d, after)
         event = self.device.copy(dst, buf[:group.numel], stream=self.h2d)
         self.staging.mark_in_flight(k, event)
@@ -112,10 +112,16 @@ class DeviceWeights:
         for start in range(0, master.numel(), step):
             end = min(master.numel(), start + step)
             k, buf = self.staging.acquire()
-            buf[:end - start].copy_(master[start:end])  # master -> compute dtype on the host
+            self.convert(buf[:end - start], master[start:end])
             event = self.device.copy(dst[start:end], buf[:end - start], stream=self.h2d)
             self.staging.mark_in_flight(k, event)
         return event
+
+    def convert(self, staging: torch.Tensor, master: torch.Tensor) -> None:
+        """Master -> compute dtype into a pinned staging buffer: host work (the observer's
+        host channel)."""
+        with self.device.host_work():
+            staging.copy_(master)
 
     def ready(self, handle: WeightHandle) -> torch.Tensor:
         """The device buffer, after making compute wait for its load (no host sync)."""
@@ -181,7 +187,7 @@ class GradDrain:
             buf = self.buffers[k][:end - start]
             event = self.device.copy(buf, grad[start:end], stream=self.d2h)
             job = self.device.submit(self.worker, self._accumulate, event, buf, group,
-                                     first=first, start=start)
+                                     first=first, start=start, channel="d2h")
             last = start == starts[-1]
             self.pending.append((job, k, on_done if last else None))
         # the device gradient may be freed by compute before the copies ran
@@ -191,7 +197,8 @@ class GradDrain:
                     start: int) -> None:
         """Worker: add one drained gradient (chunk) into the host accumulator."""
         self.device.host_wait(event)  # sync point: the copy into buf is complete
-        group.accumulate_grad(buf, first=first, start=start)
+        with self.device.host_work():
+            group.accumulate_grad(buf, first=first, start=start)
 
     def _finish_oldest(self) -> None:
         job, k, on_done = self.pending.popleft()

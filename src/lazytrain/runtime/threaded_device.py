@@ -23,11 +23,12 @@ from __future__ import annotations
 import queue
 import random
 import threading
+import time
 from typing import Callable
 
 import torch
 
-from lazytrain.runtime.device import Device, Event, Stream
+from lazytrain.runtime.device import Device, Event, Stream, channel_of
 
 MIN_DELAY_S, MAX_DELAY_S = 0.1, 0.2
 """Range of the random delay before each queued copy that nobody waits for (s): longer than a
@@ -136,8 +137,10 @@ class ThreadedDevice(Device):
         worker.hurry_until(job)
         job.done.wait()
 
-    def wait_event(self, stream: Stream, event: Event | None) -> None:
-        if event is None or event.raw is None:
+    copies_async = True
+
+    def _wait_event(self, stream: Stream, event: Event) -> None:
+        if event.raw is None:
             return
         if stream is self.compute:
             self._wait(event.raw)  # kernels run when issued: the host must wait here
@@ -149,8 +152,8 @@ class ThreadedDevice(Device):
     def wait_stream(self, stream: Stream, other: Stream) -> None:
         self.wait_event(stream, self.record(other))
 
-    def host_wait(self, event: Event | None) -> None:
-        if event is not None and event.raw is not None:
+    def _host_wait(self, event: Event) -> None:
+        if event.raw is not None:
             self._wait(event.raw)
         self._raise_errors()
 
@@ -162,12 +165,17 @@ class ThreadedDevice(Device):
             self._wait(raw)
         self._raise_errors()
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, stream: Stream) -> Event:
-        self._book_copy(dst, stream)
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, stream: Stream) -> Event:
         if stream is self.compute:
             dst.copy_(src)
             return self.record(stream)
-        job = self._enqueue(stream, lambda: dst.copy_(src), delay=True)
+
+        def run():  # on the stream's thread: its busy time goes to the observer
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            if self.observer is not None:
+                self.observer.on_busy(channel_of(stream), time.perf_counter() - t0)
+        job = self._enqueue(stream, run, delay=True)
         return Event(self, stream, (self._workers[stream.name], job))
 
     def recycle(self, tensor: torch.Tensor) -> None:
