@@ -105,3 +105,26 @@ def test_an_hbm_budget_one_boundary_short_of_the_need_is_a_named_ledger_error(tm
     assert err.owner and err.window in {w.name for w in plan.windows} | {"pre", "post"}
     assert err.limit_bytes == need - A and err.held_bytes > need - A
     assert f"window {err.window}: reserving HBM for {err.owner}" in str(err)
+
+
+def test_the_checkers_hold_the_same_hbm_as_the_cpu_backend(tmp_path):
+    """Workers' host allocations (AdamW moments, accumulation) are not booked as HBM."""
+    from lazytrain.runtime.device import make_device
+
+    peaks = {}
+    for kind in ("cpu", "cpu-checked", "cpu-threaded"):
+        _, adapter = model_pair(tiny_config("llama"))
+        plan = real_plan(adapter, [N, R, R, D, H], (2, 3))
+        dev = make_device(kind)
+        engine = Engine(adapter, plan, device=dev, nvme_dir=tmp_path / kind, grad_accum=2,
+                        model_config_sha256=plan.provenance["model_config_sha256"])
+        try:
+            for s in range(2):
+                engine.step(micro_batches(2, seed=s))
+            engine.optimizer.wait_all()
+            peaks[kind] = dev.ledger.peak_bytes("hbm")
+        finally:
+            engine.close()
+            dev.close()
+    assert peaks["cpu-checked"] == peaks["cpu"]
+    assert peaks["cpu-threaded"] <= peaks["cpu"] * 1.25  # copies in flight hold their buffers

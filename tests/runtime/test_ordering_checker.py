@@ -190,3 +190,24 @@ def test_checker_numerics_equal_the_cpu_backend_bit_for_bit(tmp_path):
 
     a, b = masters("cpu"), masters(CheckedDevice())
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_reused_block_first_used_by_a_stream_that_missed_the_frees_last_writer_is_caught():
+    """T's last writer is h2d; compute waited for it and freed T; N may reuse T's memory, so
+    stream y (which only knows compute up to before that wait) must not write N yet."""
+    dev = CheckedDevice()
+    h2d, y = dev.stream("h2d"), dev.stream("y")
+    src = dev.host_tensor(torch.ones(1024), name="host source")
+    with dev.compute_scope():
+        t = dev.empty(1024, torch.float32, name="T")
+        t.zero_()
+        e0 = dev.record(dev.compute)
+        dev.wait_event(h2d, e0)
+        copied = dev.copy(t, src, stream=h2d)
+        dev.wait_event(dev.compute, copied)
+        del t  # back to compute's pool, ordered after h2d's write through the wait
+        n = dev.empty(1024, torch.float32, name="N")
+        dev.wait_event(y, e0)
+        with pytest.raises(OrderingViolation) as info:
+            dev.copy(n, src, stream=y)
+    assert info.value.buffer == "N" and "y" in info.value.second

@@ -99,6 +99,9 @@ class _Buffer:
     pinned: bool
     alloc_actor: str
     alloc_epoch: int
+    alloc_clock: dict = field(default_factory=dict)
+    """The allocating actor's whole vector clock at the allocation: what the freed memory's
+    earlier users may still be doing (a first user on another stream must dominate it)."""
     accesses: list = field(default_factory=list)
     first_used_by: set = field(default_factory=set)
     recorded_streams: set = field(default_factory=set)
@@ -123,7 +126,10 @@ class CheckedDevice(Device):
 
     @staticmethod
     def _thread_actor() -> str:
-        return f"host:{threading.current_thread().name}"
+        """A host thread's actor: its name (for messages) and its identity (two pools' workers
+        with one name prefix are two actors)."""
+        t = threading.current_thread()
+        return f"host:{t.name}#{t.ident}"
 
     def _clock(self, actor: str) -> VectorClock:
         return self._clocks.setdefault(actor, {actor: 0})
@@ -158,8 +164,10 @@ class CheckedDevice(Device):
         buf = self._buffers.get(ptr)
         if buf is None or label is not None:
             is_host = actor.startswith("host:") if host is None else host
+            clock = {**self._clock(actor), actor: epoch}
             buf = _Buffer(label=label or f"tensor {tuple(t.shape)} {t.dtype}", host=is_host,
-                          pinned=pinned, alloc_actor=actor, alloc_epoch=epoch)
+                          pinned=pinned, alloc_actor=actor, alloc_epoch=epoch,
+                          alloc_clock=clock)
             self._buffers[ptr] = buf
             weakref.finalize(storage, self._freed, ptr, buf)
         return buf
@@ -178,7 +186,8 @@ class CheckedDevice(Device):
         start, end = self._span(t)
         if (not buf.host and buf.alloc_actor != actor and actor not in buf.first_used_by):
             buf.first_used_by.add(actor)
-            if self._clock(actor).get(buf.alloc_actor, 0) < buf.alloc_epoch:
+            mine = self._clock(actor)
+            if any(mine.get(k, 0) < v for k, v in buf.alloc_clock.items() if k != actor):
                 self._violate(
                     buf, f"allocation on stream {buf.alloc_actor}", f"{op} on {actor}",
                     "first use on another stream of a block allocated on stream "
@@ -238,7 +247,7 @@ class CheckedDevice(Device):
             self._pending = exc
 
     def _raise_pending(self) -> None:
-        if self._pending is not None and threading.current_thread() is threading.main_thread():
+        if self._pending is not None and getattr(self._local, "compute", False):
             exc, self._pending = self._pending, None
             raise exc
 
@@ -336,7 +345,10 @@ class CheckedDevice(Device):
             with self._lock:
                 self._join(self._thread_actor(), parent)
             try:
-                with self.compute_scope():
+                # the checker's logging only: a worker's allocations are host memory, not the
+                # ledger's compute (HBM) allocations
+                with _ScopeGuard(self) if getattr(self._local, "mode", None) is None \
+                        else contextlib.nullcontext():
                     return fn(*args, **kwargs)
             finally:
                 with self._lock:
@@ -360,7 +372,8 @@ class CheckedDevice(Device):
     def compute_scope(self):
         if getattr(self._local, "mode", None) is not None:
             return contextlib.nullcontext()
-        return _Nested(super().compute_scope(), _ScopeGuard(self))
+        # the thread entering it runs the compute stream (the engine's thread)
+        return _Nested(super().compute_scope(), _ScopeGuard(self, compute=True))
 
     @contextlib.contextmanager
     def _suspended(self):
@@ -392,7 +405,7 @@ class CheckedDevice(Device):
         fresh = [] if views else [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
         with self._lock:
             self._raise_pending()
-            on_host = threading.current_thread() is not threading.main_thread() or any(
+            on_host = not getattr(self._local, "compute", False) or any(
                 self._is_host(t) for t in (*read, *written))
             actor = self._thread_actor() if on_host else self.compute.name
             if on_host:
@@ -436,17 +449,20 @@ class _LoggingMode(TorchDispatchMode):
 class _ScopeGuard:
     """Enters the logging mode on this thread (re-entrant: nested scopes are no-ops)."""
 
-    def __init__(self, device: CheckedDevice) -> None:
+    def __init__(self, device: CheckedDevice, *, compute: bool = False) -> None:
         self.device = device
         self.mode = _LoggingMode(device)
+        self.compute = compute
 
     def __enter__(self):
-        self.device._local.mode = self.mode
+        local = self.device._local
+        local.mode, local.compute = self.mode, self.compute
         self.mode.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.device._local.mode = None
+        local = self.device._local
+        local.mode, local.compute = None, False
         return self.mode.__exit__(*exc)
 
 

@@ -82,6 +82,7 @@ class _Worker:
             try:
                 job.fn()
             finally:
+                job.fn = None  # drop the copy's tensors: the buffers' lifetime is the caller's
                 with self.lock:
                     self.pending.remove(job)
                 job.done.set()
