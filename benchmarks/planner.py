@@ -6,7 +6,7 @@ Scenarios:
                  gradients, internals and parameters halved; boundary activations unchanged,
                  since a half block still outputs [micro_batch, seq, hidden]); k_max 16.
   nvme-split-128 the same split of an NVMe-heavy seed (HBM 40 GB, DRAM 225 GB, NVMe 1 TB at
-                 1.5 GB/s read, 1.0 GB/s write, 8-bit states offered, micro-batch 58).
+                 1.5 GB/s read, 1.0 GB/s write, 8-bit states offered, micro-batch 40).
 
 For each: the MILP with HiGHS and SCIP, warm-started from the heuristic (and HiGHS cold at 64
 blocks); the heuristic; the MegaTrain rule at the paper's K = 4 and at the best fixed K that
@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 SEED = REPO / "configs" / "qwen3.6-27b-h800.yaml"
 NVME_HEAVY = ["hardware.hbm_gb=40", "hardware.dram_gb=225", "hardware.nvme_gb=1000",
               "hardware.nvme_read_gb_per_s=1.5", "hardware.nvme_write_gb_per_s=1.0",
-              "planner.allow_q8=true", "train.micro_batch=58"]
+              "planner.allow_q8=true", "train.micro_batch=40"]
 
 
 def split_blocks(p: PlanningProblem) -> PlanningProblem:

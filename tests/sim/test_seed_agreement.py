@@ -14,10 +14,11 @@ from lazytrain.sim import compare, simulate
 SEED = "configs/qwen3.6-27b-h800.yaml"
 NVME_HEAVY = ["hardware.hbm_gb=40", "hardware.dram_gb=225", "hardware.nvme_gb=1000",
               "hardware.nvme_read_gb_per_s=1.5", "hardware.nvme_write_gb_per_s=1.0",
-              "planner.allow_q8=true", "train.micro_batch=58"]
+              "planner.allow_q8=true", "train.micro_batch=40"]
 """Small HBM and DRAM, a slow NVMe: many checkpoints go to NVMe (the issue's trigger had DRAM
-200 GB; since the DRAM row also holds the bf16 masters' fp32 optimizer scratch, 225 GB is the
-tight budget that still fits)."""
+200 GB and micro-batch 58; since the DRAM row also holds the bf16 masters' fp32 optimizer
+scratch and HBM the ends' fp32 gradient accumulator, 225 GB and micro-batch 40 are the tight
+budgets that still fit)."""
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ HBM (`fixed_hbm_bytes`, docs/execution_model.md "HBM capacity"):
                          double buffering (block j+1 loads while j runs), two so segment
                          recompute loads are double-buffered too
   + 2 x max G            two gradient buffers (block j+1 drains while j's backward writes)
-  + ends weights + grads embedding, final norm, untied head resident, with their gradients
+  + ends weights + grads embedding, final norm, untied head resident, with their fp32
+                         gradient accumulator (4 B/param)
   + block workspace      one block's autograd-saved activations + boundary grads (max I + 3A)
   + head workspace       the chunked [chunk, vocab] logits of the LM head and loss
   and `hbm_bytes = hardware HBM x (1 - hardware.hbm_reserve_fraction)`.
@@ -48,6 +49,8 @@ HOST_BYTES_PER_PARAM = {"fp32": 16.0, "bf16": 12.0}
 """train.master_dtype -> host bytes per parameter (master + grad + two Adam moments)."""
 HOST_BYTES_PER_PARAM_Q8 = {"fp32": 10.0, "bf16": 6.0}
 """The same with 8-bit Adam moments (2 x 1 B instead of 2 x 4 B; block scales negligible)."""
+ENDS_GRAD_BYTES_PER_PARAM = 4
+"""The device's ends gradient is an fp32 accumulator (runtime/engine.py), bytes per parameter."""
 DEVICE_WEIGHT_SLOTS = 4
 """Device weight buffers of the engine's ring (runtime/streams.py DeviceWeights num_slots)."""
 WEIGHT_POOL_BLOCKS = 4
@@ -150,7 +153,9 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
     parts = {
         "weight_buffers_bytes": DEVICE_WEIGHT_SLOTS * max_p,
         "grad_buffers_bytes": 2 * max_g,
-        "ends_bytes": costs.ends_weight_bytes + costs.ends_grad_bytes,
+        # the ends' gradient accumulates in fp32 on the device (4 B/param, whatever the
+        # compute dtype: chunked head gradients add up without bf16 rounding)
+        "ends_bytes": costs.ends_weight_bytes + ENDS_GRAD_BYTES_PER_PARAM * model.ends_params,
         "block_workspace_bytes": costs.block_workspace_bytes,
         "head_workspace_bytes": costs.head_workspace_bytes,
     }

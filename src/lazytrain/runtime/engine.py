@@ -180,6 +180,7 @@ class Engine:
         self._checked_shape = False
         self._ends_dev: torch.Tensor | None = None
         self._ends_grad: torch.Tensor | None = None
+        self._ends_drained = None  # the event of the ends gradient's last D2H
         self.instrument: Instrument | None = None
         if instrument:
             self.instrument = Instrument(device=self.dev, store=self.store, plan=plan)
@@ -271,9 +272,7 @@ class Engine:
     def forward_blocks(self, mb: _MicroBatch) -> torch.Tensor:
         """pre + f0..f{L-1}: returns boundary L [B, S, H] (not yet stored)."""
         with self._timed_window("pre"):
-            # a fresh buffer per micro-batch: the previous one may still be draining (D2H)
-            self._ends_grad = self.dev.empty(self.params.ends.numel, torch.float32,
-                                             name="ends gradient").zero_()
+            self.reset_ends_gradient()
             h = self.embed(mb)
             mb.kwargs = self.adapter.block_kwargs(mb.input_ids, h, **mb.mask_inputs)
             mb.weights[0] = self.prefetch_weights(0)
@@ -335,8 +334,8 @@ class Engine:
             self.embed_backward(mb, grad)
             on_done = (self._on_grads_final(self.params.ends, step_lr)
                        if mb.index == self.grad_accum - 1 else None)
-            self.drain.drain(self.params.ends, self._ends_grad, first=mb.index == 0,
-                             on_done=on_done)
+            self._ends_drained = self.drain.drain(self.params.ends, self._ends_grad,
+                                                  first=mb.index == 0, on_done=on_done)
 
     def queue_optimizer(self, lr: float) -> float | None:
         """With clipping: the exact global norm is known now (every gradient is final), so
@@ -481,6 +480,17 @@ class Engine:
                 grad_views[n].add_(g)  # accumulated in place, fp32
             total += loss.detach()  # on the device: no host sync per chunk
         return float(total), grad_h  # sync point: one per micro-batch
+
+    def reset_ends_gradient(self) -> None:
+        """The fp32 ends gradient [ends numel], zeroed for a micro-batch: one buffer for the
+        whole run (the plan counts one), zeroed in place only after the previous micro-batch's
+        drain of it ran (the compute stream waits for that copy's event)."""
+        if self._ends_grad is None:
+            self._ends_grad = self.dev.empty(self.params.ends.numel, torch.float32,
+                                             name="ends gradient")
+        else:
+            self.dev.wait_event(self.dev.compute, self._ends_drained)
+        self._ends_grad.zero_()
 
     def embed(self, mb: _MicroBatch) -> torch.Tensor:
         """Boundary 0: [B, S, H] embedding of the micro-batch's tokens (no autograd)."""

@@ -169,14 +169,15 @@ class GradDrain:
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytrain-accum")
 
     def drain(self, group: ParamGroup, grad: torch.Tensor | None, *, first: bool,
-              on_done: Callable[[], None] | None = None) -> None:
+              on_done: Callable[[], None] | None = None) -> Event | None:
         """Queue one gradient ([group.numel] on the device, any float dtype); `on_done` runs once
-        all of it is in the host accumulator."""
+        all of it is in the host accumulator. Returns the event of the last copy reading `grad`
+        (the device buffer may be rewritten once compute waited for it), None without one."""
         if grad is None:
             group.accumulate_grad(None, first=first)
             if on_done is not None:
                 on_done()
-            return
+            return None
         self.device.wait_stream(self.d2h, self.device.compute)  # grad is complete on compute
         starts = range(0, group.numel, self.numel)
         for start in starts:
@@ -192,6 +193,7 @@ class GradDrain:
             self.pending.append((job, k, on_done if last else None))
         # the device gradient may be freed by compute before the copies ran
         self.device.record_stream(grad, self.d2h)
+        return event
 
     def _accumulate(self, event, buf: torch.Tensor, group: ParamGroup, *, first: bool,
                     start: int) -> None:

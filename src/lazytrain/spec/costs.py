@@ -166,7 +166,9 @@ def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_ba
         head_flops=head_flops, ends_weight_bytes=model.ends_params * b,
         ends_grad_bytes=model.ends_params * b,
         block_workspace_bytes=max(c.internal_bytes for c in blocks) + 3 * A,
-        head_workspace_bytes=min(head_chunk_tokens, T) * model.vocab_size
+        # the engine's chunk: max(1, head_chunk_tokens // micro_batch) positions of every row
+        head_workspace_bytes=min(micro_batch * max(1, head_chunk_tokens // micro_batch), T)
+        * model.vocab_size
         * HEAD_LOGITS_BYTES_PER_ELEM,
         tokens=T, hardware=hw)
 
