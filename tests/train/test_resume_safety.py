@@ -424,3 +424,25 @@ def test_report_json_into_a_closed_pipe_ends_quietly(arithmetic_model_dir, tiny_
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 0, err
     assert "BrokenPipe" not in err and "Traceback" not in err
+
+
+def test_a_second_job_in_a_run_directory_in_use_is_refused_before_it_touches_a_file(
+        arithmetic_model_dir, tmp_path):
+    """`--overwrite` while another job trains there: refused, the running job's files stay."""
+    from lazytrain.train import setup
+
+    run_dir = tmp_path / "live"
+    run_dir.mkdir()
+    for name in ("metrics.jsonl", "config.yaml", "plan.json"):
+        (run_dir / name).write_text("the running job's\n")
+    (run_dir / "checkpoints" / "step-000700").mkdir(parents=True)
+    held = setup.lock_run_dir(run_dir)  # the running job
+    try:
+        cfg = tiny_config(arithmetic_model_dir, run_dir, "train.steps=1", "data.num_eval=0")
+        with pytest.raises(setup.RunDirInUseError, match=f"pid {os.getpid()}"):
+            train(cfg, run_dir=run_dir, overwrite=True, progress=False)
+    finally:
+        held.close()
+    for name in ("metrics.jsonl", "config.yaml", "plan.json"):
+        assert (run_dir / name).read_text() == "the running job's\n"
+    assert (run_dir / "checkpoints" / "step-000700").is_dir()

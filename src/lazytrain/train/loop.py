@@ -575,12 +575,32 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
         CheckpointSaveError: a checkpoint write failed (the previous one stays valid).
         ValueError, FileNotFoundError: bad config or data, a used run_dir without overwrite,
             a resume with another model.
+        RunDirInUseError: another live job trains in `run_dir` (nothing of it was touched).
     """
+    run_dir = Path(run_dir or cfg.train.run_dir)
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    locking = rank0 and (run_dir.exists() or not resume)  # a missing resume dir: its error
+    if locking and not run_dir.exists():
+        make_run_dir(run_dir)  # one line naming train.run_dir when it cannot be
+    # one job per run directory, before anything in it is checked, deleted or written
+    # (rank 0 holds it for the ranks of a data-parallel job)
+    run_lock = setup.lock_run_dir(run_dir) if locking else None
+    try:
+        return _train(cfg, run_dir=run_dir, plan=plan, resume=resume, overwrite=overwrite,
+                      hooks=hooks, progress=progress, log=log, clock=clock)
+    finally:
+        if run_lock is not None:
+            run_lock.close()
+
+
+def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, overwrite: bool,
+           hooks: TrainHooks | None, progress: bool, log: Callable[[str], None] | None,
+           clock: Callable[[], float]) -> dict:
+    """`train`'s body, under the run directory's lock."""
     from tqdm import tqdm
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     hooks = hooks or TrainHooks()
-    run_dir = Path(run_dir or cfg.train.run_dir)
     t_start = time.perf_counter()
     prepare_run_dir(run_dir, resume=resume, overwrite=overwrite,
                     clear=int(os.environ.get("RANK", "0")) == 0)

@@ -327,6 +327,46 @@ def lock_nvme_dir(directory: Path, *, node: str = "") -> Any:
     return handle
 
 
+class RunDirInUseError(RuntimeError):
+    """Another live job trains in this run directory (the CLI exits 1)."""
+
+
+RUN_LOCK_NAME = ".lazytrain.lock"
+"""The run directory's lock file (inside it, outside what --overwrite deletes)."""
+
+
+def lock_run_dir(run_dir: Path) -> Any:
+    """Take the run directory's lock before anything in it is checked, deleted or written;
+    returns the open lock file (closing it, or the process ending, releases it).
+
+    One job per run directory: a second `train` there, `--overwrite` included, is refused
+    before it deletes or writes a file of the running one.
+
+    Raises:
+        RunDirInUseError: another live job holds it (its pid named).
+        OSError: the directory cannot be created or written.
+    """
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = run_dir / RUN_LOCK_NAME
+    handle = open(lock_path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "?"
+        handle.close()
+        raise RunDirInUseError(
+            f"train.run_dir: {run_dir} is in use by another job (pid {owner} holds "
+            f"{lock_path}); wait for it to end, stop it, or pick another --run-dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write `obj` as JSON to `path` via a temp file + rename."""
     tmp = path.with_name(f".{path.name}.tmp")
