@@ -154,3 +154,26 @@ def test_a_shard_saved_in_fp32_loads_into_a_block_now_8bit_and_back():
     # 8-bit block-wise quantization: errors up to ~1% of the block maximum
     torch.testing.assert_close(m, m_saved, rtol=0, atol=0.02 * float(m_saved.abs().max()))
     loader.close()
+
+
+@pytest.mark.slow
+def test_the_checker_catches_an_update_that_does_not_wait_for_its_gloo_reduction(tmp_path,
+                                                                               monkeypatch):
+    """Removing the optimizer's wait for the asynchronous gradient reduce (gloo's own thread
+    writes the accumulator) is an ordering violation on that rank, not a silent wrong step."""
+    from lazytrain.dist import sharding
+
+    update = sharding.ShardedOptimizer._update
+
+    def update_without_waiting(self, group, lr, grad_scale):
+        wait, self.reducer.wait = self.reducer.wait, lambda g: None
+        try:
+            return update(self, group, lr, grad_scale)
+        finally:
+            self.reducer.wait = wait
+
+    monkeypatch.setattr(sharding.ShardedOptimizer, "_update", update_without_waiting)
+    with pytest.raises(Exception) as info:  # a rank fails: start_processes raises
+        _run_ranks(tmp_path, world=WORLD, plan_name="all_hbm", clip=0.0, shared=True,
+                   device="cpu-checked")
+    assert "OrderingViolation" in str(info.value) and "gloo reduce" in str(info.value)

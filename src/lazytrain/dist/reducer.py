@@ -26,6 +26,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from lazytrain.runtime.device import Device
+
 from lazytrain.runtime.params import HostParams, ParamGroup
 
 
@@ -44,6 +46,12 @@ class GradReducer:
         self.params, self.owners, self.rank, self.group = params, owners, rank, group
         self.pending: dict[str, object] = {}
         self._lock = threading.Lock()  # pending is shared by the main and the worker thread
+        self.device = Device()  # the engine binds its own (`bind_device`)
+
+    def bind_device(self, device) -> None:
+        """Declare the asynchronous reductions to `device` (the engine's device API), so the
+        `cpu-checked` backend orders gloo's thread against the optimizer and the drains."""
+        self.device = device
 
     def all_sum(self, value: float) -> float:
         """Sum of `value` over ranks (float64; blocking)."""
@@ -68,15 +76,21 @@ class GradReducer:
             return
         work = dist.reduce(group.grad, dst=self.owners[group.name], op=dist.ReduceOp.SUM,
                            group=self.group, async_op=True)
+        # declared after the call (whose dispatch the checker logs on this thread): gloo's
+        # thread reads and writes the accumulator from now until `wait`
+        token = self.device.begin_async(reads=[group.grad], writes=[group.grad],
+                                        what=f"gloo reduce of {group.name} gradient")
         with self._lock:
-            self.pending[group.name] = work
+            self.pending[group.name] = (work, token)
 
     def wait(self, group: ParamGroup) -> None:
         """Block until `group`'s pending reduction (if any) is complete (sync point)."""
         with self._lock:
-            work = self.pending.pop(group.name, None)
-        if work is not None:
+            pending = self.pending.pop(group.name, None)
+        if pending is not None:
+            work, token = pending
             work.wait()
+            self.device.end_async(token)  # the waiter is ordered after gloo's thread
 
     def wait_all(self) -> None:
         for g in self.params.groups:

@@ -302,6 +302,16 @@ class Device:
     def host_access(self, tensor: torch.Tensor, *, write: bool, what: str) -> None:
         """Declare a host read or write of `tensor` that is not a torch op (`what` names it)."""
 
+    def begin_async(self, *, reads=(), writes=(), what: str):
+        """Declare host work another library runs on its own thread from now on (a gloo
+        `async_op` collective reading and writing host tensors); returns a token for
+        `end_async`, which the caller calls once it waited for that work. The checker logs the
+        accesses on an actor of their own, ordered after the calling thread."""
+        return None
+
+    def end_async(self, token) -> None:
+        """The caller waited for the work of `begin_async`'s `token`: it is ordered after it."""
+
     # --- host threads ------------------------------------------------------------------------
 
     def submit(self, executor: Executor, fn: Callable, *args, channel: str = "host",

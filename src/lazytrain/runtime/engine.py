@@ -170,6 +170,8 @@ class Engine:
         self.optimizer = optimizer or BlockOptimizer(self.params, lr=lr, betas=betas, eps=eps,
                                                      weight_decay=weight_decay)
         self.optimizer.bind_device(self.dev)
+        if grad_sync is not None and hasattr(grad_sync, "bind_device"):
+            grad_sync.bind_device(self.dev)  # its async reductions, declared to the checker
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # the plan's 8-bit Adam states
         self.grad_sync = grad_sync
         self.lr = lr

@@ -337,6 +337,24 @@ class CheckedDevice(Device):
             actor = self._thread_actor()
             self._access(tensor, actor=actor, epoch=self._tick(actor), write=write, op=what)
 
+    def begin_async(self, *, reads=(), writes=(), what: str):
+        with self._lock:
+            self._raise_pending()
+            self._async_count = getattr(self, "_async_count", 0) + 1
+            actor = f"async:{what}#{self._async_count}"
+            self._join(actor, self._clock(self._thread_actor()))
+            epoch = self._tick(actor)
+            for t in reads:
+                self._access(t, actor=actor, epoch=epoch, write=False, op=what)
+            for t in writes:
+                self._access(t, actor=actor, epoch=epoch, write=True, op=what)
+            return actor
+
+    def end_async(self, token) -> None:
+        if token is not None:
+            with self._lock:
+                self._join(self._thread_actor(), self._clock(token))
+
     def _submit(self, executor: Executor, fn: Callable, *args, **kwargs) -> Future:
         with self._lock:
             parent = dict(self._clock(self._thread_actor()))
