@@ -446,3 +446,19 @@ def test_a_second_job_in_a_run_directory_in_use_is_refused_before_it_touches_a_f
     for name in ("metrics.jsonl", "config.yaml", "plan.json"):
         assert (run_dir / name).read_text() == "the running job's\n"
     assert (run_dir / "checkpoints" / "step-000700").is_dir()
+
+
+def test_resume_on_other_data_of_the_same_size_is_refused(arithmetic_model_dir, tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    rows = [{"instruction": f"Add {i} and {i}.", "output": f"{2 * i}"} for i in range(12)]
+    a.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows[3]["output"] = "wrong"  # one answer differs, same number of samples
+    b.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(arithmetic_model_dir, run_dir, "train.steps=1", "data.num_eval=0",
+                      f"data.path={a}")
+    train(cfg, progress=False)
+    resumed = tiny_config(arithmetic_model_dir, run_dir, "train.steps=2", "data.num_eval=0",
+                          f"data.path={b}")
+    with pytest.raises(ValueError, match="other data of the same size"):
+        train(resumed, resume=True, progress=False)

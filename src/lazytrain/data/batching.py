@@ -155,19 +155,38 @@ class TrainStream:
     def state_dict(self) -> dict[str, Any]:
         """Position and counts; with the same examples and seed this restores the stream."""
         return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed,
-                "num_examples": len(self.examples), "counts": self.counts.to_dict()}
+                "num_examples": len(self.examples), "counts": self.counts.to_dict(),
+                "fingerprint": self.fingerprint()}
+
+    def fingerprint(self) -> str:
+        """sha256 (16 hex) of every example's turns (role, text, trained) and answer, in order:
+        other data of the same size has another fingerprint."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for ex in self.examples:
+            for m in ex.messages:
+                h.update(f"{m.role}\0{m.content}\0{int(m.train)}\1".encode())
+            h.update(f"{ex.answer}\2".encode())
+        return h.hexdigest()[:16]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a `state_dict()`.
 
         Raises:
-            ValueError: when the dataset size or seed differs from the saved one (resuming on
-                different data would not continue the same run).
+            ValueError: when the dataset size, its fingerprint (`fingerprint`) or the seed
+                differs from the saved one (resuming on different data would not continue the
+                same run).
         """
         if state["num_examples"] != len(self.examples) or state["seed"] != self.seed:
             raise ValueError(f"data: checkpoint was made on {state['num_examples']} samples with "
                              f"seed {state['seed']}; this run has {len(self.examples)} samples "
                              f"with seed {self.seed}; resume with the same data and train.seed")
+        saved = state.get("fingerprint")  # absent in checkpoints written before it
+        if saved is not None and saved != self.fingerprint():
+            raise ValueError(f"data: checkpoint was made on other data of the same size "
+                             f"({state['num_examples']} samples, fingerprint {saved}; this run's "
+                             f"is {self.fingerprint()}); resume with the run's data.path")
         self.epoch, self.cursor = state["epoch"], state["cursor"]
         self.counts = DataCounts(**state["counts"])
         self._ahead = None
