@@ -16,6 +16,12 @@ that reads a buffer after its pool took it back reads poison, and a consumer tha
 prefetched buffer before its copy ran reads the previous contents.
 
 Numerics are those of `cpu` when the ordering is right (every copy is the same `copy_`).
+
+What it can show: missing consumer-side waits (compute reading a copy's destination, the host
+reading a D2H destination, before the copy ran). What it cannot: a missing producer-side or
+host-side wait where an earlier compute wait already synced the host (compute runs on the host
+thread here, so every compute wait blocks it, which a GPU's does not); `cpu-checked` orders
+those by clocks, not by timing.
 """
 
 from __future__ import annotations
