@@ -126,7 +126,7 @@ def test_simulate_reevaluates_a_saved_plan_on_other_hardware(tiny_config, tmp_pa
 
 
 @pytest.mark.slow
-def test_seed_config_plans_with_the_heuristic(repo_root, capsys):
+def test_seed_config_plans_with_the_heuristic(repo_root, shared_dir, capsys):
     seed = repo_root / "configs" / "qwen3.6-27b-h800.yaml"
     if not seed.exists():
         pytest.skip("configs/qwen3.6-27b-h800.yaml not in the tree yet")

@@ -111,7 +111,8 @@ def test_three_steps_under_checker_equal_the_cpu_backend_bit_for_bit(backend, va
 
 
 def _threaded_grads_error(tmp_path, tiers) -> float:
-    """Max relative gradient error of one step under cpu-threaded against HF autograd."""
+    """Max relative gradient error of one step under cpu-threaded against HF autograd (inf when
+    the corruption made the backward itself fail)."""
     ref, adapter = model_pair(tiny_config("llama"))
     problem = problem_for(adapter, grad_accum=2)
     plan = build_plan(problem, decisions_from_tiers(problem, tuple(tiers), ()),
@@ -122,6 +123,12 @@ def _threaded_grads_error(tmp_path, tiers) -> float:
     try:
         engine.compute_gradients(batches)
         grads = {k: v.clone() for k, v in engine.gradients().items()}
+    except RuntimeError as exc:
+        # the late copy overwrote weights autograd had saved: torch's version counter saw it
+        # (the race is visible, as a failed backward instead of a wrong gradient)
+        if "modified by an inplace operation" not in str(exc):
+            raise
+        return float("inf")
     finally:
         engine.close()
     _, ref_grads = reference_grads(ref, batches)
