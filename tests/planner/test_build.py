@@ -88,3 +88,21 @@ def test_building_a_problem_does_not_import_torch_or_a_solver(seed_cfg):
     for mod in (build, costs, model):
         src = open(mod.__file__).read()
         assert "import torch" not in src and "pyscipopt" not in src and "highspy" not in src
+
+
+def test_seed_host_rates_are_the_server_stream_figure_rescaled_to_bf16_masters(seed_cfg):
+    p = problem_from_config(seed_cfg)
+    # h800-paper quotes 230.4 GB/s of STREAM copy/add over 3 B of traffic per converted byte
+    # (fp32 -> bf16) and 5 B per accumulated byte (bf16 into fp32); bf16 masters move
+    # (2 + 2) / 2 = 2 and (2 + 2 x 2) / 2 = 3 B per byte: 230.4 / 2 = 115.2 GB/s and
+    # 230.4 / 3 = 76.8 GB/s
+    assert p.host_convert_bytes_per_s == pytest.approx(115.2e9)
+    assert p.host_accumulate_bytes_per_s == pytest.approx(76.8e9)
+
+
+def test_default_cpu_job_gets_the_cpu_presets_host_rates_for_fp32():
+    p = problem_from_config(load_config(None))
+    # cpu: 5 GB/s memcpy = 10 GB/s of traffic; fp32 -> fp32 conversion moves 2 B per byte
+    # (5 GB/s), fp32 gradients into fp32 accumulators 3 B per byte (3.33 GB/s)
+    assert p.host_convert_bytes_per_s == pytest.approx(5e9)
+    assert p.host_accumulate_bytes_per_s == pytest.approx(10e9 / 3)

@@ -131,3 +131,19 @@ def test_incremental_scoring_equals_full_evaluation(gpu):
             move = search.apply(cur, edit)
             if move is not None:
                 assert search.delta(cur, *move) == pytest.approx(search.build(*move).score)
+
+
+def test_incremental_scoring_tracks_the_host_term_of_segments_and_keeps():
+    # Host work on a CPU adds to every window: a move that recomputes or keeps a block changes
+    # the weight bytes converted in the window that reloads it, which the incremental score
+    # must follow exactly (slow host rates, so the host term is large).
+    p = _problem(L=6, hbm_gb=26.0, gpu=False)
+    p = p.replace(host_convert_bytes_per_s=p.h2d_bytes_per_s / 3,
+                  host_accumulate_bytes_per_s=p.d2h_bytes_per_s / 2)
+    search = _Search(p, deadline=float("inf"))
+    cur = search.build(("hbm", "dram", "recompute", "nvme", "recompute", "dram", "hbm"), (5,))
+    assert sum(cur.loads.host) > 0
+    for edit in search.edits():
+        move = search.apply(cur, edit)
+        if move is not None:
+            assert search.delta(cur, *move) == pytest.approx(search.build(*move).score)

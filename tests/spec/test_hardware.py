@@ -147,3 +147,27 @@ def test_a_non_numeric_hardware_field_is_named(value):
     d["nvme_bytes"] = value
     with pytest.raises(ValueError, match=r"hardware nvme_bytes must be a number; got"):
         HardwareSpec.from_dict(d)
+
+
+def test_every_preset_models_the_host_with_the_stated_arithmetic():
+    from lazytrain.spec.hardware import PRESETS
+
+    for name, spec in PRESETS.items():
+        # GPU presets: 0.75 x (4800e6 x 8 channels x 8 B) = 230.4 GB/s over 3 and 5 B of
+        # traffic per byte; cpu: 10 GB/s of memcpy traffic over the same
+        stream = 10e9 if name == "cpu" else 230.4e9
+        assert spec.host_convert_bytes_per_s == pytest.approx(stream / 3), name
+        assert spec.host_accumulate_bytes_per_s == pytest.approx(stream / 5), name
+
+
+def test_a_spec_without_host_rates_loads_and_passes_the_checks():
+    import dataclasses
+
+    from lazytrain.spec.hardware import PRESETS, HardwareSpec
+
+    d = PRESETS["h800-paper"].to_dict()
+    del d["host_convert_bytes_per_s"], d["host_accumulate_bytes_per_s"]
+    spec = HardwareSpec.from_dict(d)  # a file saved before the host was a resource
+    assert spec.host_convert_bytes_per_s == 0.0 and spec.implausible_figures() == []
+    with pytest.raises(ValueError, match="host_accumulate_bytes_per_s must be in"):
+        dataclasses.replace(spec, host_accumulate_bytes_per_s=-5.0)

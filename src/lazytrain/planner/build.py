@@ -41,8 +41,10 @@ import dataclasses
 from lazytrain import __version__
 from lazytrain.config import RunConfig
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.spec.costs import ModelCosts, analytic_costs, profile_costs
-from lazytrain.spec.hardware import PRESETS, HardwareSpec, get_hardware
+from lazytrain.spec.costs import DTYPE_BYTES, ModelCosts, analytic_costs, profile_costs
+from lazytrain.spec.hardware import (
+    ACCUMULATE_TRAFFIC_PER_BYTE, CONVERT_TRAFFIC_PER_BYTE, PRESETS, HardwareSpec, get_hardware,
+)
 from lazytrain.spec.model import ModelSpec
 
 HOST_BYTES_PER_PARAM = {"fp32": 16.0, "bf16": 12.0}
@@ -118,6 +120,7 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         duplex_bytes_per_s=hw.duplex_bytes_per_s,
         nvme_read_bytes_per_s=hw.nvme_read_bytes_per_s,
         nvme_write_bytes_per_s=hw.nvme_write_bytes_per_s,
+        **host_rates(hw, master_dtype=t.master_dtype, compute_dtype=t.compute_dtype),
         copies_overlap_compute=hw.copies_overlap_compute,
         hbm_bytes=mem["hbm_budget_bytes"], fixed_hbm_bytes=mem["fixed_hbm_bytes"],
         dram_bytes=hw.dram_bytes, nvme_bytes=hw.nvme_bytes,
@@ -134,6 +137,27 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         block_fwd_flops=tuple(c.fwd_flops for c in blocks),
         provenance=provenance,
     )
+
+
+def host_rates(hw: HardwareSpec, *, master_dtype: str, compute_dtype: str) -> dict:
+    """The problem's host conversion and accumulation rates for the run's dtypes, bytes/s.
+
+    The hardware quotes them for fp32 masters and bf16 compute (3 B of DRAM traffic per
+    converted byte, 5 B per accumulated gradient byte: `spec.hardware`); host work is memory
+    bound, so the rate scales with the traffic per byte of the run: conversion reads the master
+    and writes the compute dtype, (m + c) / c bytes per converted byte; accumulation reads the
+    drained compute-dtype gradient and reads and writes the master-dtype accumulator,
+    (c + 2 m) / c bytes per gradient byte. bf16 masters and compute (the seed scenario): 2 and
+    3, so 1.5x and 5/3x the quoted rates. A rate of 0 (not modelled) stays 0.
+
+    Returns:
+        {"host_convert_bytes_per_s": ..., "host_accumulate_bytes_per_s": ...}.
+    """
+    m, c = DTYPE_BYTES[master_dtype], DTYPE_BYTES[compute_dtype]
+    return {"host_convert_bytes_per_s":
+            hw.host_convert_bytes_per_s * CONVERT_TRAFFIC_PER_BYTE / ((m + c) / c),
+            "host_accumulate_bytes_per_s":
+            hw.host_accumulate_bytes_per_s * ACCUMULATE_TRAFFIC_PER_BYTE / ((c + 2 * m) / c)}
 
 
 def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:

@@ -1,7 +1,8 @@
 """The fluid window evaluator: step time, per-window work and memory of ANY plan.
 
 Implements the equations of `docs/execution_model.md` exactly (per-window compute, H2D, D2H and
-NVMe bytes; window time as max of channels on a GPU or sum of channels on a CPU, and on a GPU at
+NVMe bytes and host time; window time as max of channels and the host on a GPU or their sum on a
+CPU, and on a GPU at
 least the in-window stream order of `planner/chains.py`; step time with
 the `pre`/`post` terms; HBM bytes held by the checkpoint store with the exact holding
 intervals; peak HBM with fixed and keep terms; DRAM and NVMe bytes). It also owns `build_plan`,
@@ -88,6 +89,10 @@ class Evaluation:
     pinned_bytes: float = 0.0
     """Page-locked host bytes: DRAM-tier checkpoints, the weight staging and gradient landing
     pools and the NVMe staging peak (the DRAM row less host states and pageable scratch)."""
+    host_ms_by_window: tuple[float, ...] = ()
+    """Host time of each window (conversion + accumulation, `host_ms`), ms, in window order."""
+    binding_by_window: tuple[str, ...] = ()
+    """The term that sets each window's time (`binding_term`), in window order."""
 
     @property
     def predicted(self) -> Predicted:
@@ -140,29 +145,90 @@ def _ms(nbytes: float, bytes_per_s: float) -> float:
     return nbytes / bytes_per_s * 1e3
 
 
-def window_time_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
-                   nw: float) -> float:
-    """Window time, ms: max of channels (GPU) or compute + sum of channels (CPU).
-
-    Source: docs/execution_model.md, "Per-window work", "Window time".
-    """
+def host_ms(problem: PlanningProblem, weight_bytes: float, grad_bytes: float) -> float:
+    """Host time of a window, ms: weight bytes converted into staging / the conversion rate +
+    drained gradient bytes added into the host accumulator / the accumulation rate (a rate of
+    0 counts 0: not modelled). The NVMe path adds nothing (O_DIRECT from the pinned bounce
+    buffer, no staging memcpy); the optimizer update overlaps later windows on its own
+    thread. Source: docs/execution_model.md, "Host work"."""
     p = problem
+    out = 0.0
+    if p.host_convert_bytes_per_s > 0:
+        out += _ms(weight_bytes, p.host_convert_bytes_per_s)
+    if p.host_accumulate_bytes_per_s > 0:
+        out += _ms(grad_bytes, p.host_accumulate_bytes_per_s)
+    return out
+
+
+def host_loads_ms(problem: PlanningProblem, weight_h2d, grad_d2h) -> list[float]:
+    """Per-window host time, ms, from `fixed_loads`' H2D bytes (exactly the weight loads) and
+    D2H bytes (exactly the gradient drains), both by ord."""
+    return [host_ms(problem, w, g) for w, g in zip(weight_h2d, grad_d2h)]
+
+
+def window_terms_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
+                    nw: float, host: float = 0.0) -> dict[str, float]:
+    """Each term of the window time, ms: {"compute", "h2d", "d2h", "duplex", "nvme_read",
+    "nvme_write", "host"} (no "duplex" on a CPU, where channels add up instead of
+    overlapping). Source: docs/execution_model.md, "Window time"."""
+    p = problem
+    terms = {"compute": comp, "h2d": _ms(h2d, p.h2d_bytes_per_s),
+             "d2h": _ms(d2h, p.d2h_bytes_per_s), "nvme_read": _ms(nr, p.nvme_read_bytes_per_s),
+             "nvme_write": _ms(nw, p.nvme_write_bytes_per_s), "host": host}
     if p.copies_overlap_compute:
-        return max(comp, _ms(h2d, p.h2d_bytes_per_s), _ms(d2h, p.d2h_bytes_per_s),
-                   _ms(h2d + d2h, p.duplex_bytes_per_s), _ms(nr, p.nvme_read_bytes_per_s),
-                   _ms(nw, p.nvme_write_bytes_per_s))
-    return (comp + _ms(h2d, p.h2d_bytes_per_s) + _ms(d2h, p.d2h_bytes_per_s)
-            + _ms(nr, p.nvme_read_bytes_per_s) + _ms(nw, p.nvme_write_bytes_per_s))
+        terms["duplex"] = _ms(h2d + d2h, p.duplex_bytes_per_s)
+    return terms
+
+
+def window_time_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
+                   nw: float, host: float = 0.0) -> float:
+    """Window time, ms: max of channels and the host (GPU) or compute + sum of channels and
+    the host (CPU: the host work runs on the compute cores, like the copies).
+
+    Source: docs/execution_model.md, "Per-window work", "Window time", "Host work".
+    """
+    terms = window_terms_ms(problem, comp, h2d, d2h, nr, nw, host)
+    if problem.copies_overlap_compute:
+        return max(terms.values())
+    return sum(terms.values())
+
+
+def binding_term(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
+                 nw: float, host: float = 0.0, order_ms: float = 0.0) -> str:
+    """The term that sets a GPU window's time ("compute", "h2d", ..., "host", or "order" when
+    the in-window stream order bound exceeds every fluid term; ties go to compute first);
+    "sum" on a CPU, where every term adds up."""
+    if not problem.copies_overlap_compute:
+        return "sum"
+    terms = window_terms_ms(problem, comp, h2d, d2h, nr, nw, host)
+    best = max(terms.values())
+    if order_ms > best * (1 + 1e-9):
+        return "order"
+    return next(k for k, v in terms.items() if v >= best * (1 - 1e-9))
 
 
 def pre_ms(problem: PlanningProblem) -> float:
-    """The `pre` term, ms: the embedding forward and block 0's weight load, side by side on a
-    GPU (max: the load runs on the H2D stream while the embedding computes), one after the
-    other on a CPU (sum). Source: docs/execution_model.md, "Step time"."""
+    """The `pre` term, ms: the embedding forward, block 0's weight load and its conversion on
+    the host, side by side on a GPU (max: the load runs on the H2D stream while the embedding
+    computes), one after the other on a CPU (sum). Source: docs/execution_model.md, "Step
+    time"."""
     load = _ms(problem.weight_bytes[0], problem.h2d_bytes_per_s)
+    host = host_ms(problem, problem.weight_bytes[0], 0.0)
     if problem.copies_overlap_compute:
-        return max(problem.embed_ms, load)
-    return problem.embed_ms + load
+        return max(problem.embed_ms, load, host)
+    return problem.embed_ms + load + host
+
+
+def post_ms(problem: PlanningProblem) -> float:
+    """The `post` term, ms: the drain of G[0] and the embedding/head gradients, and their
+    accumulation on the host, side by side on a GPU (max), one after the other on a CPU (sum).
+    Source: docs/execution_model.md, "Step time"."""
+    nbytes = problem.grad_bytes[0] + problem.ends_grad_bytes
+    drain = _ms(nbytes, problem.d2h_bytes_per_s)
+    host = host_ms(problem, 0.0, nbytes)
+    if problem.copies_overlap_compute:
+        return max(drain, host)
+    return drain + host
 
 
 def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_weights=None
@@ -287,6 +353,7 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
     tiers = check_tiers(p, d.tiers)
     A = p.boundary_bytes
     comp, h2d, d2h = fixed_loads(p, tiers, d.keep_internals, d.resident_weights)
+    host = host_loads_ms(p, h2d, d2h)  # before the transfers join h2d/d2h: weights, grads only
     nr, nw = [0.0] * (2 * L + 1), [0.0] * (2 * L + 1)
     chan = {"h2d": h2d, "d2h": d2h, "nvme_read": nr, "nvme_write": nw}
     for t in d.transfers:
@@ -301,9 +368,10 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
         keep_add[2 * L - j + 1] -= p.weight_bytes[j]
     order = stream_bounds_ms(p, tiers, d.transfers, keep_internals=d.keep_internals,
                              resident_weights=d.resident_weights)
-    windows, hbm, acc, total = [], [], 0.0, 0.0
+    windows, hbm, acc, total, binding = [], [], 0.0, 0.0, []
     for o, name in enumerate(window_names(L)):
-        t = max(window_time_ms(p, comp[o], h2d[o], d2h[o], nr[o], nw[o]), order[o])
+        t = max(window_time_ms(p, comp[o], h2d[o], d2h[o], nr[o], nw[o], host[o]), order[o])
+        binding.append(binding_term(p, comp[o], h2d[o], d2h[o], nr[o], nw[o], host[o], order[o]))
         total += t
         acc += keep_add[o]
         hbm.append(p.fixed_hbm_bytes + held[o] + acc)
@@ -311,15 +379,14 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
                                     d2h_bytes=d2h[o], nvme_read_bytes=nr[o],
                                     nvme_write_bytes=nw[o], time_ms=t, exposed_ms=t - comp[o],
                                     hbm_checkpoint_bytes=held[o]))
-    pre = pre_ms(p)
-    post = _ms(p.grad_bytes[0] + p.ends_grad_bytes, p.d2h_bytes_per_s)
-    micro = pre + total + post
+    micro = pre_ms(p) + total + post_ms(p)
     step = p.grad_accum * micro + p.const_ms
-    return _finish(p, d, tiers, windows, hbm, micro, step)
+    return _finish(p, d, tiers, windows, hbm, micro, step, host_ms_by_window=tuple(host),
+                   binding_by_window=tuple(binding))
 
 
 def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
-            step: float) -> Evaluation:
+            step: float, **records) -> Evaluation:
     """Capacities, violations and throughput figures."""
     A = p.boundary_bytes
     q8 = set(d.q8_blocks)
@@ -369,7 +436,7 @@ def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
         tokens_per_s=p.tokens_per_micro_batch * p.grad_accum / step_s,
         hbm_short_bytes=hbm_short, dram_short_bytes=dram_short, nvme_short_bytes=nvme_short,
         q8_param_fraction=sum(p.params_per_block[j] for j in q8)
-        / max(1, sum(p.params_per_block) + p.ends_params))
+        / max(1, sum(p.params_per_block) + p.ends_params), **records)
 
 
 # ---------------------------------------------------------------------------------------------

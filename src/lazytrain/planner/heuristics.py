@@ -21,8 +21,8 @@ import time
 
 from lazytrain.planner.chains import recompute_terms
 from lazytrain.planner.evaluate import (
-    Decisions, build_plan, check_tiers, decisions_from_tiers, holding_intervals, segment_ends,
-    segments_of,
+    Decisions, build_plan, check_tiers, decisions_from_tiers, holding_intervals, host_ms,
+    segment_ends, segments_of,
 )
 from lazytrain.planner.schedule import Loads, schedule_loads, schedule_offload, schedule_prefetch
 from lazytrain.planner.plan import (
@@ -249,7 +249,8 @@ class _Search:
         changed = [i for i in range(L) if tiers[i] != cur.tiers[i] or ends[i] != cur.ends[i]]
         chan = {k: v[:] for k, v in cur.loads.chan.items()}
         loads = Loads(p, cur.loads.comp[:], chan["h2d"], chan["d2h"],
-                       rec=(cur.loads.rec_ms[:], cur.loads.rec_bytes[:]))
+                       rec=(cur.loads.rec_ms[:], cur.loads.rec_bytes[:]),
+                       host=cur.loads.host[:])
         loads.chan = chan
         touched: set[int] = set()
         self._shift_fixed(loads, cur, tiers, keep, touched)
@@ -299,6 +300,7 @@ class _Search:
                 loads.comp[o] += sign * (sum(p.fwd_ms[s:e - 1]) + (p.embed_ms if s == 0 and emb
                                                                    else 0.0))
                 loads.chan["h2d"][o] += sign * sum(p.weight_bytes[s:e - 1])
+                loads.host[o] += sign * host_ms(p, sum(p.weight_bytes[s:e - 1]), 0.0)
                 touched.add(o)
         if emb_old != emb_new:  # boundary 0's segment may be unchanged while its tier toggles
             e = next(e for s, e in new if s == 0)
@@ -312,6 +314,7 @@ class _Search:
             loads.comp[2 * L - j] -= sign * p.fwd_grad_ms[j]
             o = L if j == L - 1 else 2 * L - j - 1  # where block j's weights would reload
             loads.chan["h2d"][o] -= sign * p.weight_bytes[j]
+            loads.host[o] -= sign * host_ms(p, p.weight_bytes[j], 0.0)
             touched.update((j, 2 * L - j, o))
         rec_ms, rec_bytes = recompute_terms(p, tiers, keep)
         for o in touched:  # segments and keep toggles move the recompute-order terms

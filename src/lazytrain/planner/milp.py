@@ -14,6 +14,7 @@ Parameters (units inside the model: ms and GB; converted once in `scale_inputs`)
     F[j], Fg[j], B[j]      forward, forward with autograd, backward, ms
     P[j], G[j], I[j], A[i] weights, gradients, internals, boundary bytes, GB
     bw_h2d, bw_d2h, bw_x, bw_nr, bw_nw   bandwidths, GB/ms (bw_x: H2D + D2H duplex cap)
+    host_conv, host_acc    host conversion / accumulation rates, GB/ms (0: not modelled)
     embed, head            embedding (also re-embed) and head compute, ms
     M_hbm = hbm - fixed_hbm; M_dram = dram - staging - host states (all 16/12 B/param);
     M_nvme, GB;  Q[j] = params[j] * (bpp - bpp_q8) / 1e9 (8-bit saving), GB
@@ -49,6 +50,10 @@ Window loads (linear; seg-terms sum over segments (s, j+1) ending at b_j):
     H2D[f_j] = P[j+1];  H2D[turn] = P[L-1] (1 - keep[L-1])
     H2D[b_j] = P[j-1] (1 - keep[j-1]) + sum_s seg[s,j+1] sum_{k=s}^{j-1} P[k] + sum_i A[i] h2d[i,b_j]
     D2H[o] = G[j+1] (o = b_j, j+1 < L) + sum_i A[i] d2h[i,o];  NR[o], NW[o] = sum_i A[i] nvr/nvw
+    HOST[o] = PW[o]/host_conv + GD[o]/host_acc, ms, with PW[o] = H2D[o] less its activation
+              terms (every weight load, recompute reloads included, is converted on the host)
+              and GD[o] = D2H[o] less its activation terms (every drained gradient is added
+              into the host accumulator); a term whose rate is 0 is left out
 
 Objective (ms): min  ga * (pre + sum_o t[o] + post) + const      = step_ms of the evaluator
                    + sum_j q8_penalty[j] q8[j]  + tie-breakers       (hard budgets)
@@ -69,8 +74,9 @@ Constraint families (function that adds them)
     6b. reads after writes   nvr[i,o] <= wdone[i,o-1]; wdone[i,o] <= wdone[i,o+1];
                       nvw[i,o+1] + wdone[i,o] <= 1  (no read while a write of i runs)
                                                                             add_reads_after_writes
-    7. window time    GPU: t >= comp, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/bw_x, NR/bw_nr, NW/bw_nw
-                      CPU: t >= comp + H2D/bw_h2d + D2H/bw_d2h + NR/bw_nr + NW/bw_nw
+    7. window time    GPU: t >= comp, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/bw_x, NR/bw_nr, NW/bw_nw,
+                           HOST (row time_host: the host works beside the GPU)
+                      CPU: t >= comp + H2D/bw_h2d + D2H/bw_d2h + NR/bw_nr + NW/bw_nw + HOST
                                                                             add_window_time
     7b. recompute     GPU: t[b_j] >= X/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fg[j]) - Fg[j] keep[j]
                       (recompute waits for its weights behind X on H2D)     add_recompute_order
@@ -213,6 +219,10 @@ class Scaled:
     bw_x: float
     bw_nr: float
     bw_nw: float
+    host_conv: float
+    """Host conversion rate, GB of compute-dtype weights per ms (0: host not modelled)."""
+    host_acc: float
+    """Host accumulation rate, GB of drained gradients per ms (0: not modelled)."""
     embed: float
     head: float
     overlap: bool
@@ -236,12 +246,12 @@ class Scaled:
 
 def scale_inputs(problem: PlanningProblem) -> Scaled:
     """Convert bytes to GB and bytes/s to GB/ms (the only unit conversion of the model)."""
-    from lazytrain.planner.evaluate import pre_ms  # the evaluator's constant term, shared
+    from lazytrain.planner.evaluate import post_ms, pre_ms  # the evaluator's constants, shared
     p, L = problem, problem.num_blocks
     gb = lambda xs: tuple(x / GB for x in xs)  # noqa: E731
     per_ms = lambda bps: bps / GB / 1e3  # noqa: E731
     pre = pre_ms(p)
-    post = (p.grad_bytes[0] + p.ends_grad_bytes) / p.d2h_bytes_per_s * 1e3
+    post = post_ms(p)
     states = p.host_bytes_per_param * (sum(p.params_per_block) + p.ends_params)
     compute = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
     ref_ms = max(compute, 1e-3)
@@ -250,7 +260,8 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
         P=gb(p.weight_bytes), G=gb(p.grad_bytes), I=gb(p.internal_bytes), A=gb(p.boundary_bytes),
         bw_h2d=per_ms(p.h2d_bytes_per_s), bw_d2h=per_ms(p.d2h_bytes_per_s),
         bw_x=per_ms(p.duplex_bytes_per_s), bw_nr=per_ms(p.nvme_read_bytes_per_s),
-        bw_nw=per_ms(p.nvme_write_bytes_per_s), embed=p.embed_ms, head=p.head_ms,
+        bw_nw=per_ms(p.nvme_write_bytes_per_s), host_conv=per_ms(p.host_convert_bytes_per_s),
+        host_acc=per_ms(p.host_accumulate_bytes_per_s), embed=p.embed_ms, head=p.head_ms,
         overlap=p.copies_overlap_compute, grad_accum=p.grad_accum,
         step_const_ms=p.grad_accum * (pre + post) + p.const_ms,
         hbm_cap=(p.hbm_bytes - p.fixed_hbm_bytes) / GB,
@@ -497,22 +508,28 @@ def add_reads_after_writes(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 
 def add_window_time(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
-    """t[o] >= max(comp, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/bw_x, NR/bw_nr, NW/bw_nw)  (GPU);
-    t[o] >= comp + H2D/bw_h2d + D2H/bw_d2h + NR/bw_nr + NW/bw_nw  (CPU)  for all o.
+    """t[o] >= max(comp, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/bw_x, NR/bw_nr, NW/bw_nw, HOST)  (GPU);
+    t[o] >= comp + H2D/bw_h2d + D2H/bw_d2h + NR/bw_nr + NW/bw_nw + HOST  (CPU)  for all o,
+    HOST[o] = PW[o]/host_conv + GD[o]/host_acc (`window_host`; each term only when its rate is
+    modelled, > 0).
 
     The window epigraph: a window lasts as long as its slowest channel when copies overlap
-    compute, and the sum of all when they contend for the cores. ms (loads in GB / GB per ms).
-    Source: docs/execution_model.md, "Window time"; DESIGN.md section 3.
+    compute (the host converts and accumulates beside the GPU: row `time_host`), and the sum of
+    all when they contend for the cores (the host work runs on them too). ms (loads in GB / GB
+    per ms). Source: docs/execution_model.md, "Window time", "Host work"; DESIGN.md section 3.
     """
     for o in range(2 * p.L + 1):
         comp, h2d, d2h, nr, nw = window_loads(v, p, o)
+        host = window_host(v, p, o)
         if p.overlap:
             terms = [(comp, 1.0), (h2d, 1 / p.bw_h2d), (d2h, 1 / p.bw_d2h),
-                     (_lin_sum(h2d, d2h), 1 / p.bw_x), (nr, 1 / p.bw_nr), (nw, 1 / p.bw_nw)]
-            names = ("comp", "h2d", "d2h", "duplex", "nvr", "nvw")
+                     (_lin_sum(h2d, d2h), 1 / p.bw_x), (nr, 1 / p.bw_nr), (nw, 1 / p.bw_nw),
+                     (host, 1.0)]
+            names = ("comp", "h2d", "d2h", "duplex", "nvr", "nvw", "host")
         else:
             terms = [(_lin_sum(comp, _lin_scale(h2d, 1 / p.bw_h2d), _lin_scale(d2h, 1 / p.bw_d2h),
-                               _lin_scale(nr, 1 / p.bw_nr), _lin_scale(nw, 1 / p.bw_nw)), 1.0)]
+                               _lin_scale(nr, 1 / p.bw_nr), _lin_scale(nw, 1 / p.bw_nw), host),
+                      1.0)]
             names = ("sum",)
         for name, (lin, k) in zip(names, terms):
             coeffs, const = lin
@@ -608,8 +625,9 @@ def _lin_scale(lin: Lin, k: float) -> Lin:
     return {x: a * k for x, a in lin[0].items()}, lin[1] * k
 
 
-def window_loads(v: MilpVars, p: Scaled, o: int) -> tuple[Lin, Lin, Lin, Lin, Lin]:
-    """(compute ms, H2D GB, D2H GB, NVMe read GB, NVMe write GB) of window o (module docstring)."""
+def window_fixed_loads(v: MilpVars, p: Scaled, o: int) -> tuple[Lin, Lin, Lin]:
+    """(compute ms, weight H2D GB, gradient D2H GB) of window o: the window loads before the
+    plan's activation transfers (module docstring)."""
     L = p.L
     comp: dict[int, float] = {}
     h2d: dict[int, float] = {}
@@ -637,6 +655,26 @@ def window_loads(v: MilpVars, p: Scaled, o: int) -> tuple[Lin, Lin, Lin, Lin, Li
                 h2d[x] = sum(p.P[s:j])
         if j + 1 in v.emb and p.embed:
             comp[v.emb[j + 1]] = p.embed
+    return (comp, c0), (h2d, h0), (d2h, d0)
+
+
+def window_host(v: MilpVars, p: Scaled, o: int) -> Lin:
+    """HOST[o] = PW[o]/host_conv + GD[o]/host_acc, ms: the weight bytes the window loads (all
+    of them are converted into staging) and the gradient bytes it drains (all of them are
+    added into the host accumulator); a rate of 0 is not modelled and adds nothing."""
+    _, (pw, pw0), (gd, gd0) = window_fixed_loads(v, p, o)
+    parts = []
+    if p.host_conv > 0:
+        parts.append(_lin_scale((pw, pw0), 1 / p.host_conv))
+    if p.host_acc > 0:
+        parts.append(_lin_scale((gd, gd0), 1 / p.host_acc))
+    return _lin_sum(*parts) if parts else ({}, 0.0)
+
+
+def window_loads(v: MilpVars, p: Scaled, o: int) -> tuple[Lin, Lin, Lin, Lin, Lin]:
+    """(compute ms, H2D GB, D2H GB, NVMe read GB, NVMe write GB) of window o (module docstring)."""
+    (comp, c0), (h2d, h0), (d2h, d0) = window_fixed_loads(v, p, o)
+    h2d, d2h = dict(h2d), dict(d2h)
     for (i, q), x in v.h2d.items():
         if q == o:
             h2d[x] = h2d.get(x, 0.0) + p.A[i]

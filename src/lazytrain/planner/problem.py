@@ -66,6 +66,13 @@ class PlanningProblem:
     """NVMe read bandwidth (through the engine's path), bytes/s."""
     nvme_write_bytes_per_s: float
     """NVMe write bandwidth, bytes/s."""
+    host_convert_bytes_per_s: float = 0.0
+    """Host rate of converting master weights into the compute-dtype staging buffer, in
+    compute-dtype bytes written per s (every weight load: streamed blocks and recompute
+    reloads). 0: host work not modelled (the window time ignores it)."""
+    host_accumulate_bytes_per_s: float = 0.0
+    """Host rate of adding a drained gradient into the host accumulator, in drained
+    (compute-dtype) gradient bytes per s. 0: not modelled."""
     copies_overlap_compute: bool = True
     """True on a GPU (copy engines run beside compute: window = max of channels); False on CPU
     (channels contend for the cores: window = compute + sum of channel times)."""
@@ -145,6 +152,10 @@ class PlanningProblem:
                      "nvme_read_bytes_per_s", "nvme_write_bytes_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0; got {getattr(self, name)}")
+        for name in ("host_convert_bytes_per_s", "host_accumulate_bytes_per_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 (0: host work not modelled); "
+                                 f"got {getattr(self, name)}")
         for name in ("drain_windows", "prefetch_windows", "k_max", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")

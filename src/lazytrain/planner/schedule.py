@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from lazytrain.planner.chains import recompute_bound_ms, recompute_terms
 from lazytrain.planner.evaluate import (
-    check_tiers, fixed_loads, horizons_of, segment_ends, window_time_ms,
+    check_tiers, fixed_loads, horizons_of, host_loads_ms, segment_ends, window_time_ms,
 )
 from lazytrain.planner.plan import (
     OFFLOAD_TIERS, TRANSFER_KINDS, Transfer, legal_ords, use_ord, window_name,
@@ -26,12 +26,15 @@ _EPS = 1e-9
 class Loads:
     """Per-window compute (ms) and channel bytes while a schedule is being built."""
 
-    def __init__(self, problem: PlanningProblem, comp, h2d, d2h, rec=None) -> None:
+    def __init__(self, problem: PlanningProblem, comp, h2d, d2h, rec=None, host=None) -> None:
         n = len(comp)
         self.p, self.comp = problem, comp
         self.chan = {"h2d": h2d, "d2h": d2h, "nvme_read": [0.0] * n, "nvme_write": [0.0] * n}
         self.rec_ms, self.rec_bytes = rec if rec is not None else ([0.0] * n, [0.0] * n)
         """`chains.recompute_terms`: the recompute-behind-its-weights bound per window."""
+        self.host = host if host is not None else host_loads_ms(problem, h2d, d2h)
+        """Host ms per window (`evaluate.host_loads_ms`): by default from `h2d`/`d2h`, which
+        must then be the weight loads and gradient drains only (before any transfer)."""
 
     def time_ms(self, o: int, kind: str | None = None, extra: float = 0.0) -> float:
         """Window o's time with `extra` bytes of `kind` added (fluid max + recompute order)."""
@@ -40,7 +43,7 @@ class Loads:
         if kind is not None:
             loads[kind] += extra
         return max(window_time_ms(self.p, self.comp[o], loads["h2d"], loads["d2h"],
-                                  loads["nvme_read"], loads["nvme_write"]),
+                                  loads["nvme_read"], loads["nvme_write"], self.host[o]),
                    recompute_bound_ms(self.p, loads["h2d"], self.rec_ms[o], self.rec_bytes[o]))
 
     def slack_bytes(self, kind: str, o: int) -> float:
@@ -76,9 +79,13 @@ class Loads:
             if rem <= _EPS:
                 break
         if rem > _EPS:
-            growth = [self.time_ms(o, kind, rem * nbytes) - self.time_ms(o) for o in ords]
+            base = [self.time_ms(o) for o in ords]
+            growth = [self.time_ms(o, kind, rem * nbytes) - t for o, t in zip(ords, base)]
             least = min(growth)
-            placed[next(k for k, g in enumerate(growth) if g <= least + 1e-12)] += rem
+            # equal growths tie to the earlier window; the tolerance scales with the window
+            # times, whose rounding differs between a full and an incremental evaluation
+            tol = 1e-12 + 1e-12 * max(abs(t) for t in base)
+            placed[next(k for k, g in enumerate(growth) if g <= least + tol)] += rem
         out = {}
         for k, x in enumerate(placed):
             if x > _EPS:
@@ -99,9 +106,11 @@ class Loads:
         if fits:
             chosen = fits[0]
         else:
-            growth = [(self.time_ms(o, kind, nbytes) - self.time_ms(o), k) for k, o in
-                      enumerate(ords)]
-            chosen = ords[min(growth)[1]]
+            base = [self.time_ms(o) for o in ords]
+            growth = [self.time_ms(o, kind, nbytes) - t for o, t in zip(ords, base)]
+            least = min(growth)
+            tol = 1e-12 + 1e-12 * max(abs(t) for t in base)  # as in `fill`
+            chosen = ords[next(k for k, g in enumerate(growth) if g <= least + tol)]
         self.chan[kind][chosen] += nbytes
         return {chosen: 1.0}
 

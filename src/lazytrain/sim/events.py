@@ -5,21 +5,22 @@ constraint made it wait. Knows nothing of plans, tiers or blocks (`sim/tasks.py`
 task graph from a Plan; `sim/simulate.py` turns the timeline into window reports).
 
 Model (GPU, `overlap=True`):
-- One FIFO queue per stream (compute, h2d, d2h, nvme_read, nvme_write): a stream runs at most
-  one task at a time, in the order the tasks were issued, like a CUDA stream / one copy engine.
+- One FIFO queue per stream (compute, h2d, d2h, nvme_read, nvme_write, host): a stream runs at
+  most one task at a time, in the order the tasks were issued, like a CUDA stream / one copy
+  engine; `host` is the host CPU's weight conversion and gradient accumulation.
 - A task starts when (a) the previous task on its stream has ended, (b) every dependency has
   ended, (c) with barriers on, every task of every earlier window has ended (the engine's
   window barrier, docs/execution_model.md), and (d) a slot of its pool is free, if it takes one.
-- Rates: compute runs 1 ms of work per ms; a copy stream moves `rate` bytes per ms. Duplex cap:
-  while an h2d and a d2h task run at once and `rate_h2d + rate_d2h > duplex`, the two share the
-  duplex max-min fairly: each gets `min(own rate, duplex / 2)` and the leftover of the one that
-  needs less goes to the other, so `r_h2d + r_d2h <= duplex` always. (A PCIe link has separate
-  lanes per direction; the cap stands for the root complex / host memory limit. Fair sharing
-  is what two DMA engines competing for it get; it is not the optimal split, which is why the
-  fluid `(h2d + d2h) / duplex` bound can be optimistic.)
+- Rates: compute and host run 1 ms of work per ms; a copy stream moves `rate` bytes per ms.
+  Duplex cap: while an h2d and a d2h task run at once and `rate_h2d + rate_d2h > duplex`, the
+  two share the duplex max-min fairly: each gets `min(own rate, duplex / 2)` and the leftover
+  of the one that needs less goes to the other, so `r_h2d + r_d2h <= duplex` always. (A PCIe
+  link has separate lanes per direction; the cap stands for the root complex / host memory
+  limit. Fair sharing is what two DMA engines competing for it get; it is not the optimal
+  split, which is why the fluid `(h2d + d2h) / duplex` bound can be optimistic.)
 
-Model (CPU, `overlap=False`): one shared resource. At any time exactly one task runs (compute
-and copies contend for the same cores); among the ready stream heads the earliest-issued one
+Model (CPU, `overlap=False`): one shared resource. At any time exactly one task runs (compute,
+copies and host work contend for the same cores); among the ready stream heads the earliest-issued one
 runs. Copies run at their own stream's rate; no duplex sharing (nothing runs concurrently).
 
 A slot pool (`pools`) models reusable device buffers: a task with `acquire=pool` takes a slot at
@@ -31,8 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-STREAMS = ("compute", "h2d", "d2h", "nvme_read", "nvme_write")
-"""Stream names, in the order the engine tries to start their heads (deterministic)."""
+STREAMS = ("compute", "h2d", "d2h", "nvme_read", "nvme_write", "host")
+"""Stream names, in the order the engine tries to start their heads (deterministic). `host` is
+the host CPU's conversion and accumulation work (ms of work, like compute)."""
 
 _EPS_MS = 1e-12
 """Time tolerance for event coincidence, ms (far below any reported digit)."""

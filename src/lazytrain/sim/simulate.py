@@ -21,7 +21,7 @@ from lazytrain.sim.events import STREAMS, run
 from lazytrain.sim.tasks import build_tasks
 
 COPY_STREAMS = STREAMS[1:]
-"""h2d, d2h, nvme_read, nvme_write."""
+"""h2d, d2h, nvme_read, nvme_write and host: every stream that may run past the compute."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -158,7 +158,7 @@ def simulate(problem: PlanningProblem, plan: Plan, *,
     opts = options or SimOptions()
     graph = build_tasks(problem, plan)
     per_ms = 1e-3  # bytes/s -> bytes/ms
-    rates = {"compute": 1.0, "h2d": problem.h2d_bytes_per_s * per_ms,
+    rates = {"compute": 1.0, "host": 1.0, "h2d": problem.h2d_bytes_per_s * per_ms,
              "d2h": problem.d2h_bytes_per_s * per_ms,
              "nvme_read": problem.nvme_read_bytes_per_s * per_ms,
              "nvme_write": problem.nvme_write_bytes_per_s * per_ms}

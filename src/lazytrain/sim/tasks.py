@@ -15,6 +15,13 @@ first, then the next weight load, then compute):
   resident); when block j = e-1 ends segment (s, e): [re-embed when boundary 0 is recompute],
   then per k = s..e-2 the load of P[k] and the recompute forward F[k]; Fg[j] unless kept; B[j].
 - `post`: drain of G[0] + the embedding/head gradients after B[0].
+- host (only for the rates the problem models, > 0): beside every weight load, a `host` task
+  converting those weights into staging (P[k] / host_convert_bytes_per_s, ms); beside every
+  gradient drain, one accumulating it (G / host_accumulate_bytes_per_s, ms). They carry no
+  dependency on their copy: the staging is chunked, so the conversion of a block runs ahead of
+  (and pipelines with) its H2D and the accumulation with the landing of the drain; the window
+  barrier makes the window last at least as long as the host work it issued (GPU), and on a
+  CPU the shared resource adds it to the window (docs/execution_model.md, "Host work").
 
 Dependencies (reason strings appear in `compare` explanations):
 - "weight load before use": a compute task waits for the load of its block's weights.
@@ -90,9 +97,20 @@ class _Builder:
         block's forward load goes to its own buffer instead: no slot)."""
         tid = self.add(f"W{block} {why}", "h2d", window, self.p.weight_bytes[block],
                        kind="weights", block=block, acquire=None if resident else "weights")
+        if self.p.host_convert_bytes_per_s > 0:
+            self.add(f"convert W{block} {why}", "host", window,
+                     self.p.weight_bytes[block] / self.p.host_convert_bytes_per_s * 1e3,
+                     kind="convert", block=block)
         self.users[tid] = []
         self.open_loads.add(tid)
         return tid
+
+    def accumulate(self, name: str, window: str, nbytes: float, block: int) -> None:
+        """The host's accumulation of a drained gradient of `nbytes` (when modelled)."""
+        if self.p.host_accumulate_bytes_per_s > 0:
+            self.add(f"accumulate {name}", "host", window,
+                     nbytes / self.p.host_accumulate_bytes_per_s * 1e3, kind="accumulate",
+                     block=block)
 
     def compute(self, name: str, window: str, ms: float, *, load: int | None,
                 deps: list[tuple[int | None, str]], kind: str, block: int | None,
@@ -208,6 +226,7 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
             b.drain_of[j + 1] = b.add(f"G{j + 1} drain", "d2h", w, p.grad_bytes[j + 1],
                                       deps=[(b.bwd[j + 1], "gradient drain after backward")],
                                       kind="grad", block=j + 1)
+            b.accumulate(f"G{j + 1}", w, p.grad_bytes[j + 1], j + 1)
         b.transfers(w)
         if j >= 1:
             loads[j - 1] = fwd_load[j - 1] if j - 1 in resident else b.load(j - 1, w, "bwd")
@@ -226,6 +245,7 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
     b.drain_of[0] = b.add("G0+ends drain", "d2h", "post", p.grad_bytes[0] + p.ends_grad_bytes,
                           deps=[(b.bwd[0], "gradient drain after backward")], kind="grad",
                           block=0)
+    b.accumulate("G0+ends", "post", p.grad_bytes[0] + p.ends_grad_bytes, 0)
 
 
 def _bwd(b: _Builder, j: int, w: str, load: int, *, deps: list) -> None:

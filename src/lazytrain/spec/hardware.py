@@ -12,7 +12,9 @@ Host side of the GPU presets: unless the config overrides it, every GPU preset a
 LazyTrain paper's host (arXiv 2608.11919, setup section): a 360 GB host-DRAM budget and
 2 x 7 TB NVMe measured at 2.83 GB/s read / 3.35 GB/s write through the trainer's path (the two
 drives together). A preset describes the GPU; the host is a planning assumption to override
-with `hardware.dram_gb`, `nvme_gb`, `nvme_read_gb_per_s`, `nvme_write_gb_per_s`.
+with `hardware.dram_gb`, `nvme_gb`, `nvme_read_gb_per_s`, `nvme_write_gb_per_s`. The host's
+weight conversion and gradient accumulation rates are a typical single-socket DDR5 server's
+(`SERVER_STREAM_BYTES_PER_S`; the paper states none).
 """
 
 from __future__ import annotations
@@ -31,10 +33,34 @@ from lazytrain.atomic import write_text_atomic
 GB = 1e9
 TFLOPS = 1e12
 
+CONVERT_TRAFFIC_PER_BYTE = 3.0
+"""DRAM bytes moved per compute-dtype byte a conversion writes, in the reference case of the
+host rates below: fp32 master to bf16 staging reads 4 B and writes 2 B per parameter, 6 B per
+2 output bytes. `planner/build.py` rescales the rates to the run's dtypes."""
+ACCUMULATE_TRAFFIC_PER_BYTE = 5.0
+"""DRAM bytes moved per drained gradient byte an accumulation adds, in the reference case:
+a bf16 gradient (2 B read) added into an fp32 accumulator (4 B read + 4 B written), 10 B per
+2 gradient bytes."""
+
+SERVER_STREAM_BYTES_PER_S = 0.75 * 4800e6 * 8 * 8
+"""STREAM copy and add bandwidth of a single-socket DDR5 server, bytes/s (STREAM counts a
+byte read and a byte written each once): 8 channels of DDR5-4800 (a 4th-generation Xeon, the
+host CPU of H100/H800 HGX servers) give 4800e6 T/s x 8 channels x 8 B = 307.2 GB/s of wire
+rate (the formula of ai-hpc.org/en/guide/02-cluster/stream-benchmark); STREAM sustains about
+three quarters of it (TI's published STREAM tables, SPRAD45A: copy 77%, add 78% of wire rate):
+0.75 x 307.2 = 230.4 GB/s for both copy and add. An assumption of a typical host, not the
+paper's (it states no host memory figure): `lazytrain profile` measures the real one."""
+
 PAPER_HOST = dict(dram_bytes=int(360 * GB), nvme_bytes=int(14_000 * GB),
-                  nvme_read_bytes_per_s=2.83 * GB, nvme_write_bytes_per_s=3.35 * GB)
+                  nvme_read_bytes_per_s=2.83 * GB, nvme_write_bytes_per_s=3.35 * GB,
+                  host_convert_bytes_per_s=SERVER_STREAM_BYTES_PER_S / CONVERT_TRAFFIC_PER_BYTE,
+                  host_accumulate_bytes_per_s=SERVER_STREAM_BYTES_PER_S
+                  / ACCUMULATE_TRAFFIC_PER_BYTE)
 """The LazyTrain paper's host (arXiv 2608.11919): 360 GB CPU budget, 2 x 7 TB NVMe at
-2.83 GB/s read and 3.35 GB/s write (measured, both drives)."""
+2.83 GB/s read and 3.35 GB/s write (measured, both drives). Host conversion and accumulation
+rates: `SERVER_STREAM_BYTES_PER_S` / the traffic per byte: 230.4 / 3 = 76.8 GB/s of bf16
+weights converted from fp32 masters, 230.4 / 5 = 46.08 GB/s of bf16 gradients added into fp32
+accumulators."""
 
 H800_PAPER_MATMUL_EFFICIENCY = 0.2814
 """Matmul efficiency of the h800-paper preset, from one closed-form calibration; never tuned.
@@ -146,6 +172,10 @@ def implausible_figure(field_name: str, value: float, *, typed_unit: float = 1.0
             "if it is right")
 
 
+HOST_RATE_FIELDS = ("host_convert_bytes_per_s", "host_accumulate_bytes_per_s")
+"""Host work rates; 0 (the default) means the host is not modelled, and passes the checks."""
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class HardwareSpec:
     """One machine as the planner sees it (one GPU, or this CPU)."""
@@ -168,6 +198,13 @@ class HardwareSpec:
     """NVMe -> DRAM through the engine's path, bytes/s."""
     nvme_write_bytes_per_s: float
     """DRAM -> NVMe, bytes/s."""
+    host_convert_bytes_per_s: float = 0.0
+    """Host rate of converting fp32 master weights into bf16 staging, bf16 bytes written per s
+    (the reference dtypes; `planner/build.py` rescales to the run's). 0: not modelled (hardware
+    files saved before the host was a resource)."""
+    host_accumulate_bytes_per_s: float = 0.0
+    """Host rate of adding a drained bf16 gradient into an fp32 accumulator, gradient bytes per
+    s (reference dtypes, rescaled like the conversion). 0: not modelled."""
     peak_flops: float
     """Peak dense matmul rate in the compute dtype the preset is for (bf16 on GPUs, fp32 on
     `cpu`), FLOP/s."""
@@ -202,6 +239,8 @@ class HardwareSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"hardware {f.name} must be a number; got {value!r} "
                                  f"({type(value).__name__}) ({self.name})")
+            if f.name in HOST_RATE_FIELDS and value == 0:
+                continue  # 0: host work not modelled
             if f.name.endswith("_bytes_per_s"):
                 lo, hi = SPEC_RANGES["bandwidth"]
                 ok, rule = lo <= value <= hi, f"in [{lo:g}, {hi:g}] bytes/s"
@@ -233,6 +272,8 @@ class HardwareSpec:
         out = []
         for f in dataclasses.fields(self):
             label, unit = labels.get(f.name, (None, 1.0))
+            if f.name in HOST_RATE_FIELDS and getattr(self, f.name) == 0:
+                continue  # not modelled
             line = implausible_figure(f.name, getattr(self, f.name), typed_unit=unit,
                                       label=label)
             if line is not None and f.name != "name":
@@ -314,12 +355,14 @@ PRESETS: dict[str, HardwareSpec] = {
                      hbm_bw_gb=936),
     # RTX 4090: 24 GB GDDR6X 1008 GB/s; BF16 fp32-accumulate 165.2 TFLOPS (gigagpu.com);
     # H2D/D2H 20 GB/s (clpeak 20.9/20.1 GB/s, github.com/krrishnarraj/clpeak/issues/106). Host:
-    # the paper's.
+    # the paper's (host rates: PAPER_HOST).
     "rtx-4090": _gpu("rtx-4090", hbm_gb=24, bf16_tflops=165.2, h2d_gb=20, d2h_gb=20,
                      hbm_bw_gb=1008),
     # h800-paper: the LazyTrain paper's machine (arXiv 2608.11919). 80 GB HBM; PCIe measured at
     # 12 GB/s per direction by the paper, duplex cap 24 GB/s (both directions at full rate);
-    # 989 TFLOPS bf16 peak; host 360 GB DRAM, 2 x 7 TB NVMe 2.83 / 3.35 GB/s.
+    # 989 TFLOPS bf16 peak; host 360 GB DRAM, 2 x 7 TB NVMe 2.83 / 3.35 GB/s; host conversion
+    # 76.8 GB/s and accumulation 46.08 GB/s (PAPER_HOST: a single-socket DDR5-4800 server's
+    # STREAM copy/add 230.4 GB/s over 3 and 5 bytes of traffic per byte).
     # matmul_efficiency: calibrated once, see H800_PAPER_MATMUL_EFFICIENCY.
     "h800-paper": HardwareSpec(
         name="h800-paper", hbm_bytes=int(80 * GB), h2d_bytes_per_s=12 * GB,
@@ -333,11 +376,17 @@ PRESETS: dict[str, HardwareSpec] = {
     # conservative virtual-disk figure. Peak fp32 = 2 cores x 2 FMA pipes x 8 fp32 lanes x
     # 2 FLOP x 2.5 GHz = 160 GFLOP/s; efficiency 0.47 from issue 3's measurement "a plain fp32
     # step at 4 x 256 takes about 11 s" for SmolLM2-135M: 6 x 134.5e6 x 1024 FLOP / 11 s =
-    # 75 GFLOP/s. All refined by `lazytrain profile` (measured profile) later.
+    # 75 GFLOP/s. Host conversion and accumulation run on the same cores: the same rough 5 GB/s
+    # memcpy moves 10 GB/s of DRAM traffic (read + write), so fp32 -> bf16 conversion 10 / 3 =
+    # 3.33 GB/s and bf16 -> fp32 accumulation 10 / 5 = 2 GB/s (reference dtypes; this preset's
+    # fp32 runs get 5 and 3.33 GB/s after planner/build.py's rescaling). All refined by
+    # `lazytrain profile` (measured profile) later.
     "cpu": HardwareSpec(
         name="cpu", hbm_bytes=int(8 * GB), dram_bytes=int(16 * GB), nvme_bytes=int(50 * GB),
         h2d_bytes_per_s=5 * GB, d2h_bytes_per_s=5 * GB, duplex_bytes_per_s=5 * GB,
         nvme_read_bytes_per_s=1.0 * GB, nvme_write_bytes_per_s=0.5 * GB,
+        host_convert_bytes_per_s=2 * 5 * GB / CONVERT_TRAFFIC_PER_BYTE,
+        host_accumulate_bytes_per_s=2 * 5 * GB / ACCUMULATE_TRAFFIC_PER_BYTE,
         peak_flops=160e9, matmul_efficiency=0.47, copies_overlap_compute=False,
         hbm_bandwidth_bytes_per_s=10 * GB),
 }
