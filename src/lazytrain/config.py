@@ -261,7 +261,8 @@ class TrainConfig:
     run_dir: str = "runs/default"
     """Directory for metrics.jsonl, summary.json, checkpoints and the resolved config."""
     eval_every: int = 0
-    """Evaluate every N steps, >= 0; 0: only before and after training."""
+    """Also evaluate every N steps, >= 0 (a log line, an `"event": "eval"` record in
+    metrics.jsonl, eval/* tracker scalars); 0: only before and after training."""
     checkpoint_every_steps: int = 0
     """Also save a checkpoint every N steps, >= 0; 0: off (only the wall-clock rule below, the
     end of the run, SIGTERM and Ctrl-C save). Old name: `train.save_every`."""

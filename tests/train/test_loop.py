@@ -142,3 +142,19 @@ def test_preflight_refuses_with_the_numbers(tmp_path):
         preflight(device="cpu", host_bytes=0, hbm_bytes=0, pinned_bytes=0,
                   nvme_bytes=10**18, nvme_dir=tmp_path / "nvme", checkpoint_bytes=1,
                   run_dir=tmp_path)
+
+
+def test_eval_every_evaluates_during_training_and_records_it(arithmetic_model_dir, tmp_path):
+    from lazytrain.train.loop import train
+    from train_helpers import tiny_config
+
+    lines = []
+    cfg = tiny_config(arithmetic_model_dir, tmp_path / "run", "train.steps=3",
+                      "train.eval_every=1", "data.num_eval=2")
+    train(cfg, progress=False, log=lines.append)
+    records = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text()
+               .splitlines()]
+    evals = [r for r in records if r.get("event") == "eval"]
+    assert [r["step"] for r in evals] == [1, 2]  # step 3 is the final "after" evaluation
+    assert all(r["eval_loss"] is not None and r["num_scored"] >= 0 for r in evals)
+    assert sum(1 for ln in lines if ln.startswith("eval at step")) == 2

@@ -452,6 +452,22 @@ class Trainer:
                             seq_len=self.cfg.data.seq_len, pad_id=self.data.train.pad_id,
                             data_format=self.data.format)
 
+    def evaluate_and_record(self, log) -> None:
+        """A periodic evaluation (`train.eval_every`): its line in the log, an `"event":
+        "eval"` record in metrics.jsonl and eval/* scalars for the trackers (rank 0)."""
+        result = self.evaluate()
+        if result is None or not self.is_main:
+            return
+        log(_eval_line(f"at step {self.step}", result, seq_len=self.cfg.data.seq_len))
+        record = {"step": self.step, "event": "eval", "eval_loss": result.loss,
+                  "exact_match": result.exact_match, "num_correct": result.num_correct,
+                  "num_scored": result.num_scored}
+        with open(self.run_dir / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        self.trackers.log(self.step, {f"eval/{k}": v for k, v in
+                                      (("loss", result.loss), ("exact_match", result.exact_match))
+                                      if v is not None})
+
     def _make_replanner(self):
         """The online re-planner when `planner.replan_every_steps` > 0 (train/replan.py)."""
         pc = self.cfg.planner
@@ -643,6 +659,9 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
                 if trainer.should_stop(bool(stop["set"])):
                     stopped_by = stop["set"] or "SIGTERM"  # data parallel: another rank's
                     break
+                if (cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0
+                        and trainer.step < cfg.train.steps):
+                    trainer.evaluate_and_record(log)  # train.eval_every
                 due = _save_due(cfg, step=trainer.step, since_save_s=clock() - last_save)
                 if trainer.world_size > 1 and cfg.train.checkpoint_every_min:
                     due = trainer.should_stop(due)  # any rank's clock: all save together
