@@ -462,3 +462,22 @@ def test_resume_on_other_data_of_the_same_size_is_refused(arithmetic_model_dir, 
                           f"data.path={b}")
     with pytest.raises(ValueError, match="other data of the same size"):
         train(resumed, resume=True, progress=False)
+
+
+@pytest.mark.parametrize("override", ["train.micro_batch=1", "data.seq_len=48",
+                                      "data.num_eval=2"])
+def test_resume_with_another_batch_shape_or_held_out_split_is_refused_even_with_a_plan(
+        override, arithmetic_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    train(tiny_config(arithmetic_model_dir, run_dir, "train.steps=1", "data.num_eval=4"),
+          progress=False)
+    key = override.split("=")[0]
+    resumed = tiny_config(arithmetic_model_dir, run_dir, "train.steps=2", "data.num_eval=4",
+                          override)
+    from lazytrain.planner.build import problem_from_config
+    from lazytrain.planner.policy import plan_with_policy
+
+    plan = plan_with_policy(problem_from_config(resumed), "megatrain", megatrain_k=2,
+                            lp_bound=False)  # a plan made for the new shape
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        train(resumed, resume=True, plan=plan, progress=False)

@@ -289,6 +289,7 @@ class Trainer:
             self._check_world_size(self.resumed_from)
             saved_state = self.resumed_from.load_state()  # weights_only: refuses code objects
             setup.check_same_model(cfg, saved_state.get("config"), self.resumed_from.path)
+            setup.check_same_shape(cfg, saved_state.get("config"), self.resumed_from.path)
             source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
         setup.check_data_paths(cfg.data)
         self.plan = _get_plan(cfg, run_dir, plan=plan, resuming=self.resumed_from is not None)

@@ -236,6 +236,27 @@ def check_data_paths(data_cfg: Any, *, base_dir: str | Path | None = None) -> No
                                 f"one of those")
 
 
+RESUME_FIXED_KEYS = (("data", "seq_len"), ("train", "micro_batch"), ("data", "num_eval"))
+"""Keys a resumed run must keep: the batch shape its data state and plan were made for, and
+the held-out split (num_eval moves examples between the eval and the training set)."""
+
+
+def check_same_shape(cfg: Any, saved: dict | None, checkpoint: Path) -> None:
+    """Refuse to resume with another `RESUME_FIXED_KEYS` value than the checkpoint's run, even
+    with a matching `--plan`.
+
+    Raises:
+        ValueError: names the key, both values and the fix.
+    """
+    for section, key in RESUME_FIXED_KEYS:
+        had = ((saved or {}).get(section) or {}).get(key)
+        want = getattr(getattr(cfg, section), key)
+        if had is not None and had != want:
+            raise ValueError(f"{section}.{key}: {want} differs from {had}, the value checkpoint "
+                             f"{checkpoint} was trained with; resume with {section}.{key}="
+                             f"{had}, or start a new run with --overwrite or another --run-dir")
+
+
 def check_same_model(cfg: Any, saved: dict | None, checkpoint: Path) -> None:
     """Refuse to resume a checkpoint with another model than the one it was trained on.
 
