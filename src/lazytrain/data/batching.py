@@ -124,9 +124,13 @@ class TrainStream:
             self.counts.skipped += 1
             misses += 1
             if misses >= len(self.examples):
-                raise ValueError(f"data: no sample fits data.seq_len={self.seq_len} with "
-                                 f"data.overlong={self.overlong!r}; raise data.seq_len or use "
-                                 f"overlong=truncate")
+                why = ("no sample keeps a trained (answer) token within it: the prompt and "
+                       "the chat template fill it; raise data.seq_len"
+                       if self.overlong == "truncate" else
+                       "every sample is longer; raise data.seq_len or set "
+                       "data.overlong=truncate")
+                raise ValueError(f"data: no sample fits data.seq_len={self.seq_len} "
+                                 f"(data.overlong={self.overlong!r}): {why}")
 
     def next_micro_batch(self) -> dict[str, torch.Tensor]:
         """The next `[micro_batch, seq_len]` batch (`pad_batch`, or `packing.packed_batch`)."""

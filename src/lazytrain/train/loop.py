@@ -331,7 +331,8 @@ class Trainer:
         except BaseException:
             self._release_nvme_lock()
             raise
-        self.log(f"nvme: {self.nvme_dir} ({self.nvme_io_mode()} I/O)")
+        self.log(f"device: {self.device_kind} (runtime.device); nvme: {self.nvme_dir} "
+                 f"({self.nvme_io_mode()} I/O)")
         self.replanner = self._make_replanner()
         self.step = 0
         if saved_state is not None:
@@ -725,5 +726,6 @@ def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wal
                  "predicted_step_s": trainer.plan.predicted.step_ms / 1e3
                  if trainer.plan.predicted else None},
         "nvme": {"dir": str(trainer.nvme_dir), "io": trainer.nvme_io_mode()},
-        "device": trainer.device, "model_flops_params": trainer.flops_params, "wall_s": wall_s,
+        "device": trainer.device, "device_backend": trainer.device_kind,
+        "model_flops_params": trainer.flops_params, "wall_s": wall_s,
     }
