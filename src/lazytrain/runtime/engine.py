@@ -680,6 +680,7 @@ class Engine:
     def close(self) -> None:
         """Finish queued updates, stop the worker, remove NVMe files, stop stream threads."""
         self.drain.close()
+        self.weights.close()
         self.optimizer.close()
         self.store.close()
         if self._owns_device:

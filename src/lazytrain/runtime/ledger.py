@@ -76,6 +76,17 @@ class Ledger:
         finally:
             self._quiet.on = prev
 
+    @contextlib.contextmanager
+    def booked_to(self, window: str):
+        """Book this thread's transfers to `window` (a worker issuing a copy the engine asked
+        for in that window, e.g. a weight load queued by the conversion worker)."""
+        prev = getattr(self._quiet, "window", None)
+        self._quiet.window = window
+        try:
+            yield
+        finally:
+            self._quiet.window = prev
+
     @property
     def is_quiet(self) -> bool:
         return getattr(self._quiet, "on", False)
@@ -191,8 +202,9 @@ class Ledger:
 
     def moved(self, channel: str, nbytes: int) -> None:
         """`nbytes` moved on `channel` in the current window."""
+        window = getattr(self._quiet, "window", None) or self.window
         with self._lock:
-            w = self._moved.setdefault(self.window, dict.fromkeys(CHANNELS, 0))
+            w = self._moved.setdefault(window, dict.fromkeys(CHANNELS, 0))
             w[channel] += nbytes
 
     # --- reading -----------------------------------------------------------------------------

@@ -38,9 +38,12 @@ class WeightHandle:
 
     block: int
     flat: torch.Tensor
-    event: Event
+    event: Event | None
+    """The H2D's event, once the conversion job queued it (`DeviceWeights.event_of`)."""
     slot: int | None
     """Double-buffer slot index, or None for a resident (kept) buffer."""
+    job: object = None
+    """The conversion worker's future (staging, conversion, the H2D), None once collected."""
 
 
 class DeviceWeights:
@@ -69,10 +72,15 @@ class DeviceWeights:
         self.free_events: list[Event | None] = [allocated] * num_slots
         self.free = deque(range(num_slots))
         self.staging = StagingPool(n, compute_dtype, count=num_slots, device=device)
+        # the master -> compute dtype conversion runs here, ahead of the window that needs the
+        # weights, off the engine thread (the only user of the staging ring)
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytrain-convert")
 
     def load(self, group: ParamGroup, block: int, *, resident: bool = False) -> WeightHandle:
         """Start copying `group`'s master weights to the device; returns the handle at once.
 
+        The conversion worker takes a staging buffer, converts the master into it and queues
+        the H2D; `ready` waits for that job (a wait on the "host" channel when it is late).
         Ordering: the H2D waits for the event recorded when the slot's previous consumer
         released it, so a prefetched buffer is never overwritten before its consumer is done. A
         resident buffer is a fresh allocation that no other block shares (a graph kept across
@@ -92,12 +100,28 @@ class DeviceWeights:
                 raise RuntimeError(f"no free weight slot for block {block}")
             slot = self.free.popleft()
             dst, after = self.slots[slot][:group.numel], self.free_events[slot]
+        job = self.device.submit(self.worker, self._stage_and_copy, dst, group.master, after,
+                                 self.device.ledger.window, channel="host")
+        return WeightHandle(block=block, flat=dst, event=None, slot=slot, job=job)
+
+    def _stage_and_copy(self, dst: torch.Tensor, master: torch.Tensor, after,
+                        window: str) -> Event:
+        """Worker: staging buffer, conversion, then the H2D after `after`; its event. Its bytes
+        are booked to `window`, the window that asked for the load."""
         k, buf = self.staging.acquire()
-        self.convert(buf[:group.numel], group.master)
+        self.convert(buf[:master.numel()], master)
         self.device.wait_event(self.h2d, after)
-        event = self.device.copy(dst, buf[:group.numel], stream=self.h2d)
+        with self.device.ledger.booked_to(window):
+            event = self.device.copy(dst, buf[:master.numel()], stream=self.h2d)
         self.staging.mark_in_flight(k, event)
-        return WeightHandle(block=block, flat=dst, event=event, slot=slot)
+        return event
+
+    def event_of(self, handle: WeightHandle) -> Event:
+        """The handle's H2D event, after its conversion job (sync point with the worker)."""
+        if handle.job is not None:
+            self.device.wait_futures([handle.job])
+            handle.event, handle.job = handle.job.result(), None
+        return handle.event
 
     def load_flat(self, dst: torch.Tensor, master: torch.Tensor) -> Event:
         """Copy a host master of any size (the ends) into device buffer `dst` through the
@@ -105,8 +129,19 @@ class DeviceWeights:
         so the device never holds an fp32 copy and nothing is copied from pageable memory.
         Returns the last copy's event (the copies run in order on the h2d stream).
 
-        Ordering: the first copy waits for the compute queued before `dst`'s allocation."""
+        Ordering: the first copy waits for the compute queued before `dst`'s allocation. Runs
+        on the conversion worker (the staging ring's one user); returns once it is queued."""
         self.device.wait_stream(self.h2d, self.device.compute)  # fresh memory compute may use
+        job = self.device.submit(self.worker, self._stage_flat, dst, master,
+                                 self.device.ledger.window, channel="host")
+        self.device.wait_futures([job])
+        return job.result()
+
+    def _stage_flat(self, dst: torch.Tensor, master: torch.Tensor, window: str) -> Event:
+        with self.device.ledger.booked_to(window):
+            return self._stage_flat_chunks(dst, master)
+
+    def _stage_flat_chunks(self, dst: torch.Tensor, master: torch.Tensor) -> Event:
         step = self.staging.buffers[0].numel()
         event = None
         for start in range(0, master.numel(), step):
@@ -124,16 +159,23 @@ class DeviceWeights:
             staging.copy_(master)
 
     def ready(self, handle: WeightHandle) -> torch.Tensor:
-        """The device buffer, after making compute wait for its load (no host sync)."""
-        self.device.wait_event(self.device.compute, handle.event)
+        """The device buffer, after making compute wait for its load (no host sync beyond the
+        conversion job's)."""
+        self.device.wait_event(self.device.compute, self.event_of(handle))
         return handle.flat
 
     def release(self, handle: WeightHandle) -> None:
         """Return the slot; its next load waits for the compute queued so far."""
+        self.event_of(handle)  # its job has queued the copy before the slot is reused
         if handle.slot is None:
             return
         self.free_events[handle.slot] = self.device.record(self.device.compute)
         self.free.append(handle.slot)
+
+
+    def close(self) -> None:
+        """Stop the conversion worker (after its queued jobs)."""
+        self.worker.shutdown(wait=True)
 
 
 class GradDrain:
