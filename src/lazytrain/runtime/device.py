@@ -345,10 +345,11 @@ class Device:
 
     # --- scopes and timing -------------------------------------------------------------------
 
-    def compute_scope(self):
-        """Context for the engine's compute: the ledger books fresh op outputs to the current
-        compute owner (CPU backends), and the checker logs every torch op inside it."""
-        if getattr(self._scope, "active", False):
+    def compute_scope(self, *, allocations: bool = True):
+        """Context for the engine's compute: with `allocations` the ledger books fresh op
+        outputs to the current compute owner (CPU backends: a dispatch mode, a few tens of us
+        per op), and the checker logs every torch op inside it."""
+        if getattr(self._scope, "active", False) or not allocations:
             return contextlib.nullcontext()
         return _Scope(self._scope, ComputeAllocations(self.ledger))
 
@@ -464,7 +465,8 @@ class CudaDevice(Device):
             return fn(*args, **kwargs)
         return executor.submit(job)
 
-    def compute_scope(self):
+    def compute_scope(self, *, allocations: bool = True):
+        # the caching allocator's memory_stats cross-check the ledger here: no dispatch mode
         return torch.cuda.stream(self.compute.raw)
 
     def timing_event(self, stream: Stream | None = None):

@@ -116,7 +116,9 @@ class Engine:
         budgets: reserve against the HBM and pinned budgets the plan was made for
             (`plan_budgets`): an allocation past them raises HbmBudgetExceeded /
             HostBudgetExceeded naming the owner and window, before the memory is requested.
-            False: book only.
+            False: book only. With `budgets` or `instrument` the ledger also books the compute
+            allocations (block workspace, kept graphs, head) through a dispatch mode on the CPU
+            backends; without both, only the device API's own allocations are booked.
         optimizer: an existing optimizer with `BlockOptimizer`'s interface (data parallel:
             `lazytrain.dist.sharding.ShardedOptimizer`); default: a new `BlockOptimizer`.
         grad_sync: data parallel hook (`lazytrain.dist.reducer.GradReducer`): `all_sum(x)` sums a
@@ -158,6 +160,9 @@ class Engine:
         self.head_chunk_tokens = head_chunk_tokens
         self.ledger = self.dev.ledger
         self.budgets = budgets
+        # compute allocations in the ledger (a dispatch mode on the CPU backends) when they are
+        # checked or reported: budgets on, or instrumented (windows.jsonl carries the ledger)
+        self.track_compute = budgets or instrument
         if budgets:
             hbm, pinned = plan_budgets(plan)
             self.ledger.set_limits(hbm_limits=None if hbm is None else {"*": hbm},
@@ -231,7 +236,7 @@ class Engine:
         t0 = time.perf_counter()
         lr = self.lr if lr is None else lr
         early = self.clip is None  # without clipping a block steps once its grads are final
-        with self.dev.compute_scope():
+        with self.dev.compute_scope(allocations=self.track_compute):
             loss, tokens = self._run(micro_batches, step_lr=lr if early else None)
             grad_norm = self.queue_optimizer(lr)
         return self._stats(loss, tokens, time.perf_counter() - t0, lr, grad_norm)
@@ -239,7 +244,7 @@ class Engine:
     def compute_gradients(self, micro_batches: list[dict]) -> float:
         """Forward + backward only; the gradients are left in the host store (master dtype).
         Returns the loss."""
-        with self.dev.compute_scope():
+        with self.dev.compute_scope(allocations=self.track_compute):
             loss, _ = self._run(micro_batches, step_lr=None)
         return loss
 

@@ -387,11 +387,12 @@ class CheckedDevice(Device):
 
     # --- compute ops -------------------------------------------------------------------------
 
-    def compute_scope(self):
+    def compute_scope(self, *, allocations: bool = True):
         if getattr(self._local, "mode", None) is not None:
             return contextlib.nullcontext()
         # the thread entering it runs the compute stream (the engine's thread)
-        return _Nested(super().compute_scope(), _ScopeGuard(self, compute=True))
+        return _Nested(super().compute_scope(allocations=allocations),
+                       _ScopeGuard(self, compute=True))
 
     @contextlib.contextmanager
     def _suspended(self):

@@ -258,13 +258,19 @@ class ComputeAllocations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if self.ledger.is_quiet:
-            return out
-        schema = func._schema
-        if any(r.alias_info is not None for r in schema.returns):
+        aliases = _RETURNS_ALIAS.get(func)
+        if aliases is None:  # per op, once: its schema says whether results alias inputs
+            aliases = _RETURNS_ALIAS[func] = any(r.alias_info is not None
+                                                 for r in func._schema.returns)
+        if aliases or self.ledger.is_quiet:
             return out  # a view or an in-place result: no new storage
-        for t in tree_flatten(out)[0]:
+        outs = (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
+        for t in outs:
             if (isinstance(t, torch.Tensor) and t.device.type == self.device_type
                     and not self.ledger.tracked(t)):
                 self.ledger.track(t, "hbm", self.ledger.compute_owner)
         return out
+
+
+_RETURNS_ALIAS: dict = {}
+"""op -> whether its results alias its inputs (views, in-place ops): cached per op."""
