@@ -58,3 +58,35 @@ def test_a_flipped_bit_in_an_nvme_checkpoint_stops_the_step_instead_of_wrong_gra
         assert info.value.boundary == 1
     finally:
         engine.close()
+
+
+def test_a_step_failing_in_the_weight_conversion_gives_its_slots_back(tmp_path, monkeypatch):
+    from lazytrain.runtime.streams import DeviceWeights
+
+    ref, adapter = model_pair(tiny_config("llama", layers=3))
+    engine = Engine(adapter, plan_for(adapter, [H, H, H, H]), device="cpu",
+                    nvme_dir=tmp_path / "nvme")
+    convert, calls = DeviceWeights.convert, []
+
+    def failing_convert(self, staging, master):  # the second conversion of a step fails
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected conversion failure")
+        convert(self, staging, master)
+
+    batches = micro_batches(1)
+    try:
+        monkeypatch.setattr(DeviceWeights, "convert", failing_convert)
+        for _ in range(3):  # every failed step would have kept two slots: 4 are gone by now
+            calls.clear()
+            with pytest.raises(RuntimeError, match="injected"):
+                engine.compute_gradients(batches)
+        assert len(engine.weights.free) == len(engine.weights.slots)
+        monkeypatch.setattr(DeviceWeights, "convert", convert)
+        engine.compute_gradients(batches)
+        grads = {k: v.clone() for k, v in engine.gradients().items()}
+    finally:
+        engine.close()
+    _, ref_grads = reference_grads(ref, batches)
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-6)

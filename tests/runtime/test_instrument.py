@@ -181,3 +181,28 @@ def test_a_slowed_host_conversion_is_attributed_to_the_host_not_to_compute_or_h2
         assert w["host_ms"] >= 0.9 * sleep_ms, w
         assert w["compute_ms"] < w["host_ms"] / 2, w  # not compute
         assert w["wait_ms"]["h2d"] < w["host_ms"] / 2, w  # not the link
+
+
+def test_an_engine_stepped_on_another_thread_still_attributes_its_waits(tmp_path, monkeypatch):
+    import threading
+
+    from lazytrain.runtime.streams import DeviceWeights
+
+    convert = DeviceWeights.convert
+
+    def slow_convert(self, staging, master):
+        time.sleep(0.03)
+        convert(self, staging, master)
+
+    monkeypatch.setattr(DeviceWeights, "convert", slow_convert)
+    engine, _ = _engine([H, H, H, H, H], tmp_path)  # built on this thread
+    out = {}
+    try:
+        worker = threading.Thread(target=lambda: out.update(r=engine.step(micro_batches(1))))
+        worker.start()
+        worker.join()
+    finally:
+        engine.close()
+    (record,) = out["r"].windows
+    waits = sum(w["wait_ms"]["host"] for w in record["windows"])
+    assert waits >= 30.0  # the engine's thread waited for the slow conversions: not compute

@@ -464,9 +464,8 @@ def test_resume_on_other_data_of_the_same_size_is_refused(arithmetic_model_dir, 
         train(resumed, resume=True, progress=False)
 
 
-@pytest.mark.parametrize("override", ["train.micro_batch=1", "data.seq_len=48",
-                                      "data.num_eval=2"])
-def test_resume_with_another_batch_shape_or_held_out_split_is_refused_even_with_a_plan(
+@pytest.mark.parametrize("override", ["train.micro_batch=1", "data.seq_len=48"])
+def test_resume_with_another_batch_shape_is_refused_even_with_a_plan(
         override, arithmetic_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     train(tiny_config(arithmetic_model_dir, run_dir, "train.steps=1", "data.num_eval=4"),
@@ -481,3 +480,25 @@ def test_resume_with_another_batch_shape_or_held_out_split_is_refused_even_with_
                             lp_bound=False)  # a plan made for the new shape
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         train(resumed, resume=True, plan=plan, progress=False)
+
+
+def test_resume_with_another_held_out_size_of_separate_eval_data_goes_on(arithmetic_model_dir,
+                                                                          tmp_path):
+    """The embedded task draws train and eval apart: num_eval changes only the held-out set."""
+    run_dir = tmp_path / "run"
+    train(tiny_config(arithmetic_model_dir, run_dir, "train.steps=1", "data.num_eval=4"),
+          progress=False)
+    summary = train(tiny_config(arithmetic_model_dir, run_dir, "train.steps=2",
+                                "data.num_eval=0"), resume=True, progress=False)
+    assert summary["steps_completed"] == 2
+
+
+def test_an_unwritable_or_file_run_dir_is_one_line_naming_the_key(arithmetic_model_dir,
+                                                                  tmp_path):
+    from lazytrain.train.loop import CheckpointSaveError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cfg = tiny_config(arithmetic_model_dir, blocker, "train.steps=1", "data.num_eval=0")
+    with pytest.raises(CheckpointSaveError, match="train.run_dir: cannot write to"):
+        train(cfg, run_dir=blocker, progress=False)

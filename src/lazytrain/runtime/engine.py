@@ -256,21 +256,25 @@ class Engine:
         self.ledger.reset()
         self.meter.reset()
         if self.instrument is not None:
-            self.instrument.begin_step()
+            self.instrument.begin_step()  # also: this thread's waits are the engine's
         mbs = [self._prepare(m, b) for m, b in enumerate(micro_batches)]
         tokens = int(sum((mb.targets != IGNORE_INDEX).sum() for mb in mbs))
         if self.grad_sync is not None:  # normalise by the global batch's label tokens
             tokens = int(self.grad_sync.all_sum(tokens))
         self._load_ends()
         loss = 0.0
-        for mb in mbs:
-            if self.instrument is not None:
-                self.instrument.begin_micro_batch(mb.index)
-            final = mb.index == len(mbs) - 1
-            h = self.forward_blocks(mb)
-            loss_mb, grad = self.head_and_loss(mb, h, tokens)
-            self.backward_segments(mb, grad, step_lr=step_lr if final else None)
-            loss += loss_mb
+        try:
+            for mb in mbs:
+                if self.instrument is not None:
+                    self.instrument.begin_micro_batch(mb.index)
+                final = mb.index == len(mbs) - 1
+                h = self.forward_blocks(mb)
+                loss_mb, grad = self.head_and_loss(mb, h, tokens)
+                self.backward_segments(mb, grad, step_lr=step_lr if final else None)
+                loss += loss_mb
+        except BaseException:
+            self._release_weights(mbs)  # a failed step gives its weight slots back
+            raise
         self.drain.flush()
         if self.grad_sync is not None:
             loss = self.grad_sync.all_sum(loss)
@@ -528,6 +532,15 @@ class Engine:
         except BaseException:
             self._abandon_step()
             raise
+
+    def _release_weights(self, mbs: list[_MicroBatch]) -> None:
+        """Return every weight slot a failed step still holds (after its conversion job, whose
+        error is dropped: the step's first error propagates)."""
+        for mb in mbs:
+            for handle in mb.weights.values():
+                with suppress(BaseException):
+                    self.weights.release(handle)
+            mb.weights.clear()
 
     def _abandon_step(self) -> None:
         """Close the store's open window (waiting for its I/O) and release every stored

@@ -170,7 +170,10 @@ class Instrument:
     # --- windows -----------------------------------------------------------------------------
 
     def begin_step(self) -> None:
-        """Forget anything not taken yet (e.g. from `compute_gradients`)."""
+        """Forget anything not taken yet (e.g. from `compute_gradients`); the calling thread is
+        the engine's from now on (the one whose waits are the windows')."""
+        self._engine_thread = threading.current_thread()
+        self.device.set_observer(self)
         self._records.clear()
         self._mb_windows = []
         self._mb = None

@@ -119,8 +119,9 @@ class DeviceWeights:
     def event_of(self, handle: WeightHandle) -> Event:
         """The handle's H2D event, after its conversion job (sync point with the worker)."""
         if handle.job is not None:
-            self.device.wait_futures([handle.job])
-            handle.event, handle.job = handle.job.result(), None
+            job, handle.job = handle.job, None
+            self.device.wait_futures([job])
+            handle.event = job.result()  # re-raises the worker's error (once)
         return handle.event
 
     def load_flat(self, dst: torch.Tensor, master: torch.Tensor) -> Event:
@@ -165,13 +166,17 @@ class DeviceWeights:
         return handle.flat
 
     def release(self, handle: WeightHandle) -> None:
-        """Return the slot; its next load waits for the compute queued so far."""
-        self.event_of(handle)  # its job has queued the copy before the slot is reused
-        if handle.slot is None:
-            return
-        self.free_events[handle.slot] = self.device.record(self.device.compute)
-        self.free.append(handle.slot)
+        """Return the slot; its next load waits for the compute queued so far (also when the
+        handle's conversion job failed: the slot is free again, the error propagates)."""
+        try:
+            self.event_of(handle)  # its job has queued the copy before the slot is reused
+        finally:
+            if handle.slot is not None:
+                self._free_slot(handle.slot)
 
+    def _free_slot(self, slot: int) -> None:
+        self.free_events[slot] = self.device.record(self.device.compute)
+        self.free.append(slot)
 
     def close(self) -> None:
         """Stop the conversion worker (after its queued jobs)."""

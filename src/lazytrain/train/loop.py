@@ -598,8 +598,8 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
     run_dir = Path(run_dir or cfg.train.run_dir)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     locking = rank0 and (run_dir.exists() or not resume)  # a missing resume dir: its error
-    if locking and not run_dir.exists():
-        make_run_dir(run_dir)  # one line naming train.run_dir when it cannot be
+    if locking:
+        make_run_dir(run_dir)  # one line naming train.run_dir when it is not a writable dir
     # one job per run directory, before anything in it is checked, deleted or written
     # (rank 0 holds it for the ranks of a data-parallel job)
     run_lock = setup.lock_run_dir(run_dir) if locking else None

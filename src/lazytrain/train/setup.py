@@ -236,9 +236,10 @@ def check_data_paths(data_cfg: Any, *, base_dir: str | Path | None = None) -> No
                                 f"one of those")
 
 
-RESUME_FIXED_KEYS = (("data", "seq_len"), ("train", "micro_batch"), ("data", "num_eval"))
-"""Keys a resumed run must keep: the batch shape its data state and plan were made for, and
-the held-out split (num_eval moves examples between the eval and the training set)."""
+RESUME_FIXED_KEYS = (("data", "seq_len"), ("train", "micro_batch"))
+"""Keys a resumed run must keep: the batch shape its data state and plan were made for. (Where
+data.num_eval moves examples between the held-out and the training set, the data state's size
+and fingerprint refuse the resume; elsewhere it only changes the held-out set.)"""
 
 
 def check_same_shape(cfg: Any, saved: dict | None, checkpoint: Path) -> None:
@@ -371,7 +372,7 @@ def lock_run_dir(run_dir: Path) -> Any:
 
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_path = run_dir / RUN_LOCK_NAME
-    handle = open(lock_path, "a+")
+    handle = open(lock_path, "a+")  # the caller checked the directory is writable
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
