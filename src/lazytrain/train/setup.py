@@ -315,6 +315,26 @@ def job_nvme_dir(nvme_dir: str, *, run_dir: Path) -> Path:
     return Path(nvme_dir).expanduser() / f"job-{run_dir.resolve().name}-{digest}"
 
 
+def _take_lock(lock_path: Path) -> tuple[Any, str | None]:
+    """flock `lock_path` exclusively without waiting: (the open file holding this pid, None),
+    or (None, the holder's pid as written in the file) when a live process holds it."""
+    import fcntl
+
+    handle = open(lock_path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "?"
+        handle.close()
+        return None, owner
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle, None
+
+
 def lock_nvme_dir(directory: Path, *, node: str = "") -> Any:
     """Take the job's lock on `directory` (created, with its lock file `directory.lock`, or
     `directory.<node>.lock` for one node of a multi-node job); returns the open lock file, to
@@ -325,27 +345,16 @@ def lock_nvme_dir(directory: Path, *, node: str = "") -> Any:
         NvmeDirInUseError: another live job holds it (its pid named).
         OSError: the directory cannot be created or written.
     """
-    import fcntl
-
     directory.mkdir(parents=True, exist_ok=True)
     lock_path = directory.with_name(directory.name + (f".{node}" if node else "")
                                     + NVME_LOCK_SUFFIX)
-    handle = open(lock_path, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        owner = handle.read().strip() or "?"
-        handle.close()
+    handle, owner = _take_lock(lock_path)
+    if handle is None:
         raise NvmeDirInUseError(
             f"runtime.nvme_dir: {directory} is in use by another job (pid {owner} holds "
             f"{lock_path}); two jobs on one NVMe directory would read each "
             f"other's files: wait for it, or run this one with another --run-dir or "
-            f"runtime.nvme_dir") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
+            f"runtime.nvme_dir")
     return handle
 
 
@@ -368,24 +377,13 @@ def lock_run_dir(run_dir: Path) -> Any:
         RunDirInUseError: another live job holds it (its pid named).
         OSError: the directory cannot be created or written.
     """
-    import fcntl
-
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_path = run_dir / RUN_LOCK_NAME
-    handle = open(lock_path, "a+")  # the caller checked the directory is writable
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        owner = handle.read().strip() or "?"
-        handle.close()
+    handle, owner = _take_lock(lock_path)  # the caller checked the directory is writable
+    if handle is None:
         raise RunDirInUseError(
             f"train.run_dir: {run_dir} is in use by another job (pid {owner} holds "
-            f"{lock_path}); wait for it to end, stop it, or pick another --run-dir") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
+            f"{lock_path}); wait for it to end, stop it, or pick another --run-dir")
     return handle
 
 
