@@ -93,13 +93,18 @@ def _resolver(base_dir: str | Path | None):
 def corpus_texts(cfg: Any, *, seed: int, base_dir: str | Path | None = None) -> list[str]:
     """Every message text of the configured training data (a corpus to train a tokenizer on for
     a random-init model that ships none). Same arguments and errors as `build_data`."""
-    resolve = _resolver(base_dir)
+    train, held, _, _ = _load_configured(cfg, _resolver(base_dir), seed=seed)
+    return [m.content for ex in [*train, *held] for m in ex.messages]
+
+
+def _load_configured(cfg: Any, resolve, *, seed: int):
+    """(train, held, format, registry path) of the `DataConfig`'s source, paths resolved."""
     registry = resolve(cfg.registry_path) if cfg.registry_path else ""
     dataset_dir = resolve(cfg.dataset_dir) if cfg.dataset_dir else ""
-    train, held, _ = _load_source(cfg.path if registry else resolve(cfg.path), cfg.format,
-                                  seed=seed, num_eval=cfg.num_eval, registry=registry,
-                                  dataset_dir=dataset_dir, subset=cfg.subset, split=cfg.split)
-    return [m.content for ex in [*train, *held] for m in ex.messages]
+    train, held, fmt = _load_source(cfg.path if registry else resolve(cfg.path), cfg.format,
+                                    seed=seed, num_eval=cfg.num_eval, registry=registry,
+                                    dataset_dir=dataset_dir, subset=cfg.subset, split=cfg.split)
+    return train, held, fmt, registry
 
 
 def build_data(cfg: Any, tokenizer: Any, *, micro_batch: int, seed: int,
@@ -129,11 +134,7 @@ def build_data(cfg: Any, tokenizer: Any, *, micro_batch: int, seed: int,
     if cfg.packing:
         check_packing_supported(hf_config)
     resolve = _resolver(base_dir)
-    registry = resolve(cfg.registry_path) if cfg.registry_path else ""
-    dataset_dir = resolve(cfg.dataset_dir) if cfg.dataset_dir else ""
-    train, held, fmt = _load_source(cfg.path if registry else resolve(cfg.path), cfg.format,
-                                    seed=seed, num_eval=cfg.num_eval, registry=registry,
-                                    dataset_dir=dataset_dir, subset=cfg.subset, split=cfg.split)
+    train, held, fmt, registry = _load_configured(cfg, resolve, seed=seed)
     if cfg.eval_path or (cfg.eval_split and not registry):
         held = load_examples(resolve(cfg.eval_path or cfg.path), cfg.format, subset=cfg.subset,
                              split=cfg.eval_split or "train")[: cfg.num_eval]

@@ -59,23 +59,29 @@ def roofline_ms(problem: PlanningProblem) -> float:
     P[0..L-1] when keep (resident weights) is not offered; D2H the gradients G[1..L-1]. GPU:
     the max of compute and channel times; CPU: their sum. Step = ga * (pre + that + post) + const.
     """
-    p, L = problem, problem.num_blocks
-    ms = lambda nbytes, bps: nbytes / bps * 1e3  # noqa: E731
+    p = problem
     if p.allow_keep:
         comp = sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
         h2d = float(sum(p.weight_bytes[1:]))
     else:
         comp = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
         h2d = float(sum(p.weight_bytes[1:]) + sum(p.weight_bytes))
-    d2h = float(sum(p.grad_bytes[1:L]))
+    return _closed_form_step_ms(p, comp, h2d)
+
+
+def _closed_form_step_ms(p: PlanningProblem, comp: float, h2d: float) -> float:
+    """Step ms of a whole step's compute `comp` (ms) and H2D `h2d` (bytes) against the fixed
+    gradient drains: GPU windows = max(compute, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/bw_duplex),
+    CPU: their sum; step = ga * (pre + windows + post) + const."""
+    ms = lambda nbytes, bps: nbytes / bps * 1e3  # noqa: E731
+    d2h = float(sum(p.grad_bytes[1:p.num_blocks]))
     h2d_ms, d2h_ms = ms(h2d, p.h2d_bytes_per_s), ms(d2h, p.d2h_bytes_per_s)
     if p.copies_overlap_compute:
         windows = max(comp, h2d_ms, d2h_ms, ms(h2d + d2h, p.duplex_bytes_per_s))
     else:
         windows = comp + h2d_ms + d2h_ms
-    pre = pre_ms(p)
     post = ms(p.grad_bytes[0] + p.ends_grad_bytes, p.d2h_bytes_per_s)
-    return p.grad_accum * (pre + windows + post) + p.const_ms
+    return p.grad_accum * (pre_ms(p) + windows + post) + p.const_ms
 
 
 def memory_bound_ms(problem: PlanningProblem) -> float | None:
@@ -98,20 +104,11 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
     if not p.allow_keep:
         room = 0
     cost = [p.internal_bytes[j] + p.weight_bytes[j] for j in range(L)]
-    ms = lambda nbytes, bps: nbytes / bps * 1e3  # noqa: E731
     comp = (sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
             - _fractional_knapsack(p.fwd_ms, cost, room))
     h2d = (float(sum(p.weight_bytes[1:]) + sum(p.weight_bytes))
            - _fractional_knapsack(p.weight_bytes, cost, room))
-    d2h = float(sum(p.grad_bytes[1:L]))
-    h2d_ms, d2h_ms = ms(h2d, p.h2d_bytes_per_s), ms(d2h, p.d2h_bytes_per_s)
-    if p.copies_overlap_compute:
-        windows = max(comp, h2d_ms, d2h_ms, ms(h2d + d2h, p.duplex_bytes_per_s))
-    else:
-        windows = comp + h2d_ms + d2h_ms
-    pre = pre_ms(p)
-    post = ms(p.grad_bytes[0] + p.ends_grad_bytes, p.d2h_bytes_per_s)
-    return p.grad_accum * (pre + windows + post) + p.const_ms
+    return _closed_form_step_ms(p, comp, h2d)
 
 
 def _fractional_knapsack(values, weights, capacity: float) -> float:
