@@ -68,3 +68,17 @@ def test_the_measured_profile_is_accepted_by_profile_costs(adapter, tmp_path):
     assert costs.step_const_ms == prof["step_const_ms"] > 0
     assert set(prof["cpu_contention"]) >= {"compute_slowdown_with_optimizer",
                                            "nvme_effective_gb_per_s"}
+
+
+def test_the_quick_profile_has_every_key_of_the_full_one(adapter, tmp_path):
+    spec = ModelSpec.from_hf_config(adapter.config.to_dict())
+    kw = dict(micro_batch=BATCH, seq_len=SEQ, compute_dtype="fp32", device="cpu",
+              model_config_sha256=spec.config_sha256)
+    kinds = [b.kind for b in spec.blocks]
+    full = measure_profile(adapter, kinds, nvme_dir=tmp_path / "a", repeats=1, warmup=0, **kw)
+    quick = measure_profile(adapter, kinds, nvme_dir=tmp_path / "b", quick=True, **kw)
+
+    def keys(d, prefix=""):
+        return {prefix + k for k in d} | {x for k, v in d.items() if isinstance(v, dict)
+                                          for x in keys(v, f"{prefix}{k}.")}
+    assert keys(quick) == keys(full)

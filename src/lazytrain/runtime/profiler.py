@@ -49,6 +49,10 @@ GB = 1e9
 MAX_HIDDEN_SPEEDUP = 100.0
 """Cap on an effective rate relative to the rate alone, when I/O hides entirely behind compute
 (the exposed time is then within timer noise)."""
+QUICK_REPEATS = 2
+"""Timed runs per measurement in the quick (calibration) mode of `measure_profile`."""
+QUICK_WARMUP = 1
+"""Warm-up runs per measurement in the quick mode (one: first-touch and allocator effects)."""
 
 
 def sync(device: torch.device) -> None:
@@ -392,7 +396,7 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
                     seq_len: int, compute_dtype: str, device: str | torch.device,
                     nvme_dir: Path | str, io_threads: int = 2, repeats: int = 5,
                     warmup: int = 2, model_config_sha256: str | None = None,
-                    log: Callable[[str], None] = lambda msg: None) -> dict:
+                    log: Callable[[str], None] = lambda msg: None, quick: bool = False) -> dict:
     """Everything `lazytrain profile` measures, as a profile dict (`lazytrain.spec.costs`).
 
     Args:
@@ -405,6 +409,10 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
         repeats, warmup: timed and untimed runs per measurement.
         model_config_sha256: recorded so a profile is not applied to another model.
         log: progress lines.
+        quick: calibration mode: the same measurements with `QUICK_REPEATS` timed runs and
+            `QUICK_WARMUP` warm-up runs each (overrides `repeats` / `warmup`); a median of 2
+            instead of 5, so a single outlier (a preempted run) moves a figure by up to half
+            the gap between the two runs.
 
     Returns:
         the profile: version, model_config_sha256, seq_len, micro_batch, compute_dtype, device,
@@ -412,6 +420,8 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
         on a CPU), step_const_ms, measurements (raw rates alone and with the optimizer running)
         and, on a CPU, cpu_contention.
     """
+    if quick:
+        repeats, warmup = QUICK_REPEATS, QUICK_WARMUP
     dev = torch.device(device)
     bench = BlockBench(adapter, micro_batch=micro_batch, seq_len=seq_len, dtype=compute_dtype,
                        device=dev)
