@@ -62,11 +62,16 @@ class HostBufferPool:
     """Reusable 4 KiB-aligned host buffers, pinned on CUDA, with an optional byte cap.
 
     Buffers are recycled by exact size (boundaries of one model have few distinct sizes), so
-    steady-state steps allocate nothing.
+    steady-state steps allocate nothing. A buffer whose last copies may still run is returned
+    with ``release(buffer, after=events, futures=...)``: it waits in a pending list and becomes
+    reusable once those copies completed, checked without blocking (``reclaim``); the host
+    blocks on them only when ``acquire`` finds no free buffer of the size but a pending one
+    (back-pressure instead of allocating past the plan's pinned bytes). So handing a buffer
+    back never synchronises the host with the device.
 
     Args:
         device: the device API; buffers come from its ``pinned_empty``.
-        capacity_bytes: cap on allocated bytes (in use + cached); None = unbounded.
+        capacity_bytes: cap on allocated bytes (in use + pending + cached); None = unbounded.
     """
 
     def __init__(self, *, device: Device, capacity_bytes: int | None = None) -> None:
@@ -74,18 +79,26 @@ class HostBufferPool:
         self.capacity_bytes = capacity_bytes
         self.allocated_bytes = 0
         self._free: dict[int, list[torch.Tensor]] = {}
+        self._pending: list[tuple[torch.Tensor, list, list]] = []  # (buffer, events, futures)
 
     def acquire(self, nbytes: int) -> torch.Tensor:
         """An aligned ``uint8`` buffer [nbytes] (contents undefined).
 
         Raises:
-            MemoryError: allocating would exceed ``capacity_bytes`` even after dropping every
-                cached buffer.
+            MemoryError: allocating would exceed ``capacity_bytes`` even after waiting for every
+                pending buffer and dropping every cached one.
         """
+        self.reclaim()
         cached = self._free.get(nbytes)
         if cached:
             return cached.pop()
+        same_size = [item for item in self._pending if item[0].numel() == nbytes]
+        if same_size:  # the host ran ahead of the copies: wait for the oldest, do not grow
+            self._pending.remove(same_size[0])
+            self._recycle(*same_size[0])
+            return self._free[nbytes].pop()
         if self.capacity_bytes is not None and self.allocated_bytes + nbytes > self.capacity_bytes:
+            self.reclaim(block=True)
             self._drop_cached()
             if self.allocated_bytes + nbytes > self.capacity_bytes:
                 raise MemoryError(
@@ -95,9 +108,30 @@ class HostBufferPool:
         self.allocated_bytes += nbytes
         return self.device.pinned_empty(nbytes, name=f"checkpoint host buffer of {nbytes} bytes")
 
-    def release(self, buffer: torch.Tensor) -> None:
-        """Return a buffer. The caller guarantees no copy still reads or writes it (the device
-        API checks it on cpu-checked and poisons the buffer on cpu-threaded)."""
+    def release(self, buffer: torch.Tensor, *, after=(), futures=()) -> None:
+        """Return a buffer, reusable once the copy events ``after`` completed and the NVMe
+        ``futures`` finished (their errors are the issuer's to report). The caller guarantees
+        no other copy reads or writes it (the device API checks it on cpu-checked and poisons
+        the buffer on cpu-threaded)."""
+        self._pending.append((buffer, [e for e in after if e is not None], list(futures)))
+        self.reclaim()
+
+    def reclaim(self, *, block: bool = False) -> None:
+        """Make pending buffers whose copies completed reusable; ``block``: wait for all."""
+        still = []
+        for item in self._pending:
+            _, events, futures = item
+            if block or (all(self.device.query(e) for e in events)
+                         and all(f.done() for f in futures)):
+                self._recycle(*item)
+            else:
+                still.append(item)
+        self._pending = still
+
+    def _recycle(self, buffer: torch.Tensor, events: list, futures: list) -> None:
+        for event in events:
+            self.device.host_wait(event)  # returns at once when query() said done; orders it
+        self.device.wait_futures(futures)
         self.device.recycle(buffer)
         self._free.setdefault(buffer.numel(), []).append(buffer)
 
@@ -198,6 +232,7 @@ class CheckpointStore:
         self._window_keys: set[Key] = set()
         self._window_futures: list = []
         self._window_events: list = []
+        self._unsettled: set[Key] = set()  # boundaries with NVMe writes still running
         self._closed = False
         atexit.register(self.close)
 
@@ -225,43 +260,75 @@ class CheckpointStore:
         self._check_hbm("at window start")
 
     def end_window(self) -> None:
-        """Window barrier: wait for every transfer issued in the window, then release buffers.
+        """Window barrier: later compute waits for the window's copies; buffers are released.
 
         Ordering rule (the store's one guarantee against use-after-free races): a buffer is
         released or handed back to the pool only after every copy that reads or writes it has
-        completed. Here: NVMe futures are waited for; the compute stream waits on every
-        d2h/h2d event of the window, and host buffers are released only after a host-side
-        ``synchronize`` of their last copy (the pool may hand them to another stream). Then:
-        an offloaded boundary whose d2h is complete drops its HBM copy; an nvme boundary whose
-        write is complete (and not yet being read) drops its staging buffer and closes its file;
-        a boundary whose h2d is complete drops its host buffer.
+        completed. Here, without blocking the host on the device: the compute stream waits on
+        every d2h/h2d event of the window (a stream wait); the window's NVMe reads are waited
+        for (disk I/O only: a read depends on no device work, and the plan completes it within
+        its window); NVMe writes are not (a write waits for its d2h, i.e. for device progress):
+        they finish behind later windows and are settled at the first window end that finds them
+        done, or waited for where their bytes are needed (the read-back, a pool buffer). Host
+        buffers go back to the pool with their last copy events (``HostBufferPool.release``).
+        Then: an offloaded boundary whose d2h is issued drops its HBM copy; an nvme boundary
+        whose writes finished (and that is not being read) drops its staging buffer and closes
+        its file; a boundary whose h2d is issued drops its host buffer.
 
         Raises:
-            CheckpointIOError: an NVMe request of the window failed (after all have finished).
+            CheckpointIOError: an NVMe read of the window, or a write found finished, failed
+                (after every read of the window has finished).
         """
         if self._window is None:
             raise RuntimeError("end_window() without begin_window()")
         try:
-            self.io.wait(self._window_futures)
+            self.io.wait([f for f in self._window_futures
+                          if getattr(f, "lazytrain_channel", None) == "nvme_read"])
             for event in self._window_events:
                 # later compute sees finished copies (no host block on CUDA)
                 self.dev.wait_event(self.dev.compute, event)
-            for key in self._window_keys:
-                if key in self._entries:
-                    self._settle(self._entries[key])
+            self._unsettled |= self._window_keys
+            for key in sorted(self._unsettled):
+                e = self._entries.get(key)
+                if e is None or self._settle(e):
+                    self._unsettled.discard(key)
+            self._pool.reclaim()
         finally:
             self._window = None
             self._window_keys = set()
             self._window_futures = []
             self._window_events = []
 
-    def _settle(self, e: _Entry) -> None:
-        """Release what the completed copies of ``e`` no longer need (see ``end_window``)."""
+    def wait_writes(self) -> None:
+        """Block until every NVMe write issued so far finished, then settle their boundaries
+        (staging buffers back to the pool, files closed). The engine never needs it (reads wait
+        for their writes); for measurements and tests that time or inspect a write.
+
+        Raises:
+            CheckpointIOError: a write failed; NvmeTimeoutError: one is stuck.
+        """
+        for key in sorted(self._unsettled):
+            e = self._entries.get(key)
+            if e is not None:
+                self.io.wait(e.write_futures)
+                self._settle(e)
+            self._unsettled.discard(key)
+
+    def _settle(self, e: _Entry) -> bool:
+        """Release what the issued copies of ``e`` no longer need (see ``end_window``); True when
+        nothing is left to settle until its next transfer.
+
+        Raises:
+            CheckpointIOError: a finished NVMe write of ``e`` failed.
+        """
         if e.tier in ("dram", "nvme") and e.src is not None and e.done["d2h"] == e.nbytes:
             e.src = None  # drained: the compute stream already waits on the d2h event
             self._count("hbm", -e.nbytes)
         write_done = e.done["nvme_write"] == e.padded_bytes
         if e.tier == "nvme" and write_done and e.host is not None and not e.read_started:
+            if not all(f.done() for f in e.write_futures):
+                return False  # still writing: settled at a later window end
+            self.io.wait(e.write_futures)  # finished: raise a failed one now
             self.io.finish_write(e.key)
             self._release_host(e)
         source_done = e.done["d2h"] == e.nbytes if e.tier == "dram" else e.done["nvme_read"] == e.padded_bytes
@@ -269,6 +336,7 @@ class CheckpointStore:
             if e.tier == "nvme":
                 self.io.finish_read(e.key)
             self._release_host(e)
+        return True
 
     # ---- boundaries ----------------------------------------------------------------------
 
@@ -375,16 +443,19 @@ class CheckpointStore:
     def release(self, boundary: int, *, micro_batch: int = 0) -> None:
         """Drop the boundary: its HBM, host and device buffers and its file.
 
-        Waits for the boundary's copies and NVMe requests first (their errors are ignored here;
-        ``end_window`` reports them), so no buffer is freed under a running copy.
+        No buffer is freed under a running copy, and the host does not block on the device: the
+        host buffer goes back to the pool with its last copy events, the HBM copy is freed after
+        a compute-stream wait on its d2h (the prefetched copy was recorded on the h2d stream);
+        the file is removed after its NVMe requests finished (their errors are ignored here:
+        ``end_window`` or the read-back reports them).
         """
         e = self._entries.pop((boundary, micro_batch), None)
         if e is None:
             raise ValueError(f"{boundary_label(boundary, micro_batch)} is not stored")
-        self.dev.wait_futures(e.write_futures + e.read_futures)
-        for event in (e.d2h_event, e.h2d_event):
-            self.dev.host_wait(event)
+        self._unsettled.discard(e.key)
         if e.src is not None:
+            if e.d2h_event is not None:  # the allocator frees it on compute: after the d2h
+                self.dev.wait_event(self.dev.compute, e.d2h_event)
             self._count("hbm", -e.nbytes)
         if e.dev is not None:
             self._count("hbm", -e.nbytes)
@@ -392,7 +463,7 @@ class CheckpointStore:
             self._release_host(e)
         if e.file_bytes:
             self._count("nvme", -e.file_bytes)
-        self.io.remove(e.key)
+        self.io.remove(e.key)  # waits for the key's NVMe requests (errors ignored)
 
     # ---- accounting ----------------------------------------------------------------------
 
@@ -430,6 +501,7 @@ class CheckpointStore:
         atexit.unregister(self.close)
         for key in list(self._entries):
             self.release(key[0], micro_batch=key[1])
+        self._pool.reclaim(block=True)
         self.io.close()
 
     def __enter__(self) -> CheckpointStore:
@@ -540,12 +612,12 @@ class CheckpointStore:
         self._count(*self._host_account(e))
 
     def _release_host(self, e: _Entry) -> None:
-        """Hand ``e.host`` back to the pool; callers guarantee its copies have completed."""
-        for event in (e.d2h_event, e.h2d_event):
-            self.dev.host_wait(event)  # the pool may give the buffer to another stream
+        """Hand ``e.host`` back to the pool, reusable once its last copies and NVMe requests
+        finished (the pool may give it to another stream); no host block here."""
         tier, nbytes = self._host_account(e)
         self._count(tier, -nbytes)
-        self._pool.release(e.host)
+        self._pool.release(e.host, after=(e.d2h_event, e.h2d_event),
+                           futures=e.write_futures + e.read_futures)
         e.host = None
 
     @staticmethod
