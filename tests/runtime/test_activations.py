@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.device import Device
 from lazytrain.runtime.errors import (
     CheckpointNotResidentError,
     HbmBudgetExceeded,
@@ -377,3 +378,43 @@ def test_transfer_outside_a_window_is_refused(tmp_path):
         store.put(0, torch.ones(10), "dram")
         with pytest.raises(TransferOrderError, match="boundary 0 .*outside a window"):
             store.transfer(0, "d2h", 1.0)
+
+
+class _CopiesStillRunning(Device):
+    """The cpu device API, but every copy event reports 'not yet complete' and host waits are
+    counted: what a CUDA host sees while the device lags a window behind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.host_waits = 0
+
+    def _host_wait(self, event) -> None:
+        self.host_waits += 1
+
+    def query(self, event) -> bool:
+        return False
+
+
+def test_window_barrier_and_release_never_block_the_host_on_copies(tmp_path):
+    dev = _CopiesStillRunning()
+    tensor = boundary_tensor(torch.float32)
+    with CheckpointStore(device=dev, nvme_dir=tmp_path / "nvme") as store:
+        for step in range(2):
+            store.begin_window("f1")
+            store.put(1, tensor.clone(), "dram")
+            store.transfer(1, "d2h", 1.0)
+            store.end_window()
+            store.begin_window("b2")
+            store.transfer(1, "h2d", 1.0)
+            store.end_window()
+            store.begin_window("b1")
+            assert torch.equal(store.get(1), tensor)
+            store.release(1)
+            store.end_window()
+            if step == 0:  # no window end or release waited for a copy on the host
+                assert dev.host_waits == 0
+                assert store.bytes_by_tier()["dram"] == 0  # accounted as released
+        # step 2's d2h found no free buffer, only step 1's pending one: it waited for that
+        # buffer's two copy events instead of allocating a second buffer
+        assert dev.host_waits == 2
+        assert store._pool.allocated_bytes == tensor.numel() * 4
