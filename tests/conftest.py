@@ -26,6 +26,14 @@ def shared_dir() -> Path:
     return found
 
 
+@pytest.fixture(autouse=True)
+def calibration_off(monkeypatch):
+    """No test calibrates or reads the user's calibration cache: `LAZYTRAIN_CALIBRATE=off`
+    overrides `runtime.calibrate: auto` (inherited by CLI subprocesses). The calibration tests
+    delete it with `monkeypatch.delenv` and point `runtime.calibration_dir` at `tmp_path`."""
+    monkeypatch.setenv("LAZYTRAIN_CALIBRATE", "off")
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The repository root (for shipped configs under configs/)."""

@@ -390,6 +390,17 @@ class RuntimeConfig:
     head_chunk_tokens: int = 1024
     """Tokens per chunk of the LM head + loss, >= 1: the [chunk, vocab] logits are the head's
     HBM workspace (1024 x 248320 x 8 B = 2 GB for Qwen3.5-27B)."""
+    calibrate: Literal["auto", "off"] = "auto"
+    """Where an unprofiled plan for this machine gets its costs. auto: with
+    `hardware.profile_path` empty and the plan for this machine (preset cpu on the CPU, or this
+    GPU's preset), the cached calibration of this machine (`lazytrain.runtime.calibrate`);
+    `lazytrain train` measures one on a miss (a few seconds), `lazytrain plan` reads it.
+    off: analytic costs of the preset. The environment variable LAZYTRAIN_CALIBRATE=off
+    overrides auto (the test suite sets it). auto by default: the analytic cpu preset is off by
+    2x on the default job."""
+    calibration_dir: str = ""
+    """Directory of the calibration cache; empty: $XDG_CACHE_HOME/lazytrain/calibration, else
+    ~/.cache/lazytrain/calibration (one JSON file per machine, model, batch shape and dtypes)."""
 
     def __post_init__(self) -> None:
         _check(self.io_threads >= 1, "runtime.io_threads", ">= 1", self.io_threads)
@@ -749,6 +760,8 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
         items = value if isinstance(value, list) else [value]
         return tuple(_coerce(key, args[0], item) for item in items)
     if origin is Literal:
+        if isinstance(value, bool) and ("on" if value else "off") in args:
+            value = "on" if value else "off"  # YAML 1.1 reads a bare off / on as a bool
         if isinstance(value, str) and VALUE_ALIASES.get(value) in args:
             value = VALUE_ALIASES[value]
         if value not in args:

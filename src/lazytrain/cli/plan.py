@@ -92,7 +92,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-batch", action="store_true",
                    help="instead of one plan: the largest micro-batch with a feasible plan "
                         "(planner's memory model; policy milp or heuristic) and the predicted "
-                        "tokens/s of candidate batches")
+                        "tokens/s of candidate batches (analytic costs: a calibration holds "
+                        "one micro-batch)")
     p.add_argument("--grad-accums", metavar="N,N,...",
                    help="with --max-batch: accumulation candidates (default: 1 and "
                         "train.grad_accum)")
@@ -113,18 +114,26 @@ def config_overrides(args: argparse.Namespace) -> list[str]:
 def load_problem(args: argparse.Namespace, *, base: dict | None = None):
     """(RunConfig, PlanningProblem) from `--config` (or `base`, a resolved config dict) + flags.
 
+    The costs are resolved as `lazytrain train` resolves them
+    (`runtime.calibrate.resolve_profile`), except that a missing calibration is not measured
+    here: the problem is then analytic and its provenance `costs` note says that `lazytrain
+    train` (or `lazytrain profile --calibrate`) measures one. The returned config is the one
+    given (without the cache file as `hardware.profile_path`).
+
     Raises:
         ValueError, TypeError, FileNotFoundError: bad config (main prints one line, exit 2).
     """
     from lazytrain.config import apply_overrides, config_from_dict, load_config
     from lazytrain.planner.build import problem_from_config
+    from lazytrain.runtime.calibrate import resolve_profile
 
     overrides = config_overrides(args)
     if args.config is None and base is not None:
         cfg = apply_overrides(config_from_dict(base), overrides)
     else:
         cfg = load_config(args.config, overrides)
-    return cfg, problem_from_config(cfg)
+    costs = resolve_profile(cfg, log=lambda msg: print(msg, file=sys.stderr))
+    return cfg, costs.annotate(problem_from_config(costs.config))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,6 +173,9 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(problem, plan, baseline, policy=pc.policy, megatrain_k=pc.megatrain_k,
                           best_fixed=best_fixed_k_plan(problem))
     if args.json:
+        from lazytrain.runtime.calibrate import costs_line_of
+
+        print(costs_line_of(plan.provenance), file=sys.stderr)
         print(json.dumps({"plan": plan.to_dict(), "comparison": report}, indent=1))
     else:
         print(format_table(problem, plan, report))
@@ -357,6 +369,9 @@ def format_table(problem, plan, report: dict) -> str:
     lines = [f"plan for {model} on {prov.get('hardware', '?')}: "
              f"{L} blocks, seq {prov.get('seq_len', '?')}, micro-batch "
              f"{prov.get('micro_batch', '?')}, grad-accum {problem.grad_accum}"]
+    from lazytrain.runtime.calibrate import costs_line_of
+
+    lines.append(costs_line_of(prov))
     s = report["solver"]
     if s:
         gap = "-" if s.get("gap") is None else f"{100 * s['gap']:.2f}%"

@@ -9,7 +9,12 @@ plan (`lazytrain.planner.refit`), starting from the profile the run used (or `--
 
 Output: the profile JSON (`lazytrain.spec.costs` schema) to `--out` (atomically) or stdout;
 `lazytrain plan --profile profile.json` (or `hardware.profile_path` in the
-YAML) plans with it. Exit codes: 0 ok; 2 bad usage, config or missing run files.
+YAML) plans with it. Calibrate (`--calibrate`, with or without `--config`): measure this
+machine's calibration for the config in the quick mode and store it in the calibration cache
+(`lazytrain.runtime.calibrate`; replaces the entry), which `lazytrain plan` and `lazytrain
+train` then use with `runtime.calibrate: auto`; the cache file's path goes to stdout. Exit
+codes: 0 ok; 2 bad usage, config or missing run files, or a config that is not for this
+machine (`--calibrate`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 
 EPILOG = """examples:
   lazytrain profile --config configs/tiny-llama-cpu.yaml --out profile.json
+  lazytrain profile --calibrate
   lazytrain profile --from-run runs/default --out profile.refit.json
   lazytrain plan --config configs/tiny-llama-cpu.yaml --profile profile.json
 """
@@ -36,6 +42,9 @@ def register(subparsers) -> None:
                      "(default: the embedded default job)")
     src.add_argument("--from-run", metavar="RUN_DIR", help="refit from RUN_DIR/windows.jsonl "
                      "under RUN_DIR/plan.json")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure this machine's calibration (quick mode) into the calibration "
+                   "cache (runtime.calibration_dir) instead of writing a profile")
     p.add_argument("--profile", metavar="profile.json", help="(--from-run) prior profile "
                    "(default: the run's hardware.profile_path, else analytic times)")
     p.add_argument("--set", dest="overrides", action="append", default=[],
@@ -51,6 +60,11 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from lazytrain.train.setup import write_json_atomic
 
+    if args.calibrate:
+        if args.from_run or args.out:
+            raise ValueError("--calibrate: measures into the calibration cache; drop "
+                             "--from-run / --out (or drop --calibrate to write a profile)")
+        return calibrate_cache(args)
     profile = refit_from_run(args) if args.from_run else measure(args)
     if args.out:
         write_json_atomic(Path(args.out), profile)
@@ -61,35 +75,34 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    """Load the configured model and run `runtime.profiler.measure_profile`."""
-    import tempfile
-
-    import torch
-
+    """Load the configured model and run `runtime.profiler.measure_profile`
+    (`train.setup.measure_config_profile`, `--repeats` / `--warmup` runs per figure)."""
     from lazytrain.config import load_config
-    from lazytrain.spec.model import ModelSpec
+    from lazytrain.runtime.calibrate import local_device
     from lazytrain.train import setup
-    from lazytrain.runtime.profiler import measure_profile
 
     cfg = load_config(args.config, args.overrides)
-    device = cfg.runtime.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if cfg.runtime.threads:
-        torch.set_num_threads(cfg.runtime.threads)
-    source = setup.resolve_model_source(cfg.model.config_path)
-    adapter = setup.load_adapter(source, compute_dtype=cfg.train.compute_dtype,
-                                 master_dtype=cfg.train.master_dtype, seed=cfg.train.seed)
-    spec = ModelSpec.from_hf_config(adapter.config.to_dict())
-    root = Path(cfg.runtime.nvme_dir or cfg.train.run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root, prefix="profile-nvme-") as nvme_dir:
-        return measure_profile(
-            adapter, [b.kind for b in spec.blocks], micro_batch=cfg.train.micro_batch,
-            seq_len=cfg.data.seq_len, compute_dtype=cfg.train.compute_dtype, device=device,
-            nvme_dir=nvme_dir, io_threads=cfg.runtime.io_threads, repeats=args.repeats,
-            warmup=args.warmup, model_config_sha256=spec.config_sha256,
-            log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    device = local_device(cfg.runtime.device)
+    if device is None:
+        raise ValueError("runtime.device: cuda requested but torch sees no CUDA device; use "
+                         "runtime.device=cpu")
+    return setup.measure_config_profile(
+        cfg, device, repeats=args.repeats, warmup=args.warmup,
+        log=lambda msg: print(msg, file=sys.stderr, flush=True))
+
+
+def calibrate_cache(args: argparse.Namespace) -> int:
+    """`--calibrate`: measure this machine's calibration for the config into the cache (the
+    entry is replaced), print the file's path."""
+    from lazytrain.config import load_config
+    from lazytrain.runtime.calibrate import calibrate
+    from lazytrain.train import setup
+
+    cfg = load_config(args.config, args.overrides)
+    costs = calibrate(cfg, setup.measure_calibration,
+                      log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(costs.path)
+    return 0
 
 
 def refit_from_run(args: argparse.Namespace) -> dict:

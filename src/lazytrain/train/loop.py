@@ -483,7 +483,11 @@ class Trainer:
                            time_limit_s=pc.time_limit_s, gap=pc.gap, threads=pc.threads,
                            seed=pc.seed, megatrain_k=pc.megatrain_k)
 
-        return OnlineReplanner(rank_problem_from_config(self.cfg), self.plan,
+        from lazytrain.runtime.calibrate import config_for_plan
+
+        # the plan's own costs (its calibration file), so a re-plan compares like with like
+        problem = rank_problem_from_config(config_for_plan(self.cfg, self.plan.provenance))
+        return OnlineReplanner(problem, self.plan,
                                every=pc.replan_every_steps, threshold=pc.drift_threshold,
                                patience=pc.drift_patience_steps, solve=solve, log=self.log)
 
@@ -706,6 +710,8 @@ def _eval_line(when: str, result, *, seq_len: int) -> str:
 
 
 def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wall_s) -> dict:
+    from lazytrain.runtime.calibrate import costs_line_of
+
     steps_s = [r["step_s"] for r in records]
     return {
         "run_dir": str(trainer.run_dir), "steps_completed": trainer.step,
@@ -724,7 +730,8 @@ def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wal
         "plan": {"solver": trainer.plan.solver.backend if trainer.plan.solver else None,
                  "tiers": list(trainer.plan.tiers),
                  "predicted_step_s": trainer.plan.predicted.step_ms / 1e3
-                 if trainer.plan.predicted else None},
+                 if trainer.plan.predicted else None,
+                 "costs": costs_line_of(trainer.plan.provenance)},
         "nvme": {"dir": str(trainer.nvme_dir), "io": trainer.nvme_io_mode()},
         "device": trainer.device, "device_backend": trainer.device_kind,
         "model_flops_params": trainer.flops_params, "wall_s": wall_s,

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from lazytrain.planner.plan import Plan
 
@@ -135,20 +136,85 @@ def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, 
                                     seed=seed, **where)
 
 
-def make_plan(cfg: Any) -> Plan:
+def make_plan(cfg: Any, *, calibrate: bool = True,
+              log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
+              ) -> Plan:
     """Plan from the config with its planner policy (the same path as `lazytrain plan`; with
-    `dist.nproc_per_node` > 1, one rank's share of the node).
+    `dist.nproc_per_node` > 1, one rank's share of the node), with the costs
+    `runtime.calibrate.resolve_profile` chooses (recorded as the plan's provenance `costs`).
+
+    Args:
+        cfg: the run config.
+        calibrate: measure this machine's calibration on a cache miss (`runtime.calibrate:
+            auto`; `measure_config_profile` in its quick mode). False: a miss plans analytic.
+        log: calibration progress and warnings.
 
     Raises:
         PlanInfeasibleError: (milp) no plan fits the budgets.
+        OSError: a measured calibration cannot be written to the cache.
     """
     from lazytrain.planner.build import rank_problem_from_config
     from lazytrain.planner.policy import plan_with_policy
+    from lazytrain.runtime.calibrate import resolve_profile
 
+    costs = resolve_profile(cfg, measure=measure_calibration if calibrate else None, log=log)
     pc = cfg.planner
-    return plan_with_policy(rank_problem_from_config(cfg), pc.policy, backend=pc.backend,
+    problem = costs.annotate(rank_problem_from_config(costs.config))
+    return plan_with_policy(problem, pc.policy, backend=pc.backend,
                             time_limit_s=pc.time_limit_s, gap=pc.gap, threads=pc.threads,
                             seed=pc.seed, megatrain_k=pc.megatrain_k)
+
+
+def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeats: int = 5,
+                           warmup: int = 2,
+                           log: Callable[[str], None] = lambda msg: None) -> dict:
+    """The configured model's profile on `device` (`runtime.profiler.measure_profile`).
+
+    The model is built from its architecture (`model.config_path`; weights from its directory
+    when it has them, else a seeded random init: times do not depend on the values, and a hub
+    id downloads no weights for it); NVMe is timed in a temporary directory under
+    `runtime.nvme_dir` (else `train.run_dir`), removed afterwards. The model copy is freed on
+    return.
+
+    Args:
+        cfg: the run config (batch shape, dtypes, io and torch threads).
+        device: "cpu" or "cuda".
+        quick: the calibration mode (a few timed runs per figure).
+        repeats, warmup: timed and untimed runs per measurement (ignored when quick).
+        log: progress lines.
+
+    Raises:
+        FileNotFoundError, ValueError: the model cannot be resolved.
+        OSError: the NVMe scratch directory cannot be created.
+    """
+    import tempfile
+
+    import torch
+
+    from lazytrain.runtime.profiler import measure_profile
+    from lazytrain.spec.model import ModelSpec
+
+    if cfg.runtime.threads:
+        torch.set_num_threads(cfg.runtime.threads)
+    source = resolve_model_source(cfg.model.config_path, weights=False)
+    adapter = load_adapter(source, compute_dtype=cfg.train.compute_dtype,
+                           master_dtype=cfg.train.master_dtype, seed=cfg.train.seed)
+    spec = ModelSpec.from_hf_config(adapter.config.to_dict())
+    root = Path(cfg.runtime.nvme_dir or cfg.train.run_dir).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix="profile-nvme-") as nvme_dir:
+        return measure_profile(
+            adapter, [b.kind for b in spec.blocks], micro_batch=cfg.train.micro_batch,
+            seq_len=cfg.data.seq_len, compute_dtype=cfg.train.compute_dtype, device=device,
+            nvme_dir=nvme_dir, io_threads=cfg.runtime.io_threads, repeats=repeats,
+            warmup=warmup, model_config_sha256=spec.config_sha256, log=log, quick=quick)
+
+
+def measure_calibration(cfg: Any, device: str) -> dict:
+    """The calibration measurement (`runtime.calibrate.Measure`): `measure_config_profile` in
+    its quick mode, progress on stderr."""
+    return measure_config_profile(cfg, device, quick=True,
+                                  log=lambda msg: print(msg, file=sys.stderr, flush=True))
 
 
 def model_config_sha256(hf_config: Any) -> str:
@@ -186,6 +252,9 @@ def plan_summary(plan: Plan, *, source: str | None = None) -> str:
     if plan.solver is not None:
         s = plan.solver
         lines.append(f"  solver: {s.backend} {s.status} in {s.solve_s:.2f} s")
+    from lazytrain.runtime.calibrate import costs_line_of
+
+    lines.append(f"  {costs_line_of(prov)}")
     return "\n".join(lines)
 
 
