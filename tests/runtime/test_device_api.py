@@ -123,3 +123,24 @@ def test_cuda_backend_copies_on_its_streams_and_orders_them_by_events():
     dev.wait_stream(d2h, dev.compute)
     dev.host_wait(dev.copy(back, device_buf, stream=d2h))
     assert torch.equal(back, host)
+
+
+def test_host_workers_run_one_torch_thread_on_cpu_and_leave_the_engine_threads_alone():
+    import torch
+
+    from lazytrain.runtime.device import HOST_WORKER_SHARES, Device
+
+    dev = Device()
+    before = torch.get_num_threads()
+    for role in HOST_WORKER_SHARES:
+        assert dev.host_threads(role) == 1
+        pool = dev.host_workers(role)
+        try:
+            assert pool.submit(torch.get_num_threads).result() == 1
+            assert pool.submit(lambda: __import__("threading").current_thread().name
+                               ).result().startswith(f"lazytrain-{role}")
+        finally:
+            pool.shutdown()
+    assert torch.get_num_threads() == before
+    with pytest.raises(KeyError):
+        dev.host_threads("no-such-role")

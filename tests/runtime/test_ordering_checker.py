@@ -75,7 +75,10 @@ def test_resident_load_in_its_old_ordering_is_caught_naming_buffer_and_streams(t
 def test_compute_reading_a_weight_slot_before_its_load_completed_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(streams_mod.DeviceWeights, "ready", lambda self, handle: handle.flat)
     exc = _violation(tmp_path)
-    assert "weight" in exc.buffer and "h2d" in exc.first and "compute" in exc.second
+    # the conversion worker issues the load: it may run before or after the early read
+    assert "weight" in exc.buffer
+    assert sorted(["h2d" in exc.first, "h2d" in exc.second]) == [False, True]
+    assert sorted(["compute" in exc.first, "compute" in exc.second]) == [False, True]
 
 
 def test_a_slot_reloaded_without_waiting_for_its_last_consumer_is_caught(tmp_path, monkeypatch):

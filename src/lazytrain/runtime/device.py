@@ -49,10 +49,11 @@ Knows nothing about plans, tiers, blocks or files.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import weakref
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import torch
@@ -61,6 +62,12 @@ from lazytrain.runtime.ledger import ComputeAllocations, Ledger
 
 DEVICE_KINDS = ("cpu", "cuda", "cpu-checked", "cpu-threaded")
 """`runtime.device` values that name a backend (`auto` resolves to cuda or cpu)."""
+
+HOST_WORKER_SHARES = {"adamw": 0.5, "convert": 0.25, "accum": 0.25, "nvme": 0.0}
+"""Share of the host's cores (less the engine thread's one) each host worker's torch ops use
+on CUDA (`Device.host_threads`): the AdamW update is the host's largest job, the conversion and
+the gradient accumulation run beside it; NVMe threads make system calls (one thread each).
+A heuristic split (the workers are busy at once in steady state), not a measured optimum."""
 
 PAGE_BYTES = 4096
 """Alignment of host buffers handed out by `pinned_empty` (bytes): the page size, which is
@@ -313,6 +320,40 @@ class Device:
         """The caller waited for the work of `begin_async`'s `token`: it is ordered after it."""
 
     # --- host threads ------------------------------------------------------------------------
+
+    def host_threads(self, role: str) -> int:
+        """Intra-op torch threads of host worker `role` (`HOST_WORKER_SHARES`' keys).
+
+        CPU backends: 1. The engine thread's compute owns every core (`runtime.threads`); the
+        workers' ops (conversion, accumulation, AdamW: memory-bound loops) run beside it, and
+        torch's default of one thread per core in each of them oversubscribes the cores (on 2
+        cores the engine step took 1.45x instead of 2.05x HF's once the workers ran one thread
+        each: benchmarks/engine_cpu.py). CUDA: the device computes, the engine thread only
+        launches, so the workers share the other cores by `HOST_WORKER_SHARES`.
+
+        Raises:
+            KeyError: unknown role.
+        """
+        share = HOST_WORKER_SHARES[role]
+        if not self.is_cuda:
+            return 1
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        return max(1, int((cores - 1) * share))
+
+    def host_workers(self, role: str, *, max_workers: int = 1) -> ThreadPoolExecutor:
+        """A pool of `max_workers` host worker threads named `lazytrain-<role>`, each running
+        torch ops on `host_threads(role)` threads (set in the worker itself: torch's thread
+        count is per thread, so the engine thread keeps its own; threads started later inherit
+        the last count set, which is why every runtime worker sets its own). Jobs go through
+        `submit`.
+
+        Raises:
+            KeyError: unknown role.
+        """
+        return ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"lazytrain-{role}",
+                                  initializer=torch.set_num_threads,
+                                  initargs=(self.host_threads(role),))
 
     def submit(self, executor: Executor, fn: Callable, *args, channel: str = "host",
                **kwargs) -> Future:

@@ -40,7 +40,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,7 +352,7 @@ class NvmeIO:
         self.direct = probed if direct is None else direct
         self.chunk_bytes = chunk_bytes
         self._hook = fault_hook
-        self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="lazytrain-nvme")
+        self._pool = self.device.host_workers("nvme", max_workers=io_threads)
         self._write_fds: dict[Key, int] = {}
         self._read_fds: dict[Key, int] = {}
         self._files: dict[Key, Path] = {}

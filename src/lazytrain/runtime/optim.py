@@ -42,7 +42,7 @@ B/param: 2 master + 2 grad + 2 moments, the planner's `HOST_BYTES_PER_PARAM_Q8["
 from __future__ import annotations
 
 import math
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import torch
 
@@ -114,7 +114,7 @@ class BlockOptimizer:
                                                  for g in params.groups}
         self.optims: dict[str, torch.optim.Optimizer] = {g.name: self._fp32(g)
                                                          for g in params.groups}
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytrain-adamw")
+        self.worker = self.device.host_workers("adamw")
         self.futures: dict[str, Future] = {}
         # group name -> local names that got a gradient this step (`note_gradients`); groups
         # never reported (the ends) are stepped whole
@@ -127,6 +127,9 @@ class BlockOptimizer:
         """Submit and wait through `device` from now on (the engine binds its own; call before
         the first update)."""
         self.device = device
+        if not self.futures:  # its worker's thread count follows the device (no job queued)
+            old, self.worker = self.worker, device.host_workers("adamw")
+            old.shutdown(wait=False)
 
     def _stepped_tensor(self, g: ParamGroup) -> torch.Tensor:
         if g.master.dtype == torch.float32:

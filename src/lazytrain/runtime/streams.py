@@ -22,7 +22,6 @@ Knows nothing about plans or tiers.
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -74,7 +73,7 @@ class DeviceWeights:
         self.staging = StagingPool(n, compute_dtype, count=num_slots, device=device)
         # the master -> compute dtype conversion runs here, ahead of the window that needs the
         # weights, off the engine thread (the only user of the staging ring)
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytrain-convert")
+        self.worker = device.host_workers("convert")
 
     def load(self, group: ParamGroup, block: int, *, resident: bool = False) -> WeightHandle:
         """Start copying `group`'s master weights to the device; returns the handle at once.
@@ -213,7 +212,7 @@ class GradDrain:
         self.buffers = [device.pinned_empty(numel * size, name=f"gradient drain buffer {k}")
                         .view(dtype) for k in range(count)]
         self.free = deque(range(len(self.buffers)))
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazytrain-accum")
+        self.worker = device.host_workers("accum")
 
     def drain(self, group: ParamGroup, grad: torch.Tensor | None, *, first: bool,
               on_done: Callable[[], None] | None = None) -> Event | None:
