@@ -211,24 +211,25 @@ def pre_ms(problem: PlanningProblem) -> float:
     """The `pre` term, ms: the embedding forward, block 0's weight load and its conversion on
     the host, side by side on a GPU (max: the load runs on the H2D stream while the embedding
     computes), one after the other on a CPU (sum). Source: docs/execution_model.md, "Step
-    time"."""
+    time"), plus the window overhead `window_overhead_ms`."""
     load = _ms(problem.weight_bytes[0], problem.h2d_bytes_per_s)
     host = host_ms(problem, problem.weight_bytes[0], 0.0)
     if problem.copies_overlap_compute:
-        return max(problem.embed_ms, load, host)
-    return problem.embed_ms + load + host
+        return max(problem.embed_ms, load, host) + problem.window_overhead_ms
+    return problem.embed_ms + load + host + problem.window_overhead_ms
 
 
 def post_ms(problem: PlanningProblem) -> float:
     """The `post` term, ms: the drain of G[0] and the embedding/head gradients, and their
     accumulation on the host, side by side on a GPU (max), one after the other on a CPU (sum).
-    Source: docs/execution_model.md, "Step time"."""
+    Source: docs/execution_model.md, "Step time"; plus the window overhead
+    `window_overhead_ms`."""
     nbytes = problem.grad_bytes[0] + problem.ends_grad_bytes
     drain = _ms(nbytes, problem.d2h_bytes_per_s)
     host = host_ms(problem, 0.0, nbytes)
     if problem.copies_overlap_compute:
-        return max(drain, host)
-    return drain + host
+        return max(drain, host) + problem.window_overhead_ms
+    return drain + host + problem.window_overhead_ms
 
 
 def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_weights=None
@@ -370,7 +371,8 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
                              resident_weights=d.resident_weights)
     windows, hbm, acc, total, binding = [], [], 0.0, 0.0, []
     for o, name in enumerate(window_names(L)):
-        t = max(window_time_ms(p, comp[o], h2d[o], d2h[o], nr[o], nw[o], host[o]), order[o])
+        t = max(window_time_ms(p, comp[o], h2d[o], d2h[o], nr[o], nw[o], host[o]),
+                order[o]) + p.window_overhead_ms
         binding.append(binding_term(p, comp[o], h2d[o], d2h[o], nr[o], nw[o], host[o], order[o]))
         total += t
         acc += keep_add[o]

@@ -55,7 +55,10 @@ Window loads (linear; seg-terms sum over segments (s, j+1) ending at b_j):
               and GD[o] = D2H[o] less its activation terms (every drained gradient is added
               into the host accumulator); a term whose rate is 0 is left out
 
-Objective (ms): min  ga * (pre + sum_o t[o] + post) + const      = step_ms of the evaluator
+Objective (ms): min  ga * (pre + sum_o t[o] + post + (2L+1) o_w) + const
+                                                                   = step_ms of the evaluator
+                   (o_w = window_overhead_ms, the engine's fixed cost of every window; pre
+                   and post carry theirs: a constant in the offset, no variable)
                    + sum_j q8_penalty[j] q8[j]  + tie-breakers       (hard budgets)
            phase 1: min  slack_hbm + slack_host[dram] + slack_host[nvme]    (GB, CAPACITY_MODES)
 
@@ -228,7 +231,8 @@ class Scaled:
     overlap: bool
     grad_accum: int
     step_const_ms: float
-    """ga * (pre + post) + const_ms, ms."""
+    """ga * (pre + post + (2L+1) window_overhead_ms) + const_ms, ms (pre and post include
+    their own window overhead)."""
     hbm_cap: float
     dram_cap: float
     nvme_cap: float
@@ -263,7 +267,8 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
         bw_nw=per_ms(p.nvme_write_bytes_per_s), host_conv=per_ms(p.host_convert_bytes_per_s),
         host_acc=per_ms(p.host_accumulate_bytes_per_s), embed=p.embed_ms, head=p.head_ms,
         overlap=p.copies_overlap_compute, grad_accum=p.grad_accum,
-        step_const_ms=p.grad_accum * (pre + post) + p.const_ms,
+        step_const_ms=p.grad_accum * (pre + post + (2 * L + 1) * p.window_overhead_ms)
+        + p.const_ms,
         hbm_cap=(p.hbm_bytes - p.fixed_hbm_bytes) / GB,
         dram_cap=(p.dram_bytes - p.nvme_staging_bytes - states) / GB,
         nvme_cap=p.nvme_bytes / GB,
@@ -733,7 +738,7 @@ class Milp:
     v: MilpVars
 
     def step_ms(self, x: list[float]) -> float:
-        """The evaluator's step time of an assignment: ga * sum_o t[o] + ga*(pre+post) + const."""
+        """The evaluator's step time of an assignment: ga * sum_o t[o] + `step_const_ms`."""
         return self.p.step_const_ms + self.p.grad_accum * math.fsum(x[c] for c in self.v.t.values())
 
     def binaries(self) -> list[int]:

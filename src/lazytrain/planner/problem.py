@@ -55,6 +55,10 @@ class PlanningProblem:
     """Per optimizer step constant (exposed optimizer tail, bookkeeping), ms."""
     ends_grad_bytes: int = 0
     """Embedding/head gradient bytes drained in `post`."""
+    window_overhead_ms: float = 0.0
+    """o: the engine's fixed cost of every window (pre, f{j}, turn, b{j}, post: 2L+3 per
+    micro-batch), ms: Python, window bookkeeping, worker hand-offs. Plan-independent; added to
+    each window's time after its max / sum of channels. 0: not modelled (analytic presets)."""
 
     h2d_bytes_per_s: float
     """Host-to-device bandwidth, bytes/s."""
@@ -152,6 +156,9 @@ class PlanningProblem:
                      "nvme_read_bytes_per_s", "nvme_write_bytes_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0; got {getattr(self, name)}")
+        if not self.window_overhead_ms >= 0:
+            raise ValueError(f"window_overhead_ms must be >= 0 (0: not modelled); "
+                             f"got {self.window_overhead_ms}")
         for name in ("host_convert_bytes_per_s", "host_accumulate_bytes_per_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 (0: host work not modelled); "

@@ -23,6 +23,11 @@ first, then the next weight load, then compute):
   barrier makes the window last at least as long as the host work it issued (GPU), and on a
   CPU the shared resource adds it to the window (docs/execution_model.md, "Host work").
 
+- window overhead (only when `window_overhead_ms` > 0): every window opens with an `overhead`
+  task on the compute stream (the engine's Python and bookkeeping before it issues the
+  window's work), and every other task of the window waits for it ("window overhead first"),
+  so the window lasts o + its work on a GPU and adds o on a CPU.
+
 Dependencies (reason strings appear in `compare` explanations):
 - "weight load before use": a compute task waits for the load of its block's weights.
 - "double-buffer reuse": a streamed weight load takes a slot of the `weights` pool (size
@@ -81,11 +86,19 @@ class _Builder:
         self.bwd: dict[int, int] = {}            # block -> B[j] task
         self.drain_of: dict[int, int] = {}       # block -> its gradient drain task
         self.open_loads: set[int] = set()        # loads whose slot still gains users
+        self.lead: dict[str, int] = {}           # window -> its overhead task
+
+    def begin(self, window: str) -> None:
+        """Open `window`: its overhead task first, when the problem models one."""
+        if self.p.window_overhead_ms > 0:
+            self.lead[window] = self.add(f"overhead {window}", "compute", window,
+                                         self.p.window_overhead_ms, kind="overhead")
 
     def add(self, name: str, stream: str, window: str, work: float, *,
             deps: list[tuple[int | None, str]] = (), kind: str = "", block: int | None = None,
             boundary: int | None = None, acquire: str | None = None) -> int:
         tid = len(self.specs)
+        deps = list(deps) + [(self.lead.get(window), "window overhead first")]
         self.specs.append(dict(id=tid, name=name, stream=stream, window=self.widx[window],
                                work=float(work), deps=tuple((d, r) for d, r in deps
                                                             if d is not None),
@@ -188,10 +201,12 @@ def _forward(b: _Builder) -> dict[int, int]:
     """pre and f0..f{L-1}; returns block -> its forward weight-load task."""
     p, L = b.p, b.L
     keep, resident = set(b.plan.keep_internals), set(b.plan.resident_weights)
+    b.begin("pre")
     b.produced[0] = b.add("embed", "compute", "pre", p.embed_ms, kind="embed")
     loads = {0: b.load(0, "pre", "fwd", resident=0 in resident)}
     for j in range(L):
         w = f"f{j}"
+        b.begin(w)
         kept = j in keep
         b.transfers(w)
         if j + 1 < L:
@@ -207,6 +222,7 @@ def _forward(b: _Builder) -> dict[int, int]:
 def _turn(b: _Builder, fwd_load: dict[int, int]) -> dict[int, int]:
     """The turn window; returns block -> the weight load its backward uses."""
     p, L, resident = b.p, b.L, set(b.plan.resident_weights)
+    b.begin("turn")
     b.transfers("turn")
     loads = {L - 1: fwd_load[L - 1] if L - 1 in resident else b.load(L - 1, "turn", "bwd")}
     b.compute("head", "turn", p.head_ms, load=None,
@@ -222,6 +238,7 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
     cache: dict[int, int] = {}   # boundary -> recompute task producing it (this segment)
     for j in range(L - 1, -1, -1):
         w = f"b{j}"
+        b.begin(w)
         if j + 1 <= L - 1:
             b.drain_of[j + 1] = b.add(f"G{j + 1} drain", "d2h", w, p.grad_bytes[j + 1],
                                       deps=[(b.bwd[j + 1], "gradient drain after backward")],
@@ -242,6 +259,7 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
         fg = b.compute(f"Fg{j}", w, p.fwd_grad_ms[j], load=loads[j], deps=in_deps,
                        kind="fwd_grad", block=j)
         _bwd(b, j, w, loads[j], deps=[(fg, "re-forward before backward"), grad_dep])
+    b.begin("post")
     b.drain_of[0] = b.add("G0+ends drain", "d2h", "post", p.grad_bytes[0] + p.ends_grad_bytes,
                           deps=[(b.bwd[0], "gradient drain after backward")], kind="grad",
                           block=0)
