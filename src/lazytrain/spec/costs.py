@@ -29,8 +29,28 @@ Profile file (`profile_costs`; `lazytrain profile` writes it, issue 4), JSON:
      "ends": {"embed_ms": f, "head_ms": f},                       # optional
      "bandwidths": {"h2d_gb_per_s": f, "d2h_gb_per_s": f, "duplex_gb_per_s": f,
                     "nvme_read_gb_per_s": f, "nvme_write_gb_per_s": f},   # optional, any subset
-     "step_const_ms": f}       # optional: per optimizer step time outside the windows (exposed
+     "step_const_ms": f,       # optional: per optimizer step time outside the windows (exposed
                                # optimizer, ends load; the problem's const_ms), ms
+     "window_overhead_ms": f,  # optional: the engine's fixed cost of every window (Python,
+                               # bookkeeping, worker hand-offs; the problem's
+                               # window_overhead_ms), ms
+     "host": {                 # optional: host work measured as the runtime does it
+        "master_dtype": "fp32"|"bf16",   # the masters it was measured with (required here)
+        "convert_gb_per_s": f,     # master -> compute-dtype staging copy, compute-dtype GB
+                                   # written per s (the conversion worker)
+        "accumulate_gb_per_s": f,  # drained compute-dtype gradient added into the master-dtype
+                                   # accumulator, gradient GB per s (the accumulation worker)
+        "accumulate_first_gb_per_s": f,  # record: the first micro-batch's copy instead of add
+        "staging_copy_gb_per_s": f,      # record: memcpy into a 4 KiB-aligned NVMe bounce buffer
+        "optimizer_ms_per_mparam": f}}   # record: fused AdamW update, ms per 1e6 parameters
+
+`profile_costs` applies `convert_gb_per_s` / `accumulate_gb_per_s` to the HardwareSpec's
+`host_convert_bytes_per_s` / `host_accumulate_bytes_per_s`, expressed in the spec's reference
+dtypes (`reference_host_rates`: `planner/build.py` rescales them back to exactly the measured
+rates for the run's dtypes). The staging copy and the optimizer rate are records: the cost model
+charges no host time to NVMe staging (the d2h copy lands in the bounce buffer that O_DIRECT
+writes from) and the optimizer runs on its own thread outside the windows (its exposure is in
+`step_const_ms`).
 
 Other keys (`measurements`, `cpu_contention`, `refit`, `device`) are records for the report.
 
@@ -48,7 +68,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from lazytrain.spec.hardware import HardwareSpec, apply_overrides
+from lazytrain.spec.hardware import (
+    ACCUMULATE_TRAFFIC_PER_BYTE, CONVERT_TRAFFIC_PER_BYTE, HardwareSpec, apply_overrides,
+)
 from lazytrain.spec.model import ModelSpec
 
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
@@ -120,6 +142,9 @@ class ModelCosts:
     """`analytic` or `profile:<path>`."""
     step_const_ms: float = 0.0
     """Per optimizer step time outside the windows (the profile's `step_const_ms`), ms."""
+    window_overhead_ms: float = 0.0
+    """The engine's fixed cost of every window (the profile's `window_overhead_ms`), ms;
+    0: not modelled (analytic)."""
 
 
 def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_batch: int,
@@ -179,7 +204,8 @@ def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpe
     """Costs from a measured profile (schema in the module docstring), expanded to blocks.
 
     Sizes P, G, A come from the analytic model; times (and I / workspace when measured) from
-    the profile; measured bandwidths replace `hw`'s.
+    the profile; measured bandwidths and host rates (`host`, see `reference_host_rates`)
+    replace `hw`'s; `step_const_ms` and `window_overhead_ms` are carried to the problem.
 
     Raises:
         FileNotFoundError: no profile file.
@@ -201,6 +227,7 @@ def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpe
                          f"(config sha {sha[:12]} != {model.config_sha256[:12]})")
     bw = {k: v for k, v in (prof.get("bandwidths") or {}).items() if v is not None}
     hw = apply_overrides(hw, bw) if bw else hw
+    hw = _with_host_rates(hw, prof.get("host"), compute_dtype=compute_dtype, path=path)
     base = analytic_costs(model, hw, seq_len=seq_len, micro_batch=micro_batch,
                           compute_dtype=compute_dtype, head_chunk_tokens=head_chunk_tokens)
     kinds = prof.get("block_kinds") or {}
@@ -229,7 +256,57 @@ def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpe
         ends_weight_bytes=base.ends_weight_bytes, ends_grad_bytes=base.ends_grad_bytes,
         block_workspace_bytes=workspace, head_workspace_bytes=base.head_workspace_bytes,
         tokens=base.tokens, hardware=hw, source=f"profile:{path}",
-        step_const_ms=float(prof.get("step_const_ms") or 0.0))
+        step_const_ms=float(prof.get("step_const_ms") or 0.0),
+        window_overhead_ms=float(prof.get("window_overhead_ms") or 0.0))
+
+
+def reference_host_rates(convert_bytes_per_s: float, accumulate_bytes_per_s: float, *,
+                         master_dtype: str, compute_dtype: str) -> tuple[float, float]:
+    """Host rates measured with the run's dtypes, in the HardwareSpec's reference dtypes.
+
+    The spec quotes conversion and accumulation for fp32 masters and bf16 compute
+    (`CONVERT_TRAFFIC_PER_BYTE` / `ACCUMULATE_TRAFFIC_PER_BYTE` DRAM bytes per byte) and
+    `planner/build.py` (`host_rates`) scales them by the run's traffic per byte ((m + c) / c
+    for a conversion, (c + 2 m) / c for an accumulation); this is its inverse, so the problem
+    gets exactly the measured rates.
+
+    Args:
+        convert_bytes_per_s: compute-dtype bytes written per s by the conversion.
+        accumulate_bytes_per_s: drained gradient bytes added per s.
+        master_dtype, compute_dtype: the dtypes they were measured with ("fp32" | "bf16").
+
+    Returns:
+        (host_convert_bytes_per_s, host_accumulate_bytes_per_s) for the HardwareSpec.
+
+    Raises:
+        ValueError: an unknown dtype.
+    """
+    for name, dt in (("master_dtype", master_dtype), ("compute_dtype", compute_dtype)):
+        if dt not in DTYPE_BYTES:
+            raise ValueError(f"{name} must be one of {list(DTYPE_BYTES)}; got {dt!r}")
+    m, c = DTYPE_BYTES[master_dtype], DTYPE_BYTES[compute_dtype]
+    return (convert_bytes_per_s * ((m + c) / c) / CONVERT_TRAFFIC_PER_BYTE,
+            accumulate_bytes_per_s * ((c + 2 * m) / c) / ACCUMULATE_TRAFFIC_PER_BYTE)
+
+
+def _with_host_rates(hw: HardwareSpec, host: dict | None, *, compute_dtype: str,
+                     path: Path) -> HardwareSpec:
+    """`hw` with the profile's measured host rates (its `host` section), if it has them."""
+    if not host or not (host.get("convert_gb_per_s") or host.get("accumulate_gb_per_s")):
+        return hw
+    if host.get("master_dtype") not in DTYPE_BYTES:
+        raise ValueError(f"profile {path}: host.master_dtype must be one of {list(DTYPE_BYTES)}; "
+                         f"got {host.get('master_dtype')!r}; re-run `lazytrain profile`")
+    conv, acc = reference_host_rates(float(host.get("convert_gb_per_s") or 0.0) * 1e9,
+                                     float(host.get("accumulate_gb_per_s") or 0.0) * 1e9,
+                                     master_dtype=host["master_dtype"],
+                                     compute_dtype=compute_dtype)
+    changes = {}
+    if conv > 0:
+        changes["host_convert_bytes_per_s"] = conv
+    if acc > 0:
+        changes["host_accumulate_bytes_per_s"] = acc
+    return dataclasses.replace(hw, **changes)
 
 
 # ---------------------------------------------------------------------------------------------
