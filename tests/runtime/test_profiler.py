@@ -11,7 +11,8 @@ import torch
 from engine_helpers import BATCH, SEQ, model_pair, tiny_config
 from lazytrain.runtime.nvme import FaultInjector
 from lazytrain.runtime.profiler import (
-    BlockBench, block_kind_times, measure_profile, nvme_rates, optimizer_exposed_ms,
+    BlockBench, block_kind_times, host_rates, measure_profile, nvme_rates, optimizer_exposed_ms,
+    twin_adapter, window_overhead_ms,
 )
 from lazytrain.spec.costs import profile_costs
 from lazytrain.spec.hardware import get_hardware
@@ -82,3 +83,35 @@ def test_the_quick_profile_has_every_key_of_the_full_one(adapter, tmp_path):
         return {prefix + k for k in d} | {x for k, v in d.items() if isinstance(v, dict)
                                           for x in keys(v, f"{prefix}{k}.")}
     assert keys(quick) == keys(full)
+
+
+def test_the_head_bench_runs_on_boundary_l_and_computes_the_hf_loss():
+    ref, adapter = model_pair(tiny_config("llama", layers=2, tied=True))
+    bench = BlockBench(adapter, micro_batch=BATCH, seq_len=SEQ, dtype="fp32",
+                       device=torch.device("cpu"))
+    with torch.no_grad():  # plain HF: embedding -> both layers -> norm -> head -> mean CE
+        want = ref(input_ids=bench.ids, labels=bench.labels, use_cache=False).loss
+    assert bench.head() == pytest.approx(float(want), rel=1e-5)
+
+
+def test_host_rates_are_measured_for_the_run_dtypes(adapter):
+    bench = BlockBench(adapter, micro_batch=BATCH, seq_len=SEQ, dtype="fp32",
+                       device=torch.device("cpu"))
+    host = host_rates(bench, repeats=1, warmup=0)
+    assert host["master_dtype"] == "fp32"
+    assert all(host[k] > 0 for k in ("convert_gb_per_s", "accumulate_gb_per_s",
+                                     "accumulate_first_gb_per_s", "staging_copy_gb_per_s",
+                                     "optimizer_ms_per_mparam"))
+
+
+def test_the_window_overhead_twin_is_the_run_family_at_two_blocks_of_hidden_64(adapter):
+    twin = twin_adapter(adapter)
+    assert type(twin.config) is type(adapter.config)
+    assert twin.num_blocks == 2 and twin.config.hidden_size == 64
+
+
+def test_the_window_overhead_is_measured_over_2l_plus_3_windows(adapter, tmp_path):
+    out = window_overhead_ms(adapter, compute_dtype="fp32", device=torch.device("cpu"),
+                             nvme_dir=tmp_path, steps=1, warmup=0)
+    assert out["windows"] == 7  # 2 blocks: pre, f0, f1, turn, b1, b0, post
+    assert out["twin_windows_ms"] > 0 and out["window_overhead_ms"] >= 0
