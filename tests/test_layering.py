@@ -21,7 +21,7 @@ FORBIDDEN = {
                "planner.milp", "planner.solvers"},
     "runtime": {"planner.milp", "planner.solvers", "planner.heuristics", "planner.bounds",
                 "planner.policy", "sim", "report", "train", "cli"},
-    "models": {"planner.milp", "planner.solvers", "sim", "report", "train", "cli"},
+    "models": {"runtime", "planner.milp", "planner.solvers", "sim", "report", "train", "cli"},
     "data": {"planner", "sim", "report", "runtime", "train", "cli"},
 }
 NO_TORCH = {"spec", "planner", "sim", "report"}

@@ -101,7 +101,7 @@ def import_sites(tree: ast.Module, *, module: str, is_init: bool) -> list[list[s
 def node_of_name(name: str, *, package: str, nodes: set[str]) -> str | None:
     """The node a dotted import name lands in, or None when it is outside the package.
 
-    `lazytrain.runtime.params.HostParams` -> `runtime`; `lazytrain.__version__` -> `lazytrain`
+    `lazytrain.runtime.engine.Engine` -> `runtime`; `lazytrain.__version__` -> `lazytrain`
     (the package's `__init__`); `torch.nn` -> None.
     """
     parts = name.split(".")

@@ -30,7 +30,7 @@ from lazytrain.models import adapter_from_model
 from lazytrain.planner.build import HOST_BYTES_PER_PARAM, HOST_BYTES_PER_PARAM_Q8
 from lazytrain.runtime.engine import Engine
 from lazytrain.runtime.optim import BlockOptimizer, lr_at
-from lazytrain.runtime.params import HostParams
+from lazytrain.models.host_params import HostParams
 
 R, H, D, N = "recompute", "hbm", "dram", "nvme"
 TIERS, KEEP = [N, R, R, D, H], (2, 3)  # NVMe, a recomputed segment and kept internals

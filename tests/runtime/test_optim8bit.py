@@ -24,7 +24,7 @@ from lazytrain.planner.plan import SolveRecord  # noqa: E402
 from lazytrain.runtime import optim8bit  # noqa: E402
 from lazytrain.runtime.engine import Engine  # noqa: E402
 from lazytrain.runtime.optim import BlockOptimizer  # noqa: E402
-from lazytrain.runtime.params import HostParams  # noqa: E402
+from lazytrain.models.host_params import HostParams  # noqa: E402
 
 from tests.runtime.engine_helpers import (  # noqa: E402
     micro_batches, model_pair, problem_for, reference_grads, tiny_config,

@@ -95,14 +95,13 @@ def test_a_slot_reloaded_without_waiting_for_its_last_consumer_is_caught(tmp_pat
 
 
 def test_a_staging_buffer_rewritten_before_its_h2d_completed_is_caught(tmp_path, monkeypatch):
-    from lazytrain.runtime import params
 
     def acquire(self):
         k = self._next
         self._next = (k + 1) % len(self.buffers)
         return k, self.buffers[k]  # no host wait for the previous copy
 
-    monkeypatch.setattr(params.StagingPool, "acquire", acquire)
+    monkeypatch.setattr(streams_mod.StagingPool, "acquire", acquire)
     exc = _violation(tmp_path, tiers=[H] * 5, keep=())  # no offload syncs the host (above)
     assert "weight staging buffer" in exc.buffer
     assert "h2d" in exc.first and "host:" in exc.second

@@ -14,7 +14,7 @@ from engine_helpers import micro_batches, plan_for, reference_grads, tiny_config
 from lazytrain.models import adapter_from_model
 from lazytrain.runtime.engine import Engine
 from lazytrain.runtime.optim import lr_at
-from lazytrain.runtime.params import HostParams, check_master_dtype
+from lazytrain.models.host_params import HostParams, check_master_dtype
 
 
 def test_unknown_master_dtype_is_refused_with_the_key_and_the_choices():

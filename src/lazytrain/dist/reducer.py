@@ -26,9 +26,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from lazytrain.models.host_params import HostParams, ParamGroup
 from lazytrain.runtime.device import Device
-
-from lazytrain.runtime.params import HostParams, ParamGroup
 
 
 class GradReducer:

@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import torch
 
+from lazytrain.models.host_params import HostParams, ParamGroup
 from lazytrain.planner.topology import assign_owners
 from lazytrain.runtime.optim import BlockOptimizer
-from lazytrain.runtime.params import HostParams, ParamGroup
 
 
 def group_owners(params: HostParams, world_size: int) -> dict[str, int]:

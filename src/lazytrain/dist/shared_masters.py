@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from lazytrain.dist.process_group import DistContext, barrier, broadcast_object
-from lazytrain.runtime.params import ParamGroup
+from lazytrain.models.host_params import ParamGroup
 
 
 def enabled(ctx: DistContext, shared_masters: bool) -> bool:

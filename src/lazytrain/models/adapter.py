@@ -5,7 +5,7 @@ rotary module of an HF model; computing the per-block forward kwargs once per mi
 (position embeddings, position ids, the attention mask each layer needs, read from that layer's
 own attributes); and running each piece *functionally* on weights the caller supplies
 (`torch.func.functional_call`), so the module skeleton may live on the meta device while the
-weights live in `runtime.params.HostParams`.
+weights live in `host_params.HostParams`.
 
 Knows nothing about plans, tiers or streams. Families plug in through `families.LAYOUTS`, a
 plain dict from HF `model_type` to the attribute paths of the parts, with a generic path for
@@ -27,8 +27,8 @@ from torch.func import functional_call
 
 from lazytrain.models.families import (LAYOUTS, DecoderLayout, _get, layer_attention_type,
                                        layer_mask_key, mask_builder, resolve_layout)
+from lazytrain.models.host_params import HostParams
 from lazytrain.models.router_aux import RouterAux, router_class
-from lazytrain.runtime.params import HostParams
 
 __all__ = ["IGNORE_INDEX", "LAYOUTS", "DecoderLayout", "ModelAdapter", "config_sha256",
            "layer_attention_type", "shift_labels"]

@@ -16,7 +16,7 @@ from torch import nn
 from lazytrain.atomic import atomic_path
 from lazytrain.models.adapter import ModelAdapter, check_distinct_layers
 from lazytrain.models.families import _get, resolve_layout, text_model_config
-from lazytrain.runtime.params import HostParams
+from lazytrain.models.host_params import HostParams
 
 SHARD_BYTES = 2 * 1024**3
 """Largest safetensors shard written by `save_hf_dir`, bytes (HF's default is 5 GB)."""
@@ -52,7 +52,7 @@ def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: st
         hf_config: `transformers.PretrainedConfig` of a supported decoder-only family.
         dtype: compute dtype name ("fp32"|"bf16"); accepted for symmetry with the run config,
             the host store always holds `master_dtype` and the Engine casts device copies.
-        master_dtype: "fp32" or "bf16" (`runtime.params.MASTER_DTYPES`); bf16 masters hold the
+        master_dtype: "fp32" or "bf16" (`host_params.MASTER_DTYPES`); bf16 masters hold the
             initial fp32 weights rounded to nearest.
         seed: torch seed for the initialization (None: current RNG).
         masters, fills_masters: where the store's masters live and whether this process

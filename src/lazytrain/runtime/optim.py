@@ -1,7 +1,7 @@
 """Per-block CPU AdamW on the flat host master buffers, run by one worker thread; LR schedule.
 
 Owns the optimizer states (one `torch.optim.AdamW(fused=True)` per parameter group of
-`runtime.params.HostParams`: AdamW is elementwise, so one flat tensor per block gives exactly
+`models.host_params.HostParams`: AdamW is elementwise, so one flat tensor per block gives exactly
 the per-parameter update), the order of updates (FIFO on one worker thread), the gradient
 clipping scale, and the warmup + cosine learning-rate schedule.
 
@@ -46,9 +46,9 @@ from concurrent.futures import Future
 
 import torch
 
+from lazytrain.models.host_params import HostParams, ParamGroup
 from lazytrain.runtime import optim8bit
 from lazytrain.runtime.device import Device
-from lazytrain.runtime.params import HostParams, ParamGroup
 
 
 Q8_KEY = "lazytrain_q8"

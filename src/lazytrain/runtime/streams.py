@@ -11,7 +11,7 @@ Ordering rules enforced here (the race classes of offloading systems):
   queued before its allocation or its last release (`DeviceWeights.load` waits for the event
   recorded then; a fresh buffer may be memory the compute stream still uses);
 - a staging (H2D source) buffer is rewritten on the host only after its previous copy's event
-  completed (`params.StagingPool.acquire`);
+  completed (`StagingPool.acquire`);
 - a gradient D2H destination is read on the host and reused only after its copy's event
   completed, and the device gradient is kept alive (record_stream) until the copy ran
   (`GradDrain`).
@@ -27,8 +27,8 @@ from typing import Callable
 
 import torch
 
+from lazytrain.models.host_params import HostParams, ParamGroup
 from lazytrain.runtime.device import Device, Event
-from lazytrain.runtime.params import HostParams, ParamGroup, StagingPool
 
 
 @dataclass(slots=True)
@@ -43,6 +43,44 @@ class WeightHandle:
     """Double-buffer slot index, or None for a resident (kept) buffer."""
     job: object = None
     """The conversion worker's future (staging, conversion, the H2D), None once collected."""
+
+
+class StagingPool:
+    """A bounded ring of compute-dtype host buffers used as H2D sources.
+
+    One buffer per weight slot, each the size of the largest block: the masters are converted to
+    the compute dtype into these buffers, never into a pinned copy of the whole model.
+    The buffers come from the device API's `pinned_empty` (page-locked on CUDA, so the copy is
+    asynchronous); a buffer is handed out again only after the event recorded for its last copy
+    has completed (a source buffer is never rewritten on the host before its copy read it).
+
+    Args:
+        numel: elements per buffer (the largest group).
+        dtype: compute dtype.
+        count: number of buffers (2-4: double buffering plus the recompute loads).
+        device: the device API (`runtime/device.py`).
+    """
+
+    def __init__(self, numel: int, dtype: torch.dtype, *, count: int = 3, device) -> None:
+        size = torch.empty((), dtype=dtype).element_size()
+        self.device = device
+        self.buffers = [device.pinned_empty(numel * size, name=f"weight staging buffer {k}")
+                        .view(dtype) for k in range(count)]
+        self.events: list[object | None] = [None] * count
+        self._next = 0
+
+    def acquire(self) -> tuple[int, torch.Tensor]:
+        """Next buffer in the ring, after waiting for its previous copy (sync point)."""
+        k = self._next
+        self._next = (k + 1) % len(self.buffers)
+        if self.events[k] is not None:
+            self.device.host_wait(self.events[k])  # the previous H2D from this buffer is done
+            self.events[k] = None
+        return k, self.buffers[k]
+
+    def mark_in_flight(self, k: int, event) -> None:
+        """Record the event of the copy reading buffer k."""
+        self.events[k] = event
 
 
 class DeviceWeights:
