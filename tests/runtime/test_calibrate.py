@@ -34,9 +34,9 @@ def counted(monkeypatch):
     monkeypatch.delenv("LAZYTRAIN_CALIBRATE")
     calls = []
 
-    def measure(cfg, device):
+    def measure(cfg, device, **kwargs):
         calls.append((cfg.train.micro_batch, cfg.train.compute_dtype, device))
-        return real(cfg, device)
+        return real(cfg, device, **kwargs)
 
     real = setup.measure_calibration
     monkeypatch.setattr(setup, "measure_calibration", measure)

@@ -241,7 +241,7 @@ def _get_plan(cfg: RunConfig, run_dir: Path, *, plan: Plan | None, resuming: boo
                   f"{cfg.dist.nproc_per_node}: planning again", file=sys.stderr)
             plan = None
     if plan is None:
-        plan = setup.make_plan(cfg)
+        plan = setup.make_plan(cfg, run_dir=run_dir)
     plan.check_matches(seq_len=cfg.data.seq_len, micro_batch=cfg.train.micro_batch)
     return plan
 

@@ -136,7 +136,7 @@ def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, 
                                     seed=seed, **where)
 
 
-def make_plan(cfg: Any, *, calibrate: bool = True,
+def make_plan(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
               log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
               ) -> Plan:
     """Plan from the config with its planner policy (the same path as `lazytrain plan`; with
@@ -147,6 +147,8 @@ def make_plan(cfg: Any, *, calibrate: bool = True,
         cfg: the run config.
         calibrate: measure this machine's calibration on a cache miss (`runtime.calibrate:
             auto`; `measure_config_profile` in its quick mode). False: a miss plans analytic.
+        run_dir: the job's run directory (default `train.run_dir`), where a calibration times
+            NVMe unless `runtime.nvme_dir` is set.
         log: calibration progress and warnings.
 
     Raises:
@@ -157,7 +159,10 @@ def make_plan(cfg: Any, *, calibrate: bool = True,
     from lazytrain.planner.policy import plan_with_policy
     from lazytrain.runtime.calibrate import resolve_profile
 
-    costs = resolve_profile(cfg, measure=measure_calibration if calibrate else None, log=log)
+    def measure(cfg_: Any, device: str) -> dict:
+        return measure_calibration(cfg_, device, run_dir=run_dir)
+
+    costs = resolve_profile(cfg, measure=measure if calibrate else None, log=log)
     pc = cfg.planner
     problem = costs.annotate(rank_problem_from_config(costs.config))
     return plan_with_policy(problem, pc.policy, backend=pc.backend,
@@ -166,14 +171,14 @@ def make_plan(cfg: Any, *, calibrate: bool = True,
 
 
 def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeats: int = 5,
-                           warmup: int = 2,
+                           warmup: int = 2, run_dir: Path | None = None,
                            log: Callable[[str], None] = lambda msg: None) -> dict:
     """The configured model's profile on `device` (`runtime.profiler.measure_profile`).
 
     The model is built from its architecture (`model.config_path`; weights from its directory
     when it has them, else a seeded random init: times do not depend on the values, and a hub
     id downloads no weights for it); NVMe is timed in a temporary directory under
-    `runtime.nvme_dir` (else `train.run_dir`), removed afterwards. The model copy is freed on
+    `runtime.nvme_dir` (else the run directory), removed afterwards. The model copy is freed on
     return.
 
     Args:
@@ -181,6 +186,7 @@ def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeat
         device: "cpu" or "cuda".
         quick: the calibration mode (a few timed runs per figure).
         repeats, warmup: timed and untimed runs per measurement (ignored when quick).
+        run_dir: the run directory (default `train.run_dir`).
         log: progress lines.
 
     Raises:
@@ -200,7 +206,7 @@ def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeat
     adapter = load_adapter(source, compute_dtype=cfg.train.compute_dtype,
                            master_dtype=cfg.train.master_dtype, seed=cfg.train.seed)
     spec = ModelSpec.from_hf_config(adapter.config.to_dict())
-    root = Path(cfg.runtime.nvme_dir or cfg.train.run_dir).expanduser()
+    root = Path(cfg.runtime.nvme_dir or run_dir or cfg.train.run_dir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix="profile-nvme-") as nvme_dir:
         return measure_profile(
@@ -210,10 +216,10 @@ def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeat
             warmup=warmup, model_config_sha256=spec.config_sha256, log=log, quick=quick)
 
 
-def measure_calibration(cfg: Any, device: str) -> dict:
+def measure_calibration(cfg: Any, device: str, *, run_dir: Path | None = None) -> dict:
     """The calibration measurement (`runtime.calibrate.Measure`): `measure_config_profile` in
     its quick mode, progress on stderr."""
-    return measure_config_profile(cfg, device, quick=True,
+    return measure_config_profile(cfg, device, quick=True, run_dir=run_dir,
                                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
 
 
