@@ -80,7 +80,9 @@ except ImportError:  # run from a checkout without PYTHONPATH=src
     sys.path.insert(0, str(ROOT / "src"))
     import lazytrain  # noqa: F401
 
-GB, GIB = 1e9, 2**30
+from lazytrain.units import GB  # noqa: E402
+
+GIB = 2**30
 SECTION_ORDER = ("environment", "ceilings", "ordering", "gradients", "overlap")
 MIN_START_S = {"environment": 0, "ceilings": 15, "ordering": 15, "gradients": 25, "overlap": 40}
 """Seconds of budget a section needs to start (full run); --quick halves them."""

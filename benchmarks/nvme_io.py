@@ -41,8 +41,7 @@ import torch
 from lazytrain.runtime import nvme
 from lazytrain.runtime.activations import CheckpointStore
 from lazytrain.runtime.nvme import CHUNK_BYTES, aligned_empty, align_up, filesystem_type, supports_o_direct
-
-GB = 1e9  # bytes, as in hardware.json
+from lazytrain.units import GB
 
 
 def _drop_from_page_cache(path: Path) -> None:

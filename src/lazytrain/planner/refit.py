@@ -37,9 +37,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from lazytrain.atomic import read_jsonl
 from lazytrain.planner.evaluate import segments_of
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.units import GB
 
 CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write")
 """Copy channels with a bandwidth in the problem (the instrument's byte keys)."""
@@ -56,7 +58,6 @@ DEFAULT_RIDGE = 1e-4
 determined unknowns follow the data within ~0.01%; undetermined ones keep their prior."""
 MIN_BYTES = 1
 """Windows moving fewer bytes on a channel carry no information about its bandwidth."""
-GB = 1e9
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -215,15 +216,17 @@ def fit_bandwidths(windows: Iterable[dict], *, copies_overlap_compute: bool
 
 
 def load_windows(path: str | Path) -> list[dict]:
-    """The records of a `windows.jsonl` file (one dict per step and micro-batch).
+    """The records of a `windows.jsonl` file (one dict per step and micro-batch), read by
+    `lazytrain.atomic.read_jsonl`: a torn last line (a crash mid-append) is skipped.
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file (names the fix).
+        ValueError: a damaged line other than the last (names the file and line).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no measured windows at {path} (train with instrumentation on)")
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return read_jsonl(path)
 
 
 def select_windows(records: Iterable[dict], *, plan_id: str | None = None,

@@ -24,7 +24,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-GB = 1e9
+from lazytrain.units import GB
 
 
 class PreflightError(RuntimeError):
