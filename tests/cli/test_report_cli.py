@@ -69,9 +69,9 @@ def test_report_refuses_a_plan_the_run_did_not_measure_unless_forced(tmp_path, c
     from lazytrain.planner.plan import plan_digest
 
     plan = write_run(tmp_path / "run")
-    from lazytrain.report.tables import read_windows_jsonl
+    from lazytrain.atomic import read_jsonl
 
-    records = read_windows_jsonl(tmp_path / "run" / "windows.jsonl")
+    records = read_jsonl(tmp_path / "run" / "windows.jsonl")
     assert {r.get("plan_id") for r in records} == {plan_digest(plan)}  # the run's own plan
     other = tmp_path / "other.json"
     other.write_text(json.dumps(dict(plan, predicted=dict(plan["predicted"], step_ms=50.0))))

@@ -10,7 +10,7 @@ from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.refit import (
-    design_rows, fit_bandwidths, fit_compute, problem_with_rates, refit_profile,
+    design_rows, fit_bandwidths, fit_compute, load_windows, problem_with_rates, refit_profile,
 )
 
 L = 3
@@ -113,3 +113,16 @@ def test_problem_with_rates_replaces_only_measured_channels_and_keeps_duplex_con
     assert q.nvme_read_bytes_per_s == 1e6 and q.d2h_bytes_per_s == p.d2h_bytes_per_s
     assert q.h2d_bytes_per_s == 2e9 and q.duplex_bytes_per_s == 2e9
     assert q.fwd_ms == (2.0,) * L and q.nvme_write_bytes_per_s == p.nvme_write_bytes_per_s
+
+
+def test_load_windows_skips_a_torn_last_line_left_by_a_crash_mid_append(tmp_path):
+    records = [{"step": 0, "micro_batch": 0, "windows": [_w("f0", 1.0)]},
+               {"step": 1, "micro_batch": 0, "windows": [_w("f0", 1.1)]}]
+    path = tmp_path / "windows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 2, "windo')
+    assert load_windows(path) == records
+
+
+def test_load_windows_names_the_fix_when_the_run_has_no_windows(tmp_path):
+    with pytest.raises(FileNotFoundError, match="instrumentation"):
+        load_windows(tmp_path / "windows.jsonl")

@@ -41,7 +41,8 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load, compare, print; returns the exit code."""
-    from lazytrain.report.tables import compare, format_table, read_windows_jsonl
+    from lazytrain.atomic import read_jsonl
+    from lazytrain.report.tables import compare, format_table
 
     run_dir = Path(args.run_dir)
     plan_path = Path(args.plan) if args.plan else run_dir / "plan.json"
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if not plan_path.is_file():
         raise FileNotFoundError(f"{plan_path}: no plan; pass --plan plan.json")
     plan_dict = json.loads(plan_path.read_text())
-    records = read_windows_jsonl(run_dir / "windows.jsonl")
+    records = read_jsonl(run_dir / "windows.jsonl")
     if args.plan and not args.force:
         check_plan_of_run(plan_dict, records, plan_path=plan_path)
     comparison = compare(plan_dict, records, skip_steps=args.skip_steps)

@@ -1,8 +1,8 @@
 """Predicted vs measured, window by window: the numbers behind `lazytrain report`.
 
-Owns reading a run's `windows.jsonl` (schema: `runtime/instrument.py`) and comparing it with
-the plan's per-window predictions (`Plan.windows`: time_ms, compute_ms, exposed_ms). Measured
-values are medians over the steps after warm-up: a window's measured time is the median over
+Owns comparing a run's `windows.jsonl` records (schema: `runtime/instrument.py`; read with
+`lazytrain.atomic.read_jsonl`, which skips a torn last line) with the plan's per-window
+predictions (`Plan.windows`: time_ms, compute_ms, exposed_ms). Measured values are medians over the steps after warm-up: a window's measured time is the median over
 every (step, micro-batch) sample of its `wall_ms`; the measured step time is the median over
 steps of the sum of all windows' `wall_ms` over the step's micro-batches (work outside windows,
 e.g. loading the resident embedding/head before `pre`, is not in it). `pre` and `post` have
@@ -14,10 +14,8 @@ Must not know torch or the runtime: it reads JSON only.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 from lazytrain.planner.plan import plan_digest
 
@@ -123,23 +121,6 @@ class Comparison:
                          "measured_bytes": w.measured_bytes} for w in self.windows],
             "most_wrong": [w.name for w in self.most_wrong()],
         }
-
-
-def read_windows_jsonl(path: str | Path) -> list[dict]:
-    """The records of windows.jsonl; a torn last line (crash mid-append) is skipped.
-
-    Raises:
-        FileNotFoundError: no such file.
-    """
-    out = []
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 def select_records(records: list[dict], *, plan_id: str, skip_steps: int) -> list[dict]:

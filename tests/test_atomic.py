@@ -1,0 +1,63 @@
+"""lazytrain.atomic: the atomic writer leaves the old file on failure; the JSON-lines reader skips
+the one torn last line a crash mid-append leaves and refuses any other damage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lazytrain.atomic import atomic_path, read_jsonl, write_text_atomic
+
+RECORDS = [{"step": 1, "micro_batch": 0, "windows": [{"name": "f0", "wall_ms": 2.5}]},
+           {"step": 2, "micro_batch": 0, "windows": [{"name": "f0", "wall_ms": 3.0}]}]
+
+
+def _log(path, records, tail=""):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+    return path
+
+
+def test_a_torn_last_line_cut_mid_json_is_skipped(tmp_path):
+    full = json.dumps({"step": 3, "micro_batch": 0, "windows": [{"name": "f0", "wall_ms": 1.0}]})
+    torn = full[:len(full) // 2]  # the crash came in the middle of the third record
+    path = _log(tmp_path / "windows.jsonl", RECORDS, tail=torn)
+    assert read_jsonl(path) == RECORDS
+
+
+def test_blank_lines_are_skipped_and_a_complete_last_line_is_kept(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n\n  \n{"step": 2, "loss": 1.5}')  # no final \n
+    assert read_jsonl(path) == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]
+
+
+def test_an_empty_log_has_no_records(tmp_path):
+    assert read_jsonl(_log(tmp_path / "windows.jsonl", [])) == []
+
+
+def test_a_damaged_line_before_the_last_names_the_file_and_line(tmp_path):
+    path = tmp_path / "windows.jsonl"
+    path.write_text(json.dumps(RECORDS[0]) + "\n" + '{"step": 2, "mic' + "\n"
+                    + json.dumps(RECORDS[1]) + "\n")
+    with pytest.raises(ValueError, match=r"windows.jsonl:2: not JSON .*delete line 2"):
+        read_jsonl(path)
+
+
+def test_a_json_value_that_is_no_object_is_refused(tmp_path):
+    path = _log(tmp_path / "windows.jsonl", RECORDS, tail="[1, 2]\n")
+    with pytest.raises(ValueError, match=r"windows.jsonl:3: a JSON list, not an object"):
+        read_jsonl(path)
+
+
+def test_a_missing_log_raises_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        read_jsonl(tmp_path / "windows.jsonl")
+
+
+def test_an_exception_inside_atomic_path_leaves_the_old_file_and_no_temp(tmp_path):
+    path = write_text_atomic(tmp_path / "plan.json", "old")
+    with pytest.raises(RuntimeError), atomic_path(path) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("crash while writing")
+    assert path.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
