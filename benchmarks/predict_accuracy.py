@@ -1,23 +1,29 @@
-"""Predicted vs measured step time on this CPU, with a profile measured here, for three plans.
+"""Predicted vs measured step time on this CPU, without and with calibration, for six plan kinds.
 
 Run:  nice python benchmarks/predict_accuracy.py [--layers 6 --hidden 256 --seq 128 --batch 4]
 
-A small random Llama (config.json only, random init) is profiled with `runtime.profiler`
-(the `lazytrain profile` path), the planning problem is built from that profile
-(`hardware.profile_path`, preset cpu), and three plans are run through the engine:
-all-recompute (boundaries 0 and L only), mixed tiers (hbm / dram / nvme / recompute), and
-NVMe-heavy (every boundary but L on NVMe). Measured = median engine step time after warm-up
-steps; predicted = the plan's `predicted.step_ms` (the fluid evaluator, CPU contention model).
-Target |error| <= 15%, goal 10% (issue 4). Not part of CI.
+A small random Llama (config.json only, random init) is planned twice: "uncalibrated" with the
+analytic `cpu` preset, "calibrated" with a profile measured here by
+`runtime.profiler.measure_profile(quick=True)` (the calibration mode). For each plan kind the
+same tier assignment is built against both problems (transfers scheduled by the evaluator) and
+both plans run through the engine with the trainer's flags (instrumented, budgets on):
+all-recompute (boundaries 0 and L only), recompute-heavy (every third boundary), mixed tiers
+(hbm / dram / nvme / recompute), NVMe-heavy (every boundary but L on NVMe), DRAM-offload-heavy
+(every boundary but L in DRAM) and all-HBM with every block's internals kept (the default job's
+kind). Measured = median engine step time after warm-up steps; predicted = the plan's
+`predicted.step_ms` (the fluid evaluator, CPU contention model). Target |error| <= 15% with
+calibration. Not part of CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -37,8 +43,9 @@ def make_model_dir(root: Path, *, layers: int, hidden: int, vocab: int = 2048) -
 
 
 def setup_run(root: Path, *, layers: int, hidden: int, seq: int, batch: int,
-              repeats: int = 5):
-    """(cfg with the measured profile, adapter, profile dict)."""
+              repeats: int = 5, quick: bool = False):
+    """(cfg planning with the profile measured here, adapter, profile dict); the profile's
+    wall seconds are in `profile["measurements"]["profile_s"]`."""
     from lazytrain.config import load_config
     from lazytrain.runtime.profiler import measure_profile
     from lazytrain.spec.model import ModelSpec
@@ -52,32 +59,46 @@ def setup_run(root: Path, *, layers: int, hidden: int, seq: int, batch: int,
     adapter = setup.load_adapter(setup.resolve_model_source(cfg.model.config_path),
                                  compute_dtype="fp32", master_dtype="fp32", seed=0)
     spec = ModelSpec.from_hf_config(adapter.config.to_dict())
+    t0 = time.perf_counter()
     prof = measure_profile(adapter, [b.kind for b in spec.blocks], micro_batch=batch,
                            seq_len=seq, compute_dtype="fp32", device="cpu",
-                           nvme_dir=root / "profile-nvme", repeats=repeats, warmup=2,
+                           nvme_dir=root / "profile-nvme", repeats=repeats, quick=quick,
                            model_config_sha256=spec.config_sha256)
+    prof["measurements"]["profile_s"] = time.perf_counter() - t0
     (root / "profile.json").write_text(json.dumps(prof, indent=1))
     cfg = load_config(None, overrides + [f"hardware.profile_path={root / 'profile.json'}"])
     return cfg, adapter, prof
 
 
-def plans(cfg) -> dict:
-    """name -> Plan for the three tier mixes (transfers scheduled by the evaluator)."""
+def without_profile(cfg):
+    """`cfg` planning with the analytic preset instead of its profile (uncalibrated)."""
+    return dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, profile_path=""))
+
+
+def tier_mixes(L: int) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+    """kind -> (tiers of boundaries 0..L, kept blocks)."""
+    mixed = ["hbm", "recompute", "dram", "nvme", "recompute", "hbm"]
+    return {
+        "all-recompute": (("hbm",) + ("recompute",) * (L - 1) + ("hbm",), ()),
+        "recompute-heavy": (tuple("hbm" if i % 3 == 0 else "recompute" for i in range(L))
+                            + ("hbm",), ()),
+        "mixed tiers": (tuple(mixed[i % 6] for i in range(L)) + ("hbm",), ()),
+        "nvme-heavy": (("nvme",) * L + ("hbm",), ()),
+        "dram-offload-heavy": (("dram",) * L + ("hbm",), ()),
+        "all-hbm keep": (("hbm",) * (L + 1), tuple(range(L))),
+    }
+
+
+def plans(cfg) -> tuple[dict, object]:
+    """(kind -> Plan of each tier mix on `cfg`'s problem, the problem)."""
     from lazytrain.planner.build import problem_from_config
     from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
     from lazytrain.planner.plan import SolveRecord
 
     problem = problem_from_config(cfg)
-    L = problem.num_blocks
-    mixes = {
-        "all-recompute": ("hbm",) + ("recompute",) * (L - 1) + ("hbm",),
-        "mixed tiers": tuple(["hbm", "recompute", "dram", "nvme", "recompute", "hbm"]
-                             [i % 6] for i in range(L)) + ("hbm",),
-        "nvme-heavy": ("nvme",) * L + ("hbm",),
-    }
-    return {name: build_plan(problem, decisions_from_tiers(problem, tiers),
+    return {name: build_plan(problem, decisions_from_tiers(problem, tiers, keep),
                              solver=SolveRecord(backend="manual"))
-            for name, tiers in mixes.items()}, problem
+            for name, (tiers, keep) in tier_mixes(problem.num_blocks).items()}, problem
 
 
 def batches(vocab: int, *, batch: int, seq: int, n: int, seed: int = 1) -> list[dict]:
@@ -90,7 +111,9 @@ def batches(vocab: int, *, batch: int, seq: int, n: int, seed: int = 1) -> list[
     return out
 
 
-def make_engine(adapter, plan, nvme_dir: Path, *, fault_hook=None, instrument: bool = False):
+def make_engine(adapter, plan, nvme_dir: Path, *, fault_hook=None, instrument: bool = True,
+                budgets: bool = True):
+    """The engine as the trainer builds it (instrumented, budgets on) unless told otherwise."""
     from lazytrain.runtime.activations import CheckpointStore
     from lazytrain.runtime.engine import Engine
 
@@ -98,7 +121,7 @@ def make_engine(adapter, plan, nvme_dir: Path, *, fault_hook=None, instrument: b
                             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
     return Engine(adapter, plan, device="cpu", nvme_dir=nvme_dir, compute_dtype="fp32",
                   lr=1e-5, clip_grad_norm=1.0, store=store, instrument=instrument,
-                  model_config_sha256=plan.provenance["model_config_sha256"])
+                  budgets=budgets, model_config_sha256=plan.provenance["model_config_sha256"])
 
 
 def measure_steps(engine, data: list[dict], *, warmup: int) -> list[float]:
@@ -109,6 +132,15 @@ def measure_steps(engine, data: list[dict], *, warmup: int) -> list[float]:
         if n >= warmup:
             times.append(stats.step_s * 1e3)
     return times
+
+
+def run_plan(adapter, plan, nvme_dir: Path, data: list[dict], *, warmup: int) -> float:
+    """Median measured step time of `plan`, ms."""
+    engine = make_engine(adapter, plan, nvme_dir)
+    try:
+        return statistics.median(measure_steps(engine, data, warmup=warmup))
+    finally:
+        engine.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,27 +157,30 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(dir=args.dir or Path.cwd(), prefix="predict-") as tmp:
         root = Path(tmp)
-        cfg, adapter, prof = setup_run(root, layers=args.layers, hidden=args.hidden,
-                                       seq=args.seq, batch=args.batch)
-        print(f"profile: {json.dumps({k: prof[k] for k in ('block_kinds', 'ends', 'bandwidths', 'step_const_ms')})}")
-        all_plans, _ = plans(cfg)
+        cal_cfg, adapter, prof = setup_run(root, layers=args.layers, hidden=args.hidden,
+                                           seq=args.seq, batch=args.batch, quick=True)
+        profile_s = prof["measurements"]["profile_s"]
+        keys = ("block_kinds", "ends", "bandwidths", "host", "step_const_ms",
+                "window_overhead_ms")
+        print(f"quick profile ({profile_s:.1f} s): "
+              f"{json.dumps({k: prof.get(k) for k in keys})}")
+        uncal, cal = plans(without_profile(cal_cfg))[0], plans(cal_cfg)[0]
         data = batches(adapter.config.vocab_size, batch=args.batch, seq=args.seq,
                        n=args.steps + args.warmup)
-        rows = [f"{'plan':<14}{'tiers (h/d/n/r)':>17}{'predicted ms':>14}{'measured ms':>13}"
-                f"{'error':>8}"]
-        for name, plan in all_plans.items():
-            engine = make_engine(adapter, plan, root / "nvme")
-            try:
-                t = measure_steps(engine, data, warmup=args.warmup)
-            finally:
-                engine.close()
-            meas, pred = statistics.median(t), plan.predicted.step_ms
-            c = {k: plan.tiers.count(k) for k in ("hbm", "dram", "nvme", "recompute")}
-            rows.append(f"{name:<14}{'/'.join(str(v) for v in c.values()):>17}{pred:>14.1f}"
-                        f"{meas:>13.1f}{(pred - meas) / meas:>+8.1%}")
+        rows = [f"{'plan kind':<20}{'h/d/n/r':>9}{'uncal pred':>11}{'meas':>8}{'err':>8}"
+                f"{'cal pred':>10}{'meas':>8}{'err':>8}"]
+        for name in uncal:
+            cells = []
+            for plan in (uncal[name], cal[name]):
+                meas = run_plan(adapter, plan, root / "nvme", data, warmup=args.warmup)
+                pred = plan.predicted.step_ms
+                cells.append(f"{pred:>10.1f}{meas:>8.1f}{(pred - meas) / meas:>+8.1%}")
+            c = [cal[name].tiers.count(k) for k in ("hbm", "dram", "nvme", "recompute")]
+            rows.append(f"{name:<20}{'/'.join(map(str, c)):>9} {cells[0]} {cells[1]}")
         print(f"{args.layers} blocks, hidden {args.hidden}, seq {args.seq} x batch {args.batch}, "
               f"fp32, {args.threads} torch thread(s), median of {args.steps} steps after "
-              f"{args.warmup} warm-up")
+              f"{args.warmup} warm-up; each plan kind planned uncalibrated (cpu preset) and "
+              f"calibrated (quick profile), each plan run on the engine (ms per step)")
         print("\n".join(rows))
     return 0
 

@@ -27,10 +27,11 @@ rates alone and with the optimizer) for the report.
 Host work (`host_rates`): the conversion and accumulation rates on the runtime's own host
 workers, the NVMe staging memcpy and the optimizer update, the profile's `host` section.
 
-Window overhead (`window_overhead_ms`): the engine's fixed cost of a window, from
-`Engine.step` on a 2-block hidden-64 twin of the model minus the same windows' compute timed
-alone. The twin's all-HBM plan is assembled with `planner.evaluate.build_plan` (the only
-planner module used here, and never the solver).
+Engine overheads (`window_overhead_ms`): the engine's fixed cost of a window and of a step,
+from `Engine.step` on 2- and 4-block hidden-64 twins of the model minus the same windows'
+compute timed alone (their difference in windows separates the two); the per-step part and
+the gradient-norm pass join `step_const_ms`. The twins' all-HBM plans are assembled with
+`planner.evaluate.build_plan` (the only planner module used here, and never the solver).
 
 It writes a profile dict in the schema of `lazytrain.spec.costs`.
 """
@@ -57,10 +58,14 @@ GB = 1e9
 MAX_HIDDEN_SPEEDUP = 100.0
 """Cap on an effective rate relative to the rate alone, when I/O hides entirely behind compute
 (the exposed time is then within timer noise)."""
-QUICK_REPEATS = 2
-"""Timed runs per measurement in the quick (calibration) mode of `measure_profile`."""
+QUICK_REPEATS = 3
+"""Timed runs per measurement in the quick (calibration) mode of `measure_profile`: the fewest
+whose median still drops one disturbed run (a shared machine)."""
 QUICK_WARMUP = 1
 """Warm-up runs per measurement in the quick mode (one: first-touch and allocator effects)."""
+TWIN_STEPS_PER_REPEAT = 3
+"""Engine steps of each overhead twin per `repeats` (a twin step takes a few ms; its residual
+is a difference of small numbers, so it gets more samples than the block timings)."""
 
 
 def sync(device: torch.device) -> None:
@@ -141,14 +146,30 @@ class BlockBench:
             return self._block(j, self.h, flat)
 
     def forward_grad(self, j: int, flat: torch.Tensor):
+        """Block j with autograd, as `Engine.run_forward` of a kept block and the re-forward of
+        `Engine.backward_block`: one leaf per parameter viewing `flat` (a single flat leaf
+        would make the backward materialise and sum a flat-sized zero gradient per parameter,
+        which the engine avoids). Returns (x, leaves, out)."""
         x = self.h.detach().requires_grad_()
-        w = flat.detach().requires_grad_()
+        views = self.params.blocks[j].views(flat.detach())
+        leaves = {name: v.requires_grad_() for name, v in views.items()}
         with self.api.compute_scope(), torch.enable_grad():
-            return x, w, self._block(j, x, w)
+            return x, leaves, self.adapter.forward_block(j, x, leaves, self.kwargs[j])
 
-    def backward(self, x, w, out) -> None:
+    def backward(self, x, leaves, out, *, j: int = 0) -> torch.Tensor:
+        """The backward of `forward_grad`'s graph, its gradients packed into block j's flat
+        layout as `Engine._flat_grad` does; returns the flat gradient."""
         with self.api.compute_scope():
-            torch.autograd.grad(out, (x, w), self.grad_out, allow_unused=True)
+            _gx, *grads = torch.autograd.grad(out, (x, *leaves.values()), self.grad_out,
+                                              allow_unused=True)
+            first = next(iter(leaves.values()))
+            flat = torch.zeros(self.params.blocks[j].numel, dtype=first.dtype,
+                               device=first.device)
+            views = self.params.blocks[j].views(flat)
+            for name, g in zip(leaves, grads):
+                if g is not None:
+                    views[name].copy_(g)
+            return flat
 
     def last_boundary(self) -> torch.Tensor:
         """Boundary L [B, S, H]: the forward chain over every block from the embedding, run
@@ -235,7 +256,7 @@ def block_kind_times(bench: BlockBench, kinds: Sequence[str], *, repeats: int = 
         graphs = []
 
         def one_backward():
-            bench.backward(*graphs.pop())
+            bench.backward(*graphs.pop(), j=j)
 
         bwd_times = []
         for _ in range(warmup + max(1, repeats)):
@@ -247,7 +268,7 @@ def block_kind_times(bench: BlockBench, kinds: Sequence[str], *, repeats: int = 
             sync(dev)
             torch.cuda.reset_peak_memory_stats(dev)
             base = torch.cuda.memory_allocated(dev)
-            bench.backward(*bench.forward_grad(j, flat))
+            bench.backward(*bench.forward_grad(j, flat), j=j)
             sync(dev)
             entry["workspace_bytes"] = int(torch.cuda.max_memory_allocated(dev) - base)
         out[kind] = entry
@@ -497,17 +518,19 @@ def host_rates(bench: BlockBench, *, repeats: int = 5, warmup: int = 1) -> dict[
 # Window overhead
 
 
-TWIN_SHAPE = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-              "vocab_size": 256}
-"""The trivially small twin of the run's model on which the window overhead is measured: the
-run's architecture (config class, block kind), 2 blocks of hidden 64."""
+TWIN_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256}
+"""The trivially small twins of the run's model on which the engine's overheads are measured:
+the run's architecture (config class, block kind) at hidden 64."""
+TWIN_BLOCKS = (2, 4)
+"""Block counts of the two twins: their difference in windows per step (2L + 3) separates the
+per-window cost from the per-step one."""
 TWIN_TOKENS = (1, 16)
-"""(micro_batch, seq_len) of the twin's runs: tiny, so its windows are mostly overhead."""
+"""(micro_batch, seq_len) of the twins' runs: tiny, so their windows are mostly overhead."""
 
 
-def twin_adapter(adapter: ModelAdapter) -> ModelAdapter:
-    """A random-init 2-block, hidden-64 model of the run's family (`TWIN_SHAPE`).
+def twin_adapter(adapter: ModelAdapter, *, blocks: int = 2) -> ModelAdapter:
+    """A random-init `blocks`-block, hidden-64 model of the run's family (`TWIN_SHAPE`).
 
     Raises:
         ValueError: the family's config does not take the twin's shape (named).
@@ -519,15 +542,16 @@ def twin_adapter(adapter: ModelAdapter) -> ModelAdapter:
     cfg = copy.deepcopy(adapter.config)
     for key, value in TWIN_SHAPE.items():
         setattr(cfg, key, value)
-    if getattr(cfg, "layer_types", None):  # hybrid stacks: the first two layers' kinds
-        cfg.layer_types = list(cfg.layer_types)[:TWIN_SHAPE["num_hidden_layers"]]
+    cfg.num_hidden_layers = blocks
+    if getattr(cfg, "layer_types", None):  # hybrid stacks: the first layers' kinds
+        cfg.layer_types = list(cfg.layer_types)[:blocks]
     master = adapter.params.blocks[0].master.dtype
     try:
         return load_adapter_from_config(cfg, master_dtype="bf16" if master == torch.bfloat16
                                         else "fp32", seed=0)
     except Exception as exc:  # noqa: BLE001 - any family-specific refusal, reported as one line
-        raise ValueError(f"window overhead: a 2-block twin of {type(cfg).__name__} could not "
-                         f"be built ({exc})") from exc
+        raise ValueError(f"window overhead: a {blocks}-block twin of {type(cfg).__name__} "
+                         f"could not be built ({exc})") from exc
 
 
 def _twin_plan(adapter: ModelAdapter, *, micro_batch: int, seq_len: int, compute_dtype: str):
@@ -554,24 +578,21 @@ def _twin_plan(adapter: ModelAdapter, *, micro_batch: int, seq_len: int, compute
                       solver=SolveRecord(backend="manual"))
 
 
-def window_overhead_ms(adapter: ModelAdapter, *, compute_dtype: str, device: torch.device,
-                       nvme_dir: Path | str, io_threads: int = 2, steps: int = 5,
-                       warmup: int = 2) -> dict[str, float]:
-    """The engine's fixed cost per window, ms, measured on a trivially small twin.
+def twin_residual_ms(twin: ModelAdapter, *, compute_dtype: str, device: torch.device,
+                     nvme_dir: Path | str, io_threads: int = 2, steps: int = 5,
+                     warmup: int = 2) -> dict[str, float]:
+    """A twin's engine step minus its compute timed alone, ms (medians over `steps` steps).
 
-    Runs `Engine.step` on `twin_adapter(adapter)` (`TWIN_TOKENS`) with an all-HBM plan and the
-    trainer's flags (instrumented, budgets on), then subtracts the compute the same windows
-    do when timed alone (`BlockBench`, the same functions): o = (sum of the window walls -
-    (embed + sum F + head + sum (Fg + B))) / (2L + 3), medians over `steps` steps. The
-    remainder is what every window costs besides its work: the meter, the ledger, the store's
-    barrier, the instrument's records, the conversion / accumulation hand-offs.
+    `Engine.step` with an all-HBM plan and the trainer's flags (instrumented, budgets on,
+    gradient clipping), against embed + head + L (F + Fg + B) from `BlockBench` (the same
+    functions, the same compute scope): the remainder is what the engine costs besides its
+    work.
 
     Returns:
-        {"window_overhead_ms", "twin_windows_ms", "twin_compute_ms", "windows"}.
+        {"step_ms", "compute_ms", "residual_ms", "windows" (2L + 3)}.
     """
     from lazytrain.runtime.engine import Engine
 
-    twin = twin_adapter(adapter)
     mb, seq = TWIN_TOKENS
     plan = _twin_plan(twin, micro_batch=mb, seq_len=seq, compute_dtype=compute_dtype)
     bench = BlockBench(twin, micro_batch=mb, seq_len=seq, dtype=compute_dtype, device=device)
@@ -579,24 +600,71 @@ def window_overhead_ms(adapter: ModelAdapter, *, compute_dtype: str, device: tor
     batch["attention_mask"] = torch.ones_like(batch["input_ids"])
     engine = Engine(twin, plan, device=device.type, nvme_dir=nvme_dir,
                     compute_dtype=compute_dtype, io_threads=io_threads, instrument=True,
-                    budgets=True, model_config_sha256=twin.config_sha256)
+                    budgets=True, clip_grad_norm=1.0, model_config_sha256=twin.config_sha256)
     walls = []
     try:
         for n in range(warmup + max(1, steps)):
             stats = engine.step([batch])
             if n >= warmup:
-                walls.append(sum(stats.window_ms.values()))
+                walls.append(stats.step_s * 1e3)
     finally:
         engine.close()
-    times = block_kind_times(bench, ["twin"] * twin.num_blocks, repeats=steps, warmup=warmup)
-    t = times["twin"]
+    t = block_kind_times(bench, ["twin"], repeats=steps, warmup=warmup)["twin"]
     compute = (time_ms(bench.embed, device=device, repeats=steps, warmup=warmup)
                + time_ms(bench.head, device=device, repeats=steps, warmup=warmup)
                + twin.num_blocks * (t["fwd_ms"] + t["fwd_grad_ms"] + t["bwd_ms"]))
-    windows = 2 * twin.num_blocks + 3
-    wall = statistics.median(walls)
-    return {"window_overhead_ms": max(0.0, (wall - compute) / windows),
-            "twin_windows_ms": wall, "twin_compute_ms": compute, "windows": windows}
+    step = statistics.median(walls)
+    return {"step_ms": step, "compute_ms": compute, "residual_ms": step - compute,
+            "windows": 2 * twin.num_blocks + 3}
+
+
+def window_overhead_ms(adapter: ModelAdapter, *, compute_dtype: str, device: torch.device,
+                       nvme_dir: Path | str, io_threads: int = 2, steps: int = 5,
+                       warmup: int = 2) -> dict:
+    """The engine's fixed cost per window and per step, ms, from two trivially small twins.
+
+    The residual of a twin (`twin_residual_ms`) is R(L) = a + (2L + 3) o: o per window (the
+    meter, the ledger, the store's barrier, the instrument's records, the worker hand-offs)
+    and a per step (loading the ends, the gradient norm, the step's records). The twins of
+    `TWIN_BLOCKS` blocks give o = (R(4) - R(2)) / 4 and a = R(2) - 7 o, each clamped at 0.
+
+    Returns:
+        {"window_overhead_ms": o, "step_overhead_ms": a, "twins": {"L": twin_residual_ms}}.
+
+    Raises:
+        ValueError: the family has no twin (`twin_adapter`).
+    """
+    twins = {}
+    for blocks in TWIN_BLOCKS:
+        twins[blocks] = twin_residual_ms(
+            twin_adapter(adapter, blocks=blocks), compute_dtype=compute_dtype, device=device,
+            nvme_dir=Path(nvme_dir) / f"twin{blocks}", io_threads=io_threads, steps=steps,
+            warmup=warmup)
+    o, a = fit_overheads({b: t["residual_ms"] for b, t in twins.items()})
+    return {"window_overhead_ms": o, "step_overhead_ms": a,
+            "twins": {str(b): t for b, t in twins.items()}}  # JSON object keys
+
+
+def fit_overheads(residual_ms: dict[int, float]) -> tuple[float, float]:
+    """(o, a) of R(L) = a + (2L + 3) o through two (blocks, residual ms) points, each >= 0.
+
+    Raises:
+        ValueError: not exactly two distinct block counts.
+    """
+    if len(residual_ms) != 2:
+        raise ValueError(f"fit_overheads needs two twins; got {sorted(residual_ms)}")
+    (l1, r1), (l2, r2) = sorted(residual_ms.items())
+    o = max(0.0, (r2 - r1) / (2 * (l2 - l1)))
+    return o, max(0.0, r1 - (2 * l1 + 3) * o)
+
+
+def grad_norm_ms(params: HostParams, *, repeats: int = 5, warmup: int = 1) -> float:
+    """`global_grad_norm` over the run's host gradients (the engine's per-step clipping pass
+    before any update is queued), ms."""
+    from lazytrain.runtime.optim import global_grad_norm
+
+    return time_ms(lambda: global_grad_norm(params), device=torch.device("cpu"),
+                   repeats=repeats, warmup=warmup)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -621,16 +689,17 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
         model_config_sha256: recorded so a profile is not applied to another model.
         log: progress lines.
         quick: calibration mode: the same measurements with `QUICK_REPEATS` timed runs and
-            `QUICK_WARMUP` warm-up runs each (overrides `repeats` / `warmup`); a median of 2
-            instead of 5, so a single outlier (a preempted run) moves a figure by up to half
-            the gap between the two runs.
+            `QUICK_WARMUP` warm-up runs each (overrides `repeats` / `warmup`): a median of 3
+            instead of 5, which drops one disturbed run but not two (the full mode drops
+            two); NVMe and optimizer figures use max(2, repeats // 2) = 2 runs either way.
 
     Returns:
         the profile: version, model_config_sha256, seq_len, micro_batch, compute_dtype, device,
         block_kinds, ends (embed_ms, head_ms), bandwidths (GB/s; effective under contention
-        on a CPU), step_const_ms, host (`host_rates`), window_overhead_ms
-        (`window_overhead_ms`; absent when the family has no 2-block twin), measurements (raw
-        rates alone and with the optimizer running, the twin's figures) and, on a CPU,
+        on a CPU), step_const_ms (exposed optimizer + ends load + gradient norm + the
+        twins' per-step overhead), host (`host_rates`), window_overhead_ms
+        (`window_overhead_ms`; absent when the family has no twin), measurements (raw rates
+        alone and with the optimizer running, the twins' figures) and, on a CPU,
         cpu_contention.
     """
     if quick:
@@ -684,19 +753,24 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
                              "duplex_gb_per_s": rates["duplex"] / GB,
                              "nvme_read_gb_per_s": rates["nvme_read"] / GB,
                              "nvme_write_gb_per_s": rates["nvme_write"] / GB}
+    # exposed optimizer + ends load; + the gradient norm and the twins' per-step overhead
     profile["step_const_ms"] = opt["exposed_ms"] + opt["ends_load_ms"]
     log("profile: host work")
     profile["host"] = host_rates(bench, repeats=repeats, warmup=warmup)
-    log("profile: window overhead (2-block twin)")
+    norm_ms = grad_norm_ms(adapter.params, repeats=repeats, warmup=warmup)
+    measurements["grad_norm_ms"] = norm_ms
+    profile["step_const_ms"] += norm_ms
+    log("profile: engine overheads (two twins)")
     try:
         overhead = window_overhead_ms(adapter, compute_dtype=compute_dtype, device=dev,
-                                      nvme_dir=Path(nvme_dir) / "twin", io_threads=io_threads,
-                                      steps=repeats, warmup=warmup)
-    except ValueError as exc:  # a family without a twin: the term stays unmodelled (0)
+                                      nvme_dir=nvme_dir, io_threads=io_threads,
+                                      steps=TWIN_STEPS_PER_REPEAT * repeats, warmup=warmup)
+    except ValueError as exc:  # a family without a twin: the terms stay unmodelled (0)
         log(f"profile: {exc}; window_overhead_ms not measured")
-        measurements["window_overhead"] = {"error": str(exc)}
+        measurements["engine_overhead"] = {"error": str(exc)}
     else:
         profile["window_overhead_ms"] = overhead["window_overhead_ms"]
-        measurements["window_overhead"] = overhead
+        profile["step_const_ms"] += overhead["step_overhead_ms"]
+        measurements["engine_overhead"] = overhead
     profile["measurements"] = measurements
     return profile
