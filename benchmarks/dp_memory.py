@@ -67,7 +67,7 @@ def _plan(adapter, args):
         params_per_block=(P,) * L, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9,
         duplex_bytes_per_s=1.5e9, nvme_read_bytes_per_s=1e9, nvme_write_bytes_per_s=1e9,
         hbm_bytes=10**12, dram_bytes=10**12, nvme_bytes=10**12,
-        provenance={"model": "bench", "model_config_sha256": adapter.config_sha256,
+        provenance={"model": "bench", "model_config_sha256": adapter.hf_config_sha256,
                     "seq_len": args.seq, "micro_batch": args.batch, "dtype": "fp32"})
     decisions = decisions_from_tiers(problem, ("hbm",) * (L + 1))
     return build_plan(problem, decisions, solver=SolveRecord(backend="manual"))

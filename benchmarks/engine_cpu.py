@@ -59,7 +59,7 @@ def make_problem(adapter, args) -> PlanningProblem:
         params_per_block=(P // 4,) * L, h2d_bytes_per_s=1e10, d2h_bytes_per_s=1e10,
         duplex_bytes_per_s=1.5e10, nvme_read_bytes_per_s=1e9, nvme_write_bytes_per_s=1e9,
         hbm_bytes=10**12, dram_bytes=10**12, copies_overlap_compute=False,
-        provenance={"model_config_sha256": adapter.config_sha256, "seq_len": args.seq,
+        provenance={"model_config_sha256": adapter.hf_config_sha256, "seq_len": args.seq,
                     "micro_batch": args.batch})
 
 

@@ -280,7 +280,7 @@ def hand_problem(adapter, *, batch: int, seq: int, act_bytes: int, grad_accum: i
         params_per_block=(P // 4,) * L, h2d_bytes_per_s=2e10, d2h_bytes_per_s=2e10,
         duplex_bytes_per_s=3e10, nvme_read_bytes_per_s=2e9, nvme_write_bytes_per_s=2e9,
         hbm_bytes=10**12, dram_bytes=10**12, nvme_bytes=10**12, grad_accum=grad_accum,
-        provenance={"model": "gpu-validate", "model_config_sha256": adapter.config_sha256,
+        provenance={"model": "gpu-validate", "model_config_sha256": adapter.hf_config_sha256,
                     "seq_len": seq, "micro_batch": batch, "grad_accum": grad_accum})
 
 

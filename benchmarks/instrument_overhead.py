@@ -57,7 +57,7 @@ def make_plan(adapter, args):
         duplex_bytes_per_s=1.5e10, nvme_read_bytes_per_s=1e9, nvme_write_bytes_per_s=1e9,
         hbm_bytes=10**12, dram_bytes=10**12, nvme_bytes=10**12, copies_overlap_compute=False,
         drain_windows=1, prefetch_windows=1, nvme_lead_windows=1,
-        provenance={"model_config_sha256": adapter.config_sha256, "seq_len": args.seq,
+        provenance={"model_config_sha256": adapter.hf_config_sha256, "seq_len": args.seq,
                     "micro_batch": args.batch})
     tiers = tuple(TIERS[args.tiers](L))
     return build_plan(problem, decisions_from_tiers(problem, tiers, ()),

@@ -122,7 +122,7 @@ def test_every_plan_of_the_script_is_legal_without_a_solver(layers):
     gv = _module()
     adapter = SimpleNamespace(num_blocks=layers, config=SimpleNamespace(hidden_size=64),
                               params=SimpleNamespace(blocks=[SimpleNamespace(numel=1000)]),
-                              config_sha256="x")
+                              hf_config_sha256="x")
     problem = gv.hand_problem(adapter, batch=1, seq=16, act_bytes=4, grad_accum=2)
     plans = {**gv.plan_matrix(layers), "overlap": gv.overlap_tiers(layers)}
     for name, (tiers, keep) in plans.items():

@@ -48,7 +48,7 @@ def tiny_plan(adapter, tiers, keep=()):
         params_per_block=(P // 4,) * L, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9,
         duplex_bytes_per_s=1.5e9, nvme_read_bytes_per_s=1e9, nvme_write_bytes_per_s=1e9,
         hbm_bytes=10**12, dram_bytes=10**12, nvme_bytes=10**12,
-        provenance={"model": "tiny", "model_config_sha256": adapter.config_sha256,
+        provenance={"model": "tiny", "model_config_sha256": adapter.hf_config_sha256,
                     "seq_len": SEQ, "micro_batch": BATCH, "dtype": "fp32"})
     decisions = decisions_from_tiers(problem, tuple(tiers), tuple(keep))
     return build_plan(problem, decisions, solver=SolveRecord(backend="manual"))

@@ -69,7 +69,7 @@ def problem_for(adapter, *, grad_accum: int = 1, **overrides) -> PlanningProblem
               h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9, duplex_bytes_per_s=1.5e9,
               nvme_read_bytes_per_s=1e9, nvme_write_bytes_per_s=1e9,
               hbm_bytes=10**12, dram_bytes=10**12, nvme_bytes=10**12, grad_accum=grad_accum,
-              provenance={"model": "tiny", "model_config_sha256": adapter.config_sha256,
+              provenance={"model": "tiny", "model_config_sha256": adapter.hf_config_sha256,
                           "seq_len": SEQ, "micro_batch": BATCH, "grad_accum": grad_accum,
                           "dtype": "fp32"})
     kw.update(overrides)

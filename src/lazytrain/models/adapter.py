@@ -30,7 +30,7 @@ from lazytrain.models.families import (LAYOUTS, DecoderLayout, _get, layer_atten
 from lazytrain.models.host_params import HostParams
 from lazytrain.models.router_aux import RouterAux, router_class
 
-__all__ = ["IGNORE_INDEX", "LAYOUTS", "DecoderLayout", "ModelAdapter", "config_sha256",
+__all__ = ["IGNORE_INDEX", "LAYOUTS", "DecoderLayout", "ModelAdapter", "hf_config_sha256",
            "layer_attention_type", "shift_labels"]
 
 IGNORE_INDEX = -100
@@ -70,11 +70,17 @@ def check_distinct_layers(layers, *, path: str) -> None:
                                  f"or train the model another way")
 
 
-def config_sha256(hf_config) -> str:
-    """sha256 of the HF config as canonical JSON (sorted keys), the plan provenance key.
+def hf_config_sha256(hf_config) -> str:
+    """sha256 of the HF config as written: its non-default entries as canonical JSON (sorted
+    keys), without `transformers_version` and `_name_or_path`.
+
+    Not the planner's `spec.model.ModelSpec.config_sha256`, which hashes the architecture parsed
+    from the config (so two spellings of the same shapes agree) and is what planner-made plans
+    record as `model_config_sha256`. This one works for every model the adapter loads, also
+    those the planner cannot parse; plans built by hand for such a model record it.
 
     Args:
-        hf_config: a `transformers.PretrainedConfig`.
+        hf_config: a `transformers.PretrainedConfig` (or a plain dict).
     """
     d = hf_config.to_diff_dict() if hasattr(hf_config, "to_diff_dict") else dict(hf_config)
     d = {k: v for k, v in d.items() if k not in ("transformers_version", "_name_or_path")}
@@ -111,9 +117,15 @@ class ModelAdapter:
         self.logit_softcap: float | None = getattr(model.config, "final_logit_softcapping",
                                                    None)
         self.params = params
-        self.config_sha256 = config_sha256(model.config)
+        self.hf_config_sha256 = hf_config_sha256(model.config)
         self.router_cls = router_class(model)
         model.train()  # dropout active: the engine trains
+
+    @property
+    def config_sha256(self) -> str:
+        """Former name of `hf_config_sha256`, kept only for `runtime/profiler.py` (its twin plan
+        and engine); delete once that file reads `hf_config_sha256`."""
+        return self.hf_config_sha256
 
     # --- names ---------------------------------------------------------------------------------
 

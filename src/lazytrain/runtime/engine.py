@@ -107,7 +107,9 @@ class Engine:
         grad_accum: micro-batches per optimizer step (checked against each step's list).
         seed: seeds torch's RNG once here (dropout, repeatable runs).
         io_threads: NVMe worker threads of the checkpoint store.
-        model_config_sha256: provenance key to check (default: the adapter's).
+        model_config_sha256: the plan provenance's `model_config_sha256` to expect; default:
+            the adapter's `hf_config_sha256` (plans built by hand record it). A planner-made
+            plan records `ModelSpec.config_sha256` (the parsed architecture): pass that.
         store: an existing CheckpointStore (tests with fault hooks); default: a new one.
         instrument: record every window's waits and bytes per channel (runtime/instrument.py)
             into `StepStats.windows`.
@@ -138,7 +140,7 @@ class Engine:
         dev = store.dev if store is not None and not isinstance(device, Device) else device
         if plan.num_blocks != adapter.num_blocks:
             raise ValueError(f"plan has {plan.num_blocks} blocks, model has {adapter.num_blocks}")
-        plan.check_matches(model_config_sha256=model_config_sha256 or adapter.config_sha256)
+        plan.check_matches(model_config_sha256=model_config_sha256 or adapter.hf_config_sha256)
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"train.compute_dtype: {compute_dtype!r}; use fp32 or bf16")
         torch.manual_seed(seed)
@@ -209,7 +211,7 @@ class Engine:
         if plan.num_blocks != self.L:
             raise ValueError(f"plan has {plan.num_blocks} blocks, model has {self.L}")
         plan.check_matches(model_config_sha256=self.plan.provenance.get("model_config_sha256")
-                           or self.adapter.config_sha256)
+                           or self.adapter.hf_config_sha256)
         shape = {k: self.plan.provenance.get(k) for k in ("seq_len", "micro_batch")}
         plan.check_matches(**{k: v for k, v in shape.items() if v is not None})
         if self.store.stored():
