@@ -91,7 +91,7 @@ def test_version_prints_the_package_version(capsys):
 
 def _exit_code_cases():
     from lazytrain.planner.milp import PlanInfeasibleError
-    from lazytrain.runtime.errors import CheckpointIOError
+    from lazytrain.runtime.errors import NvmeIOError
     from lazytrain.spec.hub import HubModelError
     from lazytrain.train.checkpoint import CheckpointError
     from lazytrain.train.loop import CheckpointSaveError
@@ -105,7 +105,7 @@ def _exit_code_cases():
         (PlanInfeasibleError(budget="HBM", window="f3", shortfall_bytes=2e9), 1),
         (PreflightError("preflight: host memory: need 9 GB, have 3 GB"), 1),
         (CheckpointSaveError("saving checkpoint step-000002 failed (No space left)"), 1),
-        (CheckpointIOError("disk full", boundary=3, path="/nvme/ckpt_b3.bin"), 1),
+        (NvmeIOError("disk full", boundary=3, path="/nvme/ckpt_b3.bin"), 1),
         (OSError(28, "No space left on device"), 1),
         (RuntimeError("rank 1 of 2: a collective failed"), 1),
     ]

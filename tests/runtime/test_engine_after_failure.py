@@ -9,7 +9,7 @@ import torch
 from engine_helpers import micro_batches, model_pair, plan_for, reference_grads, tiny_config
 from lazytrain.runtime.activations import CheckpointStore
 from lazytrain.runtime.engine import Engine
-from lazytrain.runtime.errors import CheckpointIOError
+from lazytrain.runtime.errors import NvmeIOError
 from lazytrain.runtime.nvme import FaultInjector
 
 H, R, N = "hbm", "recompute", "nvme"
@@ -25,7 +25,7 @@ def test_a_step_after_a_failed_step_runs_and_its_gradients_equal_autograd(tmp_pa
     batches = micro_batches(1)
     try:
         faults.fail_next_write(boundary=1)
-        with pytest.raises(CheckpointIOError):
+        with pytest.raises(NvmeIOError):
             engine.compute_gradients(batches)
         assert engine.store.stored() == []  # the failed step's boundaries were released
         engine.compute_gradients(batches)  # before the fix: begin_window('f0') while f0 open
@@ -53,7 +53,7 @@ def test_a_flipped_bit_in_an_nvme_checkpoint_stops_the_step_instead_of_wrong_gra
                     store=CheckpointStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
                                           fault_hook=flip))
     try:
-        with pytest.raises(CheckpointIOError, match="checksum mismatch") as info:
+        with pytest.raises(NvmeIOError, match="checksum mismatch") as info:
             engine.compute_gradients(micro_batches(1))
         assert info.value.boundary == 1
     finally:

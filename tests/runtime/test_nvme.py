@@ -1,5 +1,5 @@
 """NVMe tier: aligned chunked I/O (O_DIRECT and buffered), the tmpfs warning, and faults (ENOSPC,
-short read, missing file) surfacing as CheckpointIOError naming boundary and path, with no
+short read, missing file) surfacing as NvmeIOError naming boundary and path, with no
 scratch file left behind."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lazytrain.runtime.activations import CheckpointStore
-from lazytrain.runtime.errors import CheckpointIOError
+from lazytrain.runtime.errors import NvmeIOError
 from lazytrain.runtime.nvme import (
     ALIGN_BYTES,
     FaultInjector,
@@ -125,7 +125,7 @@ def make_store(tmp_path: Path, direct: bool, faults: FaultInjector | None = None
                            chunk_bytes=SMALL_CHUNK_BYTES, fault_hook=faults)
 
 
-def assert_names_boundary_and_path(err: CheckpointIOError, nvme_dir: Path) -> None:
+def assert_names_boundary_and_path(err: NvmeIOError, nvme_dir: Path) -> None:
     path = nvme_dir / "ckpt_b7_m1.bin"
     assert (err.boundary, err.micro_batch, err.path) == (7, 1, path)
     assert str(err).startswith("boundary 7 (micro-batch 1): NVMe ")
@@ -138,7 +138,7 @@ def test_disk_full_on_write_names_boundary_and_path_and_leaves_no_file(tmp_path,
     faults = FaultInjector()
     faults.fail_next_write(boundary=7)
     store = make_store(tmp_path, direct, faults)
-    with pytest.raises(CheckpointIOError) as info:
+    with pytest.raises(NvmeIOError) as info:
         # the host does not wait for writes at their window's end (they wait for device work):
         # a failed one is raised at the first window end that finds it finished, at the latest
         # by its read-back, before any of its bytes are used
@@ -158,7 +158,7 @@ def test_short_read_of_a_truncated_file_names_boundary_and_path_and_leaves_no_fi
     faults.truncate_next_read(boundary=7)
     store = make_store(tmp_path, direct, faults)
     offload(store, 7)
-    with pytest.raises(CheckpointIOError, match="short read") as info:
+    with pytest.raises(NvmeIOError, match="short read") as info:
         prefetch(store, 7)
     store.close()
     assert_names_boundary_and_path(info.value, tmp_path / "nvme")
@@ -172,7 +172,7 @@ def test_missing_file_on_read_names_boundary_and_path(tmp_path, direct):
     faults.delete_before_next_read(boundary=7)
     with make_store(tmp_path, direct, faults) as store:
         offload(store, 7)
-        with pytest.raises(CheckpointIOError, match="No such file") as info:
+        with pytest.raises(NvmeIOError, match="No such file") as info:
             prefetch(store, 7)
     assert_names_boundary_and_path(info.value, tmp_path / "nvme")
     assert info.value.errno == errno.ENOENT
@@ -284,7 +284,7 @@ def test_a_flipped_bit_on_the_drive_is_a_checksum_error_naming_the_page(tmp_path
     require_direct(direct, tmp_path)
     store = make_store(tmp_path, direct, flip_bit_before_read(2 * ALIGN_BYTES + 17))
     offload(store, 7)
-    with pytest.raises(CheckpointIOError, match=r"checksum mismatch \(xxh3-64\) of the 4096-byte "
+    with pytest.raises(NvmeIOError, match=r"checksum mismatch \(xxh3-64\) of the 4096-byte "
                                                 r"page at offset 8192") as info:
         prefetch(store, 7)
     store.close()
@@ -328,6 +328,6 @@ def test_a_stuck_drive_is_a_timeout_error_naming_the_file_not_a_hang(tmp_path):
         with pytest.raises(NvmeTimeoutError, match=r"runtime\.nvme_timeout_s=0\.2 s") as info:
             io.wait(io.read((4, 0), aligned_empty(2 * ALIGN_BYTES), 0))
         assert info.value.boundary == 4 and info.value.path == io.path_for((4, 0))
-        assert isinstance(info.value, CheckpointIOError)
+        assert isinstance(info.value, NvmeIOError)
     finally:
         io.close()

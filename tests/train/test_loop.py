@@ -101,7 +101,7 @@ def test_nvme_fault_names_the_error_and_keeps_the_last_checkpoint(arithmetic_mod
     from lazytrain.planner.build import problem_from_config
     from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
     from lazytrain.planner.plan import SolveRecord
-    from lazytrain.runtime.errors import CheckpointIOError
+    from lazytrain.runtime.errors import NvmeIOError
     from lazytrain.runtime.nvme import FaultInjector
 
     cfg = tiny_config(arithmetic_model_dir, tmp_path, "data.num_eval=0", "train.save_every=1")
@@ -115,7 +115,7 @@ def test_nvme_fault_names_the_error_and_keeps_the_last_checkpoint(arithmetic_mod
         if step == 1:
             faults.fail_next_write(boundary=1)
 
-    with pytest.raises(CheckpointIOError) as info:
+    with pytest.raises(NvmeIOError) as info:
         train(cfg, plan=plan, progress=False,
               hooks=TrainHooks(on_step_end=fail_in_step_two, fault_hook=faults))
     assert info.value.boundary == 1 and str(tmp_path / "nvme") in str(info.value.path)

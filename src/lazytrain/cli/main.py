@@ -103,7 +103,7 @@ def _exit_code(exc: Exception, infeasible: type) -> int | None:
         return 1
     if isinstance(exc, (ValueError, TypeError, FileNotFoundError)):
         return 2
-    if isinstance(exc, OSError):  # disk full, short read, ... (CheckpointIOError)
+    if isinstance(exc, OSError):  # disk full, short read, ... (NvmeIOError)
         return 1
     if isinstance(exc, RuntimeError):  # PreflightError, a dead peer rank, CUDA out of memory
         return 1

@@ -276,7 +276,7 @@ class CheckpointStore:
         its file; a boundary whose h2d is issued drops its host buffer.
 
         Raises:
-            CheckpointIOError: an NVMe read of the window, or a write found finished, failed
+            NvmeIOError: an NVMe read of the window, or a write found finished, failed
                 (after every read of the window has finished).
         """
         if self._window is None:
@@ -305,7 +305,7 @@ class CheckpointStore:
         for their writes); for measurements and tests that time or inspect a write.
 
         Raises:
-            CheckpointIOError: a write failed; NvmeTimeoutError: one is stuck.
+            NvmeIOError: a write failed; NvmeTimeoutError: one is stuck.
         """
         for key in sorted(self._unsettled):
             e = self._entries.get(key)
@@ -319,7 +319,7 @@ class CheckpointStore:
         nothing is left to settle until its next transfer.
 
         Raises:
-            CheckpointIOError: a finished NVMe write of ``e`` failed.
+            NvmeIOError: a finished NVMe write of ``e`` failed.
         """
         if e.tier in ("dram", "nvme") and e.src is not None and e.done["d2h"] == e.nbytes:
             e.src = None  # drained: the compute stream already waits on the d2h event
@@ -388,7 +388,7 @@ class CheckpointStore:
             ValueError: unknown kind, kind not valid for the tier, fractions summing past 1.
             TransferOrderError: no open window, unknown boundary, or the last fraction of a kind
                 issued before its source kind completed.
-            CheckpointIOError: opening the boundary's file failed (missing file, disk full).
+            NvmeIOError: opening the boundary's file failed (missing file, disk full).
             HbmBudgetExceeded: the window's HBM limit is exceeded (first h2d allocates).
         """
         key = (boundary, micro_batch)

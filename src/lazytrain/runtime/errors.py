@@ -16,12 +16,15 @@ def boundary_label(boundary: int, micro_batch: int) -> str:
     return f"boundary {boundary} (micro-batch {micro_batch})"
 
 
-class CheckpointIOError(OSError):
+class NvmeIOError(OSError):
     """An NVMe-tier file operation failed: disk full, short read/write, missing file, ...
 
+    About the boundary activations the plan puts on NVMe, not the training checkpoints
+    (`train/checkpoint.py` raises `CheckpointError` for those).
+
     Attributes:
-        boundary: boundary index i (0..L) whose checkpoint file failed.
-        micro_batch: micro-batch index of that checkpoint.
+        boundary: boundary index i (0..L) whose activation file failed.
+        micro_batch: micro-batch index of that activation.
         path: the file.
         errno: the underlying errno (e.g. ``errno.ENOSPC``), or None for a short read/write.
     """

@@ -3,7 +3,7 @@
 Owns: one file per (boundary, micro-batch) under a directory, written and read in aligned chunks
 by a small thread pool, with ``O_DIRECT`` where the filesystem allows it (probed once per
 directory) and buffered ``os.pwrite``/``os.preadv`` otherwise; 4 KiB-aligned host buffers; the
-mapping of every failure (ENOSPC, short read/write, missing file) to ``CheckpointIOError`` naming
+mapping of every failure (ENOSPC, short read/write, missing file) to ``NvmeIOError`` naming
 the boundary and the path; the tmpfs warning; a fault-injection hook for tests.
 
 Knows nothing about tiers, plans, windows or devices: it moves bytes between 4 KiB-aligned CPU
@@ -21,7 +21,7 @@ cleanup of files on exit).
 
 Integrity: every written 4 KiB page gets an xxh3-64 digest (kept in memory: 10 B per page, 0.25%
 of the NVMe bytes), and every page read back is checked against it, so a flipped bit or a file
-changed by someone else is a ``CheckpointIOError`` naming the page, not silently wrong
+changed by someone else is a ``NvmeIOError`` naming the page, not silently wrong
 gradients. The store always moves whole 4 KiB pages (padded lengths, aligned offsets); a
 partial last page is checked when it is read with the length it was written with. Cost:
 ``benchmarks/nvme_io.py``.
@@ -49,7 +49,7 @@ import torch
 import xxhash
 
 from lazytrain.runtime.device import Device
-from lazytrain.runtime.errors import CheckpointIOError, boundary_label
+from lazytrain.runtime.errors import NvmeIOError, boundary_label
 
 ALIGN_BYTES = 4096
 """Alignment of O_DIRECT buffers, offsets and lengths (bytes): the 4 KiB logical block size of
@@ -74,7 +74,7 @@ DEFAULT_TIMEOUT_S = 300.0
 GB/s), far below "forever"; `runtime.nvme_timeout_s` sets it."""
 
 
-class NvmeTimeoutError(CheckpointIOError):
+class NvmeTimeoutError(NvmeIOError):
     """NVMe requests did not finish within `timeout_s` (a stuck or failing drive)."""
 
 
@@ -307,7 +307,7 @@ class NvmeIO:
 
     Buffers are CPU ``uint8`` tensors; with O_DIRECT, their address, length and file offset must be
     multiples of ALIGN_BYTES (use ``aligned_empty`` and pad lengths with ``align_up``). Every
-    failure surfaces as ``CheckpointIOError`` from the returned futures (or from the call itself
+    failure surfaces as ``NvmeIOError`` from the returned futures (or from the call itself
     when opening the file fails).
 
     Args:
@@ -388,10 +388,10 @@ class NvmeIO:
             wait_for: optional callable run before each chunk.
 
         Returns:
-            One future per chunk; each raises CheckpointIOError on failure.
+            One future per chunk; each raises NvmeIOError on failure.
 
         Raises:
-            CheckpointIOError: the file cannot be created.
+            NvmeIOError: the file cannot be created.
         """
         fd = self._write_fds.get(key)
         if fd is None:
@@ -405,10 +405,10 @@ class NvmeIO:
         """Read ``buffer.numel()`` bytes of the key's file at ``offset`` into ``buffer``.
 
         Same alignment rules and future semantics as ``write``. A file shorter than the request
-        gives a CheckpointIOError ("short read") from the chunk's future.
+        gives a NvmeIOError ("short read") from the chunk's future.
 
         Raises:
-            CheckpointIOError: the file is missing or cannot be opened.
+            NvmeIOError: the file is missing or cannot be opened.
         """
         fd = self._read_fds.get(key)
         if fd is None:
@@ -455,7 +455,7 @@ class NvmeIO:
         Raises:
             NvmeTimeoutError: some request was still running after `timeout_s` (names the
                 boundary and the file of one of them).
-            CheckpointIOError: a request failed.
+            NvmeIOError: a request failed.
         """
         if self.timeout_s is not None and futures:
             late = set()
@@ -579,9 +579,9 @@ class NvmeIO:
         if self._hook is not None:
             self._hook(event)
 
-    def _error(self, key: Key, what: str, reason: str, errno_code: int | None = None) -> CheckpointIOError:
+    def _error(self, key: Key, what: str, reason: str, errno_code: int | None = None) -> NvmeIOError:
         boundary, micro_batch = key
-        return CheckpointIOError(
+        return NvmeIOError(
             f"{boundary_label(boundary, micro_batch)}: NVMe {what} failed: {reason}",
             boundary=boundary,
             micro_batch=micro_batch,
