@@ -47,7 +47,7 @@ def plan_with_policy(problem: PlanningProblem, policy: str = "milp", *, backend:
 
     if policy not in POLICIES:
         raise ValueError(f"planner.policy must be one of {POLICIES}; got {policy!r}")
-    bounds = _bounds(problem, lp=lp_bound, backend=backend)
+    bounds = _bounds(problem, lp=lp_bound)
     if policy == "megatrain":
         plan = heuristics.megatrain_plan(problem, k=megatrain_k)
     elif policy == "ideal":
@@ -72,7 +72,9 @@ def plan_with_policy(problem: PlanningProblem, policy: str = "milp", *, backend:
     return dataclasses.replace(plan, bounds=bounds)
 
 
-def _bounds(problem: PlanningProblem, *, lp: bool, backend: str) -> Bounds:
+def _bounds(problem: PlanningProblem, *, lp: bool) -> Bounds:
+    """The plan's reference step times; the LP relaxation goes to HiGHS when it is installed
+    (an LP solver), else SCIP, whichever backend the MILP itself uses."""
     from lazytrain.planner.bounds import compute_bounds
 
     lp_backend = "highs"
