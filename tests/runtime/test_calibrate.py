@@ -227,6 +227,13 @@ def test_plan_reads_the_cache_train_wrote_and_both_plan_with_the_same_profile(
     assert problem.provenance["costs"] == trained["provenance"]["costs"]
     assert trained["provenance"]["costs_source"] == f"profile:{path}"
     assert planned.predicted.step_ms == pytest.approx(trained["predicted"]["step_ms"])
+    from lazytrain.cli.main import main
+
+    refit = tmp_path / "refit.json"  # a refit starts from the calibration the run planned with
+    assert main(["profile", "--from-run", str(tmp_path / "run"), "--skip-steps", "0",
+                 "--out", str(refit)]) == 0
+    assert json.loads(refit.read_text())["calibration"] == \
+        json.loads(cache_files(tmp_path)[0].read_text())["calibration"]
 
 
 def test_profile_calibrate_refreshes_the_cache_entry(model_dir, tmp_path, counted, capsys):

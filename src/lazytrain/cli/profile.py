@@ -46,7 +46,8 @@ def register(subparsers) -> None:
                    help="measure this machine's calibration (quick mode) into the calibration "
                    "cache (runtime.calibration_dir) instead of writing a profile")
     p.add_argument("--profile", metavar="profile.json", help="(--from-run) prior profile "
-                   "(default: the run's hardware.profile_path, else analytic times)")
+                   "(default: the run's hardware.profile_path or the calibration its plan "
+                   "used, else analytic times)")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="SECTION.KEY=VALUE", help="config override (repeatable)")
     p.add_argument("--out", metavar="profile.json", help="write here (default: stdout)")
@@ -111,6 +112,7 @@ def refit_from_run(args: argparse.Namespace) -> dict:
     from lazytrain.planner.build import problem_from_config
     from lazytrain.planner.plan import Plan
     from lazytrain.planner.refit import load_windows, refit_profile, select_windows
+    from lazytrain.runtime.calibrate import config_for_plan
     from lazytrain.spec.model import ModelSpec
 
     run_dir = Path(args.from_run)
@@ -120,7 +122,8 @@ def refit_from_run(args: argparse.Namespace) -> dict:
     cfg = load_config(run_dir / "config.yaml", args.overrides)
     plan = Plan.load(run_dir / "plan.json")
     spec = ModelSpec.from_hf_config(cfg.model.config_path, name=cfg.model.name)
-    prior_path = args.profile or cfg.hardware.profile_path
+    # the costs the run planned with: its profile, else the calibration its plan names
+    prior_path = args.profile or config_for_plan(cfg, plan.provenance).hardware.profile_path
     prior = json.loads(Path(prior_path).read_text()) if prior_path else \
         analytic_profile(problem_from_config(cfg), [b.kind for b in spec.blocks], cfg)
     windows = select_windows(load_windows(run_dir / "windows.jsonl"),
