@@ -294,3 +294,16 @@ def test_a_bare_yaml_off_is_the_off_choice_and_a_bad_env_value_is_named(tmp_path
     monkeypatch.setenv("LAZYTRAIN_CALIBRATE", "never")
     with pytest.raises(ValueError, match="LAZYTRAIN_CALIBRATE: 'never' is not auto or off"):
         calibrate.calibration_mode(cfg)
+
+
+def test_a_replan_sees_the_calibration_its_plan_was_made_with(model_dir, tmp_path):
+    cfg = tiny(model_dir, tmp_path)
+    cached = tmp_path / "calibration-0123.json"
+    cached.write_text("{}")
+    record = {"costs": {"source": "calibrated", "file": str(cached)}}
+    assert calibrate.config_for_plan(cfg, record).hardware.profile_path == str(cached)
+    cached.unlink()  # the cache was cleared since: the config's own costs
+    assert calibrate.config_for_plan(cfg, record) == cfg
+    assert calibrate.config_for_plan(cfg, {"costs": {"source": "analytic"}}) == cfg
+    explicit = tiny(model_dir, tmp_path, "hardware.profile_path=mine.json")
+    assert calibrate.config_for_plan(explicit, record) == explicit
