@@ -302,8 +302,8 @@ def test_a_replan_sees_the_calibration_its_plan_was_made_with(model_dir, tmp_pat
     cached.write_text("{}")
     record = {"costs": {"source": "calibrated", "file": str(cached)}}
     assert calibrate.config_for_plan(cfg, record).hardware.profile_path == str(cached)
+    explicit = tiny(model_dir, tmp_path, "hardware.profile_path=mine.json")
+    assert calibrate.config_for_plan(explicit, record) == explicit  # the config's profile wins
+    assert calibrate.config_for_plan(cfg, {"costs": {"source": "analytic"}}) == cfg
     cached.unlink()  # the cache was cleared since: the config's own costs
     assert calibrate.config_for_plan(cfg, record) == cfg
-    assert calibrate.config_for_plan(cfg, {"costs": {"source": "analytic"}}) == cfg
-    explicit = tiny(model_dir, tmp_path, "hardware.profile_path=mine.json")
-    assert calibrate.config_for_plan(explicit, record) == explicit
