@@ -5,7 +5,10 @@ builds the PlanningProblem, plans with the chosen policy, and prints a table: bo
 tier, recomputed blocks, keep-internals, predicted step time / model TFLOPS / tokens/s / peak
 HBM next to the MegaTrain rule and the bounds, the solver record, and the event simulator's
 check. `--out` writes the Plan JSON, `--gantt` the simulated timeline (both atomically, paths
-on stderr). Exit codes: 0 ok; 1 no plan fits the budgets; 2 bad usage or config.
+on stderr). The costs are those `lazytrain train` would plan with
+(`runtime.calibrate.resolve_profile`: `hardware.profile_path`, else this machine's cached
+calibration, else the preset's analytic model); the table's `costs:` line says which (stderr
+with `--json`). Exit codes: 0 ok; 1 no plan fits the budgets; 2 bad usage or config.
 """
 
 from __future__ import annotations
