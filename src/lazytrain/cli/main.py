@@ -1,7 +1,7 @@
 """`lazytrain` console entry point: one argparse subparser per verb, one module per verb.
 
 Each verb module exposes `register(subparsers)` (adds its parser, sets `func=run`) and
-`run(args) -> int`. Exit codes, the same for every verb (STYLE.md section 5):
+`run(args) -> int`. Exit codes, the same for every verb (docs/design.md, "The parts"):
 
 - 0 ok (also when the reader of stdout went away: `lazytrain report --json | head`);
 - 1 the job failed at run time: an infeasible budget, a preflight refusal, an I/O error or a
@@ -23,7 +23,7 @@ import sys
 
 from lazytrain import __version__
 
-# Verb -> module. Plain dict, read top to bottom (STYLE.md: no registration side effects).
+# Verb -> module. Plain dict, read top to bottom (no registration side effects).
 COMMANDS = {
     "plan": "lazytrain.cli.plan",
     "simulate": "lazytrain.cli.simulate",

@@ -1,7 +1,7 @@
 """The MoE router load-balancing (aux) loss, split block by block for a streaming engine.
 
 HF's `*ForCausalLM` adds `coef * aux` to the loss when `output_router_logits` is true (off by
-default in every HF MoE config and in every config of ../shared/models), with
+default in the HF MoE configs), with
 (Switch Transformer eqs. 4-6, HF `load_balancing_loss_func`):
 
     p[l,t]  = softmax(router_logits[l,t])                 [E], l over MoE layers, t over tokens

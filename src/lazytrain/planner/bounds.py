@@ -1,7 +1,7 @@
 """Reference step times for a planning problem: LP relaxation, roofline, ideal plan.
 
-Owns the four numbers in a Plan's `bounds` object (DESIGN.md section 3, "Bounds reported with
-every plan"):
+Owns the four numbers in a Plan's `bounds` object (reported with every plan; docs/design.md,
+"The plan"):
 
 - `lp_bound_ms`: the placement MILP (hard budgets) with every binary relaxed to [0, 1] and no
   tie-breakers or 8-bit penalty; a valid lower bound on the step time of every plan that fits
@@ -19,7 +19,6 @@ every plan"):
   does not fit.
 
 Knows no torch; the LP goes through `solvers.solve` (lazy solver imports).
-Source: ../shared/PLANNER_NOTES.md section 6.5.
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ incrementally (only the windows and holding intervals a move touches are recompu
 accepted move is re-evaluated in full. Deterministic: no randomness; the wall-clock budget only
 truncates the search (the tests' problems converge well before it).
 
-Knows no solver and no torch. Source: PLANNER_NOTES.md section 6.6; MegaTrain (arXiv
-2604.05091) for the every-K rule.
+Knows no solver and no torch. Source: MegaTrain (arXiv 2604.05091) for the every-K rule.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Must not know: any solver, torch, or how a plan was found. `runtime` imports thi
 Index legend: block j = 0..L-1 maps boundary j to boundary j+1; boundary i = 0..L; windows
 f0..f{L-1} (ord j), turn (ord L), b{L-1}..b0 (ord 2L - j).
 
-Source: DESIGN.md section 3 "Plan JSON v1 (normative)"; `resident_weights` is this project's
-extension (docs/execution_model.md, "Decisions in a Plan").
+Source: docs/design.md, "The plan"; the meaning of every field is docs/execution_model.md's
+(`resident_weights`: "Decisions in a Plan"). Version 1 is extended, never renamed.
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ class Plan:
     # --- JSON --------------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        """The Plan JSON v1 object (plain dicts/lists; key order as in DESIGN.md)."""
+        """The Plan JSON v1 object (plain dicts and lists, keys in a fixed order)."""
         return {
             "version": self.version,
             "provenance": self.provenance,

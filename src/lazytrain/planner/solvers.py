@@ -118,7 +118,7 @@ class SolveResult:
 
     @property
     def gap(self) -> float | None:
-        """(objective - dual_bound) / |dual_bound|, the DESIGN.md gap (plan / bound - 1)."""
+        """(objective - dual_bound) / |dual_bound|, the plan's gap (plan / bound - 1)."""
         if self.objective is None or self.dual_bound is None:
             return None
         if not math.isfinite(self.dual_bound) or self.dual_bound == 0.0:

@@ -1,6 +1,6 @@
 """8-bit AdamW for one flat fp32 host buffer, and the conversion of its states to/from fp32.
 
-Owns the "hybrid 8-bit path" of the optimizer (DESIGN.md section 2, `runtime/optim.py` row):
+Owns the "hybrid 8-bit path" of the optimizer (docs/design.md, "Where each concern lives"):
 for the blocks a Plan lists in `q8_blocks`, the two Adam moments are stored block-wise
 quantized in 8 bits (1 B each instead of 4 B) while the master weights and gradients stay
 fp32. The update itself is `bitsandbytes.optim.AdamW8bit` (block-wise dynamic quantization,

@@ -5,8 +5,8 @@ refreshed before each evaluation): the loss over the trained tokens of each held
 and, for examples with a checkable answer (GSM8K `####`, arithmetic, MetaMathQA), greedy
 generation from the prompt and a comparison of the extracted final answer. The copy costs
 4 B/param of host memory (counted by the preflight); a model too big for that would evaluate
-through the streaming engine instead. TODO(#3): engine-side evaluation for models larger than
-host memory.
+through the streaming engine instead; that engine-side evaluation for models larger than
+host memory is not built yet.
 
 Evaluation leaves the global RNG state as it found it (forked), so a run evaluated in the middle
 trains exactly like one that is not. It runs with one torch thread (restored afterwards): greedy
