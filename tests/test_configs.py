@@ -1,4 +1,4 @@
-"""The run config schema and the shipped YAML files (STYLE.md section 4)."""
+"""The run config schema and the shipped YAML files."""
 
 from __future__ import annotations
 

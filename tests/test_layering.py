@@ -1,5 +1,5 @@
 """Import layering: spec <- planner <- sim/report; runtime never imports the solver; the planner
-never imports torch (DESIGN.md section 2, STYLE.md section 1)."""
+never imports torch (docs/design.md, "The parts")."""
 
 from __future__ import annotations
 
