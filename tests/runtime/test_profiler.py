@@ -12,7 +12,6 @@ from engine_helpers import BATCH, SEQ, model_pair, tiny_config
 from lazytrain.runtime.nvme import FaultInjector
 from lazytrain.runtime.profiler import (
     BlockBench, block_kind_times, host_rates, measure_profile, nvme_rates, optimizer_exposed_ms,
-    fit_overheads, twin_adapter, window_overhead_ms,
 )
 from lazytrain.spec.costs import profile_costs
 from lazytrain.spec.hardware import get_hardware
@@ -102,26 +101,3 @@ def test_host_rates_are_measured_for_the_run_dtypes(adapter):
     assert all(host[k] > 0 for k in ("convert_gb_per_s", "accumulate_gb_per_s",
                                      "accumulate_first_gb_per_s", "staging_copy_gb_per_s",
                                      "optimizer_ms_per_mparam"))
-
-
-def test_the_window_overhead_twin_is_the_run_family_at_two_blocks_of_hidden_64(adapter):
-    twin = twin_adapter(adapter)
-    assert type(twin.config) is type(adapter.config)
-    assert twin.num_blocks == 2 and twin.config.hidden_size == 64
-
-
-def test_the_engine_overheads_come_from_two_twins_of_2_and_4_blocks(adapter, tmp_path):
-    out = window_overhead_ms(adapter, compute_dtype="fp32", device=torch.device("cpu"),
-                             nvme_dir=tmp_path, steps=1, warmup=0)
-    # windows per step 2L + 3: pre, f0..f{L-1}, turn, b{L-1}..b0, post
-    assert {L: t["windows"] for L, t in out["twins"].items()} == {"2": 7, "4": 11}
-    assert out["window_overhead_ms"] >= 0 and out["step_overhead_ms"] >= 0
-
-
-@pytest.mark.parametrize("r2,r4,want", [
-    (17.0, 25.0, (2.0, 3.0)),   # o = (25 - 17) / (11 - 7) = 2; a = 17 - 7 x 2 = 3
-    (10.0, 18.0, (2.0, 0.0)),   # o = 2; a = 10 - 14 < 0: clamped
-    (12.0, 11.0, (0.0, 12.0)),  # the bigger twin was faster (noise): o = 0, a = R(2)
-], ids=["both", "no-step-part", "no-window-part"])
-def test_the_overhead_fit_by_hand(r2, r4, want):
-    assert fit_overheads({4: r4, 2: r2}) == pytest.approx(want)
