@@ -30,8 +30,10 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Calibration on (the suite turns it off) and the real measurement wrapped in a counter."""
+    """Calibration on (the suite turns it off), the real measurement wrapped in a counter, and
+    an idle load average (no busy-machine warning from the other jobs of a CI box)."""
     monkeypatch.delenv("LAZYTRAIN_CALIBRATE")
+    monkeypatch.setattr(calibrate.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     calls = []
 
     def measure(cfg, device, **kwargs):
@@ -307,3 +309,15 @@ def test_a_replan_sees_the_calibration_its_plan_was_made_with(model_dir, tmp_pat
     assert calibrate.config_for_plan(cfg, {"costs": {"source": "analytic"}}) == cfg
     cached.unlink()  # the cache was cleared since: the config's own costs
     assert calibrate.config_for_plan(cfg, record) == cfg
+
+
+@pytest.mark.parametrize("load, warned", [(0.0, False), (1e3, True)], ids=["idle", "busy"])
+def test_a_calibration_on_a_busy_machine_is_kept_with_a_warning(model_dir, tmp_path, counted,
+                                                                 monkeypatch, load, warned):
+    monkeypatch.setattr(calibrate.os, "getloadavg", lambda: (load, load, load))
+    log = []
+    costs = resolve(tiny(model_dir, tmp_path), log)
+    assert costs.source == "calibrated" and len(counted) == 1
+    assert json.loads(cache_files(tmp_path)[0].read_text())["calibration"]["load_avg_1min"] == load
+    busy = [line for line in log if "the machine was busy while calibrating" in line]
+    assert len(busy) == int(warned)

@@ -59,6 +59,11 @@ KEY_FIELDS = ("cpu_model", "gpu_name", "torch_version", "model_config_sha256", "
 """What a calibration depends on; any change measures a new one."""
 PROFILE_TIME_KEYS = ("fwd_ms", "fwd_grad_ms", "bwd_ms")
 """Per block kind, the times a cached profile must hold to be used."""
+BUSY_LOAD_PER_CPU = 0.5
+"""A 1-minute load average above this many runnable tasks per CPU, just before measuring,
+means other jobs compete for the cores: the calibration is kept but a warning says its times
+may be high (on the 2-core CI box, quick-mode block times measured 3-17x the idle ones at a
+load of 2-3)."""
 
 Measure = Callable[[RunConfig, str], dict]
 """`measure(cfg, device)`: a profile dict for `cfg` on `device` ("cpu" | "cuda")."""
@@ -278,9 +283,16 @@ def _profile_problem(profile: dict, fields: dict) -> str:
     return ""
 
 
-def write_cache(path: Path, profile: dict, fields: dict) -> dict:
+def write_cache(path: Path, profile: dict, fields: dict, *,
+                load_avg: float | None = None) -> dict:
     """Store `profile` with its `calibration` record at `path` atomically; returns the stored
     dict.
+
+    Args:
+        path: the cache file.
+        profile: the measured profile.
+        fields: its key fields.
+        load_avg: the 1-minute load average when the measurement started (a record).
 
     Raises:
         OSError: the directory cannot be created or written.
@@ -288,6 +300,7 @@ def write_cache(path: Path, profile: dict, fields: dict) -> dict:
     stored = {**profile, "calibration": {
         "version": CACHE_VERSION, "key_sha256": cache_key(fields), "fields": dict(fields),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_avg_1min": load_avg, "cpu_count": os.cpu_count(),
         "created_by": f"lazytrain {__version__}"}}
     write_text_atomic(path, json.dumps(stored, indent=1))
     return stored
@@ -364,9 +377,23 @@ def calibrate(cfg: RunConfig, measure: Measure, *, device: str | None = None,
     fields = fields or key_fields(cfg, device=device)
     path = path or cache_file(cfg, fields)
     log(f"calibrating the cost model on this machine ({device}; a few seconds)")
-    stored = write_cache(path, measure(cfg, device), fields)
+    load = _load_avg()
+    stored = write_cache(path, measure(cfg, device), fields, load_avg=load)
     log(f"calibration written to {path}")
+    cpus = os.cpu_count() or 1
+    if load is not None and load > BUSY_LOAD_PER_CPU * cpus:
+        log(f"warning: the machine was busy while calibrating (1-minute load average {load:.1f} "
+            f"on {cpus} CPUs), so the measured times may be high; rerun `lazytrain profile "
+            f"--calibrate` when it is idle")
     return _calibrated(cfg, path, stored)
+
+
+def _load_avg() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def _calibrated(cfg: RunConfig, path: Path, profile: dict) -> ResolvedCosts:
