@@ -108,6 +108,10 @@ class HostBufferPool:
         self.allocated_bytes += nbytes
         return self.device.pinned_empty(nbytes, name=f"checkpoint host buffer of {nbytes} bytes")
 
+    def has(self, nbytes: int) -> bool:
+        """Whether `acquire(nbytes)` can hand out a buffer it already holds (free or pending)."""
+        return bool(self._free.get(nbytes)) or any(b.numel() == nbytes for b, _, _ in self._pending)
+
     def release(self, buffer: torch.Tensor, *, after=(), futures=()) -> None:
         """Return a buffer, reusable once the copy events ``after`` completed and the NVMe
         ``futures`` finished (their errors are the issuer's to report). The caller guarantees
@@ -156,6 +160,7 @@ class _Entry:
     aliased: bool = False  # dev is the put tensor itself (h2d began before it was released)
     file_bytes: int = 0  # NVMe bytes accounted (padded file size), from the first write on
     read_started: bool = False
+    write_window: str | None = None  # the window of the last nvme_write fraction
     cum: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TRANSFER_ORDER, 0.0))
     # End offset (bytes) issued per kind; nvme kinds in file coordinates (4 KiB-aligned).
     done: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRANSFER_ORDER, 0))
@@ -313,6 +318,20 @@ class CheckpointStore:
                 self.io.wait(e.write_futures)
                 self._settle(e)
             self._unsettled.discard(key)
+
+    def _settle_overdue_writes(self) -> None:
+        """Wait for the NVMe writes of earlier windows and settle them, before the pool grows:
+        the plan completes a write within its window, so its staging buffer counts as free in
+        every later window's pinned bytes (`Predicted.pinned_bytes`); a write still running
+        there is the device or the drive lagging, and the host waits rather than allocating
+        past the plan."""
+        for key in sorted(self._unsettled):
+            e = self._entries.get(key)
+            if e is not None and e.write_window != self._window:
+                self.io.wait(e.write_futures)
+                if self._settle(e):
+                    self._unsettled.discard(key)
+        self._pool.reclaim()
 
     def _settle(self, e: _Entry) -> bool:
         """Release what the issued copies of ``e`` no longer need (see ``end_window``); True when
@@ -540,6 +559,7 @@ class CheckpointStore:
         event = e.d2h_event
         wait_for = event.synchronize if event is not None else None  # bytes final in DRAM
         futures = self.io.write(e.key, e.host[start:end], start, wait_for=wait_for)
+        e.write_window = self._window
         e.write_futures += futures
         self._window_futures += futures
         e.done["nvme_write"] = end
@@ -606,7 +626,10 @@ class CheckpointStore:
     def _acquire_host(self, e: _Entry) -> None:
         # a dram copy is exactly the boundary (the plan's A); an NVMe bounce buffer is padded
         # to the 4 KiB O_DIRECT block, with zeroed padding (deterministic files)
-        e.host = self._pool.acquire(e.nbytes if e.tier == "dram" else e.padded_bytes)
+        nbytes = e.nbytes if e.tier == "dram" else e.padded_bytes
+        if not self._pool.has(nbytes):
+            self._settle_overdue_writes()
+        e.host = self._pool.acquire(nbytes)
         if e.tier == "nvme":
             e.host[e.nbytes:].zero_()
         self._count(*self._host_account(e))
