@@ -321,3 +321,17 @@ def test_a_calibration_on_a_busy_machine_is_kept_with_a_warning(model_dir, tmp_p
     assert json.loads(cache_files(tmp_path)[0].read_text())["calibration"]["load_avg_1min"] == load
     busy = [line for line in log if "the machine was busy while calibrating" in line]
     assert len(busy) == int(warned)
+
+
+def test_an_unwritable_cache_dir_plans_analytic_with_one_warning(model_dir, tmp_path, counted):
+    (tmp_path / "afile").write_text("")  # the cache dir would have to be inside a file
+    cfg = tiny(model_dir, tmp_path, f"runtime.calibration_dir={tmp_path}/afile/cal")
+    log = []
+    costs = resolve(cfg, log)
+    assert costs.source == "analytic" and len(counted) == 1
+    assert costs.line().startswith("costs: analytic (hardware preset cpu); the calibration could "
+                                   "not be cached: set runtime.calibration_dir")
+    [warning] = [line for line in log if line.startswith("warning:")]
+    assert f"cannot write the calibration cache {tmp_path}/afile/cal/" in warning
+    with pytest.raises(OSError):  # the explicit refresh says so as an error
+        calibrate.calibrate(cfg, setup.measure_calibration)

@@ -321,7 +321,6 @@ def resolve_profile(cfg: RunConfig, *, measure: Measure | None = None,
 
     Raises:
         ValueError: a bad `LAZYTRAIN_CALIBRATE` value.
-        OSError: the measured calibration cannot be written to the cache directory.
     """
     if cfg.hardware.profile_path:
         return ResolvedCosts(config=cfg, source="profile", path=cfg.hardware.profile_path)
@@ -344,7 +343,14 @@ def resolve_profile(cfg: RunConfig, *, measure: Measure | None = None,
             "no calibration of this machine is cached yet: `lazytrain train` measures one, or "
             "run `lazytrain profile --calibrate`"))
     if profile is None:
-        return calibrate(cfg, measure, device=device, fields=fields, path=path, log=log)
+        try:
+            return calibrate(cfg, measure, device=device, fields=fields, path=path, log=log)
+        except OSError as exc:  # a read-only home: the job still runs, on analytic costs
+            log(f"warning: cannot write the calibration cache {path} ({exc}); planning with "
+                f"analytic costs")
+            return ResolvedCosts(config=cfg, source="analytic", note=(
+                f"the calibration could not be cached: set runtime.calibration_dir to a "
+                f"writable directory"))
     return _calibrated(cfg, path, profile)
 
 

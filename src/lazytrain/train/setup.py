@@ -153,7 +153,6 @@ def make_plan(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
 
     Raises:
         PlanInfeasibleError: (milp) no plan fits the budgets.
-        OSError: a measured calibration cannot be written to the cache.
     """
     from lazytrain.planner.build import rank_problem_from_config
     from lazytrain.planner.policy import plan_with_policy
