@@ -90,35 +90,113 @@ def test_version_prints_the_package_version(capsys):
 
 
 def _exit_code_cases():
+    from lazytrain.dist.shared_masters import OwnerUpdateError
+    from lazytrain.dist.trainer import RankFailureError
     from lazytrain.planner.milp import PlanInfeasibleError
-    from lazytrain.runtime.errors import NvmeIOError
+    from lazytrain.planner.plan import PlanValidationError
+    from lazytrain.runtime.errors import (CheckpointNotResidentError, HbmBudgetExceeded,
+                                          HostBudgetExceeded, NvmeIOError, TransferOrderError)
+    from lazytrain.runtime.hb_checker import OrderingViolation
+    from lazytrain.runtime.nvme import NvmeTimeoutError
     from lazytrain.spec.hub import HubModelError
     from lazytrain.train.checkpoint import CheckpointError
     from lazytrain.train.loop import CheckpointSaveError
     from lazytrain.train.preflight import PreflightError
+    from lazytrain.train.setup import NvmeDirInUseError, RunDirInUseError
     return [
         (ValueError("train.lr must be > 0; got -1"), 2),
         (TypeError("train.steps must be int; got 'x'"), 2),
         (FileNotFoundError("data.path: /x.jsonl does not exist; fix the path"), 2),
         (CheckpointError("--resume: /r has no checkpoint; train without --resume"), 2),
         (HubModelError("model.config_path: Org/X is not in the cache"), 2),
+        (PlanValidationError("boundary 3: h2d in window b9 is outside its legal windows"), 2),
         (PlanInfeasibleError(budget="HBM", window="f3", shortfall_bytes=2e9), 1),
         (PreflightError("preflight: host memory: need 9 GB, have 3 GB"), 1),
         (CheckpointSaveError("saving checkpoint step-000002 failed (No space left)"), 1),
         (NvmeIOError("disk full", boundary=3, path="/nvme/ckpt_b3.bin"), 1),
+        (NvmeTimeoutError("no answer in 300 s", boundary=3, path="/nvme/ckpt_b3.bin"), 1),
+        (HbmBudgetExceeded(window="b3", held_bytes=12, limit_bytes=10), 1),
+        (HostBudgetExceeded(window="f0", held_bytes=12, limit_bytes=10, owner="pool"), 1),
+        (CheckpointNotResidentError("boundary 2 (micro-batch 0): not in HBM", boundary=2), 1),
+        (TransferOrderError("boundary 2 (micro-batch 0): h2d before d2h", boundary=2), 1),
+        (OrderingViolation("buf w0: copy and read unordered", buffer="w0", first="copy on h2d",
+                           second="read on compute", rule="write-read"), 1),
+        (RankFailureError("rank 1 of 2: a collective failed"), 1),
+        (OwnerUpdateError("rank 1 failed to update block3"), 1),
+        (NvmeDirInUseError("runtime.nvme_dir: /n is in use by another job (pid 7)"), 1),
+        (RunDirInUseError("train.run_dir: /r is in use by another job (pid 7)"), 1),
         (OSError(28, "No space left on device"), 1),
         (RuntimeError("rank 1 of 2: a collective failed"), 1),
     ]
 
 
-@pytest.mark.parametrize("index", range(11))
+@pytest.mark.parametrize("index", range(22))
 def test_every_error_class_maps_to_its_exit_code_with_one_line(plan_only, monkeypatch, capsys,
                                                                 index):
     exc, code = _exit_code_cases()[index]
     monkeypatch.setattr(cli_plan, "run", _raising(exc))
-    assert main(["plan"]) == code
+    assert main(["plan"]) == code, type(exc).__name__
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ")
+    assert len(err) == 1 and err[0] == "error: " + " ".join(str(exc).split())
+
+
+def _project_exception_classes() -> dict[str, type]:
+    """Every exception class defined in a module of `lazytrain` ("module.Name" -> class)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import lazytrain
+    found = {}
+    for info in pkgutil.walk_packages(lazytrain.__path__, "lazytrain."):
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if (inspect.isclass(obj) and issubclass(obj, BaseException)
+                    and obj.__module__ == module.__name__):
+                found[f"{module.__name__}.{name}"] = obj
+    return found
+
+
+NOT_YET_CLASSED = {
+    "lazytrain.planner.milp.PlanInfeasibleError",  # still a ValueError
+    "lazytrain.train.loop.CheckpointSaveError",  # still a bare OSError
+    "lazytrain.train.setup.NvmeDirInUseError",  # still a bare RuntimeError
+    "lazytrain.train.setup.RunDirInUseError",  # still a bare RuntimeError
+}
+"""Classes in modules under concurrent rework that do not derive from a base of
+`lazytrain.errors` yet; the CLI maps them through their builtin base (exit codes as above).
+The test below fails as soon as one of them is given its base, so this set only shrinks."""
+
+
+def test_every_project_error_derives_from_exactly_one_of_the_two_bases():
+    from lazytrain.errors import EXIT_CODES, JobFailure, UserError
+    classes = _project_exception_classes()
+    assert {"lazytrain.runtime.errors.HbmBudgetExceeded", "lazytrain.train.checkpoint."
+            "CheckpointError"} <= set(classes)  # the walk found the modules
+    bases = {name: [b for b in EXIT_CODES if issubclass(cls, b)] for name, cls in classes.items()
+             if cls not in (UserError, JobFailure)}
+    unclassed = {name for name, found in bases.items() if not found}
+    assert unclassed == NOT_YET_CLASSED
+    assert all(len(found) <= 1 for found in bases.values()), bases
+
+
+def test_hbm_budget_exceeded_is_a_job_failure_and_no_assertion_error():
+    from lazytrain.errors import JobFailure
+    from lazytrain.runtime.errors import HbmBudgetExceeded
+    assert issubclass(HbmBudgetExceeded, JobFailure)
+    assert not issubclass(HbmBudgetExceeded, AssertionError)
+
+
+@pytest.mark.parametrize("kind", ["user_error", "job_failure"])
+def test_debug_keeps_the_traceback_of_a_user_error_and_of_a_job_failure(plan_only, monkeypatch,
+                                                                         kind):
+    from lazytrain.runtime.errors import HbmBudgetExceeded
+    from lazytrain.train.checkpoint import CheckpointError
+    exc = {"user_error": CheckpointError("--resume: /r has no checkpoint"),
+           "job_failure": HbmBudgetExceeded(window="b3", held_bytes=12, limit_bytes=10)}[kind]
+    monkeypatch.setattr(cli_plan, "run", _raising(exc))
+    with pytest.raises(type(exc)):
+        main(["--debug", "plan"])
 
 
 def test_ctrl_c_outside_training_exits_130_with_one_line(plan_only, monkeypatch, capsys):

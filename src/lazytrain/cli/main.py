@@ -10,8 +10,9 @@ Each verb module exposes `register(subparsers)` (adds its parser, sets `func=run
   run directory, a missing or damaged checkpoint on --resume;
 - 130 / 143 interrupted by Ctrl-C / SIGTERM (`lazytrain train` saves a checkpoint first).
 
-Errors print one line `error: ...`; a traceback only with --debug. Any other exception is a
-bug and keeps its traceback.
+Errors print one line `error: ...`; a traceback only with --debug. The code follows the
+error's class (`lazytrain.errors`: `UserError` 2, `JobFailure` 1); any other exception is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import sys
 
 from lazytrain import __version__
+from lazytrain.errors import EXIT_CODES, JobFailure, UserError
 
 # Verb -> module. Plain dict, read top to bottom (no registration side effects).
 COMMANDS = {
@@ -51,14 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` and run the verb.
 
-    Errors print one line `error: ...` (a traceback only with --debug): a job failure (an
-    infeasible budget, an I/O error) exits 1, bad usage or config exits 2.
+    Errors print one line `error: ...` (a traceback only with --debug): a `JobFailure` (an
+    infeasible budget, an I/O error) exits 1, a `UserError` (bad usage or config) exits 2
+    (`lazytrain.errors`). Any other exception is a bug and keeps its traceback, except the
+    builtin ones Python and the libraries raise on bad input or a failing machine
+    (`_builtin_exit_code`).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    # The verbs above already imported the planner, so this costs nothing extra.
-    from lazytrain.planner.milp import PlanInfeasibleError
-
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # the reader closed stdout (`| head`): not an error of ours
@@ -69,13 +71,26 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("error: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
+    except UserError as exc:
+        if args.debug:
+            raise
+        return _one_line(exc, EXIT_CODES[UserError])
+    except JobFailure as exc:
+        if args.debug:
+            raise
+        return _one_line(exc, EXIT_CODES[JobFailure])
     except Exception as exc:
-        code = _exit_code(exc, PlanInfeasibleError)
+        code = _builtin_exit_code(exc)
         if args.debug or code is None:
             raise
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"error: {text}", file=sys.stderr)
-        return code
+        return _one_line(exc, code)
+
+
+def _one_line(exc: Exception, code: int) -> int:
+    """Print `error: <the message on one line>` to stderr; returns `code`."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"error: {text}", file=sys.stderr)
+    return code
 
 
 def _silence_stdout() -> None:
@@ -89,23 +104,22 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
-def _exit_code(exc: Exception, infeasible: type) -> int | None:
-    """1 for a job failure, 2 for bad usage or config, None for a bug (re-raised).
+def _builtin_exit_code(exc: Exception) -> int | None:
+    """The exit code of an exception that is neither a `UserError` nor a `JobFailure`: 2 for the
+    builtin errors of bad input (`ValueError`, `TypeError`, `FileNotFoundError`: a value the
+    config loader refuses, a path `open()` cannot find), 1 for a failing machine (`OSError`:
+    disk full; `RuntimeError`: CUDA out of memory, a failed collective), None for a bug.
 
-    `HbmBudgetExceeded` (the runtime store held more HBM than the plan's per-window
-    accounting) is a job failure, 1. It is looked up in `sys.modules`, not imported: it can only
-    have been raised when the runtime was loaded, and `plan` must not pull the runtime in.
+    `PlanInfeasibleError` is still a `ValueError` (it is defined in `planner/milp.py`), so it
+    is named here, before the builtins, until it derives from `JobFailure`.
     """
-    if isinstance(exc, infeasible):  # a ValueError, but the config was fine: the budget is not
-        return 1
-    errors = sys.modules.get("lazytrain.runtime.errors")
-    if errors is not None and isinstance(exc, errors.HbmBudgetExceeded):
+    from lazytrain.planner.milp import PlanInfeasibleError  # the verbs imported it already
+
+    if isinstance(exc, PlanInfeasibleError):
         return 1
     if isinstance(exc, (ValueError, TypeError, FileNotFoundError)):
         return 2
-    if isinstance(exc, OSError):  # disk full, short read, ... (NvmeIOError)
-        return 1
-    if isinstance(exc, RuntimeError):  # PreflightError, a dead peer rank, CUDA out of memory
+    if isinstance(exc, (OSError, RuntimeError)):
         return 1
     return None
 

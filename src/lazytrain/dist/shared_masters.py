@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from lazytrain.dist.process_group import DistContext, barrier, broadcast_object
+from lazytrain.errors import JobFailure
 from lazytrain.models.host_params import ParamGroup
 
 
@@ -233,7 +234,7 @@ class BroadcastSync:
         _raise_if_failed(status, group, owner, dist.get_rank())
 
 
-class OwnerUpdateError(RuntimeError):
+class OwnerUpdateError(JobFailure, RuntimeError):
     """The owner of a parameter group failed to update it (its own error is on its rank)."""
 
 

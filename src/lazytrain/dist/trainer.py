@@ -37,6 +37,7 @@ from lazytrain.dist.checkpoint import load_shard, save_sharded_checkpoint
 from lazytrain.dist.parallel import build_engine, local_share
 from lazytrain.dist.process_group import (DistContext, barrier, broadcast_object,
                                           init_from_env, shutdown)
+from lazytrain.errors import JobFailure
 from lazytrain.planner.plan import Plan
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
@@ -51,7 +52,7 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed + 1_000_003 * rank
 
 
-class RankFailureError(RuntimeError):
+class RankFailureError(JobFailure, RuntimeError):
     """A collective failed on this rank: a peer died or the collective timed out."""
 
 

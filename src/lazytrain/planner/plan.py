@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lazytrain.atomic import write_text_atomic
+from lazytrain.errors import UserError
 
 TIERS = ("hbm", "dram", "nvme", "recompute")
 """Tier vocabulary; a boundary that is not materialized has tier `recompute`."""
@@ -43,7 +44,7 @@ def plan_digest(plan_dict: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class PlanValidationError(ValueError):
+class PlanValidationError(UserError, ValueError):
     """A plan breaks the execution-model contract; the message names boundary and window."""
 
 

@@ -269,6 +269,7 @@ def scaling_table(problem: PlanningProblem, topo: Topology, *, policy: str = "he
         topo: the topology; its nproc_per_node is replaced by each count.
         policy, plan_kwargs: as `plan_with_policy`.
     """
+    from lazytrain.planner.milp import PlanInfeasibleError
     from lazytrain.planner.policy import plan_with_policy
 
     rows = []
@@ -279,7 +280,7 @@ def scaling_table(problem: PlanningProblem, topo: Topology, *, policy: str = "he
         rp = rank_problem(problem, t)
         try:
             plan = plan_with_policy(rp, policy, lp_bound=False, **plan_kwargs)
-        except ValueError as exc:  # PlanInfeasibleError: a budget cannot be met
+        except PlanInfeasibleError as exc:  # a budget cannot be met at this rank count
             rows.append(ScalingRow(ranks=n, step_ms=None, tokens_per_s=None,
                                    dram_budget_bytes=rp.dram_bytes, note=str(exc)[:160]))
             continue

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lazytrain.errors import JobFailure
+
 
 def boundary_label(boundary: int, micro_batch: int) -> str:
     """The prefix every store error starts with, e.g. ``"boundary 7 (micro-batch 0)"``."""
     return f"boundary {boundary} (micro-batch {micro_batch})"
 
 
-class NvmeIOError(OSError):
+class NvmeIOError(JobFailure, OSError):
     """An NVMe-tier file operation failed: disk full, short read/write, missing file, ...
 
     About the boundary activations the plan puts on NVMe, not the training checkpoints
@@ -48,10 +50,11 @@ class NvmeIOError(OSError):
         return str(self.args[0])
 
 
-class HbmBudgetExceeded(AssertionError):
+class HbmBudgetExceeded(JobFailure):
     """The store holds more HBM bytes in a window than the plan's ``hbm_checkpoint_bytes``.
 
-    An internal invariant (the engine executes a validated plan), hence an AssertionError.
+    The engine executes a validated plan, so this means the plan's accounting and the run
+    disagree: a job failure (exit 1), not an assertion, so that it is raised also under -O.
 
     Attributes:
         window: window name, e.g. ``"b3"``.
@@ -74,7 +77,7 @@ class HbmBudgetExceeded(AssertionError):
         self.owner = owner
 
 
-class HostBudgetExceeded(RuntimeError):
+class HostBudgetExceeded(JobFailure, RuntimeError):
     """A pinned host reservation would pass the plan's pinned budget (the DRAM left for
     DRAM-tier checkpoints and staging pools after the host states).
 
@@ -96,7 +99,7 @@ class HostBudgetExceeded(RuntimeError):
         self.limit_bytes = limit_bytes
 
 
-class BoundaryError(RuntimeError):
+class BoundaryError(JobFailure, RuntimeError):
     """A runtime error about one stored boundary (fields `boundary`, `micro_batch`)."""
 
     def __init__(self, message: str, *, boundary: int, micro_batch: int = 0) -> None:

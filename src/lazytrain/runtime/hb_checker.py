@@ -51,13 +51,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from lazytrain.errors import JobFailure
 from lazytrain.runtime.device import Device, Event, Stream
 
 PRUNE_AT = 48
 """Accesses kept per buffer before ordered-for-everyone ones are dropped (bookkeeping only)."""
 
 
-class OrderingViolation(RuntimeError):
+class OrderingViolation(JobFailure, RuntimeError):
     """Two operations on one buffer are not ordered by any event, wait or synchronize.
 
     Attributes:

@@ -16,6 +16,8 @@ import os
 import re
 from pathlib import Path
 
+from lazytrain.errors import UserError
+
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 """`org/name`, the form of a Hugging Face hub model id."""
 
@@ -24,9 +26,10 @@ MODEL_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoke
 GGUF/ONNX copies) and the tokenizer files."""
 
 
-class HubModelError(FileNotFoundError):
+class HubModelError(UserError, FileNotFoundError):
     """A hub model that is not available: offline and not cached, unknown, or gated. A
-    FileNotFoundError: the input names something that is not there (the CLI exits 2)."""
+    user error (also a FileNotFoundError): the input names something that is not there (the
+    CLI exits 2)."""
 
 
 def is_hub_id(config_path: str) -> bool:

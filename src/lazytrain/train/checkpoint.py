@@ -42,6 +42,8 @@ from typing import Any, Callable
 
 import torch
 
+from lazytrain.errors import UserError
+
 MARKER = "COMPLETE"
 """Name of the marker file written last into a finished checkpoint directory."""
 STATE_FILE = "trainer_state.pt"
@@ -51,10 +53,10 @@ KEEP_LAST = 1
 _NAME_RE = re.compile(r"^step-(\d{6,})$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be resumed from: missing, incomplete, damaged, or holding
     objects other than tensors and plain containers (the message names the path and the fix).
-    A ValueError: the `--resume` input is bad, the CLI exits 2."""
+    A user error (also a ValueError): the `--resume` input is bad, the CLI exits 2."""
 
 
 def load_torch_file(path: Path) -> Any:

@@ -24,10 +24,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from lazytrain.errors import JobFailure
 from lazytrain.units import GB
 
 
-class PreflightError(RuntimeError):
+class PreflightError(JobFailure, RuntimeError):
     """A resource the plan needs is not available (message: one line with the numbers)."""
 
 
