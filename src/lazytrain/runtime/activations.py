@@ -36,10 +36,11 @@ from lazytrain.runtime.device import Device, as_device
 from lazytrain.runtime.errors import (
     CheckpointNotResidentError,
     HbmBudgetExceeded,
+    NvmeIOError,
     TransferOrderError,
     boundary_label,
 )
-from lazytrain.runtime.nvme import IoEvent, Key, NvmeIO, align_down, align_up
+from lazytrain.runtime.nvme import IoEvent, Key, NvmeIO, NvmeTimeoutError, align_down, align_up
 
 STORE_TIERS = TIERS
 """Tier vocabulary of Plan JSON v1."""
@@ -67,19 +68,27 @@ class HostBufferPool:
     reusable once those copies completed, checked without blocking (``reclaim``); the host
     blocks on them only when ``acquire`` finds no free buffer of the size but a pending one
     (back-pressure instead of allocating past the plan's pinned bytes). So handing a buffer
-    back never synchronises the host with the device.
+    back never synchronises the host with the device. A buffer whose NVMe requests never
+    finish (``wait_io`` raised, e.g. a stuck drive) is abandoned, never handed out again: the
+    request may still read or write it.
 
     Args:
         device: the device API; buffers come from its ``pinned_empty``.
         capacity_bytes: cap on allocated bytes (in use + pending + cached); None = unbounded.
+        wait_io: ``wait_io(futures, owner)`` blocks until a buffer's NVMe futures finished
+            (their errors are not its to raise) or raises where they will not (the store's:
+            NvmeTimeoutError after ``runtime.nvme_timeout_s``); ``owner`` is what ``release``
+            got. Default: wait as long as it takes.
     """
 
-    def __init__(self, *, device: Device, capacity_bytes: int | None = None) -> None:
+    def __init__(self, *, device: Device, capacity_bytes: int | None = None,
+                 wait_io: Callable[[list, object], None] | None = None) -> None:
         self.device = device
         self.capacity_bytes = capacity_bytes
-        self.allocated_bytes = 0
+        self.allocated_bytes = 0  # abandoned buffers stay counted: their memory is still used
+        self._wait_io = wait_io or (lambda futures, owner: device.wait_futures(futures))
         self._free: dict[int, list[torch.Tensor]] = {}
-        self._pending: list[tuple[torch.Tensor, list, list]] = []  # (buffer, events, futures)
+        self._pending: list[tuple] = []  # (buffer, events, futures, owner)
 
     def acquire(self, nbytes: int) -> torch.Tensor:
         """An aligned ``uint8`` buffer [nbytes] (contents undefined).
@@ -87,6 +96,8 @@ class HostBufferPool:
         Raises:
             MemoryError: allocating would exceed ``capacity_bytes`` even after waiting for every
                 pending buffer and dropping every cached one.
+            NvmeTimeoutError (from ``wait_io``): the pending buffer it waited for is held by
+                NVMe requests that do not finish (the buffer is abandoned).
         """
         self.reclaim()
         cached = self._free.get(nbytes)
@@ -110,32 +121,45 @@ class HostBufferPool:
 
     def has(self, nbytes: int) -> bool:
         """Whether `acquire(nbytes)` can hand out a buffer it already holds (free or pending)."""
-        return bool(self._free.get(nbytes)) or any(b.numel() == nbytes for b, _, _ in self._pending)
+        return bool(self._free.get(nbytes)) or any(item[0].numel() == nbytes
+                                                   for item in self._pending)
 
-    def release(self, buffer: torch.Tensor, *, after=(), futures=()) -> None:
+    def release(self, buffer: torch.Tensor, *, after=(), futures=(), owner=None) -> None:
         """Return a buffer, reusable once the copy events ``after`` completed and the NVMe
-        ``futures`` finished (their errors are the issuer's to report). The caller guarantees
-        no other copy reads or writes it (the device API checks it on cpu-checked and poisons
-        the buffer on cpu-threaded)."""
-        self._pending.append((buffer, [e for e in after if e is not None], list(futures)))
+        ``futures`` finished (their errors are the issuer's to report; ``owner`` names the
+        buffer's last user to ``wait_io``). The caller guarantees no other copy reads or writes
+        it (the device API checks it on cpu-checked and poisons the buffer on cpu-threaded)."""
+        self._pending.append((buffer, [e for e in after if e is not None], list(futures), owner))
         self.reclaim()
 
     def reclaim(self, *, block: bool = False) -> None:
-        """Make pending buffers whose copies completed reusable; ``block``: wait for all."""
-        still = []
+        """Make pending buffers whose copies completed reusable; ``block``: wait for all.
+
+        Raises:
+            NvmeTimeoutError (from ``wait_io``, only with ``block``): some pending buffer's NVMe
+                requests do not finish; every other pending buffer was reclaimed first.
+        """
+        still, stuck = [], None
         for item in self._pending:
-            _, events, futures = item
+            _, events, futures, _ = item
             if block or (all(self.device.query(e) for e in events)
                          and all(f.done() for f in futures)):
-                self._recycle(*item)
+                try:
+                    self._recycle(*item)
+                except Exception as exc:  # abandoned; the others are still reclaimed
+                    stuck = stuck or exc
             else:
                 still.append(item)
         self._pending = still
+        if stuck is not None:
+            raise stuck
 
-    def _recycle(self, buffer: torch.Tensor, events: list, futures: list) -> None:
+    def _recycle(self, buffer: torch.Tensor, events: list, futures: list, owner) -> None:
+        """Wait for the buffer's copies and NVMe requests, then make it reusable; a ``wait_io``
+        error leaves it abandoned (dropped from the pool) and propagates."""
         for event in events:
             self.device.host_wait(event)  # returns at once when query() said done; orders it
-        self.device.wait_futures(futures)
+        self._wait_io(futures, owner)
         self.device.recycle(buffer)
         self._free.setdefault(buffer.numel(), []).append(buffer)
 
@@ -225,7 +249,8 @@ class CheckpointStore:
         io_kwargs = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
         self.io = NvmeIO(nvme_dir, io_threads=io_threads, direct=direct, fault_hook=fault_hook,
                          device=self.dev, **io_kwargs)
-        self._pool = HostBufferPool(device=self.dev, capacity_bytes=host_pool_bytes)
+        self._pool = HostBufferPool(device=self.dev, capacity_bytes=host_pool_bytes,
+                                    wait_io=self._wait_buffer_io)
         self.d2h_stream = self.dev.stream("ckpt_d2h")
         self.h2d_stream = self.dev.stream("ckpt_h2d")
         self._limits = dict(hbm_limits or {})
@@ -520,7 +545,10 @@ class CheckpointStore:
         atexit.unregister(self.close)
         for key in list(self._entries):
             self.release(key[0], micro_batch=key[1])
-        self._pool.reclaim(block=True)
+        try:
+            self._pool.reclaim(block=True)
+        except NvmeTimeoutError:
+            pass  # a stuck drive: its buffers are abandoned, close still removes the files
         self.io.close()
 
     def __enter__(self) -> CheckpointStore:
@@ -623,6 +651,29 @@ class CheckpointStore:
 
     # ---- buffers and counters ------------------------------------------------------------
 
+    def _wait_buffer_io(self, futures: list, key: Key) -> None:
+        """The pool's wait for the NVMe requests on boundary ``key``'s host buffer: at most
+        ``runtime.nvme_timeout_s`` (not at all once the drive is known stuck). A failed request
+        is not raised here (the window end or the read-back reports it, where its bytes would
+        be used).
+
+        Raises:
+            NvmeTimeoutError: some request is still running (the pool abandons the buffer).
+        """
+        if self.io.stuck and not all(f.done() for f in futures):
+            raise NvmeTimeoutError(
+                f"{boundary_label(*key)}: NVMe requests on its host buffer are still running "
+                f"after an earlier wait timed out (runtime.nvme_timeout_s={self.io.timeout_s}): "
+                "the drive is stuck; check it (dmesg, nvme smart-log) or raise "
+                "runtime.nvme_timeout_s", boundary=key[0], micro_batch=key[1],
+                path=self.io.path_for(key))
+        try:
+            self.io.wait(futures)
+        except NvmeTimeoutError:
+            raise
+        except NvmeIOError:
+            pass  # reported by end_window or the read-back
+
     def _acquire_host(self, e: _Entry) -> None:
         # a dram copy is exactly the boundary (the plan's A); an NVMe bounce buffer is padded
         # to the 4 KiB O_DIRECT block, with zeroed padding (deterministic files)
@@ -640,7 +691,7 @@ class CheckpointStore:
         tier, nbytes = self._host_account(e)
         self._count(tier, -nbytes)
         self._pool.release(e.host, after=(e.d2h_event, e.h2d_event),
-                           futures=e.write_futures + e.read_futures)
+                           futures=e.write_futures + e.read_futures, owner=e.key)
         e.host = None
 
     @staticmethod

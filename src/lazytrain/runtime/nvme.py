@@ -431,19 +431,32 @@ class NvmeIO:
             os.close(fd)
 
     def remove(self, key: Key) -> None:
-        """Wait for the key's pending requests (errors ignored), close its fds, delete its file."""
+        """Wait for the key's pending requests (errors ignored), close its fds, delete its file.
+
+        Waits at most `timeout_s` (none once a wait timed out): a request still running then
+        marks the drive stuck, and the key's descriptors stay open (a stuck request may still
+        use its descriptor; closing it would let a later `open` reuse the number) while the
+        file is unlinked.
+        """
         pending = self._pending.pop(key, [])
-        if self._stuck:  # do not hang on a drive that stopped answering
-            pending = [f for f in pending if f.done()]
-        self.device.wait_futures(pending)
+        if not self._stuck and pending:  # timeout_s None: wait as long as it takes
+            if concurrent.futures.wait(pending, timeout=self.timeout_s)[1]:
+                self._stuck = True  # do not hang on a drive that stopped answering
+        running = [f for f in pending if not f.done()]
+        self.device.wait_futures([f for f in pending if f.done()])
         self._sums.pop(key, None)
         for fds in (self._write_fds, self._read_fds):
             fd = fds.pop(key, None)
-            if fd is not None:
+            if fd is not None and not running:
                 os.close(fd)
         path = self._files.pop(key, None)
         if path is not None:
             path.unlink(missing_ok=True)
+
+    @property
+    def stuck(self) -> bool:
+        """Whether a wait for this instance's requests timed out (the drive stopped answering)."""
+        return self._stuck
 
     def files(self) -> list[Path]:
         """Files this instance created and has not removed yet."""
@@ -545,7 +558,9 @@ class NvmeIO:
             raise self._error(key, f"write to {path}", exc.strerror or str(exc), exc.errno) from exc
         if done != len(chunk):
             raise self._error(key, f"write to {path}", f"short write: {done} of {len(chunk)} bytes at offset {offset}")
-        self._sums[key].record(chunk, offset)
+        sums = self._sums.get(key)
+        if sums is not None:  # None: the file was removed while this request was stuck
+            sums.record(chunk, offset)
 
     def _read_chunk(self, key: Key, fd: int, chunk: memoryview, part: torch.Tensor, offset: int,
                     wait_for) -> None:
