@@ -1,4 +1,4 @@
-"""The run config: YAML in, frozen dataclasses out (DESIGN.md "Run config", STYLE.md section 4).
+"""The run config: YAML in, frozen dataclasses out (docs/config.md lists every key).
 
 One dataclass per section (`model`, `hardware`, `data`, `train`, `planner`, `runtime`), composed
 by `RunConfig`. Every part of the program receives only its own section. The defaults are the
@@ -316,10 +316,10 @@ class PlannerConfig:
     """MILP solver. auto: HiGHS up to 64 blocks, SCIP above, as benchmarks/planner.py measured
     (planner/solvers.py AUTO_HIGHS_MAX_BLOCKS has the numbers)."""
     time_limit_s: float = 10.0
-    """Solver wall-clock limit, s, > 0; the incumbent is returned on time-out (10 s: the
-    64-block target of issue 2)."""
+    """Solver wall-clock limit, s, > 0; the incumbent is returned on time-out (10 s: a
+    64-block problem's solve target)."""
     gap: float = 0.005
-    """Relative optimality gap at which the solver stops, in [0, 1) (0.5%: issue 2's target)."""
+    """Relative optimality gap at which the solver stops, in [0, 1) (0.5%: the solve target)."""
     k_max: int = 16
     """Longest segment (blocks between consecutive materialized boundaries), >= 1. 16 bounds
     the MILP to O(16 L) segment variables; a longer segment recomputes >= 16 blocks, which

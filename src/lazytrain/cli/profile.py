@@ -135,12 +135,14 @@ def refit_from_run(args: argparse.Namespace) -> dict:
 
 def analytic_profile(problem, kinds: list[str], cfg) -> dict:
     """A profile holding the problem's (analytic) times and rates: the prior of a refit."""
+    from lazytrain.units import GB
+
     block_kinds = {}
     for j, kind in enumerate(kinds):
         block_kinds.setdefault(kind, {"fwd_ms": problem.fwd_ms[j],
                                       "fwd_grad_ms": problem.fwd_grad_ms[j],
                                       "bwd_ms": problem.bwd_ms[j]})
-    gb = 1e9
+    gb = GB
     return {"version": 1, "model_config_sha256": problem.provenance.get("model_config_sha256"),
             "seq_len": cfg.data.seq_len, "micro_batch": cfg.train.micro_batch,
             "compute_dtype": cfg.train.compute_dtype, "block_kinds": block_kinds,

@@ -53,6 +53,7 @@ from typing import Any, Callable
 
 import torch
 
+from lazytrain.atomic import read_jsonl, write_text_atomic
 from lazytrain.config import RunConfig, apply_overrides, save_config
 from lazytrain.planner.plan import Plan
 from lazytrain.train import checkpoint as ckpt
@@ -264,10 +265,9 @@ def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, r
 
 def _truncate_metrics(path: Path, *, last_step: int) -> None:
     """Drop metric lines after `last_step` (steps redone after a resume)."""
-    if path.is_file():
-        keep = [ln for ln in path.read_text().splitlines()
-                if ln.strip() and json.loads(ln)["step"] <= last_step]
-        path.write_text("".join(ln + "\n" for ln in keep))
+    if path.is_file():  # a crash mid-append may have torn the last line: read_jsonl skips it
+        keep = [r for r in read_jsonl(path) if r["step"] <= last_step]
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 class Trainer:
@@ -593,7 +593,7 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
         PreflightError: the plan does not fit this machine (numbers in the message).
         PlanInfeasibleError, PlanValidationError: planning failed / the plan does not match.
         CheckpointError: `resume` and the checkpoint is missing, damaged or unsafe.
-        CheckpointIOError: an NVMe-tier I/O error (the last saved checkpoint stays valid).
+        NvmeIOError: an NVMe-tier I/O error (the last saved checkpoint stays valid).
         CheckpointSaveError: a checkpoint write failed (the previous one stays valid).
         ValueError, FileNotFoundError: bad config or data, a used run_dir without overwrite,
             a resume with another model.

@@ -124,7 +124,7 @@ def load_tokenizer(source: ModelSource, *, corpus=None, vocab_size: int | None =
 def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, seed: int,
                  masters=None, fills_masters: bool = True):
     """The `ModelAdapter`: weights from the directory, or random init seeded by `seed`
-    (`masters`, `fills_masters`: where the masters live, `runtime.params.HostParams`)."""
+    (`masters`, `fills_masters`: where the masters live, `models.host_params.HostParams`)."""
     from lazytrain.models import load_adapter_from_config, load_adapter_from_dir
 
     where = dict(masters=masters, fills_masters=fills_masters)
