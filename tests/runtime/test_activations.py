@@ -418,3 +418,34 @@ def test_window_barrier_and_release_never_block_the_host_on_copies(tmp_path):
         # buffer's two copy events instead of allocating a second buffer
         assert dev.host_waits == 2
         assert store._pool.allocated_bytes == tensor.numel() * 4
+
+
+class _LoggedWaits(Device):
+    """The cpu device API, logging every (stream name, event) the store makes a stream wait for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[tuple[str, object]] = []
+
+    def _wait_event(self, stream, event) -> None:
+        self.waits.append((stream.name, event))
+
+
+@pytest.mark.parametrize("prefetched_before_release", [False, True],
+                         ids=["hbm_copy_held", "hbm_copy_adopted_by_h2d"])
+def test_release_frees_the_hbm_copy_only_after_compute_waited_for_its_d2h(
+        tmp_path, prefetched_before_release):
+    # The d2h stream still reads the put tensor; the caching allocator hands freed memory to
+    # the compute stream, so compute must wait for the d2h before the tensor is dropped, also
+    # when an h2d in the same window adopted the HBM copy as the prefetched one.
+    dev = _LoggedWaits()
+    with CheckpointStore(device=dev, nvme_dir=tmp_path / "nvme") as store:
+        store.begin_window("b1")
+        store.put(1, boundary_tensor(torch.float32), "dram")
+        store.transfer(1, "d2h", 1.0)
+        if prefetched_before_release:
+            store.transfer(1, "h2d", 1.0)
+        d2h_event = store._entries[(1, 0)].d2h_event
+        store.release(1)
+        assert ("compute", d2h_event) in dev.waits  # before the window's barrier
+        store.end_window()

@@ -497,9 +497,10 @@ class CheckpointStore:
         if e is None:
             raise ValueError(f"{boundary_label(boundary, micro_batch)} is not stored")
         self._unsettled.discard(e.key)
+        if (e.src is not None or e.aliased) and e.d2h_event is not None:
+            # the allocator frees the HBM copy (also one an h2d adopted) on compute: after the d2h
+            self.dev.wait_event(self.dev.compute, e.d2h_event)
         if e.src is not None:
-            if e.d2h_event is not None:  # the allocator frees it on compute: after the d2h
-                self.dev.wait_event(self.dev.compute, e.d2h_event)
             self._count("hbm", -e.nbytes)
         if e.dev is not None:
             self._count("hbm", -e.nbytes)
