@@ -859,7 +859,7 @@ def measured_problem(adapter, config, shape: dict, ctx: Ctx):
     (`planner.build`)."""
     from lazytrain.config import config_from_dict
     from lazytrain.planner.build import build_problem
-    from lazytrain.runtime.engine import HEAD_CHUNK_TOKENS
+    from lazytrain.runtime.ends import HEAD_CHUNK_TOKENS
     from lazytrain.runtime.profiler import BlockBench, block_kind_times, copy_rates, time_ms
     from lazytrain.spec.costs import analytic_costs
     from lazytrain.spec.hardware import get_hardware

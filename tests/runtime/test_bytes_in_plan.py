@@ -18,7 +18,8 @@ import torch
 
 from engine_helpers import micro_batches, model_pair, tiny_config
 from ledger_helpers import real_plan
-from lazytrain.runtime.engine import Engine, predicted_pinned_bytes
+from lazytrain.planner.budgets import predicted_pinned_bytes
+from lazytrain.runtime.engine import Engine
 
 R, H, D, N = "recompute", "hbm", "dram", "nvme"
 PLANS = {

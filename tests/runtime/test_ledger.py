@@ -16,7 +16,8 @@ from engine_helpers import BATCH
 from engine_helpers import HIDDEN, SEQ, micro_batches, model_pair, tiny_config
 from ledger_helpers import real_plan
 from lazytrain.runtime.device import Device
-from lazytrain.runtime.engine import Engine, plan_budgets
+from lazytrain.planner.budgets import plan_budgets
+from lazytrain.runtime.engine import Engine
 from lazytrain.runtime.errors import HbmBudgetExceeded, HostBudgetExceeded
 from lazytrain.runtime.ledger import Ledger
 

@@ -5,16 +5,16 @@ per segment in reverse (recompute, re-forward, backward), gradient drain to the 
 handing per-block AdamW updates to the optimizer worker. It decides nothing: boundary tiers,
 segments, kept blocks, resident weights and every transfer's window come from the Plan
 (docs/execution_model.md is the contract). Every boundary byte moves through the
-`CheckpointStore`; weights and gradients move through `runtime.streams`.
+`CheckpointStore`; weights and gradients move through `runtime.streams`; the embedding, final
+norm, head and their gradient (resident for the step) through `runtime.ends`.
 
 Windows per micro-batch: `pre` (embedding, block 0's weight load), f0..f{L-1}, turn,
 b{L-1}..b0, `post` (embedding backward, ends-gradient drain). Gradient accumulation repeats
 them per micro-batch; the loss is normalised by the label tokens of the whole step so that
 accumulation equals the big-batch gradient.
 
-Dropout: the RNG state (CPU and, on CUDA, the device generator) is saved before each block's
-forward and replayed, in a forked RNG, by the recompute and the re-forward, so both see the
-same masks as the forward; the global RNG advances exactly as in a plain forward.
+Dropout: the RNG state is saved before each block's forward and replayed by the recompute and
+the re-forward (`runtime.block_autograd`), so both see the same masks as the forward.
 
 Legend: B = micro-batch, S = sequence length, H = hidden size, L = number of blocks.
 """
@@ -28,21 +28,19 @@ from pathlib import Path
 
 import torch
 
-from lazytrain.models.adapter import ModelAdapter, shift_labels, IGNORE_INDEX
-from lazytrain.models.router_aux import RouterAux
+from lazytrain.models.adapter import IGNORE_INDEX, ModelAdapter
+from lazytrain.planner.budgets import plan_budgets
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.activations import TRANSFER_ORDER, CheckpointStore
+from lazytrain.runtime.block_autograd import flat_grad, grad_leaves, replay_rng, rng_state
 from lazytrain.runtime.device import Device, as_device
+from lazytrain.runtime.ends import HEAD_CHUNK_TOKENS, ResidentEnds
 from lazytrain.runtime.instrument import Instrument
+from lazytrain.runtime.micro_batch import MicroBatch, prepare_micro_batch
 from lazytrain.runtime.optim import BlockOptimizer, clip_scale, global_grad_norm
 from lazytrain.runtime.streams import DeviceWeights, GradDrain, WindowMeter
 
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-HEAD_CHUNK_TOKENS = 1024
-"""Default flattened tokens (micro-batch x positions) per head/loss chunk: logits exist for
-[B, HEAD_CHUNK_TOKENS // B, V] at a time; `runtime.head_chunk_tokens`, which the planner's head
-workspace counts with the same meaning."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -66,26 +64,6 @@ class StepStats:
     windows: tuple[dict, ...] = ()
     """Per micro-batch window records (runtime/instrument.py schema, without "step");
     empty when the engine runs without instrumentation."""
-
-
-@dataclass(slots=True)
-class _MicroBatch:
-    """Per-micro-batch state computed once and reused by forward, recompute and backward."""
-
-    index: int
-    input_ids: torch.Tensor
-    targets: torch.Tensor
-    mask_inputs: dict = field(default_factory=dict)
-    """`attention_mask` [B, S] and `position_ids` [B, S] as given (None: absent)."""
-    kwargs: list[dict] = field(default_factory=list)
-    rng: dict[int, tuple] = field(default_factory=dict)
-    kept: dict[int, tuple] = field(default_factory=dict)
-    weights: dict[int, object] = field(default_factory=dict)
-    aux: RouterAux | None = None
-    """MoE router aux-loss statistics (None when the model adds no aux loss)."""
-    pending_drain: tuple | None = None
-    """(group, device gradient, on_done) of the block whose backward just ran: drained at the
-    start of the next window."""
 
 
 class Engine:
@@ -159,7 +137,8 @@ class Engine:
         self.weights = DeviceWeights(self.params, self.dev, self.dtype)
         if head_chunk_tokens < 1:
             raise ValueError(f"runtime.head_chunk_tokens must be >= 1; got {head_chunk_tokens}")
-        self.head_chunk_tokens = head_chunk_tokens
+        self.ends = ResidentEnds(adapter, self.dev, dtype=self.dtype,
+                                 head_chunk_tokens=head_chunk_tokens)
         self.ledger = self.dev.ledger
         self.budgets = budgets
         # compute allocations in the ledger (a dispatch mode on the CPU backends) when they are
@@ -187,9 +166,6 @@ class Engine:
         self.resident = set(plan.resident_weights) | set(plan.keep_internals)
         self.keep = set(plan.keep_internals)
         self._checked_shape = False
-        self._ends_dev: torch.Tensor | None = None
-        self._ends_grad: torch.Tensor | None = None
-        self._ends_drained = None  # the event of the ends gradient's last D2H
         self.instrument: Instrument | None = None
         if instrument:
             self.instrument = Instrument(device=self.dev, store=self.store, plan=plan)
@@ -263,7 +239,8 @@ class Engine:
         tokens = int(sum((mb.targets != IGNORE_INDEX).sum() for mb in mbs))
         if self.grad_sync is not None:  # normalise by the global batch's label tokens
             tokens = int(self.grad_sync.all_sum(tokens))
-        self._load_ends()
+        self.optimizer.wait(self.params.ends)  # the ends' pending update
+        self.ends.load(self.weights)
         loss = 0.0
         try:
             for mb in mbs:
@@ -282,11 +259,11 @@ class Engine:
             loss = self.grad_sync.all_sum(loss)
         return loss, tokens
 
-    def forward_blocks(self, mb: _MicroBatch) -> torch.Tensor:
+    def forward_blocks(self, mb: MicroBatch) -> torch.Tensor:
         """pre + f0..f{L-1}: returns boundary L [B, S, H] (not yet stored)."""
         with self._timed_window("pre"):
-            self.reset_ends_gradient()
-            h = self.embed(mb)
+            self.ends.reset_gradient()
+            h = self.ends.embed(mb.input_ids)
             mb.kwargs = self.adapter.block_kwargs(mb.input_ids, h, **mb.mask_inputs)
             mb.weights[0] = self.prefetch_weights(0)
         for j in range(self.L):
@@ -301,7 +278,7 @@ class Engine:
                     self.weights.release(mb.weights.pop(j))
         return h
 
-    def head_and_loss(self, mb: _MicroBatch, h: torch.Tensor, tokens: int
+    def head_and_loss(self, mb: MicroBatch, h: torch.Tensor, tokens: int
                       ) -> tuple[float, torch.Tensor]:
         """turn: final norm, LM head and loss in sequence chunks, and their backward.
 
@@ -315,13 +292,14 @@ class Engine:
             if L - 1 not in self.resident:
                 mb.weights[L - 1] = self.prefetch_weights(L - 1)
             with self._owner("head and loss"):
-                loss, grad = self.head_chunks(mb, self.store.get(L, micro_batch=mb.index), tokens)
+                loss, grad = self.ends.head_and_loss(self.store.get(L, micro_batch=mb.index),
+                                                     mb.targets, tokens)
             self.store.release(L, micro_batch=mb.index)
         if mb.aux is not None:
             loss += mb.aux.loss()  # HF: loss += coef * aux (every block has run forward)
         return loss, grad
 
-    def backward_segments(self, mb: _MicroBatch, grad: torch.Tensor, *,
+    def backward_segments(self, mb: MicroBatch, grad: torch.Tensor, *,
                           step_lr: float | None) -> None:
         """b{L-1}..b0 segment by segment (last first), then the embedding backward (post).
 
@@ -344,11 +322,10 @@ class Engine:
                     self.weights.release(mb.weights.pop(j))
         with self._timed_window("post"):
             self.drain_gradients(mb)  # block 0's
-            self.embed_backward(mb, grad)
+            self.ends.embed_backward(mb.input_ids, grad)
             on_done = (self._on_grads_final(self.params.ends, step_lr)
                        if mb.index == self.grad_accum - 1 else None)
-            self._ends_drained = self.drain.drain(self.params.ends, self._ends_grad,
-                                                  first=mb.index == 0, on_done=on_done)
+            self.ends.drain_gradient(self.drain, first=mb.index == 0, on_done=on_done)
 
     def queue_optimizer(self, lr: float) -> float | None:
         """With clipping: the exact global norm is known now (every gradient is final), so
@@ -372,15 +349,15 @@ class Engine:
         self.optimizer.wait(group)
         return self.weights.load(group, j, resident=j in self.resident)
 
-    def issue_transfers(self, window: str, mb: _MicroBatch) -> None:
+    def issue_transfers(self, window: str, mb: MicroBatch) -> None:
         """Every transfer the plan names for `window`, kinds in the store's required order."""
         transfers = sorted(self.plan.transfers_in(window), key=lambda t: TRANSFER_ORDER.index(t.kind))
         for t in transfers:
             self.store.transfer(t.boundary, t.kind, t.fraction, micro_batch=mb.index)
 
-    def run_forward(self, mb: _MicroBatch, j: int, h: torch.Tensor) -> torch.Tensor:
+    def run_forward(self, mb: MicroBatch, j: int, h: torch.Tensor) -> torch.Tensor:
         """Block j's forward; a kept block runs with autograd and keeps its graph until b{j}."""
-        mb.rng[j] = self._rng_state()
+        mb.rng[j] = rng_state(self.device, is_cuda=self.dev.is_cuda)
         flat = self.weights.ready(mb.weights[j])
         logits = None if mb.aux is None else []  # router logits, counted once per forward
         if j not in self.keep:
@@ -390,7 +367,7 @@ class Engine:
                 mb.aux.observe(logits)
             return out
         x = h.detach().requires_grad_()
-        leaves = self._grad_leaves(j, flat)
+        leaves = grad_leaves(self.params.blocks[j], flat)
         with torch.enable_grad(), self._owner(f"kept graph of block {j}"):
             out = self.adapter.forward_block(j, x, leaves, mb.kwargs[j], router_logits=logits)
         if mb.aux is not None:
@@ -398,10 +375,11 @@ class Engine:
         mb.kept[j] = (x, out, leaves, logits)
         return out.detach()
 
-    def recompute_segment(self, mb: _MicroBatch, s: int, e: int) -> None:
+    def recompute_segment(self, mb: MicroBatch, s: int, e: int) -> None:
         """Blocks s..e-2 without autograd from boundary s; outputs go to the recompute cache."""
         if s == 0 and self.plan.tiers[0] == "recompute":
-            self.store.put(0, self.embed(mb), "recompute", micro_batch=mb.index)  # re-embedded
+            self.store.put(0, self.ends.embed(mb.input_ids), "recompute",
+                           micro_batch=mb.index)  # re-embedded
         h = self.store.get(s, micro_batch=mb.index)
         load = lambda k: mb.weights[k] if k in self.resident else self.prefetch_weights(k)
         upcoming = load(s) if s < e - 1 else None
@@ -409,13 +387,14 @@ class Engine:
             handle = upcoming
             if k + 1 < e - 1:
                 upcoming = load(k + 1)  # block k+1 loads while block k recomputes (4th slot)
-            with torch.no_grad(), self._replay(mb.rng[k]), self._owner(f"recompute of block {k}"):
+            replay = replay_rng(mb.rng[k], self.device, is_cuda=self.dev.is_cuda)
+            with torch.no_grad(), replay, self._owner(f"recompute of block {k}"):
                 h = self._block(mb, k, h, self.weights.ready(handle))
             if k not in self.resident:
                 self.weights.release(handle)
             self.store.put(k + 1, h, "recompute", micro_batch=mb.index)
 
-    def backward_block(self, mb: _MicroBatch, j: int, grad: torch.Tensor, *,
+    def backward_block(self, mb: MicroBatch, j: int, grad: torch.Tensor, *,
                        step_lr: float | None) -> torch.Tensor:
         """Re-forward block j with autograd (or use its kept graph), backward, drain its grads.
 
@@ -425,15 +404,16 @@ class Engine:
         with self._owner(f"block {j} backward"):
             return self._backward_block(mb, j, grad, step_lr=step_lr)
 
-    def _backward_block(self, mb: _MicroBatch, j: int, grad: torch.Tensor, *,
+    def _backward_block(self, mb: MicroBatch, j: int, grad: torch.Tensor, *,
                         step_lr: float | None) -> torch.Tensor:
         if j in mb.kept:
             x, out, leaves, logits = mb.kept.pop(j)
         else:
             x = self.store.get(j, micro_batch=mb.index).detach().requires_grad_()
-            leaves = self._grad_leaves(j, self.weights.ready(mb.weights[j]))
+            leaves = grad_leaves(self.params.blocks[j], self.weights.ready(mb.weights[j]))
             logits = None if mb.aux is None else []
-            with torch.enable_grad(), self._replay(mb.rng[j]):
+            with torch.enable_grad(), replay_rng(mb.rng[j], self.device,
+                                                 is_cuda=self.dev.is_cuda):
                 out = self.adapter.forward_block(j, x, leaves, mb.kwargs[j],
                                                  router_logits=logits)
         outs, grads = [out], [grad]
@@ -441,16 +421,16 @@ class Engine:
         if aux is not None:  # block j's exact share of d(coef * aux) (models/router_aux.py)
             outs.append(aux)
             grads.append(torch.ones_like(aux))
-        grad_x, *grad_leaves = torch.autograd.grad(outs, (x, *leaves.values()), grads,
-                                                   allow_unused=True)
-        grad_w = self._flat_grad(j, leaves, grad_leaves)
+        grad_x, *leaf_grads = torch.autograd.grad(outs, (x, *leaves.values()), grads,
+                                                  allow_unused=True)
         group = self.params.blocks[j]
-        self.optimizer.note_gradients(group, dict(zip(leaves, grad_leaves)), first=mb.index == 0)
+        grad_w = flat_grad(group, leaves, leaf_grads)
+        self.optimizer.note_gradients(group, dict(zip(leaves, leaf_grads)), first=mb.index == 0)
         on_done = self._on_grads_final(group, step_lr) if mb.index == self.grad_accum - 1 else None
         mb.pending_drain = (group, grad_w, on_done)  # drained in the next window
         return grad_x
 
-    def drain_gradients(self, mb: _MicroBatch) -> None:
+    def drain_gradients(self, mb: MicroBatch) -> None:
         """Start the D2H of the last backward block's gradient (GradDrain)."""
         group, grad_w, on_done = mb.pending_drain
         mb.pending_drain = None
@@ -470,55 +450,6 @@ class Engine:
                 self.optimizer.submit(group, lr=step_lr)
         return done
 
-    def head_chunks(self, mb: _MicroBatch, h: torch.Tensor, tokens: int
-                    ) -> tuple[float, torch.Tensor]:
-        """Loss and its gradient chunk by chunk; never materialises [B, S, V] logits."""
-        names = list(dict.fromkeys((self._norm_name, self.adapter.head_name)))  # tied: once
-        grad_views = self.params.ends.views(self._ends_grad)
-        grad_h = torch.empty_like(h)
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
-        chunk = max(1, self.head_chunk_tokens // h.shape[0])  # positions of [B, chunk] tokens
-        for a in range(0, h.shape[1], chunk):
-            b = min(h.shape[1], a + chunk)
-            x = h[:, a:b].detach().requires_grad_()
-            # one leaf per weight (views, no copy): no ends-sized zero gradient per chunk
-            leaves = {n: self._ends_view(n).detach().requires_grad_() for n in names}
-            with torch.enable_grad():
-                loss = self.adapter.head_loss_sum(
-                    x, mb.targets[:, a:b], norm_weight=leaves[self._norm_name],
-                    head_weight=leaves[self.adapter.head_name]) / max(tokens, 1)
-            gx, *gw = torch.autograd.grad(loss, (x, *leaves.values()))
-            grad_h[:, a:b] = gx
-            for n, g in zip(leaves, gw):
-                grad_views[n].add_(g)  # accumulated in place, fp32
-            total += loss.detach()  # on the device: no host sync per chunk
-        return float(total), grad_h  # sync point: one per micro-batch
-
-    def reset_ends_gradient(self) -> None:
-        """The fp32 ends gradient [ends numel], zeroed for a micro-batch: one buffer for the
-        whole run (the plan counts one), zeroed in place only after the previous micro-batch's
-        drain of it ran (the compute stream waits for that copy's event)."""
-        if self._ends_grad is None:
-            self._ends_grad = self.dev.empty(self.params.ends.numel, torch.float32,
-                                             name="ends gradient")
-        else:
-            self.dev.wait_event(self.dev.compute, self._ends_drained)
-        self._ends_grad.zero_()
-
-    def embed(self, mb: _MicroBatch) -> torch.Tensor:
-        """Boundary 0: [B, S, H] embedding of the micro-batch's tokens (no autograd)."""
-        with torch.no_grad():
-            return self.adapter.embed(mb.input_ids, self._ends_view(self.adapter.embed_name))
-
-    def embed_backward(self, mb: _MicroBatch, grad: torch.Tensor) -> None:
-        """d loss / d embedding weight from d loss / d boundary 0, into the ends gradient."""
-        name = self.adapter.embed_name
-        w = self._ends_view(name).detach().requires_grad_()
-        with torch.enable_grad():
-            out = self.adapter.embed(mb.input_ids, w)
-        (gw,) = torch.autograd.grad(out, (w,), grad)
-        self.params.ends.views(self._ends_grad)[name].add_(gw)  # in place, fp32
-
     # --- helpers -------------------------------------------------------------------------------
 
     @contextmanager
@@ -535,7 +466,7 @@ class Engine:
             self._abandon_step()
             raise
 
-    def _release_weights(self, mbs: list[_MicroBatch]) -> None:
+    def _release_weights(self, mbs: list[MicroBatch]) -> None:
         """Return every weight slot a failed step still holds (after its conversion job, whose
         error is dropped: the step's first error propagates)."""
         for mb in mbs:
@@ -577,74 +508,18 @@ class Engine:
         finally:
             self.ledger.compute_owner = prev
 
-    def _block(self, mb: _MicroBatch, j: int, h: torch.Tensor, flat: torch.Tensor, *,
+    def _block(self, mb: MicroBatch, j: int, h: torch.Tensor, flat: torch.Tensor, *,
                router_logits: list | None = None) -> torch.Tensor:
         return self.adapter.forward_block(j, h, self.params.blocks[j].views(flat), mb.kwargs[j],
                                           router_logits=router_logits)
 
-    def _grad_leaves(self, j: int, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Block j's parameters as separate autograd leaves viewing `flat` (no copy).
-
-        One leaf per parameter, not one flat leaf: the backward of a view of a flat leaf
-        materialises a zero-filled, flat-sized gradient per parameter and sums them, which cost
-        ~25% of a CPU step in benchmarks/engine_cpu.py.
-        """
-        views = self.params.blocks[j].views(flat.detach())
-        return {name: v.requires_grad_() for name, v in views.items()}
-
-    def _flat_grad(self, j: int, leaves: dict[str, torch.Tensor],
-                   grads: list[torch.Tensor | None]) -> torch.Tensor:
-        """The per-parameter gradients packed into block j's flat layout; a parameter without
-        a gradient (unused expert, unused bias) gets zeros, never a neighbour's values."""
-        first = next(iter(leaves.values()))
-        flat = torch.zeros(self.params.blocks[j].numel, dtype=first.dtype, device=first.device)
-        views = self.params.blocks[j].views(flat)
-        for name, g in zip(leaves, grads):
-            if g is not None:
-                views[name].copy_(g)
-        return flat
-
-    @property
-    def _norm_name(self) -> str:
-        return f"{self.adapter.layout.norm}.weight"
-
-    def _ends_view(self, name: str) -> torch.Tensor:
-        return self.params.ends.views(self._ends_dev)[name]
-
-    def _load_ends(self) -> None:
-        """Embedding, final norm and head: resident on the device for the whole step (after
-        their pending update)."""
-        self.optimizer.wait(self.params.ends)
-        ends = self.params.ends
-        self._ends_dev = self.dev.empty(ends.numel, self.dtype, name="ends weights")
-        # through the pinned staging ring, converted on the host: no fp32 device copy, no
-        # pageable (blocking) source; compute waits for the last chunk
-        self.dev.wait_event(self.dev.compute, self.weights.load_flat(self._ends_dev, ends.master))
-
-    def _prepare(self, m: int, batch: dict) -> _MicroBatch:
-        ids = batch["input_ids"].to(self.device)
+    def _prepare(self, m: int, batch: dict) -> MicroBatch:
+        """Micro-batch m on the device; the first one of the run checks the plan's shape."""
         if not self._checked_shape:
+            ids = batch["input_ids"]
             self.plan.check_matches(seq_len=ids.shape[1], micro_batch=ids.shape[0])
             self._checked_shape = True
-        masks = {k: (None if batch.get(k) is None else batch[k].to(self.device))
-                 for k in ("attention_mask", "position_ids")}
-        return _MicroBatch(index=m, input_ids=ids, mask_inputs=masks,
-                           targets=shift_labels(batch["labels"]).to(self.device),
-                           aux=self.adapter.new_router_aux(masks["attention_mask"]))
-
-    def _rng_state(self) -> tuple:
-        cuda = torch.cuda.get_rng_state(self.device) if self.dev.is_cuda else None
-        return torch.get_rng_state(), cuda
-
-    @contextmanager
-    def _replay(self, state: tuple):
-        """Run with the RNG as it was before the block's forward; restore it afterwards."""
-        devices = [self.device] if self.dev.is_cuda else []
-        with torch.random.fork_rng(devices=devices):
-            torch.set_rng_state(state[0])
-            if state[1] is not None:
-                torch.cuda.set_rng_state(state[1], self.device)
-            yield
+        return prepare_micro_batch(m, batch, adapter=self.adapter, device=self.device)
 
     def _stats(self, loss: float, tokens: int, step_s: float, lr: float,
                grad_norm: float | None) -> StepStats:
@@ -705,37 +580,3 @@ class Engine:
         self.store.close()
         if self._owns_device:
             self.dev.close()
-
-
-def plan_budgets(plan: Plan) -> tuple[int | None, int | None]:
-    """(HBM bytes, pinned host bytes) the plan was made to fit: the ledger's hard limits.
-
-    HBM: the planner's HBM budget (`provenance.memory.hbm_budget_bytes`: the device's memory
-    less its reserve); past it the allocator would fail, so the ledger refuses first, naming the
-    owner. Pinned: the DRAM left after the host states (DRAM-tier checkpoints and staging pools
-    live there). The plan's *predictions* (usually lower) are compared with the ledger's
-    measured peaks in `lazytrain report`. None where the plan carries no memory model (a
-    hand-made problem).
-    """
-    memory = (plan.provenance or {}).get("memory") or {}
-    hbm = memory.get("hbm_budget_bytes")
-    pinned = None
-    if "dram_free_for_checkpoints_bytes" in memory and "staging_bytes" in memory:
-        pinned = max(0, memory["dram_free_for_checkpoints_bytes"] + memory["staging_bytes"]
-                     - memory.get("optimizer_scratch_bytes", 0))
-    return (None if hbm is None else int(hbm)), (None if pinned is None else int(pinned))
-
-
-def predicted_pinned_bytes(plan: Plan) -> int | None:
-    """The plan's predicted pinned host bytes: its DRAM bytes less the host states and the
-    optimizer's pageable scratch (DRAM-tier checkpoints + staging pools); None without a
-    memory model."""
-    memory = (plan.provenance or {}).get("memory") or {}
-    if plan.predicted is None:
-        return None
-    if plan.predicted.pinned_bytes:
-        return int(plan.predicted.pinned_bytes)
-    if "states_bytes" not in memory:  # a plan written before `predicted.pinned_bytes`
-        return None
-    return int(plan.predicted.dram_bytes - memory["states_bytes"]
-               - memory.get("optimizer_scratch_bytes", 0))

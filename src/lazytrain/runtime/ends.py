@@ -1,0 +1,146 @@
+"""The resident ends: embedding, final norm and LM head on the device for a step, their fp32
+gradient, and the head/loss loop in sequence chunks.
+
+Owns what the engine does with the model's two ends: load the ends' weights once per step (they
+stay on the device for the whole step, as the plan counts them), embed the tokens (boundary 0),
+run final norm + head + loss chunk by chunk with its backward, run the embedding backward, and
+hand the ends gradient to the gradient drain. Knows nothing about blocks, tiers or windows: the
+engine decides when each of these runs (`pre`, `turn`, `post`).
+
+Legend: B = micro-batch, S = sequence length, H = hidden size, V = vocabulary size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lazytrain.models.adapter import ModelAdapter
+from lazytrain.models.host_params import ParamGroup
+from lazytrain.runtime.device import Device, Event
+from lazytrain.runtime.streams import DeviceWeights, GradDrain
+
+HEAD_CHUNK_TOKENS = 1024
+"""Default flattened tokens (micro-batch x positions) per head/loss chunk: logits exist for
+[B, HEAD_CHUNK_TOKENS // B, V] at a time; `runtime.head_chunk_tokens`, which the planner's head
+workspace counts with the same meaning."""
+
+
+def head_loss_chunks(adapter: ModelAdapter, ends: ParamGroup, *, weights: torch.Tensor,
+                     grad: torch.Tensor, h: torch.Tensor, targets: torch.Tensor, tokens: int,
+                     chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final norm + LM head + loss and their backward, chunk by chunk along the sequence; never
+    materialises [B, S, V] logits.
+
+    Each weight is its own autograd leaf (a view of `weights`, no copy: no ends-sized zero
+    gradient per chunk) and its gradient is accumulated in place into `grad`.
+
+    Args:
+        adapter: the model (`head_loss_sum`, `head_name`, `layout.norm`).
+        ends: the ends' parameter group (its layout gives the views).
+        weights: the ends' device weights [ends.numel], compute dtype.
+        grad: the ends' fp32 gradient [ends.numel], accumulated into (not zeroed here).
+        h: boundary L [B, S, H], the head's input.
+        targets: shifted labels [B, S] (IGNORE_INDEX where no loss).
+        tokens: label tokens the loss is divided by (the whole step's; at least 1 is used).
+        chunk_tokens: flattened tokens per chunk; a chunk covers max(1, chunk_tokens // B)
+            positions.
+
+    Returns:
+        (the summed loss of the chunks as a 0-dim fp32 device tensor, d loss / d h [B, S, H]).
+    """
+    norm_name = f"{adapter.layout.norm}.weight"
+    names = list(dict.fromkeys((norm_name, adapter.head_name)))  # tied head: one leaf
+    weight_views, grad_views = ends.views(weights), ends.views(grad)
+    grad_h = torch.empty_like(h)
+    total = torch.zeros((), dtype=torch.float32, device=h.device)
+    chunk = max(1, chunk_tokens // h.shape[0])  # positions of [B, chunk] tokens
+    for a in range(0, h.shape[1], chunk):
+        b = min(h.shape[1], a + chunk)
+        x = h[:, a:b].detach().requires_grad_()
+        leaves = {n: weight_views[n].detach().requires_grad_() for n in names}
+        with torch.enable_grad():
+            loss = adapter.head_loss_sum(x, targets[:, a:b], norm_weight=leaves[norm_name],
+                                         head_weight=leaves[adapter.head_name]) / max(tokens, 1)
+        gx, *gw = torch.autograd.grad(loss, (x, *leaves.values()))
+        grad_h[:, a:b] = gx
+        for n, g in zip(leaves, gw):
+            grad_views[n].add_(g)  # accumulated in place, fp32
+        total += loss.detach()  # on the device: no host sync per chunk
+    return total, grad_h
+
+
+class ResidentEnds:
+    """The ends' device weights and fp32 gradient for one engine, and what runs on them.
+
+    Args:
+        adapter: the model; its `params.ends` group holds the host masters and gradient.
+        dev: the device API (allocations, events).
+        dtype: the compute dtype of the device weights.
+        head_chunk_tokens: flattened tokens per head/loss chunk (`head_loss_chunks`).
+    """
+
+    def __init__(self, adapter: ModelAdapter, dev: Device, *, dtype: torch.dtype,
+                 head_chunk_tokens: int) -> None:
+        self.adapter, self.dev, self.dtype = adapter, dev, dtype
+        self.group = adapter.params.ends
+        self.head_chunk_tokens = head_chunk_tokens
+        self.weights: torch.Tensor | None = None
+        """[ends numel] in the compute dtype, on the device for the step (after `load`)."""
+        self.grad: torch.Tensor | None = None
+        """[ends numel] fp32 gradient of the micro-batch (after `reset_gradient`)."""
+        self._drained: Event | None = None  # the event of the gradient's last D2H
+
+    def load(self, weights: DeviceWeights) -> None:
+        """Copy the ends' masters to the device for the step. The caller waits for their
+        pending optimizer update first.
+
+        Through the pinned staging ring, converted on the host: no fp32 device copy, no
+        pageable (blocking) source; compute waits for the last chunk.
+        """
+        self.weights = self.dev.empty(self.group.numel, self.dtype, name="ends weights")
+        self.dev.wait_event(self.dev.compute, weights.load_flat(self.weights, self.group.master))
+
+    def reset_gradient(self) -> None:
+        """The fp32 ends gradient, zeroed for a micro-batch: one buffer for the whole run (the
+        plan counts one), zeroed in place only after the previous micro-batch's drain of it ran
+        (the compute stream waits for that copy's event)."""
+        if self.grad is None:
+            self.grad = self.dev.empty(self.group.numel, torch.float32, name="ends gradient")
+        else:
+            self.dev.wait_event(self.dev.compute, self._drained)
+        self.grad.zero_()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Boundary 0: [B, S, H] embedding of `input_ids` [B, S] (no autograd)."""
+        with torch.no_grad():
+            return self.adapter.embed(input_ids, self._view(self.adapter.embed_name))
+
+    def head_and_loss(self, h: torch.Tensor, targets: torch.Tensor, tokens: int
+                      ) -> tuple[float, torch.Tensor]:
+        """`head_loss_chunks` on the resident weights, into the ends gradient.
+
+        Returns:
+            (the loss summed over the chunks, d loss / d h [B, S, H]).
+        """
+        total, grad_h = head_loss_chunks(self.adapter, self.group, weights=self.weights,
+                                         grad=self.grad, h=h, targets=targets, tokens=tokens,
+                                         chunk_tokens=self.head_chunk_tokens)
+        return float(total), grad_h  # sync point: one per micro-batch
+
+    def embed_backward(self, input_ids: torch.Tensor, grad: torch.Tensor) -> None:
+        """d loss / d embedding weight from `grad` = d loss / d boundary 0 [B, S, H], added in
+        place into the fp32 ends gradient."""
+        name = self.adapter.embed_name
+        w = self._view(name).detach().requires_grad_()
+        with torch.enable_grad():
+            out = self.adapter.embed(input_ids, w)
+        (gw,) = torch.autograd.grad(out, (w,), grad)
+        self.group.views(self.grad)[name].add_(gw)  # in place, fp32
+
+    def drain_gradient(self, drain: GradDrain, *, first: bool, on_done=None) -> None:
+        """Start the D2H of the ends gradient into the host accumulator (`GradDrain.drain`);
+        `reset_gradient` waits for it before the next micro-batch zeroes the buffer."""
+        self._drained = drain.drain(self.group, self.grad, first=first, on_done=on_done)
+
+    def _view(self, name: str) -> torch.Tensor:
+        return self.group.views(self.weights)[name]
