@@ -449,3 +449,30 @@ def test_release_frees_the_hbm_copy_only_after_compute_waited_for_its_d2h(
         store.release(1)
         assert ("compute", d2h_event) in dev.waits  # before the window's barrier
         store.end_window()
+
+
+def test_a_boundary_drained_in_the_open_window_keeps_its_hbm_copy_until_the_barrier(tmp_path):
+    # Boundary 1 (nvme, 60060 B) drains half in f1 (its first nvme_write covers 28672 B, the
+    # 4 KiB pages available) and the rest in f2; boundary 2 (bf16, 30030 B) is a new size, so
+    # its first d2h in f2 finds no pooled buffer and waits for boundary 1's earlier write
+    # first. Boundary 1's HBM copy is still read by its d2h of f2, which compute has not
+    # waited for yet: it must stay held (and counted) until f2's barrier.
+    dev = _LoggedWaits()
+    a, b = boundary_tensor(torch.float32), boundary_tensor(torch.bfloat16, seed=1)
+    with CheckpointStore(device=dev, nvme_dir=tmp_path / "nvme") as store:
+        store.begin_window("f1")
+        store.put(1, a, "nvme")
+        store.transfer(1, "d2h", 0.5)
+        store.transfer(1, "nvme_write", 0.5)
+        store.end_window()
+        store.begin_window("f2")
+        store.put(2, b, "nvme")
+        store.transfer(1, "d2h", 0.5)
+        final_d2h = store._entries[(1, 0)].d2h_event
+        store.transfer(2, "d2h", 1.0)
+        assert store.bytes_by_tier()["hbm"] == 60060 + 30030
+        assert store._entries[(1, 0)].src is not None or ("compute", final_d2h) in dev.waits
+        store.transfer(1, "nvme_write", 0.5)
+        store.transfer(2, "nvme_write", 1.0)
+        store.end_window()
+        assert store.bytes_by_tier()["hbm"] == 0  # both drained at the barrier
