@@ -144,3 +144,31 @@ def test_host_workers_run_one_torch_thread_on_cpu_and_leave_the_engine_threads_a
     assert torch.get_num_threads() == before
     with pytest.raises(KeyError):
         dev.host_threads("no-such-role")
+
+
+_FRESH_COUNT = "import torch; print(torch.get_num_threads())"
+_AFTER_WORKER = """
+import torch
+from lazytrain.runtime.device import Device
+pool = Device().host_workers("adamw")  # the engine thread builds its parts, ...
+pool.submit(lambda: None).result()     # ... whose workers start before its first parallel op
+print(torch.get_num_threads())
+pool.shutdown()
+"""
+
+
+def test_a_worker_started_before_the_engine_threads_first_op_leaves_its_count_alone():
+    # torch sets a thread's intra-op count at its first parallel op from the count last set by
+    # any thread, so a worker setting 1 first would make the engine thread compute on 1 core.
+    import subprocess
+    import sys
+
+    def run(code: str) -> int:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, check=True)
+        return int(out.stdout.split()[-1])
+
+    default = run(_FRESH_COUNT)
+    if default == 1:
+        pytest.skip("one core: a leaked count of 1 equals the default")
+    assert run(_AFTER_WORKER) == default

@@ -348,9 +348,14 @@ class Device:
         the last count set, which is why every runtime worker sets its own). Jobs go through
         `submit`.
 
+        The calling thread's own count is fixed here first: torch gives a thread its count at
+        its first parallel op, from the count last set by any thread, so an engine thread whose
+        first op came after a worker's start would compute on the worker's count.
+
         Raises:
             KeyError: unknown role.
         """
+        torch.get_num_threads()  # initialises the caller's count before a worker sets its own
         return ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"lazytrain-{role}",
                                   initializer=torch.set_num_threads,
                                   initargs=(self.host_threads(role),))
