@@ -172,3 +172,52 @@ def test_a_worker_started_before_the_engine_threads_first_op_leaves_its_count_al
     if default == 1:
         pytest.skip("one core: a leaked count of 1 equals the default")
     assert run(_AFTER_WORKER) == default
+
+
+class _RecordingDevice(Device):
+    """The cpu device API, remembering every host worker pool it made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pools: list[tuple[str, object]] = []
+
+    def host_workers(self, role: str, *, max_workers: int = 1):
+        pool = super().host_workers(role, max_workers=max_workers)
+        self.pools.append((role, pool))
+        return pool
+
+
+def test_bind_device_moves_the_adamw_worker_to_the_new_device_even_with_an_update_queued():
+    # An optimizer built on the default device, with an update still queued when the engine
+    # binds its own device: the queued update must still land, and every later one must run
+    # on a worker of the bound device (its thread count), not on the old one.
+    from lazytrain.models.host_params import HostParams
+    from lazytrain.runtime.optim import BlockOptimizer
+
+    params = HostParams([{"w": (3000,)}, {"w": (3000,)}], ["a.", "b."], {"c": (7,)})
+    gen = torch.Generator().manual_seed(0)
+    for g in params.groups:
+        g.master.copy_(torch.randn(g.numel, generator=gen))
+    grads = [[torch.randn(g.numel, generator=gen) for g in params.groups] for _ in range(2)]
+    # the reference: torch's AdamW on copies, same hyper-parameters, two steps
+    ref = [g.master.clone().requires_grad_() for g in params.groups]
+    ref_opts = [torch.optim.AdamW([p], lr=1e-2, weight_decay=0.01) for p in ref]
+
+    opt = BlockOptimizer(params, lr=1e-2)
+    for g, grad in zip(params.groups, grads[0]):
+        g.grad.copy_(grad)
+        opt.submit(g, lr=1e-2)
+    dev = _RecordingDevice()
+    opt.bind_device(dev)
+    assert dev.pools and dev.pools[-1] == ("adamw", opt.worker)
+    opt.wait_all()
+    for g, grad in zip(params.groups, grads[1]):
+        g.grad.copy_(grad)
+        opt.submit(g, lr=1e-2)
+    opt.close()
+    for step_grads in grads:
+        for p, o, grad in zip(ref, ref_opts, step_grads):
+            p.grad = grad.clone()
+            o.step()
+    for g, p in zip(params.groups, ref):
+        torch.testing.assert_close(g.master, p.detach(), rtol=1e-6, atol=1e-7)

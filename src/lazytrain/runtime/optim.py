@@ -124,12 +124,17 @@ class BlockOptimizer:
         self.set_q8_blocks(q8_blocks)
 
     def bind_device(self, device: Device) -> None:
-        """Submit and wait through `device` from now on (the engine binds its own; call before
-        the first update)."""
+        """Submit and wait through `device` from now on (the engine binds its own), on a new
+        worker of `device` (its thread count). Updates still queued are waited for through the
+        old device first, so each job is waited for through the device that submitted it.
+
+        Raises:
+            Exception: a queued update failed (its error, re-raised).
+        """
+        self.wait_all()
         self.device = device
-        if not self.futures:  # its worker's thread count follows the device (no job queued)
-            old, self.worker = self.worker, device.host_workers("adamw")
-            old.shutdown(wait=False)
+        old, self.worker = self.worker, device.host_workers("adamw")
+        old.shutdown(wait=True)  # idle: every job it ran was waited for above
 
     def _stepped_tensor(self, g: ParamGroup) -> torch.Tensor:
         if g.master.dtype == torch.float32:
