@@ -361,7 +361,7 @@ def test_store_hbm_peaks_equal_the_plans_hbm_checkpoint_bytes_in_every_window(tm
 
 
 def test_host_pool_reuses_released_buffers_and_refuses_past_its_cap():
-    from lazytrain.runtime.activations import HostBufferPool
+    from lazytrain.runtime.host_pool import HostBufferPool
 
     from lazytrain.runtime.device import Device
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from engine_helpers import micro_batches, model_pair, plan_for, tiny_config
-from lazytrain.runtime.activations import CheckpointStore, HostBufferPool
+from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.host_pool import HostBufferPool
 from lazytrain.runtime.engine import Engine
 from lazytrain.runtime.hb_checker import CheckedDevice, OrderingViolation
 

@@ -10,9 +10,9 @@ blocks, weights or autograd, and nothing about files beyond ``runtime/nvme.py``'
 
 Device path: every copy, wait and allocation goes through the device API
 (``runtime/device.py``), one path for every backend: host buffers come from ``pinned_empty``
-(page-locked on CUDA) through a bounded pool; d2h and h2d run on the streams "ckpt_d2h" and
-"ckpt_h2d" (separate from the weight and gradient streams, so a window barrier never waits for
-the next block's weight prefetch), ordered by events. On the CPU backends the hbm tier is
+(page-locked on CUDA) through a bounded pool (``runtime/host_pool.py``); d2h and h2d run on
+the streams "ckpt_d2h" and "ckpt_h2d" (separate from the weight and gradient streams, so a
+window barrier never waits for the next block's weight prefetch), ordered by events. On the CPU backends the hbm tier is
 device memory under a byte budget and the dram tier separate host tensors.
 
 Accounting keys (bytes): ``hbm`` (hbm-tier and recompute-cache tensors, offloaded boundaries
@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import atexit
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from lazytrain.planner.plan import TIERS, TRANSFER_KINDS
+from lazytrain.runtime.boundary_entry import BoundaryEntry
 from lazytrain.runtime.device import Device, as_device
 from lazytrain.runtime.errors import (
     CheckpointNotResidentError,
@@ -40,6 +40,7 @@ from lazytrain.runtime.errors import (
     TransferOrderError,
     boundary_label,
 )
+from lazytrain.runtime.host_pool import HostBufferPool
 from lazytrain.runtime.nvme import IoEvent, Key, NvmeIO, NvmeTimeoutError, align_down, align_up
 
 STORE_TIERS = TIERS
@@ -57,155 +58,6 @@ _KINDS_BY_TIER = {"hbm": (), "recompute": (), "dram": ("d2h", "h2d"), "nvme": TR
 
 _FRACTION_TOL = 1e-6
 """Cumulative fractions within this of 1 count as complete (plans store floats)."""
-
-
-class HostBufferPool:
-    """Reusable 4 KiB-aligned host buffers, pinned on CUDA, with an optional byte cap.
-
-    Buffers are recycled by exact size (boundaries of one model have few distinct sizes), so
-    steady-state steps allocate nothing. A buffer whose last copies may still run is returned
-    with ``release(buffer, after=events, futures=...)``: it waits in a pending list and becomes
-    reusable once those copies completed, checked without blocking (``reclaim``); the host
-    blocks on them only when ``acquire`` finds no free buffer of the size but a pending one
-    (back-pressure instead of allocating past the plan's pinned bytes). So handing a buffer
-    back never synchronises the host with the device. A buffer whose NVMe requests never
-    finish (``wait_io`` raised, e.g. a stuck drive) is abandoned, never handed out again: the
-    request may still read or write it.
-
-    Args:
-        device: the device API; buffers come from its ``pinned_empty``.
-        capacity_bytes: cap on allocated bytes (in use + pending + cached); None = unbounded.
-        wait_io: ``wait_io(futures, owner)`` blocks until a buffer's NVMe futures finished
-            (their errors are not its to raise) or raises where they will not (the store's:
-            NvmeTimeoutError after ``runtime.nvme_timeout_s``); ``owner`` is what ``release``
-            got. Default: wait as long as it takes.
-    """
-
-    def __init__(self, *, device: Device, capacity_bytes: int | None = None,
-                 wait_io: Callable[[list, object], None] | None = None) -> None:
-        self.device = device
-        self.capacity_bytes = capacity_bytes
-        self.allocated_bytes = 0  # abandoned buffers stay counted: their memory is still used
-        self._wait_io = wait_io or (lambda futures, owner: device.wait_futures(futures))
-        self._free: dict[int, list[torch.Tensor]] = {}
-        self._pending: list[tuple] = []  # (buffer, events, futures, owner)
-
-    def acquire(self, nbytes: int) -> torch.Tensor:
-        """An aligned ``uint8`` buffer [nbytes] (contents undefined).
-
-        Raises:
-            MemoryError: allocating would exceed ``capacity_bytes`` even after waiting for every
-                pending buffer and dropping every cached one.
-            NvmeTimeoutError (from ``wait_io``): the pending buffer it waited for is held by
-                NVMe requests that do not finish (the buffer is abandoned).
-        """
-        self.reclaim()
-        cached = self._free.get(nbytes)
-        if cached:
-            return cached.pop()
-        same_size = [item for item in self._pending if item[0].numel() == nbytes]
-        if same_size:  # the host ran ahead of the copies: wait for the oldest, do not grow
-            self._pending.remove(same_size[0])
-            self._recycle(*same_size[0])
-            return self._free[nbytes].pop()
-        if self.capacity_bytes is not None and self.allocated_bytes + nbytes > self.capacity_bytes:
-            self.reclaim(block=True)
-            self._drop_cached()
-            if self.allocated_bytes + nbytes > self.capacity_bytes:
-                raise MemoryError(
-                    f"host buffer pool: {nbytes} more bytes would exceed its cap of "
-                    f"{self.capacity_bytes} bytes ({self.allocated_bytes} in use)"
-                )
-        self.allocated_bytes += nbytes
-        return self.device.pinned_empty(nbytes, name=f"checkpoint host buffer of {nbytes} bytes")
-
-    def has(self, nbytes: int) -> bool:
-        """Whether `acquire(nbytes)` can hand out a buffer it already holds (free or pending)."""
-        return bool(self._free.get(nbytes)) or any(item[0].numel() == nbytes
-                                                   for item in self._pending)
-
-    def release(self, buffer: torch.Tensor, *, after=(), futures=(), owner=None) -> None:
-        """Return a buffer, reusable once the copy events ``after`` completed and the NVMe
-        ``futures`` finished (their errors are the issuer's to report; ``owner`` names the
-        buffer's last user to ``wait_io``). The caller guarantees no other copy reads or writes
-        it (the device API checks it on cpu-checked and poisons the buffer on cpu-threaded)."""
-        self._pending.append((buffer, [e for e in after if e is not None], list(futures), owner))
-        self.reclaim()
-
-    def reclaim(self, *, block: bool = False) -> None:
-        """Make pending buffers whose copies completed reusable; ``block``: wait for all.
-
-        Raises:
-            NvmeTimeoutError (from ``wait_io``, only with ``block``): some pending buffer's NVMe
-                requests do not finish; every other pending buffer was reclaimed first.
-        """
-        still, stuck = [], None
-        for item in self._pending:
-            _, events, futures, _ = item
-            if block or (all(self.device.query(e) for e in events)
-                         and all(f.done() for f in futures)):
-                try:
-                    self._recycle(*item)
-                except Exception as exc:  # abandoned; the others are still reclaimed
-                    stuck = stuck or exc
-            else:
-                still.append(item)
-        self._pending = still
-        if stuck is not None:
-            raise stuck
-
-    def _recycle(self, buffer: torch.Tensor, events: list, futures: list, owner) -> None:
-        """Wait for the buffer's copies and NVMe requests, then make it reusable; a ``wait_io``
-        error leaves it abandoned (dropped from the pool) and propagates."""
-        for event in events:
-            self.device.host_wait(event)  # returns at once when query() said done; orders it
-        self._wait_io(futures, owner)
-        self.device.recycle(buffer)
-        self._free.setdefault(buffer.numel(), []).append(buffer)
-
-    def _drop_cached(self) -> None:
-        for size, buffers in self._free.items():
-            self.allocated_bytes -= size * len(buffers)
-        self._free.clear()
-
-
-@dataclass(slots=True)
-class _Entry:
-    """One stored boundary of one micro-batch (internal, mutable)."""
-
-    key: Key
-    tier: str
-    shape: torch.Size
-    dtype: torch.dtype
-    nbytes: int
-    src: torch.Tensor | None  # the tensor as put: the HBM copy (offloaded tiers: until drained)
-    host: torch.Tensor | None = None  # uint8 [align_up(nbytes)], aligned; dram copy or staging
-    dev: torch.Tensor | None = None  # uint8 [nbytes] on the device: the prefetched copy
-    aliased: bool = False  # dev is the put tensor itself (h2d began before it was released)
-    file_bytes: int = 0  # NVMe bytes accounted (padded file size), from the first write on
-    read_started: bool = False
-    write_window: str | None = None  # the window of the last nvme_write fraction
-    cum: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TRANSFER_ORDER, 0.0))
-    # End offset (bytes) issued per kind; nvme kinds in file coordinates (4 KiB-aligned).
-    done: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRANSFER_ORDER, 0))
-    d2h_event: object | None = None  # device API event of the last d2h copy
-    h2d_event: object | None = None
-    write_futures: list = field(default_factory=list)
-    read_futures: list = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return boundary_label(*self.key)
-
-    @property
-    def padded_bytes(self) -> int:
-        return align_up(self.nbytes)
-
-    def flat_bytes(self) -> torch.Tensor:
-        """The HBM copy as ``uint8`` [nbytes] (a view of the put tensor, no copy)."""
-        if self.aliased:
-            return self.dev
-        return self.src.detach().reshape(-1).view(torch.uint8)
 
 
 class CheckpointStore:
@@ -254,7 +106,7 @@ class CheckpointStore:
         self.d2h_stream = self.dev.stream("ckpt_d2h")
         self.h2d_stream = self.dev.stream("ckpt_h2d")
         self._limits = dict(hbm_limits or {})
-        self._entries: dict[Key, _Entry] = {}
+        self._entries: dict[Key, BoundaryEntry] = {}
         self._current = dict.fromkeys(ACCOUNTING_KEYS, 0)
         self._peaks: dict[str, dict[str, int]] = {}
         self._moved: dict[str, dict[str, int]] = {}
@@ -358,7 +210,7 @@ class CheckpointStore:
                     self._unsettled.discard(key)
         self._pool.reclaim()
 
-    def _settle(self, e: _Entry) -> bool:
+    def _settle(self, e: BoundaryEntry) -> bool:
         """Release what the issued copies of ``e`` no longer need (see ``end_window``); True when
         nothing is left to settle until its next transfer.
 
@@ -409,8 +261,8 @@ class CheckpointStore:
             raise ValueError(f"{label}: tensor must be contiguous (the store moves flat byte ranges)")
         nbytes = tensor.numel() * tensor.element_size()
         self.dev.ledger.relabel(tensor, f"boundary {boundary} ({tier})")
-        self._entries[key] = _Entry(key=key, tier=tier, shape=tensor.shape, dtype=tensor.dtype,
-                                    nbytes=nbytes, src=tensor)
+        self._entries[key] = BoundaryEntry(key=key, tier=tier, shape=tensor.shape,
+                                           dtype=tensor.dtype, nbytes=nbytes, src=tensor)
         self._count("hbm", nbytes)
         if self._window is not None:
             self._window_keys.add(key)
@@ -560,7 +412,7 @@ class CheckpointStore:
 
     # ---- copies ----------------------------------------------------------------------------
 
-    def _d2h(self, e: _Entry, target: int, final: bool) -> None:
+    def _d2h(self, e: BoundaryEntry, target: int, final: bool) -> None:
         if e.host is None:
             self._acquire_host(e)
         start = e.done["d2h"]
@@ -572,7 +424,7 @@ class CheckpointStore:
                                                 stream=self.d2h_stream))
         e.done["d2h"] = target
 
-    def _nvme_write(self, e: _Entry, target: int, final: bool) -> None:
+    def _nvme_write(self, e: BoundaryEntry, target: int, final: bool) -> None:
         available = e.done["d2h"]
         if final and available < e.nbytes:
             raise TransferOrderError(
@@ -593,7 +445,7 @@ class CheckpointStore:
         self._window_futures += futures
         e.done["nvme_write"] = end
 
-    def _nvme_read(self, e: _Entry, target: int, final: bool) -> None:
+    def _nvme_read(self, e: BoundaryEntry, target: int, final: bool) -> None:
         written = e.done["nvme_write"]
         if final and written < e.padded_bytes:
             raise TransferOrderError(
@@ -612,7 +464,7 @@ class CheckpointStore:
         self._window_futures += futures
         e.done["nvme_read"] = end
 
-    def _h2d(self, e: _Entry, target: int, final: bool) -> None:
+    def _h2d(self, e: BoundaryEntry, target: int, final: bool) -> None:
         if e.dev is None and e.src is not None:
             # The HBM copy was not released yet (d2h incomplete, or completed in this window):
             # it becomes the prefetched copy, so the boundary is held once, continuously, as
@@ -675,7 +527,7 @@ class CheckpointStore:
         except NvmeIOError:
             pass  # reported by end_window or the read-back
 
-    def _acquire_host(self, e: _Entry) -> None:
+    def _acquire_host(self, e: BoundaryEntry) -> None:
         # a dram copy is exactly the boundary (the plan's A); an NVMe bounce buffer is padded
         # to the 4 KiB O_DIRECT block, with zeroed padding (deterministic files)
         nbytes = e.nbytes if e.tier == "dram" else e.padded_bytes
@@ -686,7 +538,7 @@ class CheckpointStore:
             e.host[e.nbytes:].zero_()
         self._count(*self._host_account(e))
 
-    def _release_host(self, e: _Entry) -> None:
+    def _release_host(self, e: BoundaryEntry) -> None:
         """Hand ``e.host`` back to the pool, reusable once its last copies and NVMe requests
         finished (the pool may give it to another stream); no host block here."""
         tier, nbytes = self._host_account(e)
@@ -696,7 +548,7 @@ class CheckpointStore:
         e.host = None
 
     @staticmethod
-    def _host_account(e: _Entry) -> tuple[str, int]:
+    def _host_account(e: BoundaryEntry) -> tuple[str, int]:
         return ("dram", e.nbytes) if e.tier == "dram" else ("dram_staging", e.padded_bytes)
 
     def _count(self, tier: str, delta: int) -> None:
