@@ -40,7 +40,8 @@ import torch
 
 from lazytrain.runtime import nvme
 from lazytrain.runtime.activations import CheckpointStore
-from lazytrain.runtime.nvme import CHUNK_BYTES, aligned_empty, align_up, filesystem_type, supports_o_direct
+from lazytrain.runtime.filesystem import filesystem_type
+from lazytrain.runtime.nvme import CHUNK_BYTES, aligned_empty, align_up, supports_o_direct
 from lazytrain.units import GB
 
 

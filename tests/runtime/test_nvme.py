@@ -16,15 +16,14 @@ import torch
 
 from lazytrain.runtime.activations import CheckpointStore
 from lazytrain.runtime.errors import NvmeIOError
+from lazytrain.runtime.filesystem import filesystem_type, warn_if_ram_filesystem
 from lazytrain.runtime.nvme import (
     ALIGN_BYTES,
     FaultInjector,
     IoEvent,
     NvmeIO,
     aligned_empty,
-    filesystem_type,
     supports_o_direct,
-    warn_if_ram_filesystem,
 )
 
 CPU = torch.device("cpu")

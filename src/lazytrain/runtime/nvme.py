@@ -4,7 +4,8 @@ Owns: one file per (boundary, micro-batch) under a directory, written and read i
 by a small thread pool, with ``O_DIRECT`` where the filesystem allows it (probed once per
 directory) and buffered ``os.pwrite``/``os.preadv`` otherwise; 4 KiB-aligned host buffers; the
 mapping of every failure (ENOSPC, short read/write, missing file) to ``NvmeIOError`` naming
-the boundary and the path; the tmpfs warning; a fault-injection hook for tests.
+the boundary and the path; a fault-injection hook for tests (the tmpfs warning comes
+from ``runtime/filesystem.py``).
 
 Knows nothing about tiers, plans, windows or devices: it moves bytes between 4 KiB-aligned CPU
 ``uint8`` tensors and files. ``runtime/activations.py`` decides what moves when.
@@ -38,7 +39,6 @@ import functools
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -50,6 +50,7 @@ import xxhash
 
 from lazytrain.runtime.device import Device
 from lazytrain.runtime.errors import NvmeIOError, boundary_label
+from lazytrain.runtime.filesystem import warn_if_ram_filesystem
 
 ALIGN_BYTES = 4096
 """Alignment of O_DIRECT buffers, offsets and lengths (bytes): the 4 KiB logical block size of
@@ -58,9 +59,6 @@ NVMe drives formatted for performance; a multiple of the 512 B minimum."""
 CHUNK_BYTES = 4 * 1024 * 1024
 """Size of one I/O request (bytes). 4 MiB is large enough to reach sequential NVMe throughput
 and small enough that a few threads keep several requests in flight."""
-
-RAM_FILESYSTEMS = ("tmpfs", "ramfs")
-"""Filesystem types that live in RAM: an NVMe tier there would really be a DRAM tier."""
 
 Key = tuple[int, int]
 """(boundary, micro_batch) identifying one checkpoint file."""
@@ -157,44 +155,6 @@ def aligned_empty(nbytes: int) -> torch.Tensor:
     raw = torch.empty(nbytes + ALIGN_BYTES, dtype=torch.uint8)
     shift = (-raw.data_ptr()) % ALIGN_BYTES
     return raw[shift : shift + nbytes]
-
-
-def filesystem_type(path: Path | str, *, mounts_path: Path | str = "/proc/mounts") -> str | None:
-    """Type of the filesystem holding ``path`` ("ext4", "tmpfs", ...), from the mount table.
-
-    The mount point is the longest entry of ``mounts_path`` that is a prefix of the resolved
-    path. Returns None when the table cannot be read (non-Linux).
-    """
-    try:
-        lines = Path(mounts_path).read_text().splitlines()
-    except OSError:
-        return None
-    target = os.path.realpath(path)
-    best, best_type = "", None
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        # /proc/mounts escapes space, tab, newline and backslash as octal (\040 ...).
-        mount = fields[1].encode().decode("unicode_escape")
-        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= len(best):
-            best, best_type = mount, fields[2]
-    return best_type
-
-
-def warn_if_ram_filesystem(directory: Path, *, mounts_path: Path | str = "/proc/mounts") -> bool:
-    """Warn (RuntimeWarning) when ``directory`` is on tmpfs/ramfs; returns whether it warned."""
-    fs = filesystem_type(directory, mounts_path=mounts_path)
-    if fs in RAM_FILESYSTEMS:
-        warnings.warn(
-            f"runtime.nvme_dir {directory} is on {fs}, which lives in RAM: the NVMe tier would "
-            "use DRAM, not a drive. Point runtime.nvme_dir at a directory on an NVMe drive.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return True
-    return False
 
 
 @functools.lru_cache(maxsize=None)
@@ -479,7 +439,7 @@ class NvmeIO:
                         late |= concurrent.futures.wait(group, timeout=self.timeout_s)[1]
             if late:
                 self._stuck = True
-                key = next((k for k, fs in self._pending.items() if late & set(fs)), (-1, 0))
+                key = min(f.lazytrain_key for f in late)  # also for a removed key's requests
                 raise NvmeTimeoutError(
                     f"{boundary_label(*key)}: NVMe requests on {self.path_for(key)} did not "
                     f"finish within runtime.nvme_timeout_s={self.timeout_s:g} s ({len(late)} "
@@ -537,8 +497,10 @@ class NvmeIO:
         for start in range(0, nbytes, self.chunk_bytes):
             chunk = memoryview(view[start : start + self.chunk_bytes])
             part = buffer[start : start + self.chunk_bytes]
-            futures.append(self.device.submit(self._pool, job, key, fd, chunk, part,
-                                              offset + start, wait_for, channel=f"nvme_{op}"))
+            future = self.device.submit(self._pool, job, key, fd, chunk, part, offset + start,
+                                        wait_for, channel=f"nvme_{op}")
+            future.lazytrain_key = key  # type: ignore[attr-defined]  # named by a timeout
+            futures.append(future)
         self._pending.setdefault(key, []).extend(futures)
         return futures
 
