@@ -124,3 +124,22 @@ def test_a_staging_buffer_held_by_a_stuck_write_is_never_handed_out_again(tmp_pa
         hook.open()
         store.close()
     assert list((tmp_path / "nvme").iterdir()) == []
+
+
+def test_a_timeout_on_a_removed_files_requests_still_names_its_boundary_and_file(tmp_path):
+    from lazytrain.runtime.nvme import NvmeIO, aligned_empty
+
+    hook = StuckWrites()
+    io = NvmeIO(tmp_path, chunk_bytes=8192, direct=False, fault_hook=hook, timeout_s=TIMEOUT_S)
+    try:
+        futures = io.write((6, 1), aligned_empty(8192), 0)
+        assert hook.blocked.wait(GATE_S)
+        io.remove((6, 1))  # the pool may still hold the futures of a released boundary
+        with pytest.raises(NvmeTimeoutError) as info:
+            io.wait(futures)
+        assert (info.value.boundary, info.value.micro_batch) == (6, 1)
+        assert info.value.path == tmp_path / "ckpt_b6_m1.bin"
+        assert not hook.gave_up
+    finally:
+        hook.open()
+        io.close()
