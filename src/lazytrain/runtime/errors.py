@@ -54,7 +54,8 @@ class HbmBudgetExceeded(JobFailure):
     """The store holds more HBM bytes in a window than the plan's ``hbm_checkpoint_bytes``.
 
     The engine executes a validated plan, so this means the plan's accounting and the run
-    disagree: a job failure (exit 1), not an assertion, so that it is raised also under -O.
+    disagree: a job failure (exit 1) that names the window and the bytes, not an assertion of
+    ours (`except AssertionError` would hide it among bugs).
 
     Attributes:
         window: window name, e.g. ``"b3"``.
