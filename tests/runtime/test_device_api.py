@@ -221,3 +221,58 @@ def test_bind_device_moves_the_adamw_worker_to_the_new_device_even_with_an_updat
             o.step()
     for g, p in zip(params.groups, ref):
         torch.testing.assert_close(g.master, p.detach(), rtol=1e-6, atol=1e-7)
+
+
+_LATER_THREAD = """
+import threading, torch
+from lazytrain.runtime.device import Device
+pools = [Device().host_workers(role, max_workers=2) for role in ("adamw", "nvme")]
+for pool in pools:  # the workers run (and set their own count) ...
+    pool.submit(torch.get_num_threads).result()
+seen = []
+t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+t.start(); t.join()  # ... then a thread starts that runs torch ops (a loader, another engine)
+print(seen[0])
+for pool in pools:
+    pool.shutdown()
+"""
+
+
+def test_a_thread_started_after_the_workers_gets_the_engine_threads_count_not_theirs():
+    import subprocess
+    import sys
+
+    def run(code: str) -> int:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, check=True)
+        return int(out.stdout.split()[-1])
+
+    default = run(_FRESH_COUNT)
+    if default == 1:
+        pytest.skip("one core: a leaked count of 1 equals the default")
+    assert run(_LATER_THREAD) == default
+
+
+class _SharedCores(Device):
+    """The cpu device API with the CUDA-style split: roles get different thread counts."""
+
+    def host_threads(self, role: str) -> int:
+        return {"adamw": 2, "convert": 1}[role]
+
+
+def test_each_worker_keeps_its_own_count_when_another_role_sets_a_different_one_later():
+    # CUDA shares the cores by role (AdamW the most); a worker whose count was set but not yet
+    # used took, at its first op, the count the next role's worker had set meanwhile.
+    dev = _SharedCores()
+    before = torch.get_num_threads()
+    adamw = dev.host_workers("adamw")
+    convert = dev.host_workers("convert")
+    try:
+        adamw.submit(lambda: None).result()  # its worker runs, no torch op yet ...
+        convert.submit(lambda: None).result()  # ... the next role's worker starts
+        assert adamw.submit(torch.get_num_threads).result() == 2
+        assert convert.submit(torch.get_num_threads).result() == 1
+    finally:
+        adamw.shutdown()
+        convert.shutdown()
+    assert torch.get_num_threads() == before

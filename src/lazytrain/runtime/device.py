@@ -343,22 +343,26 @@ class Device:
 
     def host_workers(self, role: str, *, max_workers: int = 1) -> ThreadPoolExecutor:
         """A pool of `max_workers` host worker threads named `lazytrain-<role>`, each running
-        torch ops on `host_threads(role)` threads (set in the worker itself: torch's thread
-        count is per thread, so the engine thread keeps its own; threads started later inherit
-        the last count set, which is why every runtime worker sets its own). Jobs go through
-        `submit`.
+        torch ops on `host_threads(role)` threads. Jobs go through `submit`.
 
-        The calling thread's own count is fixed here first: torch gives a thread its count at
-        its first parallel op, from the count last set by any thread, so an engine thread whose
-        first op came after a worker's start would compute on the worker's count.
+        Torch's thread count is per thread, but a thread gets it at its first parallel op from
+        the count last set by any thread. So the caller's count is fixed first, every worker is
+        started here and fixes its own (`_set_worker_threads`), and then the caller's count is
+        set again: the engine thread keeps its count, and threads started later (a loader,
+        another engine) get it too, not the workers'.
 
         Raises:
             KeyError: unknown role.
         """
-        torch.get_num_threads()  # initialises the caller's count before a worker sets its own
-        return ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"lazytrain-{role}",
-                                  initializer=torch.set_num_threads,
+        own = torch.get_num_threads()  # initialises the caller's count before a worker runs
+        pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"lazytrain-{role}",
+                                  initializer=_set_worker_threads,
                                   initargs=(self.host_threads(role),))
+        started = threading.Barrier(max_workers)  # one job per thread: each must start
+        for job in [pool.submit(started.wait) for _ in range(max_workers)]:
+            job.result()
+        torch.set_num_threads(own)  # what threads started from now on inherit
+        return pool
 
     def submit(self, executor: Executor, fn: Callable, *args, channel: str = "host",
                **kwargs) -> Future:
@@ -539,6 +543,14 @@ class _Scope:
     def __exit__(self, *exc):
         self.flag.active = False
         return self.mode.__exit__(*exc)
+
+
+def _set_worker_threads(count: int) -> None:
+    """A host worker's initializer: its torch thread count is `count` for good. The query first
+    gives the thread its count (torch does that at a thread's first parallel op, from the count
+    last set by any thread); set before that, it would be replaced then."""
+    torch.get_num_threads()
+    torch.set_num_threads(count)
 
 
 def channel_of(stream: Stream) -> str:
