@@ -358,7 +358,9 @@ class Device:
         pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"lazytrain-{role}",
                                   initializer=_set_worker_threads,
                                   initargs=(self.host_threads(role),))
-        started = threading.Barrier(max_workers)  # one job per thread: each must start
+        # one job per thread, so each must start; the timeout (s) ends the wait if one cannot
+        # (its initializer failed: the others would wait forever)
+        started = threading.Barrier(max_workers, timeout=60.0)
         for job in [pool.submit(started.wait) for _ in range(max_workers)]:
             job.result()
         torch.set_num_threads(own)  # what threads started from now on inherit
