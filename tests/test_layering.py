@@ -23,6 +23,7 @@ FORBIDDEN = {
                 "planner.policy", "sim", "report", "train", "cli"},
     "models": {"runtime", "planner.milp", "planner.solvers", "sim", "report", "train", "cli"},
     "data": {"planner", "sim", "report", "runtime", "train", "cli"},
+    "dist": {"train", "cli"},
 }
 NO_TORCH = {"spec", "planner", "sim", "report"}
 

@@ -91,7 +91,7 @@ def test_version_prints_the_package_version(capsys):
 
 def _exit_code_cases():
     from lazytrain.dist.shared_masters import OwnerUpdateError
-    from lazytrain.dist.trainer import RankFailureError
+    from lazytrain.dist.rank import RankFailureError
     from lazytrain.planner.milp import PlanInfeasibleError
     from lazytrain.planner.plan import PlanValidationError
     from lazytrain.runtime.errors import (CheckpointNotResidentError, HbmBudgetExceeded,

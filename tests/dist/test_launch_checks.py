@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from dist_helpers import free_port
 from lazytrain.dist.shared_masters import master_file, remove_stale_files
-from lazytrain.train.loop import Trainer
+from lazytrain.train.checkpoint import check_world_size
 
 
 def _dead_pid() -> int:
@@ -43,7 +43,7 @@ def _run_dir_worker(rank: int, world: int, port: int, root: str, out: str) -> No
     from pathlib import Path
 
     from lazytrain.dist.process_group import init_from_env, shutdown
-    from lazytrain.dist.trainer import check_shared_run_dir
+    from lazytrain.dist.rank import check_shared_run_dir
 
     ctx = init_from_env(backend="gloo", device="cpu", timeout_s=30)
     # rank 1 is a second "host" whose path names another directory (no shared file system)
@@ -69,12 +69,11 @@ def test_a_run_dir_that_a_rank_cannot_see_fails_on_every_rank_naming_it(tmp_path
 
 def test_a_data_parallel_checkpoint_is_refused_by_one_process_naming_torchrun(tmp_path):
     (tmp_path / "COMPLETE").write_text(json.dumps({"step": 3, "files": {}, "world_size": 2}))
-    one = SimpleNamespace(world_size=1)
     with pytest.raises(ValueError, match=r"written by 2 rank\(s\); this job has 1.*"
                                          r"torchrun --nproc_per_node 2"):
-        Trainer._check_world_size(one, SimpleNamespace(path=tmp_path))
+        check_world_size(SimpleNamespace(path=tmp_path), world_size=1)
     (tmp_path / "COMPLETE").write_text(json.dumps({"step": 3, "files": {}}))  # one process
-    Trainer._check_world_size(one, SimpleNamespace(path=tmp_path))
+    check_world_size(SimpleNamespace(path=tmp_path), world_size=1)
 
 
 def test_report_on_a_data_parallel_run_points_at_a_rank_directory(tmp_path):

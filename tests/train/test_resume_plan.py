@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from train_helpers import tiny_config
 from lazytrain.config import apply_overrides
-from lazytrain.train.loop import _get_plan
+from lazytrain.train.trainer import _get_plan
 from lazytrain.train.setup import make_plan
 
 

@@ -85,10 +85,11 @@ def test_a_trainer_state_holding_a_code_object_is_refused_and_nothing_runs(
 
 
 def test_a_rank_shard_holding_a_code_object_is_refused_and_nothing_runs(tmp_path):
-    from lazytrain.dist.checkpoint import load_shard, shard_name
+    from lazytrain.train.checkpoint import load_shard, shard_name
 
     class Rank:
         rank = 3
+        world_size = 4
 
     proof = tmp_path / "code-ran"
     torch.save({"engine": {"rng": {"cpu": torch.get_rng_state()}}, "x": _Payload(proof)},
@@ -474,10 +475,10 @@ def test_resume_with_another_batch_shape_is_refused_even_with_a_plan(
     resumed = tiny_config(arithmetic_model_dir, run_dir, "train.steps=2", "data.num_eval=4",
                           override)
     from lazytrain.planner.build import problem_from_config
-    from lazytrain.planner.policy import plan_with_policy
+    from lazytrain.planner.policy import PlannerOptions, plan as plan_problem
 
-    plan = plan_with_policy(problem_from_config(resumed), "megatrain", megatrain_k=2,
-                            lp_bound=False)  # a plan made for the new shape
+    plan = plan_problem(problem_from_config(resumed),  # a plan made for the new shape
+                        PlannerOptions(policy="megatrain", megatrain_k=2, lp_bound=False))
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         train(resumed, resume=True, plan=plan, progress=False)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from lazytrain.train.loop import _truncate_metrics
+from lazytrain.train.trainer import _truncate_metrics
 
 
 def test_a_torn_last_line_is_dropped_with_the_redone_steps(tmp_path):

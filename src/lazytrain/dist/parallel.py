@@ -20,22 +20,21 @@ from lazytrain.dist.sharding import ShardedOptimizer, group_owners
 T = TypeVar("T")
 
 
-def build_engine(adapter, plan, *, ctx: DistContext, lr: float, betas=(0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.01, shared_masters: bool = False,
-                 **engine_kwargs):
-    """An `Engine` for this rank: `GradReducer` as grad_sync and a `ShardedOptimizer`.
+def engine_parts(adapter, *, ctx: DistContext, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01, shared_masters: bool = False) -> dict:
+    """The `Engine` arguments of this rank: `GradReducer` as grad_sync and a `ShardedOptimizer`.
 
     Args:
-        adapter, plan: as `Engine`.
+        adapter: the model (its `params` are reduced and sharded).
         ctx: the rank context (`process_group.init_from_env`).
         lr, betas, eps, weight_decay: AdamW.
         shared_masters: the adapter's masters are the node's shared copy
             (`shared_masters.node_master_allocator`): updates are published in place; False:
             private copies, updates are broadcast.
-        engine_kwargs: the other `Engine` arguments (device, clip_grad_norm, grad_accum, ...).
-    """
-    from lazytrain.runtime.engine import Engine
 
+    Returns:
+        {"optimizer": ..., "grad_sync": ...}, to pass to `Engine`.
+    """
     owners = group_owners(adapter.params, ctx.world_size)
     reducer = GradReducer(adapter.params, owners=owners, rank=ctx.rank,
                           group=ctx.grads_group if ctx.distributed else None)
@@ -45,8 +44,26 @@ def build_engine(adapter, plan, *, ctx: DistContext, lr: float, betas=(0.9, 0.99
     optimizer = ShardedOptimizer(adapter.params, reducer=reducer, owners=owners, rank=ctx.rank,
                                  sync=sync, lr=lr, betas=betas, eps=eps,
                                  weight_decay=weight_decay)
+    return {"optimizer": optimizer, "grad_sync": reducer}
+
+
+def build_engine(adapter, plan, *, ctx: DistContext, lr: float, betas=(0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01, shared_masters: bool = False,
+                 **engine_kwargs):
+    """An `Engine` for this rank over `engine_parts` (tests and benchmarks; the trainer builds
+    its engine through `lazytrain.runtime.build.engine_from_config`).
+
+    Args:
+        adapter, plan: as `Engine`.
+        ctx, lr, betas, eps, weight_decay, shared_masters: as `engine_parts`.
+        engine_kwargs: the other `Engine` arguments (device, clip_grad_norm, grad_accum, ...).
+    """
+    from lazytrain.runtime.engine import Engine
+
+    parts = engine_parts(adapter, ctx=ctx, lr=lr, betas=betas, eps=eps,
+                         weight_decay=weight_decay, shared_masters=shared_masters)
     return Engine(adapter, plan, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                  optimizer=optimizer, grad_sync=reducer, **engine_kwargs)
+                  **parts, **engine_kwargs)
 
 
 def local_share(items: Sequence[T], *, ctx: DistContext, grad_accum: int) -> list[T]:

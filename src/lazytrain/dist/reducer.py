@@ -60,15 +60,6 @@ class GradReducer:
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return float(t.item())
 
-    @staticmethod
-    def all_max_flag(ctx, flag: bool) -> bool:
-        """True on every rank when `flag` is True on any (blocking; `ctx.grads_group`)."""
-        if not ctx.distributed:
-            return bool(flag)
-        t = torch.tensor([1 if flag else 0], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.grads_group)
-        return bool(t.item())
-
     def grads_final(self, group: ParamGroup) -> None:
         """Start reducing `group.grad` (summed) into its owner's accumulator; returns at once."""
         if self.group is None:

@@ -7,18 +7,23 @@ Layout of `RUN_DIR/checkpoints/step-000012/`:
                                                           which: float32 or bfloat16)
     generation_config.json                                generation defaults of the config
     tokenizer.json, tokenizer_config.json, ...           the tokenizer, so the dir is a model
-    trainer_state.pt                                      optimizer + RNG (engine), data position,
-                                                          step, LR schedule position
-    COMPLETE                                              JSON marker, written last
+    trainer_state.pt                                      optimizer + RNG (engine; one
+                                                          process), data position, step,
+                                                          config, world_size
+    shard-rank00000.pt ... shard-rankNNNNN.pt             data parallel: each rank's AdamW
+                                                          moments (ZeRO-1 shard) and RNG states
+    COMPLETE                                              JSON marker, written last: every
+                                                          file with its size, and world_size
 
-Atomicity: everything is written into `checkpoints/.tmp-step-000012-<pid>/`, every file and the
-directory are fsynced, the `COMPLETE` marker (listing every file with its size) is written and
-fsynced last, then the directory is renamed to its final name and the parent fsynced. A
-directory is valid only when its marker exists, parses, and every listed file has the listed
-size; temp directories and directories without a marker (a crash, a kill, a full disk) are
-never picked up, and are removed by the next successful save. The newest `KEEP_LAST` valid
-checkpoints are kept (a checkpoint of SmolLM2-135M is about 1.6 GB: 4 B/param weights +
-8 B/param Adam moments).
+Atomicity (one protocol for one process and for every rank of a data-parallel job:
+`save_checkpoint`): everything is written into `checkpoints/.tmp-step-000012/`, every file and
+the directory are fsynced, the `COMPLETE` marker is written and fsynced last, then the
+directory is renamed to its final name and the parent fsynced. A directory is valid only when
+its marker exists, parses, and every listed file has the listed size; temp directories and
+directories without a marker (a crash, a kill, a full disk, a rank that died) are never picked
+up, and are removed by the next successful save. The newest `KEEP_LAST` valid checkpoints are
+kept (a checkpoint of SmolLM2-135M is about 1.6 GB: 4 B/param weights + 8 B/param Adam
+moments).
 
 Loading never runs code from a file: `trainer_state.pt` (and a data-parallel rank shard) is
 read with `torch.load(weights_only=True)`, which accepts tensors, numbers, strings and plain
@@ -27,7 +32,8 @@ containers only; anything else is refused with `CheckpointError`. `--resume` goe
 directory, a run without a complete checkpoint, or a newest step directory that is damaged is
 an error naming what is missing, never a silent fresh start.
 
-Knows nothing of the training loop; it receives the tensors and state dicts to write.
+Knows nothing of the training loop; it receives the tensors and state dicts to write, and the
+rank context (`lazytrain.train.rank`) for the barriers of a data-parallel save.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from typing import Any, Callable
 import torch
 
 from lazytrain.errors import UserError
+from lazytrain.train.rank import ONE_PROCESS, RankContext
 
 MARKER = "COMPLETE"
 """Name of the marker file written last into a finished checkpoint directory."""
@@ -198,54 +205,121 @@ def resume_checkpoint(run_dir: str | Path) -> Checkpoint:
     return Checkpoint(path=newest, step=step)
 
 
+def shard_name(rank: int) -> str:
+    """The file of rank `rank`'s shard in a data-parallel checkpoint."""
+    return f"shard-rank{rank:05d}.pt"
+
+
 def save_checkpoint(run_dir: str | Path, *, step: int, weights: dict[str, torch.Tensor],
                     hf_config: Any, tokenizer: Any, state: dict[str, Any],
+                    shard: dict[str, Any] | None = None, ranks: RankContext = ONE_PROCESS,
                     before_marker: Callable[[Path], None] | None = None) -> Checkpoint:
-    """Write checkpoint `step` atomically (module docstring) and prune older ones.
+    """Write checkpoint `step` atomically (module docstring) and prune older ones. With several
+    ranks a collective: call it on every rank.
+
+    Protocol: the main rank creates `checkpoints/.tmp-step-N/`; barrier; every rank writes and
+    fsyncs its shard (several ranks only), the main rank the model files and the trainer
+    state; barrier (every shard is on disk); the main rank fsyncs every file, writes the
+    marker (files, sizes, world_size) last, renames the directory and prunes; barrier. A rank
+    that dies before the marker leaves a directory without one, which `latest_checkpoint`
+    never picks up. One process: the barriers are no-ops and the shard's entries go into
+    `trainer_state.pt`.
 
     Args:
-        run_dir: the run directory.
+        run_dir: the run directory (shared by the ranks: one node, or a shared file system).
         step: optimizer steps completed.
-        weights: HF name -> fp32 tensor (every trainable parameter once; tied head omitted).
+        weights: HF name -> tensor (every trainable parameter once; tied head omitted; written
+            by the main rank: the masters are equal on all ranks).
         hf_config: the model's `PretrainedConfig` (written as config.json).
         tokenizer: the HF tokenizer (its files make the directory a complete model).
-        state: trainer state (engine, data, step, ...), written with torch.save.
-        before_marker: test hook called with the temp directory after every file but the
-            marker is written (raise there to simulate a crash mid-save).
+        state: the main rank's trainer state (data, step, config), written with torch.save.
+        shard: this rank's own state (engine: optimizer shard, RNG); None: nothing per rank.
+        ranks: the rank context (`lazytrain.train.rank`); default one process.
+        before_marker: test hook, main rank, called with the temp directory after every file
+            but the marker is written (raise there to simulate a crash mid-save).
 
     Returns:
-        The new checkpoint.
+        The new checkpoint (on every rank).
 
     Raises:
-        OSError: the disk is full or unwritable; the temp directory is removed and the
-            previous checkpoints are untouched.
+        OSError, SafetensorError: the disk is full or unwritable; the temp directory is removed
+            and the previous checkpoints are untouched. RuntimeError: a peer rank died.
     """
     root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        write_model_files(tmp, weights=weights, hf_config=hf_config, tokenizer=tokenizer)
-        torch.save(state, tmp / STATE_FILE)
-        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        for name in files:
-            _fsync(tmp / name)
-        if before_marker is not None:
-            before_marker(tmp)
-        (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}, indent=1))
-        _fsync(tmp / MARKER)
-        _fsync(tmp)
-        if final.exists():  # a stale or invalid directory of the same step (resumed run)
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync(root)
-    except BaseException:
+    tmp = root / f".tmp-{final.name}"
+    if ranks.is_main:
+        root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    ranks.barrier()
+    if ranks.world_size == 1 and shard is not None:
+        state, shard = {**state, **shard}, None
+    try:
+        if shard is not None:
+            torch.save(shard, tmp / shard_name(ranks.rank))
+            _fsync(tmp / shard_name(ranks.rank))
+        if ranks.is_main:
+            write_model_files(tmp, weights=weights, hf_config=hf_config, tokenizer=tokenizer)
+            torch.save({**state, "world_size": ranks.world_size}, tmp / STATE_FILE)
+        ranks.barrier()  # every shard is on disk
+        if ranks.is_main:
+            _commit(tmp, final, step=step, world_size=ranks.world_size,
+                    before_marker=before_marker)
+    except BaseException:
+        if ranks.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _prune(root, keep=final)
+    ranks.barrier()  # nobody reads or writes the run directory before the rename
     return Checkpoint(path=final, step=step)
+
+
+def _commit(tmp: Path, final: Path, *, step: int, world_size: int, before_marker) -> None:
+    """The main rank: fsync every file, write the marker last, rename, prune."""
+    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    for name in files:
+        _fsync(tmp / name)
+    if before_marker is not None:
+        before_marker(tmp)
+    (tmp / MARKER).write_text(json.dumps({"step": step, "files": files,
+                                          "world_size": world_size}, indent=1))
+    _fsync(tmp / MARKER)
+    _fsync(tmp)
+    if final.exists():  # a stale or invalid directory of the same step (resumed run)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync(final.parent)
+    _prune(final.parent, keep=final)
+
+
+def load_shard(checkpoint: Checkpoint, ranks: RankContext, *,
+               state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This rank's own state in `checkpoint` (what `save_checkpoint` got as `shard`): for one
+    process `state`, the loaded trainer state that holds it; else this rank's shard file,
+    loaded with `weights_only=True` (the world size was checked against the job before
+    planning: `check_world_size`).
+
+    Raises:
+        CheckpointError: the shard is missing, damaged, or holds objects other than tensors
+            and plain containers (nothing in it is executed).
+    """
+    if ranks.world_size == 1 and state is not None:
+        return state
+    return load_torch_file(checkpoint.path / shard_name(ranks.rank))
+
+
+def check_world_size(checkpoint: Checkpoint, *, world_size: int) -> None:
+    """Refuse a checkpoint written by another number of ranks (its marker says how many).
+
+    Raises:
+        ValueError: names the checkpoint, both world sizes and the torchrun fix.
+    """
+    saved = json.loads((checkpoint.path / MARKER).read_text()).get("world_size") or 1
+    if saved != world_size:
+        raise ValueError(
+            f"checkpoint {checkpoint.path} was written by {saved} rank(s); this job has "
+            f"{world_size}: resume with the same world size (e.g. torchrun "
+            f"--nproc_per_node {saved} -m lazytrain.cli.main train --resume RUN_DIR)")
 
 
 def write_model_files(directory: Path, *, weights: dict[str, torch.Tensor], hf_config: Any,
@@ -278,7 +352,7 @@ def _prune(root: Path, *, keep: Path) -> None:
     valid = list_checkpoints(root.parent)
     keep_names = {c.path.name for c in valid[-KEEP_LAST:]} | {keep.name}
     for child in root.iterdir():
-        stale_tmp = child.name.startswith(".tmp-") and not child.name.endswith(f"-{os.getpid()}")
+        stale_tmp = child.name.startswith(".tmp-")  # the new one is renamed already
         if child.is_dir() and (stale_tmp or (_NAME_RE.match(child.name)
                                              and child.name not in keep_names)):
             shutil.rmtree(child, ignore_errors=True)

@@ -1,0 +1,463 @@
+"""One training run's state and its step: `Trainer(cfg, ctx, ...)` for one process and for every
+rank of a data-parallel job alike; `train.loop.train` drives it.
+
+The rank context `ctx` (`lazytrain.train.rank`) says what differs between ranks: the main rank
+(rank 0, or the one process) plans and the others receive its plan; it alone logs, evaluates
+and writes metrics.jsonl, the run's plan.json and the summary; every rank writes its own
+windows.jsonl and plan.json under `ctx.subdir` ("" for one process: the run directory itself)
+and keeps its NVMe files there. A step draws world_size x grad_accum micro-batches and trains
+on this rank's share; metrics count the global batch. Checkpoints go through one protocol
+(`checkpoint.save_checkpoint`, per-rank shards when there are several ranks); a resume needs
+the same world size. A failed collective (a peer died, `dist.timeout_s` passed) becomes the
+context's rank failure, naming the rank, the step and the last checkpoint. The engine is built
+by `runtime.build.engine_from_config`, with the context's data-parallel parts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from lazytrain.atomic import read_jsonl, write_text_atomic
+from lazytrain.config import RunConfig, apply_overrides, save_config
+from lazytrain.planner.plan import Plan
+from lazytrain.runtime.build import device_type, engine_from_config, resolve_device
+from lazytrain.train import checkpoint as ckpt
+from lazytrain.train import setup
+from lazytrain.train.evaluate import build_eval_model, evaluate, load_weights
+from lazytrain.train.preflight import preflight
+from lazytrain.train.rank import RankContext
+from lazytrain.train.tracking import Trackers, check_trackers, step_scalars
+
+CHECKPOINT_BYTES_PER_PARAM = 12
+"""fp32 weights (4 B) + fp32 Adam moments (8 B) per parameter: one checkpoint's size."""
+EVAL_BYTES_PER_PARAM = 4
+"""The fp32 evaluation copy of the weights (`evaluate.py`)."""
+
+
+def step_record(step: int, stats, batches: list[dict], *, flops_params: float) -> dict:
+    """The metrics.jsonl record of one optimizer step (single-process and data-parallel).
+
+    Args:
+        step: the step number just completed (1-based).
+        stats: the engine's `StepStats`.
+        batches: every micro-batch of the step (all ranks' under data parallelism), so tokens
+            and model TFLOPS count the global batch; real tokens exclude padding.
+        flops_params: N of the model-FLOPs rule 6 * N * tokens (ModelSpec.model_flops_params).
+    """
+    from lazytrain.data import real_token_count  # padded or packed batches
+
+    real_tokens = sum(real_token_count(b) for b in batches)
+    return {"step": step, "loss": stats.loss, "tokens": real_tokens,
+            "label_tokens": stats.tokens, "step_s": stats.step_s,
+            "tokens_per_s": real_tokens / stats.step_s,
+            "model_tflops": 6 * flops_params * real_tokens / stats.step_s / 1e12,
+            "lr": stats.lr, "grad_norm": stats.grad_norm,
+            "peak_bytes": dict(stats.peak_bytes)}
+
+
+def resolve_epochs(cfg: RunConfig, stream, *, world_size: int, log) -> RunConfig:
+    """`cfg` with `train.steps` set to the steps that draw `train.epochs` passes over
+    `stream` (`data.batching.steps_for_epochs`: world_size x grad_accum micro-batches a step);
+    says the result in one line."""
+    from lazytrain.data.batching import steps_for_epochs
+
+    tc = cfg.train
+    steps = steps_for_epochs(stream, epochs=tc.epochs,
+                             micro_batches_per_step=tc.grad_accum * world_size)
+    log(f"train.epochs={tc.epochs:g}: {steps} steps over {len(stream.examples)} training "
+        f"samples (train.steps={tc.steps} is not used)")
+    return apply_overrides(cfg, [f"train.steps={steps}"])
+
+
+
+def _get_plan(cfg: RunConfig, run_dir: Path, *, plan: Plan | None, resuming: bool) -> Plan:
+    """The given plan, the run's own plan.json when resuming, or a new plan from the config."""
+    if plan is None and resuming and (run_dir / "plan.json").is_file():
+        plan = Plan.load(run_dir / "plan.json")
+        dist = plan.provenance.get("dist") or {}
+        planned = (dist.get("nproc_per_node", 1), dist.get("nnodes", 1))
+        if planned != (cfg.dist.nproc_per_node, cfg.dist.nnodes):  # another share of a node
+            print(f"note: {run_dir / 'plan.json'} was planned for {planned[1]} node(s) x "
+                  f"{planned[0]} ranks; this job has {cfg.dist.nnodes} x "
+                  f"{cfg.dist.nproc_per_node}: planning again", file=sys.stderr)
+            plan = None
+    if plan is None:
+        plan = setup.make_plan(cfg, run_dir=run_dir)
+    plan.check_matches(seq_len=cfg.data.seq_len, micro_batch=cfg.train.micro_batch)
+    return plan
+
+
+def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, run_dir: Path,
+                   num_params: int) -> None:
+    pred = plan.predicted
+    dram = int(pred.dram_bytes) if pred else 16 * num_params
+    eval_copy = EVAL_BYTES_PER_PARAM * num_params if cfg.data.num_eval else 0
+    # dram-tier checkpoints + staging pools: the plan's DRAM less the host states (which depend
+    # on train.master_dtype: 16 or 12 B/param) and the optimizer's pageable scratch
+    memory = plan.provenance.get("memory") or {}
+    states = memory.get("states_bytes", 16 * num_params)
+    pinned = max(0, dram - states - memory.get("optimizer_scratch_bytes", 0))
+    preflight(device=device, host_bytes=dram + eval_copy,
+              hbm_bytes=int(pred.peak_hbm_bytes) if pred else 0, pinned_bytes=pinned,
+              nvme_bytes=int(pred.nvme_bytes) if pred else 0, nvme_dir=nvme_dir,
+              checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * num_params, run_dir=run_dir)
+
+
+def _truncate_metrics(path: Path, *, last_step: int) -> None:
+    """Drop metric lines after `last_step` (steps redone after a resume)."""
+    if path.is_file():  # a crash mid-append may have torn the last line: read_jsonl skips it
+        keep = [r for r in read_jsonl(path) if r["step"] <= last_step]
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
+
+
+
+class Trainer:
+    """One run on one rank: everything `train` sets up, and the step loop's actions over it."""
+
+    def __init__(self, cfg: RunConfig, ctx: RankContext, *, run_dir: Path, plan: Plan | None,
+                 resume: bool, hooks, log) -> None:
+        """Check, plan, load and build (module docstring); rank 0 plans, the others receive.
+
+        Args:
+            cfg: the run config (with this rank's share of the node: `rank.join_job`).
+            ctx: the rank context (`lazytrain.train.rank`).
+            run_dir: the run directory (created and locked by `train`).
+            plan: a plan to use instead of planning; resume: continue from the newest
+                checkpoint; hooks: `loop.TrainHooks`; log: one-line messages.
+
+        Raises:
+            as `loop.train`.
+        """
+        self.cfg, self.ctx, self.run_dir, self.hooks, self.log = cfg, ctx, run_dir, hooks, log
+        self._failed = False
+        tc = cfg.train
+        self.device_kind = resolve_device(cfg.runtime.device)
+        self.device = device_type(self.device_kind)  # "cpu" or "cuda"
+        tracker_names = check_trackers(tc.report_to)  # a missing extra fails before loading
+        if cfg.runtime.threads:
+            torch.set_num_threads(cfg.runtime.threads)
+        # Everything that can reject the job runs before a file is written or a weight loaded.
+        self.resumed_from = ckpt.resume_checkpoint(run_dir) if resume else None
+        saved_state = None
+        if self.resumed_from is not None:
+            ckpt.check_world_size(self.resumed_from, world_size=ctx.world_size)
+            saved_state = self.resumed_from.load_state()  # weights_only: refuses code objects
+            setup.check_same_model(cfg, saved_state.get("config"), self.resumed_from.path)
+            setup.check_same_shape(cfg, saved_state.get("config"), self.resumed_from.path)
+            source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
+        setup.check_data_paths(cfg.data)
+        # rank 0 plans (or loads the run's plan) and every rank runs its plan, even where a
+        # time-limited MILP would not be repeatable
+        mine = (_get_plan(cfg, run_dir, plan=plan, resuming=self.resumed_from is not None)
+                if ctx.is_main else None)
+        self.plan = Plan.from_dict(ctx.broadcast_object(mine.to_dict() if mine else None))
+        ctx.barrier()
+        if self.resumed_from is None:  # after planning: a hub id downloads its weights here
+            source = setup.resolve_model_source(cfg.model.config_path, weights=True)
+        if ctx.is_main:
+            save_config(cfg, run_dir / "config.yaml")
+        self._save_plan()
+        print(setup.plan_summary(self.plan, source=str(cfg.model.config_path)), flush=True)
+        self.trackers = Trackers(tracker_names, run_dir=run_dir, config=cfg.to_dict())
+        self.nvme_dir = setup.job_nvme_dir(cfg.runtime.nvme_dir, run_dir=run_dir)
+        hf_config = setup.load_hf_config(source)
+        from lazytrain.spec.model import ModelSpec
+        spec = ModelSpec.from_hf_config(hf_config.to_dict())
+        _run_preflight(cfg, self.plan, device=self.device, nvme_dir=self.nvme_dir,
+                       run_dir=run_dir, num_params=spec.total_params)
+        from lazytrain.data import build_data, corpus_texts
+        self.tokenizer = setup.load_tokenizer(
+            source, vocab_size=hf_config.vocab_size,
+            corpus=lambda: corpus_texts(cfg.data, seed=tc.seed))
+        self.adapter = self._load_adapter(source)
+        self.data = build_data(cfg.data, self.tokenizer, micro_batch=tc.micro_batch,
+                               seed=tc.seed, hf_config=hf_config)
+        for note in self.data.notes:  # e.g. chatml chosen for a tokenizer without a template
+            log(note)
+        if tc.epochs:  # train.epochs -> train.steps, the same on every resume of the run
+            self.cfg = cfg = resolve_epochs(cfg, self.data.train, world_size=ctx.world_size,
+                                            log=log)
+            tc = cfg.train
+        # one lock per job and node: local rank 0 takes it, the node's other ranks share the
+        # dir; nodes lock their own file (the directory may be on a file system they share)
+        if ctx.local_rank == 0:
+            self._nvme_lock = setup.lock_nvme_dir(
+                self.nvme_dir, node=f"node{ctx.node_rank}" if ctx.nnodes > 1 else "")
+        try:
+            self.engine = self._make_engine()
+        except BaseException:
+            self._release_nvme_lock()
+            raise
+        self.log(f"device: {self.device_kind} (runtime.device); nvme: {self.nvme_dir} "
+                 f"({self.nvme_io_mode()} I/O)")
+        self.replanner = self._make_replanner()
+        self.step = 0
+        if saved_state is not None:
+            self._restore(saved_state)
+        self.flops_params = spec.model_flops_params  # N of 6 * N * tokens
+        self.eval_model = None
+
+    @property
+    def is_main(self) -> bool:
+        """Writes the run's files (metrics, summary, plan.json); logs and evaluates."""
+        return self.ctx.is_main
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of this job."""
+        return self.ctx.world_size
+
+    @property
+    def windows_path(self) -> Path:
+        """This rank's windows.jsonl (`runtime/instrument.py` records)."""
+        return self.run_dir / self.ctx.subdir / "windows.jsonl"
+
+    def _save_plan(self) -> None:
+        """The plan in this rank's directory and, on the main rank, the run's plan.json."""
+        paths = {self.run_dir / self.ctx.subdir / "plan.json"}
+        if self.is_main:
+            paths.add(self.run_dir / "plan.json")
+        for path in sorted(paths):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.plan.save(path)
+
+    def _load_adapter(self, source):
+        """The model with its weights in the host store (`setup.load_adapter`); with
+        `dist.shared_masters` and several ranks on the node the masters live in the node's
+        shared mapping: local rank 0 writes them and the others wait for it."""
+        tc, dc = self.cfg.train, self.cfg.dist
+        store = self.ctx.master_store(shared=dc.shared_masters, shm_dir=dc.shm_dir)
+        adapter = setup.load_adapter(source, compute_dtype=tc.compute_dtype,
+                                     master_dtype=tc.master_dtype, seed=tc.seed, **store)
+        self.masters_shared = bool(store)
+        if self.masters_shared:
+            self.ctx.barrier()  # local rank 0 has written the node's masters
+        return adapter
+
+    def _make_engine(self):
+        tc = self.cfg.train
+        parts = self.ctx.engine_parts(self.adapter, lr=tc.lr,
+                                      betas=(tc.adam_beta1, tc.adam_beta2), eps=tc.adam_eps,
+                                      weight_decay=tc.weight_decay,
+                                      shared_masters=self.masters_shared)
+        return engine_from_config(
+            self.cfg, self.adapter, self.plan, device_kind=self.device_kind,
+            device_index=self.ctx.device_index, nvme_dir=self.nvme_dir / self.ctx.subdir,
+            seed=self.ctx.seed(tc.seed), fault_hook=self.hooks.fault_hook,
+            model_config_sha256=setup.model_config_sha256(self.adapter.config), **parts)
+
+    def _restore(self, state: dict) -> None:
+        own = ckpt.load_shard(self.resumed_from, self.ctx, state=state)
+        self.engine.load_state_dict(own["engine"])
+        self.data.train.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        if self.is_main:
+            _truncate_metrics(self.run_dir / "metrics.jsonl", last_step=self.step)
+        _truncate_metrics(self.windows_path, last_step=self.step)
+        self.log(f"resumed from {self.resumed_from.path} at step {self.step}")
+
+    @contextmanager
+    def _collective(self):
+        """A failed collective inside (RuntimeError) becomes the context's rank failure
+        (`RankContext.failure`); one process re-raises it as it is."""
+        try:
+            yield
+        except RuntimeError as exc:
+            failure = self.ctx.failure(exc, step=self.step + 1,
+                                       last_checkpoint=getattr(
+                                           ckpt.latest_checkpoint(self.run_dir), "path", None))
+            if failure is None:
+                raise
+            self._failed = True
+            raise failure from exc
+
+    # --- actions -------------------------------------------------------------------------------
+
+    def lr_at(self, step: int) -> float:
+        from lazytrain.runtime.optim import lr_at
+        tc = self.cfg.train
+        return lr_at(step, base_lr=tc.lr, warmup_steps=tc.warmup_steps, total_steps=tc.steps,
+                     schedule=tc.schedule, min_lr_ratio=tc.min_lr_ratio)
+
+    def train_step(self) -> dict:
+        """One global step: this rank's share of world_size x grad_accum micro-batches; returns
+        its metrics record (appended to metrics.jsonl by the main rank)."""
+        from lazytrain.runtime.instrument import write_windows_jsonl
+
+        tc = self.cfg.train
+        batches = [self.data.train.next_micro_batch()
+                   for _ in range(tc.grad_accum * self.world_size)]
+        mine = self.ctx.local_share(batches, grad_accum=tc.grad_accum)
+        with self._collective():
+            stats = self.engine.step(mine, lr=self.lr_at(self.step))
+        self.step += 1
+        record = {**step_record(self.step, stats, batches, flops_params=self.flops_params),
+                  "world_size": self.world_size}
+        write_windows_jsonl(self.windows_path, step=self.step, records=stats.windows)
+        if self.is_main:
+            with open(self.run_dir / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            self.track(record, stats)
+        if self.cfg.planner.replan_every_steps:
+            self._maybe_switch_plan(stats.windows)
+        if self.hooks.on_step_end is not None:
+            self.hooks.on_step_end(self.step, stats)
+        return record
+
+    def track(self, record: dict, stats) -> None:
+        """Send the step's scalars to the `train.report_to` trackers (`tracking.py`)."""
+        if not self.trackers.names:
+            return
+        predicted = self.plan.predicted.step_ms if self.plan.predicted else None
+        allocated = (torch.cuda.max_memory_allocated() if self.device == "cuda" else None)
+        self.trackers.log(self.step, step_scalars(record, windows=stats.windows,
+                                                  predicted_step_ms=predicted,
+                                                  hbm_allocated_bytes=allocated))
+
+    def save(self) -> ckpt.Checkpoint:
+        """Checkpoint the current step (weights after every queued update); every rank."""
+        state = {"data": self.data.train.state_dict(), "step": self.step,
+                 "config": self.cfg.to_dict()}
+        with self._collective():
+            saved = ckpt.save_checkpoint(
+                self.run_dir, step=self.step, weights=self.engine.named_masters(),
+                hf_config=self.adapter.config, tokenizer=self.tokenizer, state=state,
+                shard={"engine": self.engine.state_dict()}, ranks=self.ctx,
+                before_marker=self.hooks.before_marker)
+        self.log(f"saved checkpoint {saved.path}")
+        return saved
+
+    def should_stop(self, flag: bool) -> bool:
+        """Whether to stop after this step given the stop-signal flag: True when it is set on
+        any rank (one collective; also used to agree on a wall-clock checkpoint, since the
+        ranks' clocks differ)."""
+        with self._collective():
+            return self.ctx.all_sum(1.0 if flag else 0.0) > 0
+
+    def evaluate(self):
+        """Loss and exact match on the held-out examples with the current weights (the main
+        rank; None elsewhere or without held-out examples)."""
+        if not self.is_main or not self.data.eval_examples:
+            return None
+        # The random init of the evaluation model (and any sampling in it) must not move the
+        # training RNG, or a resumed run's dropout masks would differ from a straight run's.
+        devices = [torch.cuda.current_device()] if self.device == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if self.eval_model is None:
+                self.eval_model = build_eval_model(self.adapter.config)
+            load_weights(self.eval_model, self.engine.named_masters())
+            return evaluate(self.eval_model, self.tokenizer, list(self.data.eval_examples),
+                            seq_len=self.cfg.data.seq_len, pad_id=self.data.train.pad_id,
+                            data_format=self.data.format)
+
+    def evaluate_and_record(self, log) -> None:
+        """A periodic evaluation (`train.eval_every`): its line in the log, an `"event":
+        "eval"` record in metrics.jsonl and eval/* scalars for the trackers (rank 0)."""
+        result = self.evaluate()
+        if result is None or not self.is_main:
+            return
+        log(_eval_line(f"at step {self.step}", result, seq_len=self.cfg.data.seq_len))
+        record = {"step": self.step, "event": "eval", "eval_loss": result.loss,
+                  "exact_match": result.exact_match, "num_correct": result.num_correct,
+                  "num_scored": result.num_scored}
+        with open(self.run_dir / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        self.trackers.log(self.step, {f"eval/{k}": v for k, v in
+                                      (("loss", result.loss), ("exact_match", result.exact_match))
+                                      if v is not None})
+
+    def _make_replanner(self):
+        """The main rank's online re-planner when `planner.replan_every_steps` > 0
+        (train/replan.py), fed with its measured windows; the other ranks get None and follow
+        its switches (`_maybe_switch_plan`). Rank 0 stands for the node: the ranks run the
+        same plan on links of the same kind."""
+        pc = self.cfg.planner
+        if not pc.replan_every_steps or not self.is_main:
+            return None
+        from lazytrain.planner.build import rank_problem_from_config
+        from lazytrain.runtime.calibrate import config_for_plan
+        from lazytrain.planner.policy import planner_options
+        from lazytrain.train.replan import OnlineReplanner, resolve
+
+        options = planner_options(pc)
+
+        def solve(problem, current):
+            return resolve(problem, current, options)
+
+        # the plan's own costs (its calibration file), so a re-plan compares like with like
+        problem = rank_problem_from_config(config_for_plan(self.cfg, self.plan.provenance))
+        return OnlineReplanner(problem, self.plan,
+                               every=pc.replan_every_steps, threshold=pc.drift_threshold,
+                               patience=pc.drift_patience_steps, solve=solve, log=self.log)
+
+    def _maybe_switch_plan(self, records) -> None:
+        """At a step boundary (a collective with several ranks): the main rank's finished
+        re-plan (if any) reaches every rank, which all run it from the next step on; the main
+        rank logs the event to metrics.jsonl."""
+        switch = self.replanner.after_step(self.step, records) if self.is_main else None
+        box = None
+        if switch is not None:
+            box = (switch.plan.to_dict() if switch.event.get("switched") else None, switch.event)
+        with self._collective():
+            box = self.ctx.broadcast_object(box)
+        if box is None:
+            return
+        plan_dict, event = box
+        if plan_dict is not None:
+            self.plan = Plan.from_dict(plan_dict)
+            self.engine.set_plan(self.plan)
+            self._save_plan()
+        if self.is_main:
+            with open(self.run_dir / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(event) + "\n")
+
+    def close(self) -> None:
+        """Finish the engine, the trackers and the re-planner, and leave the job. After a rank
+        failure the engine's pending updates fail too (their broadcasts have no peer); that
+        second error is not raised over the first."""
+        failed_before = self._failed
+        try:
+            with self._collective():
+                try:
+                    if self.replanner is not None:
+                        self.replanner.close()
+                    self.trackers.close()
+                    self.engine.close()
+                    self.engine.dev.close()  # made by engine_from_config: its threads
+                finally:
+                    self._release_nvme_lock()  # after the store deleted its files
+        except RuntimeError:
+            if not failed_before:
+                raise
+        finally:
+            if not self._failed:
+                self.ctx.shutdown()
+
+    _nvme_lock = None
+    """The open lock file of this job's NVMe directory (`setup.lock_nvme_dir`), or None."""
+
+    def _release_nvme_lock(self) -> None:
+        if self._nvme_lock is not None:
+            self._nvme_lock.close()
+            self._nvme_lock = None
+
+    def nvme_io_mode(self) -> str:
+        """"O_DIRECT" or "buffered": how the NVMe tier's files are read and written here (the
+        fallback to buffered I/O when the filesystem refuses O_DIRECT is silent otherwise)."""
+        return "O_DIRECT" if self.engine.store.io.direct else "buffered"
+
+
+def _eval_line(when: str, result, *, seq_len: int) -> str:
+    """"eval before: loss 1.2345, exact match 0.25"; a loss of None (no held-out example keeps
+    a trained token within seq_len) is said in words, with the fix."""
+    loss = (f"{result.loss:.4f}" if result.loss is not None else
+            f"n/a (no held-out example keeps an answer token within data.seq_len={seq_len}; "
+            f"raise data.seq_len)")
+    match = (f"{result.exact_match} ({result.num_correct}/{result.num_scored})"
+             if result.exact_match is not None else "n/a (no checkable answers)")
+    return f"eval {when}: loss {loss}, exact match {match}"
