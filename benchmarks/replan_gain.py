@@ -26,6 +26,7 @@ from predict_accuracy import batches, make_engine, plans, setup_run
 
 def main(argv: list[str] | None = None) -> int:
     from lazytrain.planner.build import problem_from_config
+    from lazytrain.planner.policy import PlannerOptions
     from lazytrain.runtime.nvme import FaultInjector
     from lazytrain.train.replan import OnlineReplanner, resolve
 
@@ -48,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         faults.delay_reads(args.delay_ms)
         engine = make_engine(adapter, stale, root / "nvme", fault_hook=faults, instrument=True)
         rep = OnlineReplanner(problem_from_config(cfg), stale, every=1, threshold=0.15,
-                              patience=2, solve=lambda p, cur: resolve(p, cur, policy="heuristic",
-                                                                       time_limit_s=2.0))
+                              patience=2, solve=lambda p, cur: resolve(p, cur, PlannerOptions(
+                                  policy="heuristic", time_limit_s=2.0)))
         data = batches(adapter.config.vocab_size, batch=args.batch, seq=args.seq,
                        n=4 * args.steps + 8)
         before, after, event = [], [], None

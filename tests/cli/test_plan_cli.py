@@ -8,7 +8,7 @@ import pytest
 
 import lazytrain.cli.main as cli_main
 from lazytrain.cli.main import main
-from lazytrain.cli.plan import ranges
+from lazytrain.report.plan_table import ranges
 
 pytest.importorskip("lazytrain.planner.build", reason="problem_from_config not in the tree yet")
 pytest.importorskip("lazytrain.planner.heuristics", reason="heuristics not in the tree yet")

@@ -7,7 +7,7 @@ import pytest
 from lazytrain.planner.bounds import compute_bounds, ideal_ms, lp_bound_ms, roofline_ms
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.planner.heuristics import ideal_plan
-from lazytrain.planner.policy import POLICIES, plan_with_policy
+from lazytrain.planner.policy import POLICIES, PlannerOptions, plan as plan_problem
 from lazytrain.planner.problem import PlanningProblem
 
 U = 10**7
@@ -86,7 +86,8 @@ def test_roofline_le_lp_bound_le_milp_step(gpu):
 def test_every_policy_returns_a_plan_with_all_three_bounds(policy):
     pytest.importorskip("highspy")
     problem = _tight()
-    plan = plan_with_policy(problem, policy, time_limit_s=10, gap=1e-6, megatrain_k=2)
+    plan = plan_problem(problem, PlannerOptions(policy=policy, time_limit_s=10, gap=1e-6,
+                                                megatrain_k=2))
     b = plan.bounds
     assert b == compute_bounds(problem)
     assert b.roofline_step_ms <= b.lp_step_ms
@@ -98,7 +99,7 @@ def test_every_policy_returns_a_plan_with_all_three_bounds(policy):
 
 def test_unknown_policy_is_rejected_naming_the_choices():
     with pytest.raises(ValueError, match="planner.policy must be one of"):
-        plan_with_policy(_tight(), "greedy")
+        plan_problem(_tight(), PlannerOptions(policy="greedy"))
 
 
 def test_memory_bound_matches_hand_arithmetic_with_room_for_one_kept_block():

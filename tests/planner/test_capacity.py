@@ -7,10 +7,12 @@ import itertools
 
 import pytest
 
-from lazytrain.planner.capacity import BatchSearch, format_batch_table, max_batch_search
+from lazytrain.planner.capacity import BatchSearch, max_batch_search
 from lazytrain.planner.evaluate import decisions_from_tiers, evaluate
 from lazytrain.planner.plan import TIERS
+from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.report.capacity import format_batch_table
 
 MB = 10**6
 L = 3
@@ -55,8 +57,9 @@ def any_plan_fits(problem: PlanningProblem) -> bool:
 @pytest.fixture(scope="module")
 def milp_search() -> BatchSearch:
     pytest.importorskip("highspy", reason="the MILP policy needs a solver")
-    return max_batch_search(problem_at, policy="milp", grad_accums=(1, 4), backend="highs",
-                            time_limit_s=10, gap=0.0)
+    return max_batch_search(problem_at, PlannerOptions(policy="milp", backend="highs",
+                                                       time_limit_s=10, gap=0.0),
+                            grad_accums=(1, 4))
 
 
 def test_max_micro_batch_fits_and_one_more_does_not_by_brute_force(milp_search):
@@ -90,7 +93,7 @@ def test_accumulation_raises_tokens_per_step_not_memory(milp_search):
 
 
 def test_heuristic_search_never_claims_more_than_fits():
-    search = max_batch_search(problem_at, policy="heuristic", time_limit_s=5)
+    search = max_batch_search(problem_at, PlannerOptions(policy="heuristic", time_limit_s=5))
     best = search.max_micro_batch
     assert best >= 1 and any_plan_fits(problem_at(best))
     assert search.rows[-1].micro_batch == best + 1 and not search.rows[-1].feasible
@@ -101,11 +104,11 @@ def test_no_batch_fits_reports_zero():
     def too_big(m: int, g: int) -> PlanningProblem:
         return problem_at(m, g).replace(hbm_bytes=50 * MB)
 
-    search = max_batch_search(too_big, policy="heuristic", time_limit_s=5)
+    search = max_batch_search(too_big, PlannerOptions(policy="heuristic", time_limit_s=5))
     assert search.max_micro_batch == 0 and search.rows[-1].micro_batch == 1
     assert not search.rows[-1].feasible
 
 
 def test_policies_that_ignore_budgets_are_rejected():
     with pytest.raises(ValueError, match="planner.policy"):
-        max_batch_search(problem_at, policy="ideal")
+        max_batch_search(problem_at, PlannerOptions(policy="ideal"))

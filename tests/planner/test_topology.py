@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.topology import (Topology, allreduce_ms, assign_owners,
                                         exposed_allreduce_ms, host_bytes_per_param_rank,
@@ -149,7 +150,8 @@ def test_scaling_table_marks_rank_counts_whose_states_exceed_the_dram_share():
     node = node_problem(dram_bytes=40 * GB, host_bytes_per_param=12.0)
     topo = Topology(nproc_per_node=1, gpus_per_node=4, allreduce_bytes_per_s=1e12,
                     shared_masters=False)
-    rows = scaling_table(node, topo, policy="megatrain", megatrain_k=1, counts=(1, 2, 4))
+    rows = scaling_table(node, topo, PlannerOptions(policy="megatrain", megatrain_k=1),
+                         counts=(1, 2, 4))
     assert [r.step_ms is not None for r in rows] == [True, True, False]
     assert "DRAM" in rows[2].note
     assert rows[1].tokens_per_s > rows[0].tokens_per_s
@@ -179,7 +181,7 @@ def test_seed_on_eight_h800_sharing_1tb_has_a_plan_at_every_rank_count_with_shar
     problem, cfg = seed_node
     topo = seed_topology(cfg)
     assert topo.shared_masters and topo.nproc_per_node == 8 and topo.gpus_per_pcie_switch == 2
-    rows = scaling_table(problem, topo, policy="heuristic")
+    rows = scaling_table(problem, topo, PlannerOptions(policy="heuristic"))
     assert [r.ranks for r in rows] == [1, 2, 4, 8]
     assert all(r.step_ms is not None for r in rows), [r.note for r in rows]
     assert rows[3].dram_budget_bytes == 125 * GB
@@ -191,5 +193,5 @@ def test_seed_on_eight_h800_has_no_plan_at_eight_ranks_without_shared_masters(se
     problem, cfg = seed_node
     topo = seed_topology(cfg, "dist.shared_masters=false")
     assert not topo.shared_masters
-    (row,) = scaling_table(problem, topo, policy="heuristic", counts=(8,))
+    (row,) = scaling_table(problem, topo, PlannerOptions(policy="heuristic"), counts=(8,))
     assert row.step_ms is None and "DRAM" in row.note

@@ -203,7 +203,7 @@ def test_an_explicit_profile_wins_over_the_calibration(model_dir, tmp_path, coun
 def test_plan_reads_the_cache_train_wrote_and_both_plan_with_the_same_profile(
         model_dir, tmp_path, counted, capsys):
     from lazytrain.cli.plan import load_problem
-    from lazytrain.planner.policy import plan_with_policy
+    from lazytrain.planner.policy import PlannerOptions, plan
     from lazytrain.train.loop import train
 
     cfg = tiny(model_dir, tmp_path)
@@ -224,7 +224,7 @@ def test_plan_reads_the_cache_train_wrote_and_both_plan_with_the_same_profile(
     assert f"costs: calibrated on this machine (cache {path}" in capsys.readouterr().out
     trained = json.loads((tmp_path / "run" / "plan.json").read_text())
     _cfg, problem = load_problem(args)
-    planned = plan_with_policy(problem, "megatrain", megatrain_k=2, lp_bound=False)
+    planned = plan(problem, PlannerOptions(policy="megatrain", megatrain_k=2, lp_bound=False))
     assert len(counted) == 1  # plan measured nothing
     assert problem.provenance["costs"] == trained["provenance"]["costs"]
     assert trained["provenance"]["costs_source"] == f"profile:{path}"

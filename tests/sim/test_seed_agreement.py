@@ -40,10 +40,10 @@ def _assert_agree(problem, plan) -> None:
 @pytest.mark.slow
 def test_nvme_heavy_milp_plan_simulates_within_one_percent_of_the_evaluator(nvme_problem):
     pytest.importorskip("highspy")
-    from lazytrain.planner.policy import plan_with_policy
+    from lazytrain.planner.policy import PlannerOptions, plan as plan_problem
 
-    plan = plan_with_policy(nvme_problem, "milp", backend="highs", time_limit_s=20,
-                            lp_bound=False)
+    plan = plan_problem(nvme_problem, PlannerOptions(policy="milp", backend="highs",
+                                                     time_limit_s=20, lp_bound=False))
     assert plan.tiers.count("nvme") >= 10  # the trigger: an NVMe-heavy plan
     _assert_agree(nvme_problem, plan)
     by_window: dict = {}

@@ -21,7 +21,8 @@ def arithmetic_model_dir(tmp_path_factory):
 def tiny_plan(arithmetic_model_dir, tmp_path_factory):
     """The MegaTrain K=2 plan for `tiny_config` (made once; no LP bound, to keep tests fast)."""
     from lazytrain.planner.build import problem_from_config
-    from lazytrain.planner.policy import plan_with_policy
+    from lazytrain.planner.policy import PlannerOptions, plan
 
     cfg = tiny_config(arithmetic_model_dir, tmp_path_factory.mktemp("plan_run"))
-    return plan_with_policy(problem_from_config(cfg), "megatrain", megatrain_k=2, lp_bound=False)
+    return plan(problem_from_config(cfg),
+                PlannerOptions(policy="megatrain", megatrain_k=2, lp_bound=False))

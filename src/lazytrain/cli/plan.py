@@ -17,9 +17,8 @@ import argparse
 import json
 import sys
 
+from lazytrain.planner.policy import BACKENDS, POLICIES
 from lazytrain.planner.solvers import solver_output_to_stderr
-
-POLICIES = ("milp", "heuristic", "megatrain", "ideal")
 
 FLAG_KEYS = {
     "model": "model.config_path",
@@ -78,7 +77,7 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_flags(p)
     p.add_argument("--policy", choices=POLICIES, help="planner.policy")
-    p.add_argument("--backend", choices=("auto", "scip", "highs"), help="planner.backend (MILP solver)")
+    p.add_argument("--backend", choices=BACKENDS, help="planner.backend (MILP solver)")
     p.add_argument("--time-limit-s", type=float, metavar="S", help="planner.time_limit_s")
     p.add_argument("--gap", type=float, metavar="G", help="planner.gap (relative, 0.005 = 0.5%%)")
     p.add_argument("--k-max", type=int, metavar="K", help="planner.k_max (longest segment)")
@@ -115,82 +114,69 @@ def config_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def load_problem(args: argparse.Namespace, *, base: dict | None = None):
-    """(RunConfig, PlanningProblem) from `--config` (or `base`, a resolved config dict) + flags.
+    """(RunConfig, PlanningProblem of the node) from `--config` (or `base`, a resolved config
+    dict) + flags.
 
-    The costs are resolved as `lazytrain train` resolves them
-    (`runtime.calibrate.resolve_profile`), except that a missing calibration is not measured
-    here: the problem is then analytic and its provenance `costs` note says that `lazytrain
-    train` (or `lazytrain profile --calibrate`) measures one. The returned config is the one
-    given (without the cache file as `hardware.profile_path`).
+    The costs are resolved as `lazytrain train` resolves them (`train.setup.costed_problem`),
+    except that a missing calibration is not measured here: the problem is then analytic and
+    its provenance `costs` note says that `lazytrain train` (or `lazytrain profile
+    --calibrate`) measures one. The returned config is the one given (without the cache file as
+    `hardware.profile_path`).
 
     Raises:
         ValueError, TypeError, FileNotFoundError: bad config (main prints one line, exit 2).
     """
     from lazytrain.config import apply_overrides, config_from_dict, load_config
-    from lazytrain.planner.build import problem_from_config
-    from lazytrain.runtime.calibrate import resolve_profile
+    from lazytrain.train.setup import costed_problem
 
     overrides = config_overrides(args)
     if args.config is None and base is not None:
         cfg = apply_overrides(config_from_dict(base), overrides)
     else:
         cfg = load_config(args.config, overrides)
-    costs = resolve_profile(cfg, log=lambda msg: print(msg, file=sys.stderr))
-    return cfg, costs.annotate(problem_from_config(costs.config))
+    return cfg, costed_problem(cfg, calibrate=False,
+                               log=lambda msg: print(msg, file=sys.stderr))
 
 
 def run(args: argparse.Namespace) -> int:
     """Plan, compare, print; write --out / --gantt. Returns the exit code."""
+    from lazytrain.planner import policy
     from lazytrain.planner.milp import PlanInfeasibleError
-    from lazytrain.planner.policy import plan_with_policy
+    from lazytrain.planner.topology import rank_problem, topology_of
+    from lazytrain.report.capacity import over_dram_hint
+    from lazytrain.report.plan_table import format_plan_table, plan_comparison
+    from lazytrain.runtime.calibrate import costs_line_of
 
-    cfg, problem = load_problem(args)
+    cfg, node_problem = load_problem(args)
     if getattr(args, "max_batch", False):
         return run_max_batch(args, cfg)
-    node_problem, topo = problem, None
-    if cfg.dist.nproc_per_node > 1 or cfg.dist.nnodes > 1:  # data parallel: one rank's share
-        from lazytrain.planner.build import hardware_from_config
-        from lazytrain.planner.topology import rank_problem, topology_from_config
-        topo = topology_from_config(cfg, hardware_from_config(cfg))
-        problem = rank_problem(problem, topo)
-    pc = cfg.planner
-    kw = dict(backend=pc.backend, time_limit_s=pc.time_limit_s, gap=pc.gap,
-              threads=pc.threads, seed=pc.seed, megatrain_k=pc.megatrain_k)
+    topo = topology_of(cfg)  # data parallel: one rank's share of the node
+    problem = node_problem if topo is None else rank_problem(node_problem, topo)
+    options = policy.planner_options(cfg.planner)
     try:
         with solver_output_to_stderr():
-            plan = plan_with_policy(problem, pc.policy, **kw)
-            baseline = plan if pc.policy == "megatrain" else plan_with_policy(
-                problem, "megatrain", lp_bound=False, **kw)
+            plan = policy.plan(problem, options)
+            report = plan_comparison(problem, plan, options)
     except PlanInfeasibleError as exc:
         if topo is not None:  # which rank counts do fit, and what to change
-            print(scaling_text(node_problem, topo, kw, policy=pc.policy))
-            exc = (f"{exc}; with {topo.nproc_per_node} ranks per node each gets "
-                   f"1/{topo.nproc_per_node} of the node's DRAM: use fewer ranks per node "
-                   f"(table above)" + ("" if topo.shared_masters else
-                                       " or dist.shared_masters: true (one master copy per "
-                                       "node)"))
+            print(scaling_text(node_problem, topo, options))
+            exc = f"{exc}; {over_dram_hint(topo)}"
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    from lazytrain.planner.heuristics import best_fixed_k_plan
-
-    report = build_report(problem, plan, baseline, policy=pc.policy, megatrain_k=pc.megatrain_k,
-                          best_fixed=best_fixed_k_plan(problem))
     if args.json:
-        from lazytrain.runtime.calibrate import costs_line_of
-
         print(costs_line_of(plan.provenance), file=sys.stderr)
         print(json.dumps({"plan": plan.to_dict(), "comparison": report}, indent=1))
     else:
-        print(format_table(problem, plan, report))
+        print(format_plan_table(problem, plan, report, costs_line=costs_line_of(plan.provenance)))
         if topo is not None:
-            print(scaling_text(node_problem, topo, kw, policy=pc.policy))
+            print(scaling_text(node_problem, topo, options))
     write_outputs(problem, plan, out=args.out, gantt=args.gantt)
     violations = plan.provenance.get("violations") or []
-    if violations and pc.policy != "ideal":
+    if violations and options.policy != "ideal":
         from lazytrain.planner.feasibility import shortfall_fix
 
         fixes = [shortfall_fix(v.split()[0], problem) for v in violations]  # "HBM short by ..."
-        print(f"error: the {pc.policy} plan breaks {len(violations)} budget(s): "
+        print(f"error: the {options.policy} plan breaks {len(violations)} budget(s): "
               f"{'; '.join(violations)}; {'; '.join(dict.fromkeys(fixes))}", file=sys.stderr)
         return 1
     return 0
@@ -200,8 +186,11 @@ def run_max_batch(args: argparse.Namespace, cfg) -> int:
     """`--max-batch`: search the largest feasible micro-batch (planner/capacity.py), print the
     table or `--json`. Exit 1 when not even one sequence fits."""
     from lazytrain.config import apply_overrides
-    from lazytrain.planner.build import hardware_from_config, problem_from_config
-    from lazytrain.planner.capacity import format_batch_table, max_batch_search
+    from lazytrain.planner.build import problem_from_config
+    from lazytrain.planner.capacity import max_batch_search
+    from lazytrain.planner.policy import planner_options
+    from lazytrain.planner.topology import rank_problem, topology_of
+    from lazytrain.report.capacity import format_batch_table
 
     try:
         accums = ([int(x) for x in args.grad_accums.split(",")] if args.grad_accums
@@ -209,24 +198,15 @@ def run_max_batch(args: argparse.Namespace, cfg) -> int:
     except ValueError:
         raise ValueError(f"--grad-accums: {args.grad_accums!r} is not a comma-separated list "
                          f"of integers; e.g. 1,4") from None
-    topo = None
-    if cfg.dist.nproc_per_node > 1 or cfg.dist.nnodes > 1:
-        from lazytrain.planner.topology import topology_from_config
-        topo = topology_from_config(cfg, hardware_from_config(cfg))
+    topo = topology_of(cfg)
 
     def problem_at(m: int, g: int):
         problem = problem_from_config(apply_overrides(
             cfg, [f"train.micro_batch={m}", f"train.grad_accum={g}"]))
-        if topo is not None:
-            from lazytrain.planner.topology import rank_problem
-            problem = rank_problem(problem, topo)
-        return problem
+        return problem if topo is None else rank_problem(problem, topo)
 
-    pc = cfg.planner
     with solver_output_to_stderr():
-        search = max_batch_search(problem_at, policy=pc.policy, grad_accums=accums,
-                                  backend=pc.backend, time_limit_s=pc.time_limit_s, gap=pc.gap,
-                                  threads=pc.threads, seed=pc.seed)
+        search = max_batch_search(problem_at, planner_options(cfg.planner), grad_accums=accums)
     if args.json:
         print(json.dumps({"max_batch": search.to_dict()}, indent=1))
     else:
@@ -240,18 +220,18 @@ def run_max_batch(args: argparse.Namespace, cfg) -> int:
     return 0
 
 
-def scaling_text(node_problem, topo, kw: dict, *, policy: str) -> str:
-    """The predicted scaling table (`lazytrain.planner.topology`); MILP is replaced by the
-    heuristic there (four solves would take minutes)."""
-    from lazytrain.planner.topology import format_scaling_table, scaling_table
+def scaling_text(node_problem, topo, options) -> str:
+    """The predicted scaling table (`planner.topology.scaling_table`, text from
+    `report.capacity`); MILP is replaced by the heuristic there (four solves would take
+    minutes)."""
+    from lazytrain.planner.topology import scaling_table
+    from lazytrain.report.capacity import scaling_text as text
 
-    policy = "heuristic" if policy == "milp" else policy
+    if options.policy == "milp":
+        options = options.replace(policy="heuristic")
     with solver_output_to_stderr():
-        rows = scaling_table(node_problem, topo, policy=policy, **kw)
-    masters = ("one shared master copy per node" if topo.shared_masters
-               else "a master copy per rank (dist.shared_masters: false)")
-    return (f"scaling (policy {policy}; per-rank plan + exposed gradient all-reduce; "
-            f"{masters}; tokens/s of the whole node):\n" + format_scaling_table(rows))
+        rows = scaling_table(node_problem, topo, options)
+    return text(rows, topo, policy=options.policy)
 
 
 def write_outputs(problem, plan, *, out: str | None, gantt: str | None) -> None:
@@ -265,178 +245,3 @@ def write_outputs(problem, plan, *, out: str | None, gantt: str | None) -> None:
         title = f"{problem.name}: simulated micro-batch"
         print(f"wrote {render_sim_gantt(simulate(problem, plan), gantt, title=title)}",
               file=sys.stderr)
-
-
-# ---------------------------------------------------------------------------------------------
-# Report (plain data for --json, table for humans)
-
-
-def throughput(problem, step_ms: float | None) -> dict:
-    """Model TFLOPS and tokens/s of a step time (None when unknown)."""
-    if not step_ms:
-        return {"step_ms": step_ms, "model_tflops": None, "tokens_per_s": None}
-    s = step_ms / 1e3
-    return {"step_ms": step_ms,
-            "model_tflops": problem.model_flops_per_micro_batch * problem.grad_accum / s / 1e12,
-            "tokens_per_s": problem.tokens_per_micro_batch * problem.grad_accum / s}
-
-
-def _row(problem, plan) -> dict:
-    pr = plan.predicted
-    row = throughput(problem, pr.step_ms if pr else None)
-    if pr:
-        row.update(model_tflops=pr.model_tflops, tokens_per_s=pr.tokens_per_s,
-                   peak_hbm_bytes=pr.peak_hbm_bytes)
-    return row
-
-
-def build_report(problem, plan, baseline, *, policy: str, megatrain_k: int,
-                 best_fixed=None) -> dict:
-    """Rows for the chosen policy, the MegaTrain rule (the configured K, the paper's 4 by
-    default) and the best fixed-K rule that fits, the bounds, plus the simulator check.
-
-    `speedup_vs_megatrain` is against the faster of the two rules among those that fit the
-    budgets (`baseline` names it); None when neither fits.
-    """
-    from lazytrain.planner.heuristics import k_of
-    from lazytrain.sim import compare, simulate
-
-    rows = {policy: _row(problem, plan)}
-    paper = f"megatrain (K={megatrain_k})"
-    rows[paper] = _row(problem, baseline)
-    fits = {} if baseline.provenance.get("violations") else {paper: baseline}
-    if baseline.provenance.get("violations"):
-        rows[paper]["over_budget"] = True
-    if best_fixed is None:
-        rows["best fixed K (none fits)"] = throughput(problem, None)
-    else:
-        best_label = f"best fixed K (K={k_of(best_fixed)})"
-        rows[best_label] = _row(problem, best_fixed)
-        fits[best_label] = best_fixed
-    b = plan.bounds
-    for label, value in (("LP bound", b.lp_step_ms), ("memory bound", b.memory_step_ms),
-                         ("roofline (inf HBM)", b.roofline_step_ms),
-                         ("ideal (inf HBM)", b.ideal_step_ms)):
-        if value is not None:
-            rows[label] = throughput(problem, value)
-    ours = rows[policy]["step_ms"]
-    strongest = min(fits, key=lambda k: fits[k].predicted.step_ms) if fits else None
-    base = rows[strongest]["step_ms"] if strongest else None
-    sim = simulate(problem, plan)
-    return {
-        "rows": rows,
-        "baseline": strongest,
-        "best_fixed_k": None if best_fixed is None else k_of(best_fixed),
-        "speedup_vs_megatrain": base / ours if ours and base else None,
-        "solver": None if plan.solver is None else _asdict(plan.solver),
-        "bounds": _asdict(b),
-        "simulator": {"step_ms": sim.step_ms, "disagreements": compare(problem, plan)},
-        "violations": list(plan.provenance.get("violations") or []),
-    }
-
-
-def _asdict(obj) -> dict:
-    from dataclasses import asdict
-
-    return asdict(obj)
-
-
-def ranges(indices) -> str:
-    """Compact index list: [0, 1, 2, 5, 7, 8] -> '0-2,5,7-8' ('-' when empty)."""
-    idx = sorted(indices)
-    if not idx:
-        return "-"
-    parts, lo, prev = [], idx[0], idx[0]
-    for i in idx[1:] + [None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(lo) if lo == prev else f"{lo}-{prev}")
-        if i is not None:
-            lo = prev = i
-    return ",".join(parts)
-
-
-def recomputed_blocks(plan) -> list[int]:
-    """Blocks re-run in backward before their segment's last block: s..e-2 of each segment."""
-    return [k for s, e in plan.segments() for k in range(s, e - 1)]
-
-
-def format_table(problem, plan, report: dict) -> str:
-    """The human-readable plan summary (stdout)."""
-    from lazytrain.planner.plan import TIERS
-
-    L, prov = plan.num_blocks, plan.provenance
-    source = ((prov.get("config") or {}).get("model") or {}).get("config_path")
-    model = prov.get('model', problem.name) + (f" ({source})" if source else "")
-    lines = [f"plan for {model} on {prov.get('hardware', '?')}: "
-             f"{L} blocks, seq {prov.get('seq_len', '?')}, micro-batch "
-             f"{prov.get('micro_batch', '?')}, grad-accum {problem.grad_accum}"]
-    from lazytrain.runtime.calibrate import costs_line_of
-
-    lines.append(costs_line_of(prov))
-    s = report["solver"]
-    if s:
-        gap = "-" if s.get("gap") is None else f"{100 * s['gap']:.2f}%"
-        lines.append(f"solver: {s['backend']} ({s['status']}), {s['solve_s']:.2f} s, gap {gap}, "
-                     f"{s['num_vars']} vars, {s['num_rows']} rows")
-    lines.append("")
-    lines.append(f"boundaries ({L + 1}): " + "  ".join(
-        f"{t} {plan.tiers.count(t)}" for t in TIERS))
-    for t in TIERS:
-        lines.append(f"  {t:<10} {ranges(i for i, x in enumerate(plan.tiers) if x == t)}")
-    rec = recomputed_blocks(plan)
-    lines.append(f"recomputed blocks ({len(rec)}): {ranges(rec)}")
-    lines.append(f"keep-internals ({len(plan.keep_internals)}): {ranges(plan.keep_internals)}")
-    lines.append(f"resident weights ({len(plan.resident_weights)}): "
-                 f"{ranges(plan.resident_weights)}")
-    frac = plan.predicted.q8_param_fraction if plan.predicted else 0.0
-    lines.append(f"8-bit Adam states ({len(plan.q8_blocks)} blocks, {100 * frac:.2f}% of "
-                 f"parameters): {ranges(plan.q8_blocks)}")
-    lines.append("")
-    lines += _perf_table(report)
-    lines += _check_lines(report)
-    return "\n".join(lines)
-
-
-def _fmt(v, spec: str) -> str:
-    """`format(v, spec)`, or "-" right-aligned to the spec's width when `v` is None."""
-    return "-".rjust(int(spec.split(".")[0])) if v is None else format(v, spec)
-
-
-def _perf_table(report: dict) -> list[str]:
-    head = f"{'':<24} {'step ms':>12} {'model TFLOPS':>13} {'tokens/s':>11} {'peak HBM GB':>12}"
-    out = [head]
-    for label, r in report["rows"].items():
-        hbm = r.get("peak_hbm_bytes")
-        out.append(f"{label:<24} {_fmt(r['step_ms'], '12.1f')} {_fmt(r['model_tflops'], '13.1f')}"
-                   f" {_fmt(r['tokens_per_s'], '11.1f')} "
-                   f"{_fmt(None if hbm is None else hbm / 1e9, '12.2f')}"
-                   + ("  over budget" if r.get("over_budget") else ""))
-    return out
-
-
-BOUND_NOTES = (
-    "LP bound       the MILP relaxed, within every budget",
-    "memory bound   no recompute; keep-internals only as far as HBM holds them",
-    "(inf HBM)      every block kept, unlimited HBM: unreachable when it does not fit",
-)
-"""One line per bound row of the table (printed under it)."""
-
-
-def _check_lines(report: dict) -> list[str]:
-    out = [f"  {n}" for n in BOUND_NOTES] + [""]
-    if report["speedup_vs_megatrain"]:
-        out.append(f"speedup over the MegaTrain rule: {report['speedup_vs_megatrain']:.3f}x "
-                   f"(against the faster rule that fits: {report['baseline']})")
-    else:
-        out.append("speedup over the MegaTrain rule: - (no fixed-K rule fits the budgets)")
-    sim = report["simulator"]
-    n = len(sim["disagreements"])
-    out.append(f"event simulator: step {sim['step_ms']:.1f} ms; "
-               + ("agrees with the evaluator" if not n else f"{n} disagreement(s):"))
-    out += [f"  {d}" for d in sim["disagreements"][:8]]
-    if n > 8:
-        out.append(f"  ... {n - 8} more (lazytrain simulate plan.json)")
-    out += [f"violation: {v}" for v in report["violations"]]
-    return out

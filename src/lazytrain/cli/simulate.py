@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the plan, rebuild the problem, print the comparison. Returns the exit code."""
     from lazytrain.planner.evaluate import evaluate
     from lazytrain.planner.plan import Plan
+    from lazytrain.report.simulation import format_simulation, simulation_json
     from lazytrain.sim import SimOptions, compare, simulate
 
     plan = Plan.load(args.plan).validate()
@@ -73,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
               f"it was planned for other costs or by another planner version; re-plan with "
               f"`lazytrain plan`", file=sys.stderr)
     if args.json:
-        print(json.dumps(_as_json(ev, sim, diffs), indent=1))
+        print(json.dumps(simulation_json(ev, sim, diffs), indent=1))
     else:
-        print(format_comparison(problem, ev, sim, diffs))
+        print(format_simulation(problem, ev, sim, diffs))
     if args.gantt:
         from lazytrain.report.gantt import render_sim_gantt
 
@@ -85,43 +86,3 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
-
-
-def _as_json(ev, sim, diffs: list[str]) -> dict:
-    return {
-        "evaluator": {"step_ms": ev.step_ms, "feasible": ev.feasible,
-                      "violations": list(ev.violations)},
-        "simulator": {"step_ms": sim.step_ms},
-        "windows": [{"name": w.name, "evaluator_ms": w.time_ms,
-                     "simulator_ms": sim.window(w.name).time_ms,
-                     "evaluator_exposed_ms": w.exposed_ms,
-                     "simulator_exposed_ms": sim.window(w.name).exposed_ms,
-                     "simulator_exposed_by_channel": sim.window(w.name).exposed_by_channel}
-                    for w in ev.windows],
-        "disagreements": diffs,
-    }
-
-
-def format_comparison(problem, ev, sim, diffs: list[str]) -> str:
-    """Per-window table (both models, exposed time, the simulator's slowest channel) + totals."""
-    lines = [f"{problem.name}: {problem.num_blocks} blocks, "
-             f"{'GPU (copies overlap compute)' if problem.copies_overlap_compute else 'CPU'}",
-             f"{'window':<7} {'eval ms':>10} {'sim ms':>10} {'diff ms':>9} {'eval exp':>9} "
-             f"{'sim exp':>9}  sim exposed by"]
-    for w in ev.windows:
-        s = sim.window(w.name)
-        chan = ", ".join(f"{k} {v:.2f}" for k, v in s.exposed_by_channel.items() if v > 1e-6)
-        if s.stall_ms > 1e-6:
-            chan = f"compute stall {s.stall_ms:.2f}" + (f", {chan}" if chan else "")
-        lines.append(f"{w.name:<7} {w.time_ms:10.3f} {s.time_ms:10.3f} "
-                     f"{s.time_ms - w.time_ms:+9.3f} {w.exposed_ms:9.3f} {s.exposed_ms:9.3f}  "
-                     f"{chan or '-'}")
-    lines.append(f"{'step':<7} {ev.step_ms:10.3f} {sim.step_ms:10.3f} "
-                 f"{sim.step_ms - ev.step_ms:+9.3f}")
-    if ev.violations:
-        lines += [f"violation: {v}" for v in ev.violations]
-    lines.append("")
-    lines.append("agreement: the event simulator matches the evaluator" if not diffs
-                 else f"{len(diffs)} disagreement(s):")
-    lines += [f"  {d}" for d in diffs]
-    return "\n".join(lines)

@@ -17,7 +17,8 @@ between the last feasible and the first infeasible one. This assumes feasibility
 the micro-batch (every byte term grows with it); with the heuristic policy it is the heuristic's
 feasibility, which can be stricter than the MILP's.
 
-Knows no torch and no solver: plans through `policy.plan_with_policy`.
+Knows no torch and no solver: plans through `policy.plan`. The table's text is
+`report/capacity.py`'s.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Callable
 
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.planner.plan import Plan
+from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
 
 MAX_MICRO_BATCH = 1 << 16
@@ -85,28 +87,30 @@ class BatchSearch:
                 "probes": list(self.probes), "rows": [asdict(r) for r in self.rows]}
 
 
-def plan_fits(problem: PlanningProblem, policy: str, **plan_kw) -> tuple[Plan | None, str | None]:
-    """(plan, None) when `policy` finds a plan within every budget, else (None, violation).
+def plan_fits(problem: PlanningProblem, options: PlannerOptions
+              ) -> tuple[Plan | None, str | None]:
+    """(plan, None) when `options.policy` finds a plan within every budget, else
+    (None, violation).
 
     Args:
         problem: the planning problem at one batch shape.
-        policy: "milp" or "heuristic" (planner policies that respect budgets).
-        plan_kw: passed to `plan_with_policy` (backend, time_limit_s, gap, threads, seed).
+        options: planner options; policy "milp" or "heuristic" (those that respect budgets).
+            No LP bound is computed.
     """
     from lazytrain.planner.milp import PlanInfeasibleError
-    from lazytrain.planner.policy import plan_with_policy
+    from lazytrain.planner.policy import plan as plan_problem
 
     try:
-        plan = plan_with_policy(problem, policy, lp_bound=False, **plan_kw)
+        plan = plan_problem(problem, options.replace(lp_bound=False))
     except PlanInfeasibleError as exc:
         return None, str(exc)
     violations = plan.provenance.get("violations") or []
     return (None, violations[0]) if violations else (plan, None)
 
 
-def max_micro_batch(problem_at: ProblemAt, *, policy: str = "heuristic", grad_accum: int = 1,
-                    **plan_kw) -> tuple[int, dict[int, tuple[Plan | None, str | None]]]:
-    """The largest micro-batch with a feasible plan: doubling, then bisection.
+def max_micro_batch(problem_at: ProblemAt, options: PlannerOptions, *, grad_accum: int = 1
+                    ) -> tuple[int, dict[int, tuple[Plan | None, str | None]]]:
+    """The largest micro-batch with a feasible plan under `options`: doubling, then bisection.
 
     Returns:
         (max micro-batch or 0, {probed micro-batch: plan_fits result}).
@@ -115,7 +119,7 @@ def max_micro_batch(problem_at: ProblemAt, *, policy: str = "heuristic", grad_ac
 
     def fits(m: int) -> bool:
         if m not in seen:
-            seen[m] = plan_fits(problem_at(m, grad_accum), policy, **plan_kw)
+            seen[m] = plan_fits(problem_at(m, grad_accum), options)
         return seen[m][0] is not None
 
     if not fits(1):
@@ -149,16 +153,16 @@ def _row(problem: PlanningProblem, plan: Plan | None, violation: str | None, m: 
                     violation=(ev.violations[0] if ev.violations else None))
 
 
-def max_batch_search(problem_at: ProblemAt, *, policy: str = "heuristic",
-                     grad_accums=(1,), **plan_kw) -> BatchSearch:
+def max_batch_search(problem_at: ProblemAt, options: PlannerOptions | None = None, *,
+                     grad_accums=(1,)) -> BatchSearch:
     """The largest feasible batch and the predicted throughput of candidate batches.
 
     Args:
         problem_at: builds the problem at (micro_batch, grad_accum) (e.g. from a run config).
-        policy: "heuristic" (fast) or "milp" (each probe is a solve).
+        options: planner options (None: `PlannerOptions(policy="heuristic")`); policy
+            "heuristic" (fast) or "milp" (each probe is a solve).
         grad_accums: accumulation candidates, each >= 1; the table has every micro-batch
             candidate at each of them.
-        plan_kw: solver options for `plan_with_policy`.
 
     Returns:
         `BatchSearch` whose rows cover micro-batches 1, 2, 4, ... up to the maximum, the
@@ -167,42 +171,22 @@ def max_batch_search(problem_at: ProblemAt, *, policy: str = "heuristic",
     Raises:
         ValueError: a grad_accum candidate < 1 or a policy that ignores budgets.
     """
+    options = options or PlannerOptions(policy="heuristic")
+    policy = options.policy
     if policy not in ("heuristic", "milp"):
         raise ValueError(f"planner.policy: --max-batch needs milp or heuristic; got {policy!r}")
     accums = tuple(sorted(set(int(g) for g in grad_accums)))
     if not accums or accums[0] < 1:
         raise ValueError(f"grad_accum candidates must be >= 1; got {grad_accums!r}")
-    best, seen = max_micro_batch(problem_at, policy=policy, grad_accum=accums[0], **plan_kw)
+    best, seen = max_micro_batch(problem_at, options, grad_accum=accums[0])
     sizes = sorted({1 << k for k in range(best.bit_length()) if 1 << k <= best} | (
         {best} if best else set()) | ({best + 1} if best < MAX_MICRO_BATCH else set()))
     rows = []
     for m in sizes:
         if m not in seen:
-            seen[m] = plan_fits(problem_at(m, accums[0]), policy, **plan_kw)
+            seen[m] = plan_fits(problem_at(m, accums[0]), options)
         plan, why = seen[m]
         rows += [_row(problem_at(m, g), plan, why, m, g) for g in accums]
     return BatchSearch(max_micro_batch=best, grad_accums=accums,
                        max_global_batch=best * accums[-1], policy=policy, rows=tuple(rows),
                        probes=tuple(seen))
-
-
-def format_batch_table(search: BatchSearch, *, title: str = "") -> str:
-    """The human-readable table (stdout of `lazytrain plan --max-batch`)."""
-    lines = [title] if title else []
-    lines.append(f"largest micro-batch that fits: {search.max_micro_batch} "
-                 f"(policy {search.policy}); largest global batch "
-                 f"{search.max_global_batch} = {search.max_micro_batch} x "
-                 f"{search.grad_accums[-1]}")
-    lines.append(f"{'micro':>6} {'accum':>6} {'global':>7} {'fits':>5} {'step ms':>11} "
-                 f"{'tokens/s':>10} {'TFLOPS':>8} {'peak HBM GB':>12} {'DRAM GB':>8} "
-                 f"{'8-bit %':>8}")
-    for r in search.rows:
-        if not r.feasible:
-            lines.append(f"{r.micro_batch:>6} {r.grad_accum:>6} {r.global_batch:>7} "
-                         f"{'no':>5}  {r.violation or ''}")
-            continue
-        lines.append(f"{r.micro_batch:>6} {r.grad_accum:>6} {r.global_batch:>7} {'yes':>5} "
-                     f"{r.step_ms:>11.1f} {r.tokens_per_s:>10.1f} {r.model_tflops:>8.1f} "
-                     f"{r.peak_hbm_bytes / 1e9:>12.2f} {r.dram_bytes / 1e9:>8.1f} "
-                     f"{100 * r.q8_param_fraction:>8.2f}")
-    return "\n".join(lines)

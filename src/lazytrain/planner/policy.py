@@ -1,8 +1,18 @@
-"""One entry point from a planning problem to a Plan: `plan_with_policy` (CLI and train use it).
+"""The one planning entry: `plan(problem, options, warm_start=None) -> Plan`.
 
-Dispatches on the planner policy (milp | heuristic | megatrain | ideal), fills the plan's
-`bounds` (LP relaxation, roofline, ideal) and, for milp, warm-starts the solver from the
-heuristic and ships the better of {solver incumbent, heuristic} by predicted step time.
+Every caller plans through `plan`: `train/setup.make_plan` (the trainer, each rank of a
+data-parallel job), `train/replan.resolve` (online re-planning), `lazytrain plan` (the CLI),
+the scaling table (`planner/topology.py`) and the batch search (`planner/capacity.py`). The
+solver options come from the config in one function, `planner_options`, whose defaults are the
+config's own (`config.PlannerConfig`: backend "auto", 10 s, gap 0.5%, 1 thread, seed 0), so
+the same config plans the same way from every caller.
+
+`plan` dispatches on the policy (milp | heuristic | megatrain | ideal), fills the plan's
+`bounds` (LP relaxation when asked, memory bound, roofline, ideal) and, for milp, warm-starts
+the solver from the best start it has and ships the better of {solver incumbent, start} by
+predicted step time. The start is the heuristic plan, or `warm_start`'s decisions re-evaluated
+under `problem` when those are predicted faster and fit (a re-plan starts from the running
+plan); policy heuristic returns that start.
 
 Importing this module loads no solver; `milp`/`solvers` are imported only when a policy needs
 them. Knows no torch.
@@ -11,65 +21,139 @@ them. Knows no torch.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
-from lazytrain.planner.plan import Bounds, Plan
+from lazytrain.config import PlannerConfig
+from lazytrain.planner.plan import Bounds, Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 
 POLICIES = ("milp", "heuristic", "megatrain", "ideal")
 """Planner policies (config `planner.policy`)."""
+BACKENDS = ("auto", "highs", "scip")
+"""MILP backends (config `planner.backend`)."""
+HEURISTIC_TIME_SHARE = 0.1
+"""The heuristic start gets this share of `time_limit_s` (at least HEURISTIC_MIN_S): the MILP
+improves on it, so it only needs a good incumbent."""
+HEURISTIC_MIN_S = 0.5
+"""Least time budget of the heuristic start, s."""
+
+_CONFIG_DEFAULTS = PlannerConfig()
 
 
-def plan_with_policy(problem: PlanningProblem, policy: str = "milp", *, backend: str = "auto",
-                     time_limit_s: float = 10.0, gap: float = 0.005, threads: int = 1,
-                     seed: int = 0, megatrain_k: int = 4, lp_bound: bool = True) -> Plan:
-    """Plan with one policy and attach the bounds.
+@dataclass(kw_only=True, frozen=True, slots=True)
+class PlannerOptions:
+    """How `plan` plans; the defaults are `config.PlannerConfig`'s (`planner_options` builds
+    one from a config)."""
+
+    policy: str = _CONFIG_DEFAULTS.policy
+    """milp | heuristic | megatrain | ideal (`POLICIES`)."""
+    backend: str = _CONFIG_DEFAULTS.backend
+    """MILP solver: auto | highs | scip (milp only; the LP bound uses HiGHS when installed)."""
+    time_limit_s: float = _CONFIG_DEFAULTS.time_limit_s
+    """Solver wall-clock limit, s; the heuristic start gets HEURISTIC_TIME_SHARE of it."""
+    gap: float = _CONFIG_DEFAULTS.gap
+    """Relative MILP gap at which the solver stops."""
+    threads: int = _CONFIG_DEFAULTS.threads
+    """Solver threads (1: deterministic plans)."""
+    seed: int = _CONFIG_DEFAULTS.seed
+    """Solver random seed."""
+    megatrain_k: int = _CONFIG_DEFAULTS.megatrain_k
+    """K of the MegaTrain rule (policy megatrain)."""
+    lp_bound: bool = True
+    """Compute the LP-relaxation bound (one more solve; needs a solver package). The scaling
+    table, the batch search and re-plans turn it off."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"planner.policy must be one of {POLICIES}; got {self.policy!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"planner.backend must be one of {BACKENDS}; got "
+                             f"{self.backend!r}")
+
+    def replace(self, **changes) -> "PlannerOptions":
+        """A copy with `changes` (e.g. `policy="heuristic", lp_bound=False`)."""
+        return dataclasses.replace(self, **changes)
+
+
+def planner_options(planner: PlannerConfig) -> PlannerOptions:
+    """The `PlannerOptions` of a config's `planner:` section (the only place they are read).
+
+    Args:
+        planner: `RunConfig.planner`.
+    """
+    return PlannerOptions(policy=planner.policy, backend=planner.backend,
+                          time_limit_s=planner.time_limit_s, gap=planner.gap,
+                          threads=planner.threads, seed=planner.seed,
+                          megatrain_k=planner.megatrain_k)
+
+
+def plan(problem: PlanningProblem, options: PlannerOptions | None = None,
+         warm_start: Plan | None = None) -> Plan:
+    """Plan `problem` with `options.policy` and attach the bounds (module docstring).
 
     Args:
         problem: the planning problem.
-        policy: "milp" (solver, warm-started by the heuristic), "heuristic", "megatrain"
-            (every megatrain_k-th boundary in HBM, the rest recomputed), or "ideal"
-            (infinite HBM; a reference, usually over budget).
-        backend: "auto", "highs" or "scip" (milp only; the LP bound always uses HiGHS when installed).
-        time_limit_s: solver limit, s; the heuristic gets a tenth of it.
-        gap: relative MILP gap at which the solver stops.
-        threads, seed: solver threads and seed (deterministic by default).
-        megatrain_k: K of the MegaTrain rule.
-        lp_bound: compute the LP-relaxation bound (needs a solver package).
+        options: policy and solver options (None: `PlannerOptions()`, the config's defaults).
+        warm_start: a plan whose decisions may start the search (milp, heuristic): used when,
+            re-evaluated under `problem`, it fits and beats the heuristic plan. megatrain and
+            ideal ignore it (they are rules).
 
     Returns:
-        Plan with `bounds` filled.
+        Plan with `bounds` filled (`lp_step_ms` None when `options.lp_bound` is False).
 
     Raises:
-        ValueError: unknown policy or backend.
         PlanInfeasibleError: (milp) no plan fits the HBM, DRAM or NVMe budget.
     """
     from lazytrain.planner import heuristics
 
-    if policy not in POLICIES:
-        raise ValueError(f"planner.policy must be one of {POLICIES}; got {policy!r}")
-    bounds = _bounds(problem, lp=lp_bound)
-    if policy == "megatrain":
-        plan = heuristics.megatrain_plan(problem, k=megatrain_k)
-    elif policy == "ideal":
-        plan = heuristics.ideal_plan(problem)
-    else:
-        plan = heuristics.heuristic_plan(problem, time_budget_s=max(0.5, time_limit_s / 10))
-        if policy == "milp":
-            from lazytrain.planner.milp import gap_against_best_bound, solve_milp
+    opts = options or PlannerOptions()
+    bounds = _bounds(problem, lp=opts.lp_bound)
+    if opts.policy == "megatrain":
+        return dataclasses.replace(heuristics.megatrain_plan(problem, k=opts.megatrain_k),
+                                   bounds=bounds)
+    if opts.policy == "ideal":
+        return dataclasses.replace(heuristics.ideal_plan(problem), bounds=bounds)
+    start = _start(problem, opts, warm_start)
+    if opts.policy == "heuristic":
+        return dataclasses.replace(start, bounds=bounds)
+    from lazytrain.planner.milp import gap_against_best_bound, solve_milp
 
-            solved = solve_milp(problem, backend=backend, time_limit_s=time_limit_s, gap=gap,
-                                threads=threads, seed=seed, warm_start=plan, bounds=bounds)
-            if plan.predicted is None or solved.predicted.step_ms <= plan.predicted.step_ms \
-                    or "violations" in plan.provenance:
-                plan = solved
-            else:  # the heuristic's step against the same best bound the solver's gap used
-                g = solved.solver.gap
-                best = (solved.predicted.step_ms / (1 + g)) if g is not None else None
-                plan = dataclasses.replace(plan, solver=dataclasses.replace(
-                    solved.solver, status=f"{solved.solver.status}; heuristic kept",
-                    gap=gap_against_best_bound(plan.predicted.step_ms, best,
-                                               bounds.lp_step_ms)))
-    return dataclasses.replace(plan, bounds=bounds)
+    solved = solve_milp(problem, backend=opts.backend, time_limit_s=opts.time_limit_s,
+                        gap=opts.gap, threads=opts.threads, seed=opts.seed, warm_start=start,
+                        bounds=bounds)
+    if start.predicted is None or solved.predicted.step_ms <= start.predicted.step_ms \
+            or "violations" in start.provenance:
+        return dataclasses.replace(solved, bounds=bounds)
+    # the start's step against the same best bound the solver's gap used
+    g = solved.solver.gap
+    best = (solved.predicted.step_ms / (1 + g)) if g is not None else None
+    record = dataclasses.replace(
+        solved.solver, status=f"{solved.solver.status}; {_kept(start)} kept",
+        gap=gap_against_best_bound(start.predicted.step_ms, best, bounds.lp_step_ms))
+    return dataclasses.replace(start, solver=record, bounds=bounds)
+
+
+def _start(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | None) -> Plan:
+    """The heuristic plan, or `warm_start` re-evaluated under `problem` when it fits and is
+    predicted faster (or the heuristic's plan breaks a budget)."""
+    from lazytrain.planner import heuristics
+    from lazytrain.planner.evaluate import Decisions, build_plan
+
+    start = heuristics.heuristic_plan(
+        problem, time_budget_s=max(HEURISTIC_MIN_S, opts.time_limit_s * HEURISTIC_TIME_SHARE))
+    if warm_start is None:
+        return start
+    again = build_plan(problem, Decisions.from_plan(warm_start),
+                       solver=SolveRecord(backend="manual", status="warm start re-evaluated"))
+    if "violations" not in again.provenance and (
+            "violations" in start.provenance or again.predicted.step_ms < start.predicted.step_ms):
+        return again
+    return start
+
+
+def _kept(start: Plan) -> str:
+    return "warm start" if start.solver is not None and start.solver.backend == "manual" \
+        else "heuristic"
 
 
 def _bounds(problem: PlanningProblem, *, lp: bool) -> Bounds:

@@ -49,7 +49,8 @@ reduction ends; the ends' after the backward. What runs past the end of the back
 
     step_ms(N) = plan.step_ms(per-rank problem) + exposed_allreduce_ms      (ms)
 
-Imports only the planner's types (no torch; the solver only inside `scaling_table`).
+Imports only the planner's types (no torch; the solver only inside `scaling_table`). The table's
+text is `report/capacity.py`'s.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
+from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
 
 MOMENT_BYTES_PER_PARAM = 8.0
@@ -120,6 +122,20 @@ def topology_from_config(cfg, hardware) -> Topology:
                                                hardware.nvme_devices_per_node),
                     allreduce_bytes_per_s=cfg.dist.allreduce_gb_per_s * 1e9,
                     shared_masters=cfg.dist.shared_masters)
+
+
+def topology_of(cfg) -> Topology | None:
+    """The topology of a data-parallel `cfg` (`topology_from_config` on its hardware), or None
+    for one process (one rank on one node: nothing is shared).
+
+    Raises:
+        ValueError: more ranks than the node's GPUs, or an implausible hardware figure.
+    """
+    if cfg.dist.nproc_per_node == 1 and cfg.dist.nnodes == 1:
+        return None
+    from lazytrain.planner.build import hardware_from_config
+
+    return topology_from_config(cfg, hardware_from_config(cfg))
 
 
 def assign_owners(numels: dict[str, int], world_size: int) -> dict[str, int]:
@@ -259,19 +275,22 @@ class ScalingRow:
     """Why no plan fits, when step_ms is None."""
 
 
-def scaling_table(problem: PlanningProblem, topo: Topology, *, policy: str = "heuristic",
-                  counts=SCALING_COUNTS, **plan_kwargs) -> list[ScalingRow]:
+def scaling_table(problem: PlanningProblem, topo: Topology, options: PlannerOptions | None = None,
+                  *, counts=SCALING_COUNTS) -> list[ScalingRow]:
     """One `ScalingRow` per rank count in `counts` (<= gpus_per_node), planning each per-rank
-    problem with `policy` (`lazytrain.planner.policy.plan_with_policy`, no LP bound).
+    problem through `planner.policy.plan` (no LP bound).
 
     Args:
         problem: the node-level problem (the hardware's node DRAM and NVMe).
         topo: the topology; its nproc_per_node is replaced by each count.
-        policy, plan_kwargs: as `plan_with_policy`.
+        options: the planner options (None: `PlannerOptions(policy="heuristic")`; a MILP per
+            rank count takes a solve each).
+        counts: rank counts per node to predict.
     """
     from lazytrain.planner.milp import PlanInfeasibleError
-    from lazytrain.planner.policy import plan_with_policy
+    from lazytrain.planner.policy import plan
 
+    opts = (options or PlannerOptions(policy="heuristic")).replace(lp_bound=False)
     rows = []
     for n in counts:
         if n > topo.gpus_per_node:
@@ -279,40 +298,22 @@ def scaling_table(problem: PlanningProblem, topo: Topology, *, policy: str = "he
         t = topo.with_ranks(n)
         rp = rank_problem(problem, t)
         try:
-            plan = plan_with_policy(rp, policy, lp_bound=False, **plan_kwargs)
+            ranked = plan(rp, opts)
         except PlanInfeasibleError as exc:  # a budget cannot be met at this rank count
             rows.append(ScalingRow(ranks=n, step_ms=None, tokens_per_s=None,
                                    dram_budget_bytes=rp.dram_bytes, note=str(exc)[:160]))
             continue
-        violations = plan.provenance.get("violations") or []
+        violations = ranked.provenance.get("violations") or []
         if violations:  # heuristics return their best plan even when it breaks a budget
             rows.append(ScalingRow(ranks=n, step_ms=None, tokens_per_s=None,
-                                   dram_per_rank_bytes=plan.predicted.dram_bytes,
+                                   dram_per_rank_bytes=ranked.predicted.dram_bytes,
                                    dram_budget_bytes=rp.dram_bytes, note=violations[0]))
             continue
-        exposed = exposed_allreduce_ms(plan, rp, t)
-        step = plan.predicted.step_ms + exposed
+        exposed = exposed_allreduce_ms(ranked, rp, t)
+        step = ranked.predicted.step_ms + exposed
         tokens = rp.tokens_per_micro_batch * rp.grad_accum * t.world_size
         rows.append(ScalingRow(ranks=n, step_ms=step, tokens_per_s=tokens / (step / 1e3),
-                               allreduce_exposed_ms=exposed, tiers=dict(Counter(plan.tiers)),
-                               dram_per_rank_bytes=plan.predicted.dram_bytes,
+                               allreduce_exposed_ms=exposed, tiers=dict(Counter(ranked.tiers)),
+                               dram_per_rank_bytes=ranked.predicted.dram_bytes,
                                dram_budget_bytes=rp.dram_bytes))
     return rows
-
-
-def format_scaling_table(rows: list[ScalingRow]) -> str:
-    """The rows as a fixed-width text table (tokens/s, step time, tiers, DRAM per rank)."""
-    base = next((r.tokens_per_s for r in rows if r.ranks == 1 and r.tokens_per_s), None)
-    lines = ["ranks  step_s  tokens/s  speedup  allreduce_exposed_s  tiers (hbm/dram/nvme/rec)"
-             "  DRAM/rank GB (budget)"]
-    for r in rows:
-        if r.step_ms is None:
-            lines.append(f"{r.ranks:>5}  no plan fits (DRAM/rank budget "
-                         f"{r.dram_budget_bytes / 1e9:.0f} GB): {r.note}")
-            continue
-        tiers = "/".join(str(r.tiers.get(k, 0)) for k in ("hbm", "dram", "nvme", "recompute"))
-        speed = f"{r.tokens_per_s / base:7.2f}x" if base else "      -"
-        lines.append(f"{r.ranks:>5}  {r.step_ms / 1e3:6.2f}  {r.tokens_per_s:8.0f}  {speed}  "
-                     f"{r.allreduce_exposed_ms / 1e3:19.2f}  {tiers:>25}  "
-                     f"{r.dram_per_rank_bytes / 1e9:8.1f} ({r.dram_budget_bytes / 1e9:.0f})")
-    return "\n".join(lines)

@@ -22,7 +22,8 @@ thread is the cheaper choice. (SCIP through PySCIPOpt also solves in C.)
 
 Warm start: the better (by predicted step under the new problem) of the heuristic plan and the
 current plan's own decisions re-evaluated under the new problem; the MILP starts from it and the
-better of solver and warm start is kept (as `planner.policy.plan_with_policy` does).
+better of solver and warm start is kept: `planner.policy.plan(problem, options,
+warm_start=current)`, the entry every caller plans through.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from lazytrain.planner.evaluate import Decisions, build_plan, evaluate
-from lazytrain.planner.plan import Plan, SolveRecord
+from lazytrain.planner.evaluate import evaluate
+from lazytrain.planner.plan import Plan
+from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.refit import CHANNELS, PROBLEM_FIELD, fit_bandwidths, problem_with_rates
 
@@ -126,33 +128,25 @@ def measured_problem(problem: PlanningProblem, drifts: list[Drift]) -> PlanningP
     return problem_with_rates(problem, rates, compute_scale=scale)
 
 
-def resolve(problem: PlanningProblem, current: Plan, *, policy: str = "milp",
-            backend: str = "highs", time_limit_s: float = 10.0, gap: float = 0.005,
-            threads: int = 1, seed: int = 0, megatrain_k: int = 4) -> Plan:
-    """A plan for the (measured) problem, warm-started from the current plan (module docstring).
+def resolve(problem: PlanningProblem, current: Plan,
+            options: PlannerOptions | None = None) -> Plan:
+    """A plan for the (measured) problem, warm-started from the current plan (module docstring):
+    `planner.policy.plan` with `warm_start=current` and no LP bound.
 
-    Policies other than milp/heuristic re-run their rule (they ignore measurements).
+    Args:
+        problem: the measured problem.
+        current: the running plan.
+        options: the run's planner options (`planner.policy.planner_options`; None: the
+            config's defaults). Policies other than milp/heuristic re-run their rule (they
+            ignore measurements).
+
+    Raises:
+        PlanInfeasibleError: (milp) no plan fits the measured problem's budgets.
     """
-    from lazytrain.planner import heuristics
-    from lazytrain.planner.policy import plan_with_policy
+    from lazytrain.planner import policy
 
-    if policy not in ("milp", "heuristic"):
-        return plan_with_policy(problem, policy, megatrain_k=megatrain_k, lp_bound=False)
-    start = heuristics.heuristic_plan(problem, time_budget_s=max(0.5, time_limit_s / 10))
-    again = build_plan(problem, Decisions.from_plan(current),
-                       solver=SolveRecord(backend="manual", status="current plan re-evaluated"))
-    if "violations" not in again.provenance and (
-            "violations" in start.provenance or again.predicted.step_ms < start.predicted.step_ms):
-        start = again
-    if policy == "heuristic":
-        return start
-    from lazytrain.planner.milp import solve_milp
-
-    solved = solve_milp(problem, backend=backend, time_limit_s=time_limit_s, gap=gap,
-                        threads=threads, seed=seed, warm_start=start)
-    if solved.predicted.step_ms <= start.predicted.step_ms or "violations" in start.provenance:
-        return solved
-    return start
+    opts = (options or PlannerOptions()).replace(lp_bound=False)
+    return policy.plan(problem, opts, warm_start=current)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -171,7 +165,8 @@ class OnlineReplanner:
         plan: the running plan.
         every: check every N steps (>= 1).
         threshold, patience: `DriftMonitor`.
-        solve: `(problem, current_plan) -> Plan` (default: `resolve` with default options).
+        solve: `(problem, current_plan) -> Plan` (default: `resolve` with the config's
+            default options, `PlannerOptions()`).
         log: one-line messages.
     """
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -139,8 +138,9 @@ def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, 
 def make_plan(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
               log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
               ) -> Plan:
-    """Plan from the config with its planner policy (the same path as `lazytrain plan`; with
-    `dist.nproc_per_node` > 1, one rank's share of the node), with the costs
+    """Plan from the config through the one planning entry (`planner.policy.plan` with
+    `planner_options(cfg.planner)`, as `lazytrain plan` and a re-plan do): with
+    `dist.nproc_per_node` > 1, one rank's share of the node, with the costs
     `runtime.calibrate.resolve_profile` chooses (recorded as the plan's provenance `costs`).
 
     Args:
@@ -154,19 +154,42 @@ def make_plan(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
     Raises:
         PlanInfeasibleError: (milp) no plan fits the budgets.
     """
-    from lazytrain.planner.build import rank_problem_from_config
-    from lazytrain.planner.policy import plan_with_policy
+    from lazytrain.planner import policy
+    from lazytrain.planner.topology import rank_problem, topology_of
+
+    problem = costed_problem(cfg, calibrate=calibrate, run_dir=run_dir, log=log)
+    topo = topology_of(cfg)
+    if topo is not None:
+        problem = rank_problem(problem, topo)
+    return policy.plan(problem, policy.planner_options(cfg.planner))
+
+
+def costed_problem(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
+                   log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr,
+                                                                  flush=True)):
+    """The node's `PlanningProblem` for `cfg` with the costs `runtime.calibrate.resolve_profile`
+    chooses (`hardware.profile_path`, else this machine's cached calibration, else the preset's
+    analytic model; recorded as provenance `costs`). `make_plan` and `lazytrain plan` /
+    `simulate` build their problem here.
+
+    Args:
+        cfg: the run config.
+        calibrate: measure a calibration on a cache miss (False: a miss plans analytic, and
+            the provenance note says how to measure one).
+        run_dir: the job's run directory (where a calibration times NVMe).
+        log: calibration progress and warnings.
+
+    Raises:
+        FileNotFoundError, ValueError: as `planner.build.problem_from_config`.
+    """
+    from lazytrain.planner.build import problem_from_config
     from lazytrain.runtime.calibrate import resolve_profile
 
     def measure(cfg_: Any, device: str) -> dict:
         return measure_calibration(cfg_, device, run_dir=run_dir)
 
     costs = resolve_profile(cfg, measure=measure if calibrate else None, log=log)
-    pc = cfg.planner
-    problem = costs.annotate(rank_problem_from_config(costs.config))
-    return plan_with_policy(problem, pc.policy, backend=pc.backend,
-                            time_limit_s=pc.time_limit_s, gap=pc.gap, threads=pc.threads,
-                            seed=pc.seed, megatrain_k=pc.megatrain_k)
+    return costs.annotate(problem_from_config(costs.config))
 
 
 def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeats: int = 5,
@@ -231,36 +254,16 @@ def model_config_sha256(hf_config: Any) -> str:
 
 
 def plan_summary(plan: Plan, *, source: str | None = None) -> str:
-    """A few lines describing the plan (model and where it came from, tiers, segments, kept
-    blocks, prediction, solver).
+    """The start-up summary of `plan` (`report.plan_table.plan_summary`) with its costs line.
 
     Args:
         plan: the plan.
-        source: `model.config_path` (a path, hub id or built-in name), printed after the name
-            so that a plan of the wrong model is visible at once.
+        source: `model.config_path`, printed after the model's name.
     """
-    prov = plan.provenance
-    counts = Counter(plan.tiers)
-    tiers = ", ".join(f"{counts[t]} {t}" for t in ("hbm", "dram", "nvme", "recompute")
-                      if counts[t])
-    model = prov.get('model', '?') + (f" ({source})" if source else "")
-    lines = [f"plan: {model} on {prov.get('hardware', '?')}, "
-             f"{plan.num_blocks} blocks, seq {prov.get('seq_len', '?')} x micro-batch "
-             f"{prov.get('micro_batch', '?')}",
-             f"  boundaries: {tiers}; {len(plan.segments())} segments; "
-             f"keep-internals {len(plan.keep_internals)} blocks"]
-    if plan.predicted is not None:
-        p = plan.predicted
-        lines.append(f"  predicted: {p.step_ms / 1e3:.2f} s/step, {p.tokens_per_s:.0f} tokens/s, "
-                     f"{p.model_tflops:.3f} model TFLOPS, peak HBM {p.peak_hbm_bytes / 1e9:.2f} "
-                     f"GB, DRAM {p.dram_bytes / 1e9:.2f} GB, NVMe {p.nvme_bytes / 1e9:.2f} GB")
-    if plan.solver is not None:
-        s = plan.solver
-        lines.append(f"  solver: {s.backend} {s.status} in {s.solve_s:.2f} s")
+    from lazytrain.report.plan_table import plan_summary as summary
     from lazytrain.runtime.calibrate import costs_line_of
 
-    lines.append(f"  {costs_line_of(prov)}")
-    return "\n".join(lines)
+    return summary(plan, source=source, costs_line=costs_line_of(plan.provenance))
 
 
 DATA_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".arrow", ".csv")

@@ -1,0 +1,233 @@
+"""The plan's report: how a plan compares with the fixed-K rules and the bounds, the table
+`lazytrain plan` prints, and the summary the trainer prints at start-up.
+
+`plan_comparison` plans the MegaTrain rule (the configured K) and the best fixed-K rule that
+fits through `planner.policy.plan` / `planner.heuristics`, and checks the plan with the event
+simulator; `format_plan_table` and `plan_summary` turn plans into text. The costs line comes
+from the caller (`runtime.calibrate.costs_line_of`): this module knows neither torch nor the
+runtime.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict
+
+from lazytrain.planner.plan import TIERS, Plan
+from lazytrain.planner.policy import PlannerOptions
+from lazytrain.planner.problem import PlanningProblem
+
+
+def throughput(problem: PlanningProblem, step_ms: float | None) -> dict:
+    """Model TFLOPS and tokens/s of an optimizer-step time in ms (None values when unknown)."""
+    if not step_ms:
+        return {"step_ms": step_ms, "model_tflops": None, "tokens_per_s": None}
+    s = step_ms / 1e3
+    return {"step_ms": step_ms,
+            "model_tflops": problem.model_flops_per_micro_batch * problem.grad_accum / s / 1e12,
+            "tokens_per_s": problem.tokens_per_micro_batch * problem.grad_accum / s}
+
+
+def _row(problem, plan) -> dict:
+    pr = plan.predicted
+    row = throughput(problem, pr.step_ms if pr else None)
+    if pr:
+        row.update(model_tflops=pr.model_tflops, tokens_per_s=pr.tokens_per_s,
+                   peak_hbm_bytes=pr.peak_hbm_bytes)
+    return row
+
+
+def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOptions) -> dict:
+    """Rows for the chosen policy, the MegaTrain rule (`options.megatrain_k`, the paper's 4 by
+    default) and the best fixed-K rule that fits, the bounds, plus the simulator check (plain
+    data: `lazytrain plan --json` prints it as `comparison`).
+
+    `speedup_vs_megatrain` is against the faster of the two rules among those that fit the
+    budgets (`baseline` names it); None when neither fits. Step times in ms, tokens/s, model
+    TFLOPS, peak HBM in bytes.
+
+    Args:
+        problem: the problem `plan` was made for.
+        plan: the plan (made with `options`).
+        options: the planner options (policy, megatrain_k; the rule is planned with the same
+            options, without the LP bound).
+    """
+    from lazytrain.planner.heuristics import best_fixed_k_plan, k_of
+    from lazytrain.planner.policy import plan as plan_problem
+    from lazytrain.sim import compare, simulate
+
+    policy, megatrain_k = options.policy, options.megatrain_k
+    baseline = plan if policy == "megatrain" else plan_problem(
+        problem, options.replace(policy="megatrain", lp_bound=False))
+    best_fixed = best_fixed_k_plan(problem)
+    rows = {policy: _row(problem, plan)}
+    paper = f"megatrain (K={megatrain_k})"
+    rows[paper] = _row(problem, baseline)
+    fits = {} if baseline.provenance.get("violations") else {paper: baseline}
+    if baseline.provenance.get("violations"):
+        rows[paper]["over_budget"] = True
+    if best_fixed is None:
+        rows["best fixed K (none fits)"] = throughput(problem, None)
+    else:
+        best_label = f"best fixed K (K={k_of(best_fixed)})"
+        rows[best_label] = _row(problem, best_fixed)
+        fits[best_label] = best_fixed
+    b = plan.bounds
+    for label, value in (("LP bound", b.lp_step_ms), ("memory bound", b.memory_step_ms),
+                         ("roofline (inf HBM)", b.roofline_step_ms),
+                         ("ideal (inf HBM)", b.ideal_step_ms)):
+        if value is not None:
+            rows[label] = throughput(problem, value)
+    ours = rows[policy]["step_ms"]
+    strongest = min(fits, key=lambda k: fits[k].predicted.step_ms) if fits else None
+    base = rows[strongest]["step_ms"] if strongest else None
+    sim = simulate(problem, plan)
+    return {
+        "rows": rows,
+        "baseline": strongest,
+        "best_fixed_k": None if best_fixed is None else k_of(best_fixed),
+        "speedup_vs_megatrain": base / ours if ours and base else None,
+        "solver": None if plan.solver is None else asdict(plan.solver),
+        "bounds": asdict(b),
+        "simulator": {"step_ms": sim.step_ms, "disagreements": compare(problem, plan)},
+        "violations": list(plan.provenance.get("violations") or []),
+    }
+
+
+def ranges(indices) -> str:
+    """Compact index list: [0, 1, 2, 5, 7, 8] -> '0-2,5,7-8' ('-' when empty)."""
+    idx = sorted(indices)
+    if not idx:
+        return "-"
+    parts, lo, prev = [], idx[0], idx[0]
+    for i in idx[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(lo) if lo == prev else f"{lo}-{prev}")
+        if i is not None:
+            lo = prev = i
+    return ",".join(parts)
+
+
+def recomputed_blocks(plan: Plan) -> list[int]:
+    """Blocks re-run in backward before their segment's last block: s..e-2 of each segment."""
+    return [k for s, e in plan.segments() for k in range(s, e - 1)]
+
+
+def format_plan_table(problem: PlanningProblem, plan: Plan, report: dict, *,
+                      costs_line: str) -> str:
+    """The human-readable plan table `lazytrain plan` prints (stdout).
+
+    Args:
+        problem: the problem the plan was made for.
+        plan: the plan.
+        report: `plan_comparison(problem, plan, options)`.
+        costs_line: where the costs came from (`runtime.calibrate.costs_line_of`).
+    """
+    L, prov = plan.num_blocks, plan.provenance
+    source = ((prov.get("config") or {}).get("model") or {}).get("config_path")
+    model = prov.get('model', problem.name) + (f" ({source})" if source else "")
+    lines = [f"plan for {model} on {prov.get('hardware', '?')}: "
+             f"{L} blocks, seq {prov.get('seq_len', '?')}, micro-batch "
+             f"{prov.get('micro_batch', '?')}, grad-accum {problem.grad_accum}"]
+    lines.append(costs_line)
+    s = report["solver"]
+    if s:
+        gap = "-" if s.get("gap") is None else f"{100 * s['gap']:.2f}%"
+        lines.append(f"solver: {s['backend']} ({s['status']}), {s['solve_s']:.2f} s, gap {gap}, "
+                     f"{s['num_vars']} vars, {s['num_rows']} rows")
+    lines.append("")
+    lines.append(f"boundaries ({L + 1}): " + "  ".join(
+        f"{t} {plan.tiers.count(t)}" for t in TIERS))
+    for t in TIERS:
+        lines.append(f"  {t:<10} {ranges(i for i, x in enumerate(plan.tiers) if x == t)}")
+    rec = recomputed_blocks(plan)
+    lines.append(f"recomputed blocks ({len(rec)}): {ranges(rec)}")
+    lines.append(f"keep-internals ({len(plan.keep_internals)}): {ranges(plan.keep_internals)}")
+    lines.append(f"resident weights ({len(plan.resident_weights)}): "
+                 f"{ranges(plan.resident_weights)}")
+    frac = plan.predicted.q8_param_fraction if plan.predicted else 0.0
+    lines.append(f"8-bit Adam states ({len(plan.q8_blocks)} blocks, {100 * frac:.2f}% of "
+                 f"parameters): {ranges(plan.q8_blocks)}")
+    lines.append("")
+    lines += _perf_table(report)
+    lines += _check_lines(report)
+    return "\n".join(lines)
+
+
+def _fmt(v, spec: str) -> str:
+    """`format(v, spec)`, or "-" right-aligned to the spec's width when `v` is None."""
+    return "-".rjust(int(spec.split(".")[0])) if v is None else format(v, spec)
+
+
+def _perf_table(report: dict) -> list[str]:
+    head = f"{'':<24} {'step ms':>12} {'model TFLOPS':>13} {'tokens/s':>11} {'peak HBM GB':>12}"
+    out = [head]
+    for label, r in report["rows"].items():
+        hbm = r.get("peak_hbm_bytes")
+        out.append(f"{label:<24} {_fmt(r['step_ms'], '12.1f')} {_fmt(r['model_tflops'], '13.1f')}"
+                   f" {_fmt(r['tokens_per_s'], '11.1f')} "
+                   f"{_fmt(None if hbm is None else hbm / 1e9, '12.2f')}"
+                   + ("  over budget" if r.get("over_budget") else ""))
+    return out
+
+
+BOUND_NOTES = (
+    "LP bound       the MILP relaxed, within every budget",
+    "memory bound   no recompute; keep-internals only as far as HBM holds them",
+    "(inf HBM)      every block kept, unlimited HBM: unreachable when it does not fit",
+)
+"""One line per bound row of the table (printed under it)."""
+
+
+def _check_lines(report: dict) -> list[str]:
+    out = [f"  {n}" for n in BOUND_NOTES] + [""]
+    if report["speedup_vs_megatrain"]:
+        out.append(f"speedup over the MegaTrain rule: {report['speedup_vs_megatrain']:.3f}x "
+                   f"(against the faster rule that fits: {report['baseline']})")
+    else:
+        out.append("speedup over the MegaTrain rule: - (no fixed-K rule fits the budgets)")
+    sim = report["simulator"]
+    n = len(sim["disagreements"])
+    out.append(f"event simulator: step {sim['step_ms']:.1f} ms; "
+               + ("agrees with the evaluator" if not n else f"{n} disagreement(s):"))
+    out += [f"  {d}" for d in sim["disagreements"][:8]]
+    if n > 8:
+        out.append(f"  ... {n - 8} more (lazytrain simulate plan.json)")
+    out += [f"violation: {v}" for v in report["violations"]]
+    return out
+
+
+def plan_summary(plan: Plan, *, source: str | None = None, costs_line: str = "") -> str:
+    """A few lines describing the plan (model and where it came from, tiers, segments, kept
+    blocks, prediction, solver).
+
+    Args:
+        plan: the plan.
+        source: `model.config_path` (a path, hub id or built-in name), printed after the name
+            so that a plan of the wrong model is visible at once.
+        costs_line: where the costs came from (`runtime.calibrate.costs_line_of`; empty:
+            no line).
+    """
+    prov = plan.provenance
+    counts = Counter(plan.tiers)
+    tiers = ", ".join(f"{counts[t]} {t}" for t in ("hbm", "dram", "nvme", "recompute")
+                      if counts[t])
+    model = prov.get('model', '?') + (f" ({source})" if source else "")
+    lines = [f"plan: {model} on {prov.get('hardware', '?')}, "
+             f"{plan.num_blocks} blocks, seq {prov.get('seq_len', '?')} x micro-batch "
+             f"{prov.get('micro_batch', '?')}",
+             f"  boundaries: {tiers}; {len(plan.segments())} segments; "
+             f"keep-internals {len(plan.keep_internals)} blocks"]
+    if plan.predicted is not None:
+        p = plan.predicted
+        lines.append(f"  predicted: {p.step_ms / 1e3:.2f} s/step, {p.tokens_per_s:.0f} tokens/s, "
+                     f"{p.model_tflops:.3f} model TFLOPS, peak HBM {p.peak_hbm_bytes / 1e9:.2f} "
+                     f"GB, DRAM {p.dram_bytes / 1e9:.2f} GB, NVMe {p.nvme_bytes / 1e9:.2f} GB")
+    if plan.solver is not None:
+        s = plan.solver
+        lines.append(f"  solver: {s.backend} {s.status} in {s.solve_s:.2f} s")
+    if costs_line:
+        lines.append(f"  {costs_line}")
+    return "\n".join(lines)
