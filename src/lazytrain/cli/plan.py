@@ -9,6 +9,10 @@ on stderr). The costs are those `lazytrain train` would plan with
 (`runtime.calibrate.resolve_profile`: `hardware.profile_path`, else this machine's cached
 calibration, else the preset's analytic model); the table's `costs:` line says which (stderr
 with `--json`). Exit codes: 0 ok; 1 no plan fits the budgets; 2 bad usage or config.
+
+This module parses, calls and prints: the problem comes from `train.setup.costed_problem` (one
+rank's share through `planner.topology`), the plan from `planner.policy.plan`, the texts from
+`report.plan_table` and `report.capacity`.
 """
 
 from __future__ import annotations
