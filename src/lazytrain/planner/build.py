@@ -255,12 +255,9 @@ def rank_problem_from_config(cfg: RunConfig) -> PlanningProblem:
     Raises:
         as `problem_from_config`; ValueError: more ranks than `hardware.gpus_per_node`.
     """
-    from lazytrain.planner.topology import rank_problem, topology_from_config
+    from lazytrain.planner.topology import rank_problem_of
 
-    problem = problem_from_config(cfg)
-    if cfg.dist.nproc_per_node == 1 and cfg.dist.nnodes == 1:
-        return problem
-    return rank_problem(problem, topology_from_config(cfg, hardware_from_config(cfg)))
+    return rank_problem_of(cfg, problem_from_config(cfg))
 
 
 def _costs(model: ModelSpec, hw: HardwareSpec, cfg: RunConfig) -> ModelCosts:

@@ -138,6 +138,21 @@ def topology_of(cfg) -> Topology | None:
     return topology_from_config(cfg, hardware_from_config(cfg))
 
 
+def rank_problem_of(cfg, problem: PlanningProblem) -> PlanningProblem:
+    """The problem one rank of `cfg`'s job plans: `rank_problem(problem, topology_of(cfg))`,
+    or `problem` itself for one process.
+
+    Args:
+        cfg: the run config (dist section, hardware topology overrides).
+        problem: the node-level problem of `cfg`.
+
+    Raises:
+        ValueError: as `topology_of`.
+    """
+    topo = topology_of(cfg)
+    return problem if topo is None else rank_problem(problem, topo)
+
+
 def assign_owners(numels: dict[str, int], world_size: int) -> dict[str, int]:
     """Group name -> owner rank of its Adam moments (ZeRO-1 by parameter group): largest group
     first, each to the rank with the fewest owned elements so far (ties: the lower rank, then

@@ -155,12 +155,10 @@ def make_plan(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
         PlanInfeasibleError: (milp) no plan fits the budgets.
     """
     from lazytrain.planner import policy
-    from lazytrain.planner.topology import rank_problem, topology_of
+    from lazytrain.planner.topology import rank_problem_of
 
-    problem = costed_problem(cfg, calibrate=calibrate, run_dir=run_dir, log=log)
-    topo = topology_of(cfg)
-    if topo is not None:
-        problem = rank_problem(problem, topo)
+    problem = rank_problem_of(cfg, costed_problem(cfg, calibrate=calibrate, run_dir=run_dir,
+                                                  log=log))
     return policy.plan(problem, policy.planner_options(cfg.planner))
 
 
