@@ -11,7 +11,6 @@ directory without --resume/--overwrite, a missing or damaged checkpoint, another
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -71,12 +70,13 @@ def run(args: argparse.Namespace) -> int:
     """Train as the arguments say; errors go to `lazytrain.cli.main` (exit codes 1 and 2)."""
     from lazytrain.planner.plan import Plan
     from lazytrain.train.loop import train
+    from lazytrain.train.rank import launched_rank
 
     cfg = resolve_config(args)
     plan = Plan.load(args.plan) if args.plan else None
     summary = train(cfg, plan=plan, resume=bool(args.resume), overwrite=args.overwrite,
                     progress=not args.no_progress)
-    if int(os.environ.get("RANK", "0")) == 0:  # torchrun: rank 0 alone reports
+    if launched_rank() == 0:  # torchrun: rank 0 alone reports
         print(_final_line(summary))
         if summary["stopped_by"]:
             print(f"stopped by {summary['stopped_by']} after step {summary['steps_completed']};"

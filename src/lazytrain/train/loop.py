@@ -58,7 +58,7 @@ from lazytrain.planner.plan import Plan
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
 from lazytrain.train.evaluate import sample_lines
-from lazytrain.train.rank import join_job, quiet_unless_main
+from lazytrain.train.rank import join_job, launched_rank, quiet_unless_main
 from lazytrain.train.trainer import Trainer, _eval_line
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -233,8 +233,7 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
         RunDirInUseError: another live job trains in `run_dir` (nothing of it was touched).
     """
     run_dir = Path(run_dir or cfg.train.run_dir)
-    rank0 = int(os.environ.get("RANK", "0")) == 0
-    locking = rank0 and (run_dir.exists() or not resume)  # a missing resume dir: its error
+    locking = launched_rank() == 0 and (run_dir.exists() or not resume)  # a missing resume dir: its error
     if locking:
         make_run_dir(run_dir)  # one line naming train.run_dir when it is not a writable dir
     # one job per run directory, before anything in it is checked, deleted or written
@@ -258,7 +257,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
     hooks = hooks or TrainHooks()
     t_start = time.perf_counter()
     prepare_run_dir(run_dir, resume=resume, overwrite=overwrite,
-                    clear=int(os.environ.get("RANK", "0")) == 0)
+                    clear=launched_rank() == 0)
     ctx, cfg = join_job(cfg, run_dir=run_dir, log=log)  # torchrun: this rank's context
     if not ctx.is_main:
         log = lambda msg: None  # noqa: E731  (rank 0 logs)

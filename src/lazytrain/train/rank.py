@@ -126,6 +126,12 @@ ONE_PROCESS = OneProcess()
 """The context of a single process."""
 
 
+def launched_rank() -> int:
+    """This process's rank as torchrun's environment gives it (RANK; 0 for one process), for
+    what happens before the job is joined: rank 0 alone locks and clears the run directory."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def join_job(cfg, *, run_dir: Path, log: Callable[[str], None]) -> tuple[RankContext, Any]:
     """This process's rank context and its config: the data-parallel context when torchrun
     started it (WORLD_SIZE > 1: `lazytrain.dist.rank.join` joins the process groups, sets the
@@ -136,7 +142,9 @@ def join_job(cfg, *, run_dir: Path, log: Callable[[str], None]) -> tuple[RankCon
         ValueError: a bad `dist.backend`; RuntimeError: the rendezvous failed, or a rank does
             not see the run directory.
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    from lazytrain.dist.process_group import env_world_size
+
+    if env_world_size() > 1:
         from lazytrain.dist.rank import join
         return join(cfg, run_dir=run_dir, log=log)
     if cfg.dist.nproc_per_node > 1 or cfg.dist.nnodes > 1:

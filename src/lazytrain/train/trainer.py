@@ -135,29 +135,18 @@ class Trainer:
         """
         self.cfg, self.ctx, self.run_dir, self.hooks, self.log = cfg, ctx, run_dir, hooks, log
         self._failed = False
-        tc = cfg.train
         self.device_kind = resolve_device(cfg.runtime.device)
         self.device = device_type(self.device_kind)  # "cpu" or "cuda"
-        tracker_names = check_trackers(tc.report_to)  # a missing extra fails before loading
+        tracker_names = check_trackers(cfg.train.report_to)  # a missing extra fails first
         if cfg.runtime.threads:
             torch.set_num_threads(cfg.runtime.threads)
         # Everything that can reject the job runs before a file is written or a weight loaded.
-        self.resumed_from = ckpt.resume_checkpoint(run_dir) if resume else None
-        saved_state = None
-        if self.resumed_from is not None:
-            ckpt.check_world_size(self.resumed_from, world_size=ctx.world_size)
-            saved_state = self.resumed_from.load_state()  # weights_only: refuses code objects
-            setup.check_same_model(cfg, saved_state.get("config"), self.resumed_from.path)
-            setup.check_same_shape(cfg, saved_state.get("config"), self.resumed_from.path)
-            source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
+        saved_state = self._check_resume(resume)
         setup.check_data_paths(cfg.data)
-        # rank 0 plans (or loads the run's plan) and every rank runs its plan, even where a
-        # time-limited MILP would not be repeatable
-        mine = (_get_plan(cfg, run_dir, plan=plan, resuming=self.resumed_from is not None)
-                if ctx.is_main else None)
-        self.plan = Plan.from_dict(ctx.broadcast_object(mine.to_dict() if mine else None))
-        ctx.barrier()
-        if self.resumed_from is None:  # after planning: a hub id downloads its weights here
+        self.plan = self._agreed_plan(plan)
+        if self.resumed_from is not None:
+            source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
+        else:  # after planning: a hub id downloads its weights here
             source = setup.resolve_model_source(cfg.model.config_path, weights=True)
         if ctx.is_main:
             save_config(cfg, run_dir / "config.yaml")
@@ -165,24 +154,7 @@ class Trainer:
         print(setup.plan_summary(self.plan, source=str(cfg.model.config_path)), flush=True)
         self.trackers = Trackers(tracker_names, run_dir=run_dir, config=cfg.to_dict())
         self.nvme_dir = setup.job_nvme_dir(cfg.runtime.nvme_dir, run_dir=run_dir)
-        hf_config = setup.load_hf_config(source)
-        from lazytrain.spec.model import ModelSpec
-        spec = ModelSpec.from_hf_config(hf_config.to_dict())
-        _run_preflight(cfg, self.plan, device=self.device, nvme_dir=self.nvme_dir,
-                       run_dir=run_dir, num_params=spec.total_params)
-        from lazytrain.data import build_data, corpus_texts
-        self.tokenizer = setup.load_tokenizer(
-            source, vocab_size=hf_config.vocab_size,
-            corpus=lambda: corpus_texts(cfg.data, seed=tc.seed))
-        self.adapter = self._load_adapter(source)
-        self.data = build_data(cfg.data, self.tokenizer, micro_batch=tc.micro_batch,
-                               seed=tc.seed, hf_config=hf_config)
-        for note in self.data.notes:  # e.g. chatml chosen for a tokenizer without a template
-            log(note)
-        if tc.epochs:  # train.epochs -> train.steps, the same on every resume of the run
-            self.cfg = cfg = resolve_epochs(cfg, self.data.train, world_size=ctx.world_size,
-                                            log=log)
-            tc = cfg.train
+        self._load(source)
         # one lock per job and node: local rank 0 takes it, the node's other ranks share the
         # dir; nodes lock their own file (the directory may be on a file system they share)
         if ctx.local_rank == 0:
@@ -199,8 +171,59 @@ class Trainer:
         self.step = 0
         if saved_state is not None:
             self._restore(saved_state)
-        self.flops_params = spec.model_flops_params  # N of 6 * N * tokens
         self.eval_model = None
+
+    def _check_resume(self, resume: bool) -> dict | None:
+        """With `resume`: the newest checkpoint (`self.resumed_from`), checked against this
+        job (world size, model, shapes); returns its trainer state. Else None.
+
+        Raises:
+            CheckpointError, ValueError: as `checkpoint.resume_checkpoint`, another world size,
+                another model or shape.
+        """
+        self.resumed_from = ckpt.resume_checkpoint(self.run_dir) if resume else None
+        if self.resumed_from is None:
+            return None
+        ckpt.check_world_size(self.resumed_from, world_size=self.ctx.world_size)
+        state = self.resumed_from.load_state()  # weights_only: refuses code objects
+        setup.check_same_model(self.cfg, state.get("config"), self.resumed_from.path)
+        setup.check_same_shape(self.cfg, state.get("config"), self.resumed_from.path)
+        return state
+
+    def _agreed_plan(self, plan: Plan | None) -> Plan:
+        """The main rank's plan (`_get_plan`) on every rank: every rank runs one plan, even
+        where a time-limited MILP would not be repeatable."""
+        mine = None
+        if self.ctx.is_main:
+            mine = _get_plan(self.cfg, self.run_dir, plan=plan,
+                             resuming=self.resumed_from is not None).to_dict()
+        agreed = Plan.from_dict(self.ctx.broadcast_object(mine))
+        self.ctx.barrier()
+        return agreed
+
+    def _load(self, source) -> None:
+        """Preflight, then the tokenizer, the model (its weights in the host store) and the
+        data; `train.epochs` becomes `train.steps` here (the same on every resume)."""
+        from lazytrain.data import build_data, corpus_texts
+        from lazytrain.spec.model import ModelSpec
+
+        cfg, tc = self.cfg, self.cfg.train
+        hf_config = setup.load_hf_config(source)
+        spec = ModelSpec.from_hf_config(hf_config.to_dict())
+        self.flops_params = spec.model_flops_params  # N of 6 * N * tokens
+        _run_preflight(cfg, self.plan, device=self.device, nvme_dir=self.nvme_dir,
+                       run_dir=self.run_dir, num_params=spec.total_params)
+        self.tokenizer = setup.load_tokenizer(
+            source, vocab_size=hf_config.vocab_size,
+            corpus=lambda: corpus_texts(cfg.data, seed=tc.seed))
+        self.adapter = self._load_adapter(source)
+        self.data = build_data(cfg.data, self.tokenizer, micro_batch=tc.micro_batch,
+                               seed=tc.seed, hf_config=hf_config)
+        for note in self.data.notes:  # e.g. chatml chosen for a tokenizer without a template
+            self.log(note)
+        if tc.epochs:
+            self.cfg = resolve_epochs(cfg, self.data.train, world_size=self.ctx.world_size,
+                                      log=self.log)
 
     @property
     def is_main(self) -> bool:
