@@ -196,6 +196,25 @@ def test_simulate_warns_when_the_stored_prediction_disagrees(tiny_config, tmp_pa
     assert err.startswith("warning: ") and "re-plan" in err
 
 
+def test_simulate_reevaluates_a_data_parallel_plan_on_one_ranks_share(tiny_config, tmp_path,
+                                                                      capsys):
+    # 2 GPUs behind one PCIe switch: each rank gets half the link, so the node's problem
+    # predicts about half of the rank plan's transfer-bound step (it did, -50%, before)
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--config", str(tiny_config), "--policy", "heuristic",
+                 "--nproc-per-node", "2", "--set", "hardware.gpus_per_node=2",
+                 "--set", "hardware.gpus_per_pcie_switch=2", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(plan)]) == 0
+    cap = capsys.readouterr()
+    assert "warning" not in cap.err
+    assert cap.out.splitlines()[0].split(":")[0].endswith("[1 of 2 ranks/node]")
+    assert main(["simulate", str(plan), "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)["evaluator"]["step_ms"]
+    assert evaluated == pytest.approx(json.loads(plan.read_text())["predicted"]["step_ms"],
+                                      rel=1e-9)
+
+
 def test_hbm_typed_in_mb_is_refused_in_one_line_unless_allowed(tiny_config, capsys):
     assert main(["plan", "--config", str(tiny_config), "--policy", "heuristic",
                  "--set", "hardware.hbm_gb=80000"]) == 2

@@ -1,7 +1,8 @@
 """`lazytrain simulate`: re-evaluate a saved plan with the fluid evaluator and the event simulator.
 
 The problem is rebuilt from the plan's provenance config (or `--config`), optionally on other
-hardware (`--hardware NAME_OR_FILE`), and both models are printed window by window with the
+hardware (`--hardware NAME_OR_FILE`), as one rank's share of the node for a data-parallel plan
+(the problem the plan was made for), and both models are printed window by window with the
 simulator's explanation of each disagreement; a stored prediction that differs from the
 re-evaluation is warned about on stderr. Exit codes: 0 ok (disagreements are reported, not
 errors); 1 the plan does not fit this problem (breaks a budget, or another block count); 2 bad
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the plan, rebuild the problem, print the comparison. Returns the exit code."""
     from lazytrain.planner.evaluate import evaluate
     from lazytrain.planner.plan import Plan
+    from lazytrain.planner.topology import rank_problem_of
     from lazytrain.report.simulation import format_simulation, simulation_json
     from lazytrain.sim import SimOptions, compare, simulate
 
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     base = plan.provenance.get("config")
     if args.config is None and not base:
         raise ValueError(f"{args.plan}: provenance has no config; pass --config FILE.yaml")
-    _cfg, problem = load_problem(args, base=base)
+    cfg, node_problem = load_problem(args, base=base)
+    problem = rank_problem_of(cfg, node_problem)  # a data-parallel plan is one rank's share
     if problem.num_blocks != plan.num_blocks:
         print(f"error: {args.plan}: plan has {plan.num_blocks} blocks but the model has "
               f"{problem.num_blocks}; re-plan with `lazytrain plan`", file=sys.stderr)
