@@ -190,10 +190,9 @@ def run_max_batch(args: argparse.Namespace, cfg) -> int:
     """`--max-batch`: search the largest feasible micro-batch (planner/capacity.py), print the
     table or `--json`. Exit 1 when not even one sequence fits."""
     from lazytrain.config import apply_overrides
-    from lazytrain.planner.build import problem_from_config
+    from lazytrain.planner.build import rank_problem_from_config
     from lazytrain.planner.capacity import max_batch_search
     from lazytrain.planner.policy import planner_options
-    from lazytrain.planner.topology import rank_problem, topology_of
     from lazytrain.report.capacity import format_batch_table
 
     try:
@@ -202,12 +201,10 @@ def run_max_batch(args: argparse.Namespace, cfg) -> int:
     except ValueError:
         raise ValueError(f"--grad-accums: {args.grad_accums!r} is not a comma-separated list "
                          f"of integers; e.g. 1,4") from None
-    topo = topology_of(cfg)
 
-    def problem_at(m: int, g: int):
-        problem = problem_from_config(apply_overrides(
+    def problem_at(m: int, g: int):  # one rank's share when data parallel
+        return rank_problem_from_config(apply_overrides(
             cfg, [f"train.micro_batch={m}", f"train.grad_accum={g}"]))
-        return problem if topo is None else rank_problem(problem, topo)
 
     with solver_output_to_stderr():
         search = max_batch_search(problem_at, planner_options(cfg.planner), grad_accums=accums)
