@@ -291,9 +291,9 @@ class Trainer:
         try:
             yield
         except RuntimeError as exc:
+            last = ckpt.latest_checkpoint(self.run_dir)
             failure = self.ctx.failure(exc, step=self.step + 1,
-                                       last_checkpoint=getattr(
-                                           ckpt.latest_checkpoint(self.run_dir), "path", None))
+                                       last_checkpoint=last.path if last else None)
             if failure is None:
                 raise
             self._failed = True
