@@ -46,7 +46,9 @@ from typing import Callable, Sequence
 import torch
 
 from lazytrain.models.adapter import IGNORE_INDEX, ModelAdapter, shift_labels
+from lazytrain.runtime.block_autograd import flat_grad, grad_leaves
 from lazytrain.runtime.device import as_device
+from lazytrain.runtime.ends import head_loss_chunks
 from lazytrain.runtime.engine import COMPUTE_DTYPES, HEAD_CHUNK_TOKENS
 from lazytrain.runtime.optim import BlockOptimizer
 from lazytrain.runtime.params import HostParams, ParamGroup
@@ -145,29 +147,20 @@ class BlockBench:
 
     def forward_grad(self, j: int, flat: torch.Tensor):
         """Block j with autograd, as `Engine.run_forward` of a kept block and the re-forward of
-        `Engine.backward_block`: one leaf per parameter viewing `flat` (a single flat leaf
-        would make the backward materialise and sum a flat-sized zero gradient per parameter,
-        which the engine avoids). Returns (x, leaves, out)."""
+        `Engine.backward_block`: one leaf per parameter viewing `flat`
+        (`block_autograd.grad_leaves`). Returns (x, leaves, out)."""
         x = self.h.detach().requires_grad_()
-        views = self.params.blocks[j].views(flat.detach())
-        leaves = {name: v.requires_grad_() for name, v in views.items()}
+        leaves = grad_leaves(self.params.blocks[j], flat)
         with self.api.compute_scope(), torch.enable_grad():
             return x, leaves, self.adapter.forward_block(j, x, leaves, self.kwargs[j])
 
     def backward(self, x, leaves, out, *, j: int = 0) -> torch.Tensor:
         """The backward of `forward_grad`'s graph, its gradients packed into block j's flat
-        layout as `Engine._flat_grad` does; returns the flat gradient."""
+        layout (`block_autograd.flat_grad`, as the engine); returns the flat gradient."""
         with self.api.compute_scope():
             _gx, *grads = torch.autograd.grad(out, (x, *leaves.values()), self.grad_out,
                                               allow_unused=True)
-            first = next(iter(leaves.values()))
-            flat = torch.zeros(self.params.blocks[j].numel, dtype=first.dtype,
-                               device=first.device)
-            views = self.params.blocks[j].views(flat)
-            for name, g in zip(leaves, grads):
-                if g is not None:
-                    views[name].copy_(g)
-            return flat
+            return flat_grad(self.params.blocks[j], leaves, grads)
 
     def last_boundary(self) -> torch.Tensor:
         """Boundary L [B, S, H]: the forward chain over every block from the embedding, run
@@ -182,12 +175,11 @@ class BlockBench:
     def head(self) -> float:
         """Final norm + head + loss, forward and backward, as `Engine.head_chunks` runs them.
 
-        The input is boundary L (`last_boundary`), not the embedding: with a tied head the
-        embedding's own token gets a logit in the hundreds, most softmax entries underflow to
-        denormals and the backward matmuls run ~20x slower than on the engine's input. The
-        loss is divided by the label tokens, each weight is its own leaf (a view of the
-        resident ends, no flat-sized zero gradient per chunk) and its gradient is accumulated
-        in place into an fp32 ends gradient, as the engine does.
+        The engine's own chunk loop (`runtime.ends.head_loss_chunks`: per-weight leaves, loss
+        / label tokens, fp32 in-place accumulation) on boundary L (`last_boundary`), not on
+        the embedding: with a tied head the embedding's own token gets a logit in the
+        hundreds, most softmax entries underflow to denormals and the backward matmuls run
+        ~20x slower than on the engine's input.
 
         Returns:
             the mean loss of the micro-batch (one host sync, as the engine's).
@@ -197,30 +189,15 @@ class BlockBench:
             return self._head(h)
 
     def _head(self, h: torch.Tensor) -> float:
-        a, ends = self.adapter, self.params.ends
+        ends = self.params.ends
         targets = shift_labels(self.labels)
         tokens = max(int((targets != IGNORE_INDEX).sum()), 1)
-        norm_name = f"{a.layout.norm}.weight"
-        names = list(dict.fromkeys((norm_name, a.head_name)))  # tied: once
         if self._ends_grad is None:
             self._ends_grad = torch.zeros(ends.numel, dtype=torch.float32, device=self.device)
-        grad_views = ends.views(self._ends_grad)
-        grad_h = torch.empty_like(h)
-        total = torch.zeros((), dtype=torch.float32, device=self.device)
-        chunk = max(1, HEAD_CHUNK_TOKENS // h.shape[0])  # as the engine's head chunks
-        for c0 in range(0, h.shape[1], chunk):
-            c1 = min(h.shape[1], c0 + chunk)
-            x = h[:, c0:c1].detach().requires_grad_()
-            leaves = {n: ends.views(self.ends)[n].detach().requires_grad_() for n in names}
-            with torch.enable_grad():
-                loss = a.head_loss_sum(x, targets[:, c0:c1], norm_weight=leaves[norm_name],
-                                       head_weight=leaves[a.head_name]) / tokens
-            gx, *gw = torch.autograd.grad(loss, (x, *leaves.values()))
-            grad_h[:, c0:c1] = gx
-            for n, g in zip(leaves, gw):
-                grad_views[n].add_(g)
-            total += loss.detach()
-        return float(total)  # sync point, as the engine's
+        total, _grad_h = head_loss_chunks(self.adapter, ends, weights=self.ends,
+                                          grad=self._ends_grad, h=h, targets=targets,
+                                          tokens=tokens, chunk_tokens=HEAD_CHUNK_TOKENS)
+        return float(total)  # the mean loss (divided by the label tokens); sync point
 
     def embed(self) -> None:
         with self.api.compute_scope(), torch.no_grad():
