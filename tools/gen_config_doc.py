@@ -147,7 +147,7 @@ def formats_section() -> list[str]:
 def render() -> str:
     """The whole docs/config.md text."""
     lines = ["# Run config reference", "",
-             "Generated from the config dataclasses (`src/lazytrain/config.py`) by",
+             "Generated from the config dataclasses (`src/lazytrain/config/sections.py`) by",
              "`python tools/gen_config_doc.py`; do not edit by hand. Each section is one YAML",
              "mapping; `--set section.key=value` overrides any key. GB means 1e9 bytes.", ""]
     for name, cls in SECTIONS.items():
