@@ -63,9 +63,10 @@ QUICK_REPEATS = 3
 whose median still drops one disturbed run (a shared machine)."""
 QUICK_WARMUP = 1
 """Warm-up runs per measurement in the quick mode (one: first-touch and allocator effects)."""
-TWIN_STEPS_PER_REPEAT = 3
-"""Engine steps of each overhead twin per `repeats` (a twin step takes a few ms; its residual
-is a difference of small numbers, so it gets more samples than the block timings)."""
+TWIN_STEPS_PER_REPEAT = 10
+"""Engine steps of each overhead twin per `repeats` (a twin step takes ~20 ms; o is the
+difference of two residuals of a few ms each, within timer noise at 3 samples: at 9 the fit
+gave o = 0 in one of five quick profiles on the 2-core machine)."""
 
 
 def sync(device: torch.device) -> None:
