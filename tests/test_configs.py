@@ -184,3 +184,36 @@ def test_a_non_string_key_is_named_as_unknown(tmp_path):
     path.write_text("train:\n  1: 2\n")
     with pytest.raises(ValueError, match="unknown config key train.1;"):
         load_config(path)
+
+
+@pytest.mark.parametrize("kind", ["range", "non-finite", "unknown key", "unknown section",
+                                  "choice", "alias twice", "override", "yaml", "megatrain",
+                                  "wrong type", "not a mapping", "missing file"])
+def test_every_refusal_of_the_loader_is_a_config_error_and_still_its_builtin(tmp_path, kind):
+    from lazytrain.errors import (ConfigError, ConfigFileNotFoundError, ConfigTypeError,
+                                  UserError)
+    yaml_text = {"yaml": "train: [\n", "megatrain": "training: {}\n",
+                 "alias twice": "train:\n  lr: 0.1\n  learning_rate: 0.2\n",
+                 "not a mapping": "- 1\n"}.get(kind)
+    path = tmp_path / "c.yaml"
+    if yaml_text is not None:
+        path.write_text(yaml_text)
+    overrides = {"range": ["train.lr=-1"], "non-finite": ["hardware.hbm_gb=.nan"],
+                 "unknown key": ["train.lrr=1"], "unknown section": ["trian.lr=1"],
+                 "choice": ["planner.policy=best"], "override": ["train.lr"],
+                 "wrong type": ["train.steps=many"]}.get(kind, [])
+    source = {"missing file": tmp_path / "nope.yaml"}.get(kind, path if yaml_text else None)
+    builtin = {"wrong type": TypeError, "not a mapping": TypeError,
+               "missing file": FileNotFoundError}.get(kind, ValueError)
+    with pytest.raises(ConfigError) as info:
+        load_config(source, overrides)
+    needle = {"range": "train.lr must be > 0", "non-finite": "hardware.hbm_gb must be a finite",
+              "unknown key": "did you mean train.lr", "unknown section": "did you mean train",
+              "choice": "planner.policy must be one of", "alias twice": "are both set",
+              "override": "must look like section.key=value", "yaml": "not valid YAML",
+              "megatrain": "is a MegaTrain config", "wrong type": "train.steps must be an int",
+              "not a mapping": "top level must be a mapping", "missing file": "not found"}[kind]
+    assert needle in str(info.value)
+    assert all(isinstance(info.value, cls) for cls in (UserError, ValueError, builtin))
+    assert isinstance(info.value, ConfigTypeError) == (builtin is TypeError)
+    assert isinstance(info.value, ConfigFileNotFoundError) == (builtin is FileNotFoundError)

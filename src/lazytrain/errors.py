@@ -12,8 +12,9 @@ A class may also derive from the builtin exception that describes it (`OSError` 
 file operation, `ValueError` for a bad value, `FileNotFoundError` for a missing input), so that
 callers that catch the builtin keep working; the project's base comes first in the bases.
 
-Owns the base classes and `EXIT_CODES`; imports nothing, so every package (the torch-free
-planner included) can derive from it.
+Owns the base classes, the config loader's errors (`ConfigError` and its two refinements, here
+because every package reads the config) and `EXIT_CODES`; imports nothing, so every package
+(the torch-free planner included) can derive from it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,21 @@ class UserError(Exception):
 
 class JobFailure(Exception):
     """The job failed at run time although its input was valid (exit 1)."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config key, value, override or file the config loader refuses (`lazytrain.config`):
+    unknown key, value out of range, malformed YAML. The message names the dotted key (or the
+    file) and the fix. Also a `ValueError`, so callers that catch that keep working."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A config value of the wrong type (`train.steps must be an int; got 'many'`); also a
+    `TypeError`."""
+
+
+class ConfigFileNotFoundError(ConfigError, FileNotFoundError):
+    """The config file named on the command line does not exist; also a `FileNotFoundError`."""
 
 
 EXIT_CODES = {UserError: 2, JobFailure: 1}

@@ -69,6 +69,17 @@ def test_garbage_config_values_exit_2_with_one_line_naming_the_key(plan_only, tm
     assert err.startswith("error: ") and needle in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("args", [["--set", "train.lr=-1"], ["--set", "train.steps=many"],
+                                  ["--config", "{tmp}/nope.yaml"]])
+def test_a_config_error_exits_2_by_its_class_not_by_its_builtin_base(plan_only, monkeypatch,
+                                                                    tmp_path, args, capsys):
+    monkeypatch.setattr(cli_main, "_builtin_exit_code", lambda exc: None)  # no builtin fallback
+    args = [a.format(tmp=tmp_path) for a in args]
+    assert main(["plan", "--policy", "megatrain", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("text,needle", [
     ("train: [\n", "not valid YAML (line 2, column 1"),
     ("1: 2\n", "unknown config key 1;"),

@@ -10,19 +10,21 @@ import dataclasses
 import math
 from typing import Any
 
+from lazytrain.errors import ConfigError
+
 
 def check(cond: bool, key: str, rule: str, value: Any) -> None:
-    """Raise `ValueError("<key> must be <rule>; got <value>")` unless `cond`."""
+    """Raise `ConfigError("<key> must be <rule>; got <value>")` unless `cond`."""
     if not cond:
-        raise ValueError(f"{key} must be {rule}; got {value!r}")
+        raise ConfigError(f"{key} must be {rule}; got {value!r}")
 
 
 def check_finite(obj: Any, section: str) -> None:
-    """Raise `ValueError("<section>.<key> must be a finite number; got inf")` for any float
+    """Raise `ConfigError("<section>.<key> must be a finite number; got inf")` for any float
     field of the dataclass `obj` that is inf or nan (YAML `.inf`, `.nan`, `1e400`): the range
     checks below compare with `>`, which inf passes and nan silently fails with a wrong rule."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{section}.{f.name} must be a finite number; got {value!r}")
+            raise ConfigError(f"{section}.{f.name} must be a finite number; got {value!r}")
 

@@ -14,6 +14,8 @@ import types
 import typing
 from typing import Any, Literal
 
+from lazytrain.errors import ConfigError, ConfigTypeError
+
 
 KEY_ALIASES: dict[str, str] = {
     "train.learning_rate": "train.lr",
@@ -39,16 +41,17 @@ def build_section(section: str, cls: type, values: dict):
     """The dataclass `cls` of section `section` built from its YAML mapping `values`.
 
     Raises:
-        ValueError: an unknown key (the closest valid one named), an alias set together with
+        ConfigError: an unknown key (the closest valid one named), an alias set together with
             its key, a choice not among the allowed ones, or a range check of `cls`.
-        TypeError: a value of the wrong type (the key and the expected type named).
+        ConfigTypeError: a value of the wrong type (the key and the expected type named).
     """
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in unalias(section, values, names).items():
         if key not in names:
-            raise ValueError(unknown_key(f"{section}.{key}", [f"{section}.{n}" for n in names]))
+            raise ConfigError(unknown_key(f"{section}.{key}",
+                                          [f"{section}.{n}" for n in names]))
         kwargs[key] = coerce(f"{section}.{key}", hints[key], value)
     return cls(**kwargs)
 
@@ -57,14 +60,14 @@ def unalias(section: str, values: dict, names: list[str]) -> dict:
     """`values` with `KEY_ALIASES` spellings renamed to our keys (those this section has).
 
     Raises:
-        ValueError: an alias and its key both set.
+        ConfigError: an alias and its key both set.
     """
     out = {}
     for key, value in values.items():
         target = KEY_ALIASES.get(f"{section}.{key}", "").partition(".")[2]
         if target in names:
             if target in values:
-                raise ValueError(f"{section}.{key} and {section}.{target} are both set; "
+                raise ConfigError(f"{section}.{key} and {section}.{target} are both set; "
                                  f"{section}.{key} is another name for {section}.{target}, "
                                  f"keep one")
             key = target
@@ -102,19 +105,21 @@ def coerce(key: str, tp: Any, value: Any) -> Any:
         if isinstance(value, str) and VALUE_ALIASES.get(value) in args:
             value = VALUE_ALIASES[value]
         if value not in args:
-            raise ValueError(f"{key} must be one of {', '.join(map(str, args))}; got {value!r}")
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, args))}; "
+                              f"got {value!r}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise TypeError(f"{key} must be a bool (true/false); got {value!r}")
+            raise ConfigTypeError(f"{key} must be a bool (true/false); got {value!r}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{key} must be an int; got {value!r} ({type(value).__name__})")
+            raise ConfigTypeError(f"{key} must be an int; got {value!r} "
+                                  f"({type(value).__name__})")
         return value
     if tp is float:
         if isinstance(value, bool):
-            raise TypeError(f"{key} must be a float; got {value!r}")
+            raise ConfigTypeError(f"{key} must be a float; got {value!r}")
         if isinstance(value, (int, float)):
             return float(value)
         if isinstance(value, str):
@@ -122,9 +127,11 @@ def coerce(key: str, tp: Any, value: Any) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise TypeError(f"{key} must be a float; got {value!r} ({type(value).__name__})")
+        raise ConfigTypeError(f"{key} must be a float; got {value!r} "
+                              f"({type(value).__name__})")
     if tp is str:
         if not isinstance(value, str):
-            raise TypeError(f"{key} must be a string; got {value!r} ({type(value).__name__})")
+            raise ConfigTypeError(f"{key} must be a string; got {value!r} "
+                                  f"({type(value).__name__})")
         return value
     raise TypeError(f"{key}: unsupported annotation {tp!r}")  # internal: a new field type

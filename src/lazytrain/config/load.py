@@ -30,6 +30,7 @@ import yaml
 from lazytrain.atomic import write_text_atomic
 from lazytrain.config.coerce import build_section, unknown_key
 from lazytrain.config.sections import SECTIONS, ModelConfig, RunConfig
+from lazytrain.errors import ConfigError, ConfigFileNotFoundError, ConfigTypeError
 from lazytrain.megatrain import MEGATRAIN_SECTIONS, looks_like_megatrain
 
 
@@ -47,31 +48,33 @@ def load_config(path: str | Path | None = None,
         docstring says.
 
     Raises:
-        FileNotFoundError: `path` does not exist.
-        ValueError: a MegaTrain YAML (the converter command named), malformed YAML (file,
+        ConfigFileNotFoundError: `path` does not exist (a `FileNotFoundError`).
+        ConfigError: a MegaTrain YAML (the converter command named), malformed YAML (file,
             line and problem named), unknown key (dotted path
             and closest valid key named), malformed override, or a value out of range or
             non-finite (`train.lr must be > 0; got -1`, `train.lr must be a finite number`).
-        TypeError: a value of the wrong type (key and expected type named).
+        ConfigTypeError: a value of the wrong type (key and expected type named).
+
+    Every error is a `lazytrain.errors.ConfigError` (a `UserError` and a `ValueError`).
     """
     raw: dict = {}
     base_dir = None
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
+            raise ConfigFileNotFoundError(f"config file not found: {path}")
         try:
             loaded = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML ({_yaml_problem(exc)}); fix the "
+            raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(exc)}); fix the "
                              f"syntax at that line") from None
         if loaded is not None and not isinstance(loaded, dict):
-            raise TypeError(f"{path}: top level must be a mapping of sections; "
+            raise ConfigTypeError(f"{path}: top level must be a mapping of sections; "
                             f"got {type(loaded).__name__}")
         raw = loaded or {}
         base_dir = path.resolve().parent
         if looks_like_megatrain(raw):
-            raise ValueError(f"{path} is a MegaTrain config (sections "
+            raise ConfigError(f"{path} is a MegaTrain config (sections "
                              f"{', '.join(sorted(MEGATRAIN_SECTIONS & set(map(str, raw))))}"
                              f"); convert it first: lazytrain convert megatrain {path} "
                              f"--out {path.stem}-lazytrain.yaml")
@@ -92,26 +95,28 @@ def apply_overrides_to_dict(raw: dict, overrides: typing.Sequence[str]) -> dict:
     """Apply `section.key=value` strings to a nested dict (a new dict; `raw` is not changed).
 
     Raises:
-        ValueError: an override without `=` or not of the form `section.key`.
+        ConfigError: an override without `=`, not of the form `section.key`, or whose value
+            is not valid YAML.
+        ConfigTypeError: the section is not a mapping.
     """
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"override {item!r} must look like section.key=value")
+            raise ConfigError(f"override {item!r} must look like section.key=value")
         dotted, text = item.split("=", 1)
         parts = dotted.strip().split(".")
         if len(parts) != 2 or not all(parts):
-            raise ValueError(f"override key {dotted!r} must be section.key "
+            raise ConfigError(f"override key {dotted!r} must be section.key "
                              f"(e.g. train.lr=3e-4)")
         section, key = parts
         if out.get(section) is None:  # absent, or an empty `section:` in the YAML
             out[section] = {}
         if not isinstance(out[section], dict):
-            raise TypeError(f"{section} must be a mapping; got {out[section]!r}")
+            raise ConfigTypeError(f"{section} must be a mapping; got {out[section]!r}")
         try:
             out[section][key] = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError as exc:
-            raise ValueError(f"override {item!r}: the value is not valid YAML "
+            raise ConfigError(f"override {item!r}: the value is not valid YAML "
                              f"({_yaml_problem(exc)}); quote it or fix it") from None
     return out
 
@@ -129,17 +134,17 @@ def config_from_dict(raw: dict) -> RunConfig:
     """Build a validated `RunConfig` from `{section: {key: value}}` (missing = default).
 
     Raises:
-        ValueError: unknown section or key (closest valid one named), or a range violation.
-        TypeError: a value of the wrong type.
+        ConfigError: unknown section or key (closest valid one named), or a range violation.
+        ConfigTypeError: a value of the wrong type.
     """
     sections = {}
     for name, value in raw.items():
         if name not in SECTIONS:
-            raise ValueError(unknown_key(name, list(SECTIONS)))
+            raise ConfigError(unknown_key(name, list(SECTIONS)))
         if value is None:
             value = {}
         if not isinstance(value, dict):
-            raise TypeError(f"{name} must be a mapping of keys; got {value!r}")
+            raise ConfigTypeError(f"{name} must be a mapping of keys; got {value!r}")
         if name == "model":
             value = _model_source_from_name(value)
         sections[name] = build_section(name, SECTIONS[name], value)
@@ -152,7 +157,7 @@ def _model_source_from_name(model: dict) -> dict:
     `name` becomes the config path; anything else is refused.
 
     Raises:
-        ValueError: `model.name` is set, `model.config_path` is not, and the name is neither a
+        ConfigError: `model.name` is set, `model.config_path` is not, and the name is neither a
             hub id nor a path.
     """
     name = model.get("name")
@@ -162,7 +167,7 @@ def _model_source_from_name(model: dict) -> dict:
     if name == builtin or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name) or \
             Path(name).expanduser().exists():
         return {**model, "config_path": name}
-    raise ValueError(f"model.config_path: not set, but model.name is {name!r}; set "
+    raise ConfigError(f"model.config_path: not set, but model.name is {name!r}; set "
                      f"model.config_path to the model's config.json, directory or hub id "
                      f"(org/name). The built-in {builtin} is used only when no model is named")
 
