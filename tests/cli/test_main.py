@@ -168,17 +168,6 @@ def _project_exception_classes() -> dict[str, type]:
     return found
 
 
-NOT_YET_CLASSED = {
-    "lazytrain.planner.milp.PlanInfeasibleError",  # still a ValueError
-    "lazytrain.train.loop.CheckpointSaveError",  # still a bare OSError
-    "lazytrain.train.setup.NvmeDirInUseError",  # still a bare RuntimeError
-    "lazytrain.train.setup.RunDirInUseError",  # still a bare RuntimeError
-}
-"""Classes in modules under concurrent rework that do not derive from a base of
-`lazytrain.errors` yet; the CLI maps them through their builtin base (exit codes as above).
-The test below fails as soon as one of them is given its base, so this set only shrinks."""
-
-
 def test_every_project_error_derives_from_exactly_one_of_the_two_bases():
     from lazytrain.errors import EXIT_CODES, JobFailure, UserError
     classes = _project_exception_classes()
@@ -187,8 +176,36 @@ def test_every_project_error_derives_from_exactly_one_of_the_two_bases():
     bases = {name: [b for b in EXIT_CODES if issubclass(cls, b)] for name, cls in classes.items()
              if cls not in (UserError, JobFailure)}
     unclassed = {name for name, found in bases.items() if not found}
-    assert unclassed == NOT_YET_CLASSED
+    assert not unclassed, sorted(unclassed)
     assert all(len(found) <= 1 for found in bases.values()), bases
+
+
+@pytest.mark.parametrize("index", range(22))
+def test_every_project_error_maps_to_its_exit_code_by_its_class_alone(plan_only, monkeypatch,
+                                                                      capsys, index):
+    exc, code = _exit_code_cases()[index]
+    if not type(exc).__module__.startswith("lazytrain."):
+        pytest.skip("a builtin exception: mapped by its builtin base")
+    monkeypatch.setattr(cli_plan, "run", _raising(exc))
+    monkeypatch.setattr(cli_main, "_builtin_exit_code", lambda exc: None)  # no builtin fallback
+    assert main(["plan"]) == code, type(exc).__name__
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_plan_infeasible_is_a_job_failure_and_no_value_error():
+    from lazytrain.errors import JobFailure
+    from lazytrain.planner.milp import PlanInfeasibleError
+    assert issubclass(PlanInfeasibleError, JobFailure)
+    assert not issubclass(PlanInfeasibleError, ValueError)
+
+
+def test_run_and_nvme_locks_and_checkpoint_saves_keep_their_builtin_bases():
+    from lazytrain.errors import JobFailure
+    from lazytrain.train.loop import CheckpointSaveError
+    from lazytrain.train.setup import NvmeDirInUseError, RunDirInUseError
+    assert issubclass(CheckpointSaveError, JobFailure) and issubclass(CheckpointSaveError, OSError)
+    for cls in (NvmeDirInUseError, RunDirInUseError):
+        assert issubclass(cls, JobFailure) and issubclass(cls, RuntimeError)
 
 
 def test_hbm_budget_exceeded_is_a_job_failure_and_no_assertion_error():

@@ -109,14 +109,7 @@ def _builtin_exit_code(exc: Exception) -> int | None:
     builtin errors of bad input (`ValueError`, `TypeError`, `FileNotFoundError`: a value the
     config loader refuses, a path `open()` cannot find), 1 for a failing machine (`OSError`:
     disk full; `RuntimeError`: CUDA out of memory, a failed collective), None for a bug.
-
-    `PlanInfeasibleError` is still a `ValueError` (it is defined in `planner/milp.py`), so it
-    is named here, before the builtins, until it derives from `JobFailure`.
     """
-    from lazytrain.planner.milp import PlanInfeasibleError  # the verbs imported it already
-
-    if isinstance(exc, PlanInfeasibleError):
-        return 1
     if isinstance(exc, (ValueError, TypeError, FileNotFoundError)):
         return 2
     if isinstance(exc, (OSError, RuntimeError)):

@@ -101,6 +101,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from lazytrain.errors import JobFailure
 from lazytrain.planner.chains import recompute_chain_ms
 from lazytrain.planner.plan import (
     Bounds, Plan, SolveRecord, legal_ords, window_name,
@@ -168,7 +169,7 @@ class Shortfall:
         return out
 
 
-class PlanInfeasibleError(ValueError):
+class PlanInfeasibleError(JobFailure):
     """A capacity budget cannot be met by any plan the model allows.
 
     Fields: `budget` ("HBM" | "DRAM" | "NVMe"), `window` (window name, None for DRAM/NVMe which

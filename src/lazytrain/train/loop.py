@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lazytrain.config import RunConfig
+from lazytrain.errors import JobFailure
 from lazytrain.planner.plan import Plan
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
@@ -77,9 +78,9 @@ STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
 """Signals that stop training after the step in flight, with a checkpoint."""
 
 
-class CheckpointSaveError(OSError):
+class CheckpointSaveError(JobFailure, OSError):
     """Writing a checkpoint failed (disk full, I/O error); the previous checkpoint is kept.
-    An OSError: the CLI exits 1 with its one-line message."""
+    A job failure (the CLI exits 1 with its one-line message), and an OSError."""
 
 
 @contextmanager

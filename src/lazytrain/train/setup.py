@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from lazytrain.errors import JobFailure
 from lazytrain.planner.plan import Plan
 
 
@@ -368,7 +369,7 @@ def check_same_model(cfg: Any, saved: dict | None, checkpoint: Path) -> None:
                          f"({trained.num_blocks} blocks); {fix}")
 
 
-class NvmeDirInUseError(RuntimeError):
+class NvmeDirInUseError(JobFailure, RuntimeError):
     """Another job holds the lock of this job's NVMe directory (the CLI exits 1)."""
 
 
@@ -433,7 +434,7 @@ def lock_nvme_dir(directory: Path, *, node: str = "") -> Any:
     return handle
 
 
-class RunDirInUseError(RuntimeError):
+class RunDirInUseError(JobFailure, RuntimeError):
     """Another live job trains in this run directory (the CLI exits 1)."""
 
 
