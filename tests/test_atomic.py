@@ -1,13 +1,14 @@
-"""lazytrain.atomic: the atomic writer leaves the old file on failure; the JSON-lines reader skips
+"""lazytrain.atomic: the atomic writers leave the old file on failure; the JSON-lines reader skips
 the one torn last line a crash mid-append leaves and refuses any other damage."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-from lazytrain.atomic import atomic_path, read_jsonl, write_text_atomic
+from lazytrain.atomic import atomic_path, read_jsonl, write_json_atomic, write_text_atomic
 
 RECORDS = [{"step": 1, "micro_batch": 0, "windows": [{"name": "f0", "wall_ms": 2.5}]},
            {"step": 2, "micro_batch": 0, "windows": [{"name": "f0", "wall_ms": 3.0}]}]
@@ -61,3 +62,26 @@ def test_an_exception_inside_atomic_path_leaves_the_old_file_and_no_temp(tmp_pat
         raise RuntimeError("crash while writing")
     assert path.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_write_json_atomic_writes_paths_as_text_and_is_fsynced_before_the_rename(
+        tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    path = write_json_atomic(tmp_path / "sub" / "summary.json",
+                             {"run_dir": tmp_path, "loss": [2.5, 1.0]})
+    assert path.read_text() == ('{\n "run_dir": "' + str(tmp_path) + '",\n "loss": [\n  2.5,\n'
+                                '  1.0\n ]\n}\n')
+    assert len(synced) == 1
+    assert sorted(p.name for p in path.parent.iterdir()) == ["summary.json"]
+
+
+def test_write_json_atomic_leaves_the_old_file_when_the_object_cannot_be_written(tmp_path):
+    path = write_json_atomic(tmp_path / "summary.json", {"step": 1})
+    loop: dict = {}
+    loop["self"] = loop
+    with pytest.raises(ValueError, match="Circular reference"):
+        write_json_atomic(path, loop)
+    assert json.loads(path.read_text()) == {"step": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]

@@ -18,6 +18,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -49,6 +50,17 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> Path:
+    """Write `obj` as indented JSON (one space, a final newline) to `path` atomically and return
+    the path. Values JSON has no type for (a Path, a dtype) are written as their `str`.
+
+    Raises:
+        ValueError: `obj` holds a circular reference (`path` is left as it was).
+        OSError: the folder cannot be created or written.
+    """
+    return write_text_atomic(path, json.dumps(obj, indent=1, default=str) + "\n")
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -59,7 +59,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lazytrain.train.setup import write_json_atomic
+    from lazytrain.atomic import write_json_atomic
 
     if args.calibrate:
         if args.from_run or args.out:

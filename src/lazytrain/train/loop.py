@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from lazytrain.atomic import write_json_atomic
 from lazytrain.config import RunConfig
 from lazytrain.errors import JobFailure
 from lazytrain.planner.plan import Plan
@@ -318,7 +319,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
                            stopped_by=stopped_by, wall_s=time.perf_counter() - t_start)
         summary["timings_s"] = timings
         if trainer.is_main:  # data parallel: rank 0 writes the run's files
-            setup.write_json_atomic(run_dir / "summary.json", summary)
+            write_json_atomic(run_dir / "summary.json", summary)
         return summary
     finally:
         trainer.close()

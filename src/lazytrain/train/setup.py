@@ -461,10 +461,3 @@ def lock_run_dir(run_dir: Path) -> Any:
             f"train.run_dir: {run_dir} is in use by another job (pid {owner} holds "
             f"{lock_path}); wait for it to end, stop it, or pick another --run-dir")
     return handle
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write `obj` as JSON to `path` via a temp file + rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(path)
