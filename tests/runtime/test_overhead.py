@@ -31,8 +31,9 @@ def test_the_engine_overheads_come_from_two_twins_of_2_and_4_blocks(adapter, tmp
 
 @pytest.mark.parametrize("r2,r4,want", [
     (17.0, 25.0, (2.0, 3.0)),   # o = (25 - 17) / (11 - 7) = 2; a = 17 - 7 x 2 = 3
-    (10.0, 18.0, (2.0, 0.0)),   # o = 2; a = 10 - 14 < 0: clamped
+    (14.0, 22.0, (2.0, 0.0)),   # o = 2; a = 14 - 7 x 2 = 0: the cap exactly
+    (10.0, 18.0, (10 / 7, 0.0)),  # slope 2 would make a = 10 - 14 < 0: o capped at 10 / 7
     (12.0, 11.0, (0.0, 12.0)),  # the bigger twin was faster (noise): o = 0, a = R(2)
-], ids=["both", "no-step-part", "no-window-part"])
+], ids=["both", "at-the-cap", "capped", "no-window-part"])
 def test_the_overhead_fit_by_hand(r2, r4, want):
     assert fit_overheads({4: r4, 2: r2}) == pytest.approx(want)

@@ -147,7 +147,12 @@ def window_overhead_ms(adapter: ModelAdapter, *, compute_dtype: str, device: tor
 
 
 def fit_overheads(residual_ms: dict[int, float]) -> tuple[float, float]:
-    """(o, a) of R(L) = a + (2L + 3) o through two (blocks, residual ms) points, each >= 0.
+    """(o, a) of R(L) = a + (2L + 3) o through two (blocks, residual ms) points, both >= 0.
+
+    o is the slope, clamped to [0, R(L1) / (2 L1 + 3)]: the upper end is the largest o for
+    which the smaller twin's a is not negative (a slope past it means the bigger twin's
+    residual was disturbed, and would charge the disturbance to every window); a is then
+    R(L1) - (2 L1 + 3) o.
 
     Raises:
         ValueError: not exactly two distinct block counts.
@@ -155,5 +160,6 @@ def fit_overheads(residual_ms: dict[int, float]) -> tuple[float, float]:
     if len(residual_ms) != 2:
         raise ValueError(f"fit_overheads needs two twins; got {sorted(residual_ms)}")
     (l1, r1), (l2, r2) = sorted(residual_ms.items())
-    o = max(0.0, (r2 - r1) / (2 * (l2 - l1)))
-    return o, max(0.0, r1 - (2 * l1 + 3) * o)
+    w1 = 2 * l1 + 3
+    o = min(max(0.0, (r2 - r1) / (2 * (l2 - l1))), max(0.0, r1) / w1)
+    return o, max(0.0, r1 - w1 * o)
