@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lazytrain import __version__
-from lazytrain.atomic import write_text_atomic
+from lazytrain.atomic import write_json_atomic
 from lazytrain.config import RunConfig
 from lazytrain.spec.hardware import PRESETS
 
@@ -302,7 +302,7 @@ def write_cache(path: Path, profile: dict, fields: dict, *,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load_avg_1min": load_avg, "cpu_count": os.cpu_count(),
         "created_by": f"lazytrain {__version__}"}}
-    write_text_atomic(path, json.dumps(stored, indent=1))
+    write_json_atomic(path, stored)
     return stored
 
 
