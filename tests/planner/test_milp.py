@@ -13,9 +13,10 @@ import pytest
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.heuristics import heuristic_plan, megatrain_plan
 from lazytrain.planner.extract import extract_plan, start_from_plan
-from lazytrain.planner.milp import GB, PlanInfeasibleError, build_milp, solve_milp, solve_record
+from lazytrain.planner.milp import PlanInfeasibleError, build_milp, solve_milp, solve_record
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.units import GB
 
 U = 10**7
 """Byte unit: 1 u = 1e7 bytes; at 1e4 u/s, 100 u moves in 10 ms."""

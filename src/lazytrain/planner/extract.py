@@ -3,7 +3,7 @@
 `start_from_plan` writes a Plan as a full assignment of `milp.build_milp`'s columns (the warm
 start; also how tests check that the model's objective equals the evaluator's step), and
 `extract_decisions` / `extract_plan` read a solver assignment back as Decisions / a validated
-Plan. Knows the variable families of `milp.MilpVars`, no formulation; no solver, no torch.
+Plan. Knows the variable families of `milp_vars.MilpVars`, no formulation; no solver, no torch.
 """
 
 from __future__ import annotations
@@ -11,10 +11,14 @@ from __future__ import annotations
 import math
 
 from lazytrain.planner.evaluate import Decisions, build_plan
-from lazytrain.planner.milp import (
-    BINARY_TOL, FRACTION_EPS, KINDS, Milp, row_name,
-)
+from lazytrain.planner.milp import Milp
+from lazytrain.planner.milp_vars import KINDS, row_name
 from lazytrain.planner.plan import Bounds, Plan, SolveRecord, Transfer, window_name, window_ord
+
+BINARY_TOL = 1e-4
+"""A binary's solver value must be within this of 0 or 1; extraction rounds at 0.5."""
+FRACTION_EPS = 1e-7
+"""Transfer fractions below this are dropped at extraction (then each kind is renormalized)."""
 
 
 def start_from_plan(milp: Milp, plan: Plan) -> list[float] | None:

@@ -99,7 +99,7 @@ class Loads:
 
         The first window (in preference order) whose slack takes it all, else the window whose
         time grows least (ties: the earlier in `ords`). D2H and H2D are scheduled whole, as the
-        MILP moves them (planner/milp.py WHOLE_TRANSFERS): the runtime holds a boundary in HBM
+        MILP moves them (planner/milp_vars.py WHOLE_TRANSFERS): the runtime holds a boundary in HBM
         until its last D2H byte and from its first H2D byte, so a split only costs HBM.
         """
         fits = [o for o in ords if self.slack_bytes(kind, o) >= nbytes]

@@ -32,7 +32,7 @@ class LinearModel:
     """A (mixed-integer) linear program in row form: min c.x + offset, row_lb <= A x <= row_ub.
 
     Variables and rows are numbered in creation order; names are `family[idx]` strings chosen by
-    the caller (see `milp.row_name`). Coefficients are stored per row as {column: value}.
+    the caller (see `milp_vars.row_name`). Coefficients are stored per row as {column: value}.
     """
 
     var_names: list[str] = field(default_factory=list)

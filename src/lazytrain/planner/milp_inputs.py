@@ -1,0 +1,99 @@
+"""The scaled inputs of the placement MILP: the problem in model units (ms, GB, GB/ms).
+
+Owns `Scaled` and `scale_inputs`, the model's only unit conversion (bytes -> GB, bytes/s ->
+GB/ms), and the tie-breaker unit `TIE_REL`. The symbols are those of the formulation's legend
+in `planner/milp.py`. Knows no variables and no rows; no solver, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lazytrain.planner.chains import recompute_chain_ms
+from lazytrain.planner.problem import PlanningProblem
+from lazytrain.units import GB
+
+TIE_REL = 1e-8
+"""Tie-breaker unit as a fraction of the step's compute (sum of F, Fg, B, head): well below any
+solver gap (>= 1e-6) and below the test tolerance; the sum over all tie terms stays < 1e-6 of
+the step. Tie-breakers: dram costs 1 unit, nvme 2, both times (1 + i/L) (late boundaries stay in
+HBM, early ones go furthest); d2h/nvw prefer early windows and h2d/nvr late ones."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Scaled:
+    """The problem in model units: ms, GB and GB/ms (the legend of `planner/milp.py`)."""
+
+    L: int
+    F: tuple[float, ...]
+    Fg: tuple[float, ...]
+    B: tuple[float, ...]
+    P: tuple[float, ...]
+    G: tuple[float, ...]
+    I: tuple[float, ...]  # noqa: E741
+    A: tuple[float, ...]
+    bw_h2d: float
+    bw_d2h: float
+    bw_x: float
+    bw_nr: float
+    bw_nw: float
+    host_conv: float
+    """Host conversion rate, GB of compute-dtype weights per ms (0: host not modelled)."""
+    host_acc: float
+    """Host accumulation rate, GB of drained gradients per ms (0: not modelled)."""
+    embed: float
+    head: float
+    overlap: bool
+    grad_accum: int
+    step_const_ms: float
+    """ga * (pre + post + (2L+1) window_overhead_ms) + const_ms, ms (pre and post include
+    their own window overhead)."""
+    hbm_cap: float
+    dram_cap: float
+    nvme_cap: float
+    q8_saving: tuple[float, ...]
+    q8_penalty: tuple[float, ...]
+    horizons: dict
+    k_max: int
+    allow_keep: bool
+    allow_q8: bool
+    has_nvme: bool
+    tie_ms: float
+    recompute_chain: dict
+    """(s, e) -> R[s,e], ms, for segments with recompute (`chains.recompute_chain_ms`)."""
+
+
+def scale_inputs(problem: PlanningProblem) -> Scaled:
+    """Convert bytes to GB and bytes/s to GB/ms (the only unit conversion of the model)."""
+    from lazytrain.planner.evaluate import post_ms, pre_ms  # the evaluator's constants, shared
+    p, L = problem, problem.num_blocks
+    gb = lambda xs: tuple(x / GB for x in xs)  # noqa: E731
+    per_ms = lambda bps: bps / GB / 1e3  # noqa: E731
+    pre = pre_ms(p)
+    post = post_ms(p)
+    states = p.host_bytes_per_param * (sum(p.params_per_block) + p.ends_params)
+    compute = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
+    ref_ms = max(compute, 1e-3)
+    return Scaled(
+        L=L, F=tuple(p.fwd_ms), Fg=tuple(p.fwd_grad_ms), B=tuple(p.bwd_ms),
+        P=gb(p.weight_bytes), G=gb(p.grad_bytes), I=gb(p.internal_bytes), A=gb(p.boundary_bytes),
+        bw_h2d=per_ms(p.h2d_bytes_per_s), bw_d2h=per_ms(p.d2h_bytes_per_s),
+        bw_x=per_ms(p.duplex_bytes_per_s), bw_nr=per_ms(p.nvme_read_bytes_per_s),
+        bw_nw=per_ms(p.nvme_write_bytes_per_s), host_conv=per_ms(p.host_convert_bytes_per_s),
+        host_acc=per_ms(p.host_accumulate_bytes_per_s), embed=p.embed_ms, head=p.head_ms,
+        overlap=p.copies_overlap_compute, grad_accum=p.grad_accum,
+        step_const_ms=p.grad_accum * (pre + post + (2 * L + 1) * p.window_overhead_ms)
+        + p.const_ms,
+        hbm_cap=(p.hbm_bytes - p.fixed_hbm_bytes) / GB,
+        dram_cap=(p.dram_bytes - p.nvme_staging_bytes - states) / GB,
+        nvme_cap=p.nvme_bytes / GB,
+        q8_saving=tuple(n * (p.host_bytes_per_param - p.host_bytes_per_param_q8) / GB
+                        for n in p.params_per_block),
+        q8_penalty=tuple(n / 1e9 * p.q8_penalty_ms_per_gparam for n in p.params_per_block),
+        horizons={"drain_windows": p.drain_windows, "prefetch_windows": p.prefetch_windows,
+                  "nvme_lead_windows": p.nvme_lead_windows},
+        k_max=p.k_max, allow_keep=p.allow_keep, allow_q8=p.allow_q8, has_nvme=p.nvme_bytes > 0,
+        tie_ms=TIE_REL * ref_ms,
+        recompute_chain={(s, e): recompute_chain_ms(p, s, e) for s in range(L)
+                         for e in range(s + 2, min(L, s + p.k_max) + 1)})
+
