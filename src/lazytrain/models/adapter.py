@@ -121,12 +121,6 @@ class ModelAdapter:
         self.router_cls = router_class(model)
         model.train()  # dropout active: the engine trains
 
-    @property
-    def config_sha256(self) -> str:
-        """Former name of `hf_config_sha256`, kept only for `runtime/profiler.py` (its twin plan
-        and engine); delete once that file reads `hf_config_sha256`."""
-        return self.hf_config_sha256
-
     # --- names ---------------------------------------------------------------------------------
 
     @property

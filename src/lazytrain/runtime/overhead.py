@@ -2,7 +2,7 @@
 
 Owns the twins (2- and 4-block, hidden-64 random-init copies of the run's architecture, their
 all-HBM plans) and the fit R(L) = a + (2L + 3) o of their residuals (engine step minus the
-same windows' compute timed alone by `runtime.profiler.BlockBench`). `measure_profile` writes
+same windows' compute timed alone by `runtime.bench_blocks.BlockBench`). `measure_profile` writes
 o as the profile's `window_overhead_ms` and adds a to `step_const_ms`.
 
 The twins' plans are assembled with `planner.evaluate.build_plan` (never the solver).
@@ -17,7 +17,7 @@ import torch
 
 from lazytrain.models.adapter import ModelAdapter
 from lazytrain.runtime.engine import COMPUTE_DTYPES
-from lazytrain.runtime.profiler import BlockBench, block_kind_times, sample_batch, time_ms
+from lazytrain.runtime.bench_blocks import BlockBench, block_kind_times, sample_batch, time_ms
 
 TWIN_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256}
@@ -71,7 +71,7 @@ def _twin_plan(adapter: ModelAdapter, *, micro_batch: int, seq_len: int, compute
         params_per_block=(P,) * L, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9,
         duplex_bytes_per_s=1e9, nvme_read_bytes_per_s=1e9, nvme_write_bytes_per_s=1e9,
         hbm_bytes=10**12, dram_bytes=10**12,
-        provenance={"model": "twin", "model_config_sha256": adapter.config_sha256,
+        provenance={"model": "twin", "model_config_sha256": adapter.hf_config_sha256,
                     "seq_len": seq_len, "micro_batch": micro_batch, "grad_accum": 1,
                     "dtype": compute_dtype})
     tiers = ("hbm",) * (L + 1)
@@ -101,7 +101,7 @@ def twin_residual_ms(twin: ModelAdapter, *, compute_dtype: str, device: torch.de
     batch["attention_mask"] = torch.ones_like(batch["input_ids"])
     engine = Engine(twin, plan, device=device.type, nvme_dir=nvme_dir,
                     compute_dtype=compute_dtype, io_threads=io_threads, instrument=True,
-                    budgets=True, clip_grad_norm=1.0, model_config_sha256=twin.config_sha256)
+                    budgets=True, clip_grad_norm=1.0, model_config_sha256=twin.hf_config_sha256)
     walls = []
     try:
         for n in range(warmup + max(1, steps)):
