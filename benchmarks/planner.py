@@ -31,7 +31,7 @@ from lazytrain.planner.heuristics import best_fixed_k_plan, heuristic_plan, k_of
 from lazytrain.planner.milp import PlanInfeasibleError, build_milp, solve_milp
 from lazytrain.planner.plan import Bounds
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.sim import compare, simulate
+from lazytrain.sim import disagreements, simulate
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = REPO / "configs" / "qwen3.6-27b-h800.yaml"
@@ -63,7 +63,7 @@ def tiers(plan) -> str:
 def sim_agreement(problem: PlanningProblem, plan) -> str:
     """`+0.00% (0 w)`: simulated step vs the evaluator's, and the windows off by over 1%."""
     sim = simulate(problem, plan)
-    windows = [d for d in compare(problem, plan) if not d.startswith("step:")]
+    windows = [d for d in disagreements(problem, plan) if not d.startswith("step:")]
     return f"{sim.step_ms / plan.predicted.step_ms - 1:+.2%} ({len(windows)} w)"
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from lazytrain.atomic import read_jsonl
-from lazytrain.report.tables import compare, format_table, plan_id_of_dict
+from lazytrain.report.tables import compare_with_run, format_table, plan_id_of_dict
 
 ZERO_WAITS = {"h2d": 0.0, "d2h": 0.0, "nvme_read": 0.0, "nvme_write": 0.0, "optimizer": 0.0}
 ZERO_BYTES = {"h2d": 0, "d2h": 0, "nvme_read": 0, "nvme_write": 0}
@@ -57,7 +57,7 @@ def write_run(run_dir, *, plan=None) -> dict:
 
 def test_compare_gives_hand_computed_medians_and_deltas(tmp_path):
     plan = write_run(tmp_path)
-    c = compare(plan, read_jsonl(tmp_path / "windows.jsonl"))
+    c = compare_with_run(plan, read_jsonl(tmp_path / "windows.jsonl"))
     rows = {w.name: w for w in c.windows}
     assert c.steps_used == [2, 3, 4]
     # f0: median(11, 13, 12) = 12 vs 10 -> +2; b0: median(22, 30, 26) = 26 vs 20 -> +6
@@ -79,10 +79,10 @@ def test_compare_gives_hand_computed_medians_and_deltas(tmp_path):
 
 def test_compare_skips_as_many_warm_up_steps_as_asked(tmp_path):
     plan = write_run(tmp_path)
-    c = compare(plan, read_jsonl(tmp_path / "windows.jsonl"), skip_steps=3)
+    c = compare_with_run(plan, read_jsonl(tmp_path / "windows.jsonl"), skip_steps=3)
     assert c.steps_used == [4] and c.measured_step_ms == 2 + 12 + 4 + 26 + 1
     with pytest.raises(ValueError, match="skip-steps"):
-        compare(plan, read_jsonl(tmp_path / "windows.jsonl"), skip_steps=4)
+        compare_with_run(plan, read_jsonl(tmp_path / "windows.jsonl"), skip_steps=4)
 
 
 def test_records_of_another_plan_are_ignored_when_this_plan_has_records(tmp_path):
@@ -90,13 +90,13 @@ def test_records_of_another_plan_are_ignored_when_this_plan_has_records(tmp_path
     records = read_jsonl(tmp_path / "windows.jsonl")
     stale = dict(records[1], plan_id="0" * 16, step=9)
     stale["windows"] = [dict(w, wall_ms=1000.0) for w in stale["windows"]]
-    c = compare(plan, records + [stale])
+    c = compare_with_run(plan, records + [stale])
     assert c.steps_used == [2, 3, 4] and c.measured_step_ms == 45
 
 
 def test_format_table_names_the_totals_and_the_most_wrong_window(tmp_path):
     plan = write_run(tmp_path)
-    text = format_table(compare(plan, read_jsonl(tmp_path / "windows.jsonl")))
+    text = format_table(compare_with_run(plan, read_jsonl(tmp_path / "windows.jsonl")))
     assert "step time" in text and "peak HBM" in text
     assert "most wrong: b0 (+6.00 ms)" in text
 
@@ -122,7 +122,7 @@ def test_compare_reports_the_ledgers_peaks_owners_and_bytes_per_window(tmp_path)
                                                  "pinned_bytes": pinned,
                                                  "owners": {"kept graph of block 0": hbm}}})
                      + "\n")
-    c = compare(plan, read_jsonl(run_dir / "windows.jsonl"), skip_steps=0)
+    c = compare_with_run(plan, read_jsonl(run_dir / "windows.jsonl"), skip_steps=0)
     assert (c.predicted_peak_hbm_bytes, c.measured_peak_hbm_bytes) == (5000, 4500)
     assert (c.predicted_pinned_bytes, c.measured_pinned_bytes) == (1000, 1000)  # 9000 - 8000
     assert c.peak_window == "turn" and c.peak_owners == {"kept graph of block 0": 4500}

@@ -8,7 +8,7 @@ import pytest
 
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.sim import compare, simulate
+from lazytrain.sim import disagreements, simulate
 
 KB_PER_MS = 1e6
 """1e6 bytes/s = 1000 bytes per ms: a 1000-byte weight load takes exactly 1 ms on H2D."""
@@ -57,7 +57,7 @@ def test_simulator_and_evaluator_agree_on_the_host_bound_windows():
     ev = evaluate(p, ALL_HBM)
     assert ev.binding_by_window == ("host", "compute", "host", "host", "host")
     assert [w.time_ms for w in ev.windows] == pytest.approx([5.0, 1.0, 5.0, 5.0, 4.0])
-    assert compare(p, ALL_HBM) == []
+    assert disagreements(p, ALL_HBM) == []
 
 
 def test_on_a_cpu_the_host_work_shares_the_one_resource():
@@ -68,7 +68,7 @@ def test_on_a_cpu_the_host_work_shares_the_one_resource():
     assert times == pytest.approx({"pre": 6.5, "f0": 7.0, "f1": 1.0, "turn": 7.0, "b1": 9.5,
                                    "b0": 8.5, "post": 5.0})
     assert r.step_ms == pytest.approx(44.5)
-    assert compare(_problem(copies_overlap_compute=False), ALL_HBM) == []
+    assert disagreements(_problem(copies_overlap_compute=False), ALL_HBM) == []
 
 
 def test_without_host_rates_there_is_no_host_task():

@@ -9,7 +9,7 @@ import pytest
 from lazytrain.config import load_config
 from lazytrain.planner.build import problem_from_config
 from lazytrain.planner.evaluate import evaluate
-from lazytrain.sim import compare, simulate
+from lazytrain.sim import disagreements, simulate
 
 SEED = "configs/qwen3.6-27b-h800.yaml"
 NVME_HEAVY = ["hardware.hbm_gb=40", "hardware.dram_gb=225", "hardware.nvme_gb=1000",
@@ -33,7 +33,7 @@ def seed_problem(repo_root, shared_dir):
 
 def _assert_agree(problem, plan) -> None:
     ev, sim = evaluate(problem, plan), simulate(problem, plan)
-    assert compare(problem, plan, rel_tol=0.01) == []
+    assert disagreements(problem, plan, rel_tol=0.01) == []
     assert sim.step_ms == pytest.approx(ev.step_ms, rel=0.01)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from lazytrain.planner.plan import Plan, Transfer
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.sim import SimOptions, compare, simulate
+from lazytrain.sim import SimOptions, disagreements, simulate
 from lazytrain.sim.events import duplex_rates
 
 # 1e6 bytes/s = 1000 bytes per ms: a 1000-byte weight load takes exactly 1 ms.
@@ -182,7 +182,7 @@ def test_simulator_agrees_with_evaluator_on_gpu_when_nothing_contends(name, eval
     p = _varied(h2d_bytes_per_s=fast, d2h_bytes_per_s=fast, duplex_bytes_per_s=2 * fast,
                 nvme_read_bytes_per_s=fast, nvme_write_bytes_per_s=fast)
     tiers, keep = PLANS[name]
-    assert compare(p, _plan(p, tiers, keep)) == []
+    assert disagreements(p, _plan(p, tiers, keep)) == []
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
@@ -190,14 +190,14 @@ def test_simulator_agrees_with_evaluator_on_cpu_with_real_copy_costs(name, evalu
     # CPU: one shared resource, so the sum-of-channels equation is exact even with slow copies
     p = _varied(copies_overlap_compute=False)
     tiers, keep = PLANS[name]
-    assert compare(p, _plan(p, tiers, keep)) == []
+    assert disagreements(p, _plan(p, tiers, keep)) == []
 
 
 def test_all_hbm_plan_agrees_on_gpu_with_loaded_links(evaluator):
     # no recompute, no activation copies: loads overlap the previous window's compute exactly
     p = _varied(embed_ms=0.0, h2d_bytes_per_s=0.8 * KB_PER_MS, d2h_bytes_per_s=0.8 * KB_PER_MS)
     plan = _plan(p, ("hbm",) * 5)
-    assert compare(p, plan) == []
+    assert disagreements(p, plan) == []
     ev = evaluator.evaluate(p, plan)
     assert simulate(p, plan).step_ms == pytest.approx(ev.step_ms)
 
@@ -205,7 +205,7 @@ def test_all_hbm_plan_agrees_on_gpu_with_loaded_links(evaluator):
 def test_compare_reports_recompute_loads_waiting_for_a_third_weight_buffer(evaluator):
     p = tiny_problem(L=3)
     plan = _plan(p, ("hbm", "recompute", "recompute", "hbm"))
-    diffs = compare(p, plan, options=SimOptions(weight_buffers=3))
+    diffs = disagreements(p, plan, options=SimOptions(weight_buffers=3))
     b2 = [d for d in diffs if d.startswith("b2:")]
     assert b2, diffs
     # evaluator: W1 (1 ms) then the recompute chain max_k(P[0..k] + F[k..1]) = 3 ms, then
@@ -225,14 +225,14 @@ def test_recompute_windows_agree_with_the_runtimes_four_weight_buffers_on_loaded
     p = _varied(h2d_bytes_per_s=0.8 * KB_PER_MS, d2h_bytes_per_s=0.8 * KB_PER_MS)
     tiers, keep = PLANS[name]
     plan = _plan(p, tiers, keep)
-    assert compare(p, plan, options=SimOptions(weight_buffers=4)) == []
+    assert disagreements(p, plan, options=SimOptions(weight_buffers=4)) == []
 
 
 def test_compare_reports_duplex_sharing(evaluator):
     p = tiny_problem(L=2, weight_bytes=(1000, 2000), boundary_bytes=(500, 1000, 1000),
                      duplex_bytes_per_s=1.5 * KB_PER_MS)
     plan = Plan(tiers=("dram", "hbm", "hbm"), transfers=(T(0, "d2h", "f0"), T(0, "h2d", "b1")))
-    f0 = [d for d in compare(p, plan) if d.startswith("f0:")]
+    f0 = [d for d in disagreements(p, plan) if d.startswith("f0:")]
     assert len(f0) == 1 and "duplex" in f0[0]
 
 
@@ -245,7 +245,7 @@ def test_same_window_nvme_write_after_its_d2h_is_serial_in_both_models(evaluator
     # F0 and the load of W1 take 1 ms each beside it
     assert simulate(p, plan).window("f0").time_ms == pytest.approx(2.0)
     assert evaluator.evaluate(p, plan).windows[0].time_ms == pytest.approx(2.0)
-    assert compare(p, plan) == []
+    assert disagreements(p, plan) == []
 
 
 def test_a_read_in_the_window_of_a_later_write_waits_for_it_in_both_models(evaluator):
@@ -264,4 +264,4 @@ def test_a_read_in_the_window_of_a_later_write_waits_for_it_in_both_models(evalu
     assert simulate(p, plan).window("turn").time_ms == pytest.approx(2.0)
     turn = [w for w in evaluator.evaluate(p, plan).windows if w.name == "turn"][0]
     assert turn.time_ms == pytest.approx(2.0)
-    assert compare(p, plan) == []
+    assert disagreements(p, plan) == []

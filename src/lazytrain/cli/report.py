@@ -42,7 +42,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load, compare, print; returns the exit code."""
     from lazytrain.atomic import read_jsonl
-    from lazytrain.report.tables import compare, format_table
+    from lazytrain.report.tables import compare_with_run, format_table
 
     run_dir = Path(args.run_dir)
     plan_path = Path(args.plan) if args.plan else run_dir / "plan.json"
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     records = read_jsonl(run_dir / "windows.jsonl")
     if args.plan and not args.force:
         check_plan_of_run(plan_dict, records, plan_path=plan_path)
-    comparison = compare(plan_dict, records, skip_steps=args.skip_steps)
+    comparison = compare_with_run(plan_dict, records, skip_steps=args.skip_steps)
     if args.json:
         print(json.dumps(comparison.to_dict(), indent=1))
     else:

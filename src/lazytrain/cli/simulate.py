@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from lazytrain.planner.plan import Plan
     from lazytrain.planner.topology import rank_problem_of
     from lazytrain.report.simulation import format_simulation, simulation_json
-    from lazytrain.sim import SimOptions, compare, simulate
+    from lazytrain.sim import SimOptions, disagreements, simulate
 
     plan = Plan.load(args.plan).validate()
     base = plan.provenance.get("config")
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     opts = SimOptions(weight_buffers=args.weight_buffers)
     ev, sim = evaluate(problem, plan), simulate(problem, plan, options=opts)
-    diffs = compare(problem, plan, options=opts)
+    diffs = disagreements(problem, plan, options=opts)
     stored = plan.predicted.step_ms if plan.predicted else None
     if stored is not None and abs(stored - ev.step_ms) > PREDICTED_REL_TOL * abs(ev.step_ms):
         print(f"warning: {args.plan} predicts {stored:.1f} ms per step but this problem "

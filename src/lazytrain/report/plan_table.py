@@ -54,7 +54,7 @@ def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOption
     """
     from lazytrain.planner.heuristics import best_fixed_k_plan, k_of
     from lazytrain.planner.policy import plan as plan_problem
-    from lazytrain.sim import compare, simulate
+    from lazytrain.sim import disagreements, simulate
 
     policy, megatrain_k = options.policy, options.megatrain_k
     baseline = plan if policy == "megatrain" else plan_problem(
@@ -89,7 +89,7 @@ def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOption
         "speedup_vs_megatrain": base / ours if ours and base else None,
         "solver": None if plan.solver is None else asdict(plan.solver),
         "bounds": asdict(b),
-        "simulator": {"step_ms": sim.step_ms, "disagreements": compare(problem, plan)},
+        "simulator": {"step_ms": sim.step_ms, "disagreements": disagreements(problem, plan)},
         "violations": list(plan.provenance.get("violations") or []),
     }
 

@@ -31,7 +31,7 @@ def format_simulation(problem, ev, sim, diffs: list[str]) -> str:
         problem: the problem both models ran.
         ev: `planner.evaluate.evaluate(problem, plan)`.
         sim: `sim.simulate(problem, plan)`.
-        diffs: `sim.compare(problem, plan)`, one line per disagreement.
+        diffs: `sim.disagreements(problem, plan)`, one line per disagreement.
     """
     lines = [f"{problem.name}: {problem.num_blocks} blocks, "
              f"{'GPU (copies overlap compute)' if problem.copies_overlap_compute else 'CPU'}",

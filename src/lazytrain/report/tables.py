@@ -139,7 +139,7 @@ def select_records(records: list[dict], *, plan_id: str, skip_steps: int) -> lis
     return out
 
 
-def compare(plan_dict: dict, records: list[dict], *, skip_steps: int = 1) -> Comparison:
+def compare_with_run(plan_dict: dict, records: list[dict], *, skip_steps: int = 1) -> Comparison:
     """Predicted (plan JSON dict) vs measured (windows.jsonl records), see the module docstring.
 
     Raises:

@@ -1,7 +1,7 @@
 """Event simulation of a Plan and its comparison with the fluid window evaluator.
 
 Owns `simulate(problem, plan) -> SimResult` (step time, per-window start/end, exposed time per
-window and per channel, the task timeline for a Gantt chart) and `compare(problem, plan)` (the
+window and per channel, the task timeline for a Gantt chart) and `disagreements(problem, plan)` (the
 list of disagreements with `lazytrain.planner.evaluate.evaluate`, each with the dependency that
 caused it). The task graph comes from `sim/tasks.py`, the mechanics from `sim/events.py`; no
 window equation of the evaluator is reused, so agreement is evidence, not tautology.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lazytrain.contract import DEVICE_GRAD_BUFFERS, DEVICE_WEIGHT_SLOTS
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.sim.events import STREAMS, run
@@ -28,17 +29,18 @@ COPY_STREAMS = STREAMS[1:]
 class SimOptions:
     """What the simulated engine looks like beyond the Plan.
 
-    The defaults follow the runtime engine: a ring of four weight buffers (runtime/streams.py
-    `DeviceWeights(num_slots=4)`: two for double buffering, two so segment recompute loads
-    ping-pong; planner/build.py counts all four in `fixed_hbm_bytes`), two gradient drain
-    buffers, and window barriers (docs/execution_model.md).
+    The defaults follow the runtime engine: a ring of four weight buffers
+    (`lazytrain.contract.DEVICE_WEIGHT_SLOTS`: two for double buffering, two so segment
+    recompute loads ping-pong; planner/build.py counts all four in `fixed_hbm_bytes`), two
+    device gradient buffers (`DEVICE_GRAD_BUFFERS`), and window barriers
+    (docs/execution_model.md).
     """
 
-    weight_buffers: int = 4
+    weight_buffers: int = DEVICE_WEIGHT_SLOTS
     """Device weight buffers a streamed load may use (>= 3: the next window's load and one
     recompute load must fit beside the buffer of the block being computed; 4 lets recompute
     loads ping-pong so that only the first is exposed)."""
-    grad_buffers: int = 2
+    grad_buffers: int = DEVICE_GRAD_BUFFERS
     """Device gradient buffers (B[j] needs a free one; the drain frees it) (>= 1)."""
     barriers: bool = True
     """Window barriers (the engine's semantics); False shows what a barrier-free engine gets."""
@@ -238,7 +240,7 @@ def _explain(result: SimResult, name: str) -> str:
     return "; ".join(items)
 
 
-def compare(problem: PlanningProblem, plan: Plan, *, options: SimOptions | None = None,
+def disagreements(problem: PlanningProblem, plan: Plan, *, options: SimOptions | None = None,
             rel_tol: float = 0.01, abs_tol_ms: float = 0.01) -> list[str]:
     """Disagreements between the event simulator and the fluid evaluator (empty: they agree).
 
@@ -257,7 +259,7 @@ def compare(problem: PlanningProblem, plan: Plan, *, options: SimOptions | None 
         waited for W4 recompute (weight load before use); ends with B5 on compute"; the step
         total comes last when it disagrees.
     """
-    from lazytrain.planner.evaluate import evaluate  # deferred: only compare needs it
+    from lazytrain.planner.evaluate import evaluate  # deferred: only disagreements needs it
 
     ev = evaluate(problem, plan)
     sim = simulate(problem, plan, options=options)

@@ -118,7 +118,7 @@ def generate_answers(model: Any, tokenizer: Any, examples: list[Example], *,
     return texts
 
 
-def evaluate(model: Any, tokenizer: Any, examples: list[Example], *, seq_len: int,
+def evaluate_heldout(model: Any, tokenizer: Any, examples: list[Example], *, seq_len: int,
              pad_id: int, data_format: str) -> EvalResult:
     """Loss and exact match of `model` on `examples` (RNG state and thread count preserved)."""
     threads = torch.get_num_threads()

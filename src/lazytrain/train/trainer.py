@@ -28,7 +28,7 @@ from lazytrain.planner.plan import Plan
 from lazytrain.runtime.build import device_type, engine_from_config, resolve_device
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
-from lazytrain.train.evaluate import build_eval_model, evaluate, load_weights
+from lazytrain.train.evaluate import build_eval_model, evaluate_heldout, load_weights
 from lazytrain.train.preflight import preflight
 from lazytrain.train.rank import RankContext
 from lazytrain.train.tracking import Trackers, check_trackers, step_scalars
@@ -374,7 +374,7 @@ class Trainer:
             if self.eval_model is None:
                 self.eval_model = build_eval_model(self.adapter.config)
             load_weights(self.eval_model, self.engine.named_masters())
-            return evaluate(self.eval_model, self.tokenizer, list(self.data.eval_examples),
+            return evaluate_heldout(self.eval_model, self.tokenizer, list(self.data.eval_examples),
                             seq_len=self.cfg.data.seq_len, pad_id=self.data.train.pad_id,
                             data_format=self.data.format)
 
