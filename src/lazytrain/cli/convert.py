@@ -15,8 +15,8 @@ from pathlib import Path
 
 EPILOG = """\
 examples:
-  lazytrain convert megatrain ../shared/megatrain_configs/qwen3_8b.yaml --out qwen3-8b.yaml
-  lazytrain plan --config qwen3-8b.yaml --model ../shared/models/qwen3-8b.json
+  lazytrain convert megatrain path/to/megatrain/qwen3_8b.yaml --out qwen3-8b.yaml
+  lazytrain plan --config qwen3-8b.yaml --model path/to/Qwen3-8B/config.json
 """
 
 

@@ -49,7 +49,7 @@ examples:
   lazytrain plan --config configs/qwen3.6-27b-h800.yaml --policy heuristic --micro-batch 36
   lazytrain plan --config configs/qwen3.6-27b-h800.yaml --policy heuristic --max-batch \\
       --hardware h200 --grad-accums 1,4
-  lazytrain plan --model ../shared/models/qwen3-8b.json --hardware h100-pcie --seq-len 4096 \\
+  lazytrain plan --model smollm2-135m-instruct --hardware h100-pcie --seq-len 4096 \\
       --micro-batch 8 --set planner.time_limit_s=30 --json
 """
 

@@ -7,12 +7,12 @@ each field's type (the key and the expected type named) -> dataclasses built, wh
 
 Model path resolution: a relative `model.config_path` is resolved when the YAML is loaded, in
 this order: the YAML file's directory, the current directory, then a `shared/` tree next to or
-above the repository or the current directory (for `../shared/models/...`, the reference inputs
-that the repository must not copy). The first existing file or directory wins and is stored as
-an absolute path (so the resolved config saved with a run or plan is unambiguous). A value that
-resolves to nothing (e.g. the built-in name `smollm2-135m-instruct`) is kept as written and
-resolved by name later (`lazytrain.spec.model.BUILTIN_CONFIGS` for planning; the model loader
-for weights).
+above the repository or the current directory (where the reference model configs that the
+shipped `configs/*.yaml` name live; the repository does not copy them). The first existing
+file or directory wins and is stored as an absolute path (so the resolved config saved with a
+run or plan is unambiguous). A value that resolves to nothing (e.g. the built-in name
+`smollm2-135m-instruct`) is kept as written and resolved by name later
+(`lazytrain.spec.model.BUILTIN_CONFIGS` for planning; the model loader for weights).
 
 Owns the file and override handling and the model path; the keys live in `sections.py`, the
 type checks and aliases in `coerce.py`. Imports neither torch nor a solver.

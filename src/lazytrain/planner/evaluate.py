@@ -24,9 +24,7 @@ from lazytrain.planner.plan import (
 )
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.staging import staging_by_window
-
-GB = 1e9
-"""Bytes per GB in messages (DESIGN: GB means 1e9 bytes)."""
+from lazytrain.units import GB
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

@@ -1,9 +1,9 @@
 """`BlockCosts`: per-block times (ms) and sizes (bytes) for one micro-batch, analytic or measured.
 
-Symbols as in DESIGN.md section 3 and docs/execution_model.md: F (forward, no autograd),
-Fg (forward with autograd, the re-forward before backward), B (backward), P (weight bytes
-streamed H2D), G (gradient bytes drained D2H), A (boundary activation bytes), I (autograd-saved
-internal activations of a block, excluding its input boundary).
+Symbols as in docs/execution_model.md: F (forward, no autograd), Fg (forward with autograd,
+the re-forward before backward), B (backward), P (weight bytes streamed H2D), G (gradient
+bytes drained D2H), A (boundary activation bytes), I (autograd-saved internal activations of a
+block, excluding its input boundary).
 
 Analytic model (`analytic_costs`), per block j and micro-batch of T = micro_batch * seq_len:
 - FLOPs: fwd = T * (2 * active_params + attention core) (`BlockSpec.fwd_flops_per_token`);
@@ -19,7 +19,7 @@ Analytic model (`analytic_costs`), per block j and micro-batch of T = micro_batc
 - Head (the `turn` window): final norm + LM head + loss forward and backward in token chunks,
   6 x T x vocab x hidden FLOPs. Embedding: a gather, 2 x A bytes at HBM bandwidth.
 
-Profile file (`profile_costs`; `lazytrain profile` writes it, issue 4), JSON:
+Profile file (`profile_costs`; `lazytrain profile` writes it), JSON:
 
     {"version": 1,
      "model_config_sha256": hex,          # optional; checked when present

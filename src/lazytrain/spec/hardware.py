@@ -29,8 +29,8 @@ from pathlib import Path
 import yaml
 
 from lazytrain.atomic import write_text_atomic
+from lazytrain.units import GB
 
-GB = 1e9
 TFLOPS = 1e12
 
 CONVERT_TRAFFIC_PER_BYTE = 3.0
