@@ -119,7 +119,7 @@ def make_engine(adapter, plan, nvme_dir: Path, *, fault_hook=None, instrument: b
 
     store = CheckpointStore(device=torch.device("cpu"), nvme_dir=nvme_dir, fault_hook=fault_hook,
                             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
-    return Engine(adapter, plan, device="cpu", nvme_dir=nvme_dir, compute_dtype="fp32",
+    return Engine(adapter, plan, device="cpu", compute_dtype="fp32",
                   lr=1e-5, clip_grad_norm=1.0, store=store, instrument=instrument,
                   budgets=budgets, model_config_sha256=plan.provenance["model_config_sha256"])
 

@@ -19,7 +19,7 @@ def test_a_step_after_a_failed_step_runs_and_its_gradients_equal_autograd(tmp_pa
     ref, adapter = model_pair(tiny_config("llama", layers=3))
     plan = plan_for(adapter, [H, N, R, H])  # boundary 1 on the NVMe tier
     faults = FaultInjector()
-    engine = Engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme",
+    engine = Engine(adapter, plan, device="cpu",
                     store=CheckpointStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
                                           fault_hook=faults))
     batches = micro_batches(1)
@@ -49,7 +49,7 @@ def test_a_flipped_bit_in_an_nvme_checkpoint_stops_the_step_instead_of_wrong_gra
 
     _, adapter = model_pair(tiny_config("llama", layers=3))
     plan = plan_for(adapter, [H, N, R, H])
-    engine = Engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme",
+    engine = Engine(adapter, plan, device="cpu",
                     store=CheckpointStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
                                           fault_hook=flip))
     try:

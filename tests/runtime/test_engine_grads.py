@@ -152,3 +152,16 @@ def test_engine_refuses_plan_for_another_sequence_length(tmp_path):
             engine.compute_gradients([batch])
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("extra", [{"nvme_dir": "elsewhere"}, {"io_threads": 4}],
+                         ids=["nvme_dir", "io_threads"])
+def test_engine_refuses_store_settings_beside_a_given_store(tmp_path, extra):
+    from lazytrain.runtime.activations import CheckpointStore
+    _, adapter = model_pair(tiny_config("llama", layers=2))
+    store = CheckpointStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme", io_threads=1)
+    try:
+        with pytest.raises(ValueError, match="pass them to CheckpointStore"):
+            Engine(adapter, plan_for(adapter, [H, H, H]), device="cpu", store=store, **extra)
+    finally:
+        store.close()

@@ -71,10 +71,10 @@ def engine_from_config(cfg: RunConfig, adapter, plan: Plan, *, device_kind: str,
         hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
     # before the Engine wraps store.io with its instrument (0: wait without a limit)
     store.io.timeout_s = rc.nvme_timeout_s or None
-    return Engine(adapter, plan, device=store.dev, nvme_dir=nvme_dir,
+    return Engine(adapter, plan, device=store.dev,
                   compute_dtype=tc.compute_dtype, lr=tc.lr, betas=(tc.adam_beta1, tc.adam_beta2),
                   eps=tc.adam_eps, weight_decay=tc.weight_decay,
                   clip_grad_norm=tc.clip_grad_norm or None, grad_accum=tc.grad_accum, seed=seed,
-                  io_threads=rc.io_threads, model_config_sha256=model_config_sha256, store=store,
+                  model_config_sha256=model_config_sha256, store=store,
                   optimizer=optimizer, grad_sync=grad_sync, instrument=True,
                   head_chunk_tokens=rc.head_chunk_tokens, budgets=True)

@@ -78,17 +78,21 @@ class Engine:
         device: the device API (`runtime/device.py`) or a backend name: "cpu", "cuda",
             "cpu-checked", "cpu-threaded" (chosen once; every stream, event, copy and
             allocation goes through it). A given `store` must use the same device object.
-        nvme_dir: directory for the nvme tier's files.
+        nvme_dir: directory for the nvme tier's files of the store made here (default
+            "lazytrain_nvme"); only without `store`.
         compute_dtype: "fp32" or "bf16" (device copies and activations).
         lr, betas, eps, weight_decay: AdamW (torch semantics); `step(lr=...)` overrides lr.
         clip_grad_norm: max global grad norm, or None/0 for no clipping.
         grad_accum: micro-batches per optimizer step (checked against each step's list).
         seed: seeds torch's RNG once here (dropout, repeatable runs).
-        io_threads: NVMe worker threads of the checkpoint store.
+        io_threads: NVMe worker threads of the store made here (default: the store's, 2); only
+            without `store`.
         model_config_sha256: the plan provenance's `model_config_sha256` to expect; default:
             the adapter's `hf_config_sha256` (plans built by hand record it). A planner-made
             plan records `ModelSpec.config_sha256` (the parsed architecture): pass that.
-        store: an existing CheckpointStore (tests with fault hooks); default: a new one.
+        store: an existing CheckpointStore (tests with fault hooks); default: a new one. It
+            has its own directory and threads: passing `nvme_dir` or `io_threads` with it is
+            a ValueError.
         instrument: record every window's waits and bytes per channel (runtime/instrument.py)
             into `StepStats.windows`.
         head_chunk_tokens: flattened tokens per head/loss chunk (`runtime.head_chunk_tokens`);
@@ -111,10 +115,13 @@ class Engine:
                  nvme_dir: str | Path | None = None, compute_dtype: str = "fp32", lr: float = 1e-4,
                  betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
                  clip_grad_norm: float | None = None, grad_accum: int = 1, seed: int = 0,
-                 io_threads: int = 2, model_config_sha256: str | None = None,
+                 io_threads: int | None = None, model_config_sha256: str | None = None,
                  store: CheckpointStore | None = None, optimizer: BlockOptimizer | None = None,
                  grad_sync=None, instrument: bool = False,
                  head_chunk_tokens: int = HEAD_CHUNK_TOKENS, budgets: bool = False) -> None:
+        if store is not None and (nvme_dir is not None or io_threads is not None):
+            raise ValueError("Engine: nvme_dir and io_threads configure the store made here; a "
+                             "given store has its own: pass them to CheckpointStore instead")
         dev = store.dev if store is not None and not isinstance(device, Device) else device
         if plan.num_blocks != adapter.num_blocks:
             raise ValueError(f"plan has {plan.num_blocks} blocks, model has {adapter.num_blocks}")
@@ -151,7 +158,8 @@ class Engine:
         self.drain = GradDrain(self.dev, self.params.max_block_numel(), dtype=self.dtype)
         self.meter = WindowMeter(self.dev)
         self.store = store or CheckpointStore(
-            device=self.dev, nvme_dir=Path(nvme_dir or "lazytrain_nvme"), io_threads=io_threads,
+            device=self.dev, nvme_dir=Path(nvme_dir or "lazytrain_nvme"),
+            **({} if io_threads is None else {"io_threads": io_threads}),
             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
         self.optimizer = optimizer or BlockOptimizer(self.params, lr=lr, betas=betas, eps=eps,
                                                      weight_decay=weight_decay)
