@@ -859,7 +859,7 @@ def measured_problem(adapter, config, shape: dict, ctx: Ctx):
     (`planner.build`)."""
     from lazytrain.config import config_from_dict
     from lazytrain.planner.build import build_problem
-    from lazytrain.runtime.ends import HEAD_CHUNK_TOKENS
+    from lazytrain.contract import HEAD_CHUNK_TOKENS
     from lazytrain.runtime.bench_blocks import BlockBench, block_kind_times, time_ms
     from lazytrain.runtime.bench_rates import copy_rates
     from lazytrain.spec.costs import analytic_costs

@@ -38,10 +38,11 @@ import contextlib
 
 import torch
 
+from lazytrain.contract import align_up
 from lazytrain.runtime import nvme
 from lazytrain.runtime.activations import CheckpointStore
 from lazytrain.runtime.filesystem import filesystem_type
-from lazytrain.runtime.nvme import CHUNK_BYTES, aligned_empty, align_up, supports_o_direct
+from lazytrain.runtime.nvme import CHUNK_BYTES, aligned_empty, supports_o_direct
 from lazytrain.units import GB
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lazytrain.config.checks import check, check_finite
+from lazytrain.contract import HEAD_CHUNK_TOKENS
 
 Dtype = Literal["bf16", "fp32"]
 
@@ -350,7 +351,7 @@ class RuntimeConfig:
     forever. 300: far above a window's transfers (GBs at GB/s)."""
     threads: int = 0
     """torch intra-op threads, >= 0; 0: torch's default (all cores)."""
-    head_chunk_tokens: int = 1024
+    head_chunk_tokens: int = HEAD_CHUNK_TOKENS
     """Tokens per chunk of the LM head + loss, >= 1: the [chunk, vocab] logits are the head's
     HBM workspace (1024 x 248320 x 8 B = 2 GB for Qwen3.5-27B)."""
     calibrate: Literal["auto", "off"] = "auto"

@@ -5,25 +5,31 @@ bytes per parameter of the configured precision and the constant DRAM staging po
 sizes per block come from `lazytrain.spec.costs`. Imports spec and the problem type only (no
 solver, no torch).
 
+Every count and byte size of a runtime buffer below is a `lazytrain.contract` constant, the
+numbers the runtime allocates by; this module restates none of them.
+
 HBM (`fixed_hbm_bytes`, docs/execution_model.md "HBM capacity"):
-    4 x max P            the engine's weight ring (runtime/streams.py DeviceWeights): two for
-                         double buffering (block j+1 loads while j runs), two so segment
-                         recompute loads are double-buffered too
-  + 2 x max G            two gradient buffers (block j+1 drains while j's backward writes)
-  + ends weights + grads embedding, final norm, untied head resident, with their fp32
-                         gradient accumulator (4 B/param)
-  + block workspace      one block's autograd-saved activations + boundary grads (max I + 3A)
-  + head workspace       the chunked [chunk, vocab] logits of the LM head and loss
+    DEVICE_WEIGHT_SLOTS x max P    the engine's weight ring (4: two for double buffering, block
+                                   j+1 loads while j runs; two so segment recompute loads are
+                                   double-buffered too)
+  + DEVICE_GRAD_BUFFERS x max G    two gradient buffers (block j+1 drains while j's backward
+                                   writes)
+  + ends weights + grads           embedding, final norm, untied head resident, with their fp32
+                                   gradient accumulator (ENDS_GRAD_BYTES_PER_PARAM, 4 B/param)
+  + block workspace                one block's autograd-saved activations + boundary grads
+                                   (max I + 3A)
+  + head workspace                 the chunked [chunk, vocab] logits of the LM head and loss
   and `hbm_bytes = hardware HBM x (1 - hardware.hbm_reserve_fraction)`.
 
 DRAM (the planner's row: DRAM-tier checkpoints + staging + states <= `dram_bytes`):
-  states   = host_bytes_per_param x params: fp32 master 16 B (fp32 weights, grads, Adam m, v);
-             bf16 master 12 B (bf16 weights and grads, fp32 m, v; MegaTrain). DESIGN.md sec. 2.
-  staging  = the bounded pinned pool for streamed weights (`WEIGHT_POOL_BLOCKS` x max P), the
-             pinned gradient landing buffers (2 x max G, compute dtype, as the runtime drains)
-             and the NVMe bounce pool (`NVME_BOUNCE_BOUNDARIES` x A padded to 4 KiB), plus,
-             with bf16 masters, the optimizer's fp32 scratch (8 B x the largest group: weights
-             and gradient of the group being stepped; pageable, not pinned).
+  states   = HOST_BYTES_PER_PARAM x params: fp32 master 16 B (fp32 weights, grads, Adam m, v);
+             bf16 master 12 B (bf16 weights and grads, fp32 m, v; MegaTrain).
+  staging  = the bounded pinned pool for streamed weights (WEIGHT_STAGING_BUFFERS x max P), the
+             pinned gradient landing buffers (GRAD_DRAIN_BUFFERS x max G, compute dtype, as the
+             runtime drains) and the NVMe bounce pool (NVME_BOUNCE_BUFFERS x A padded to
+             ALIGN_BYTES, 4 KiB), plus, with bf16 masters, the optimizer's fp32 scratch
+             (OPTIMIZER_SCRATCH_BYTES_PER_PARAM, 8 B x the largest group: weights and gradient
+             of the group being stepped; pageable, not pinned).
              PlanningProblem has one constant-DRAM field, `nvme_staging_bytes`; all of them go
              there (their split is in `provenance["memory"]`). `dram_bytes` stays the
              hardware's DRAM.
@@ -40,26 +46,17 @@ import dataclasses
 
 from lazytrain import __version__
 from lazytrain.config import RunConfig
+from lazytrain.contract import (
+    DEVICE_GRAD_BUFFERS, DEVICE_WEIGHT_SLOTS, ENDS_GRAD_BYTES_PER_PARAM, GRAD_DRAIN_BUFFERS,
+    HOST_BYTES_PER_PARAM, HOST_BYTES_PER_PARAM_Q8, NVME_BOUNCE_BUFFERS,
+    OPTIMIZER_SCRATCH_BYTES_PER_PARAM, WEIGHT_STAGING_BUFFERS, align_up,
+)
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.spec.costs import DTYPE_BYTES, ModelCosts, analytic_costs, profile_costs
 from lazytrain.spec.hardware import (
     ACCUMULATE_TRAFFIC_PER_BYTE, CONVERT_TRAFFIC_PER_BYTE, PRESETS, HardwareSpec, get_hardware,
 )
 from lazytrain.spec.model import ModelSpec
-
-HOST_BYTES_PER_PARAM = {"fp32": 16.0, "bf16": 12.0}
-"""train.master_dtype -> host bytes per parameter (master + grad + two Adam moments)."""
-HOST_BYTES_PER_PARAM_Q8 = {"fp32": 10.0, "bf16": 6.0}
-"""The same with 8-bit Adam moments (2 x 1 B instead of 2 x 4 B; block scales negligible)."""
-ENDS_GRAD_BYTES_PER_PARAM = 4
-"""The device's ends gradient is an fp32 accumulator (runtime/engine.py), bytes per parameter."""
-DEVICE_WEIGHT_SLOTS = 4
-"""Device weight buffers of the engine's ring (runtime/streams.py DeviceWeights num_slots)."""
-WEIGHT_POOL_BLOCKS = 4
-"""Pinned staging slots for streamed weights: two in flight to the double buffer, two being
-converted from the master copy. Bounded, not one pinned copy of the model (issue 3)."""
-NVME_BOUNCE_BOUNDARIES = 2
-"""DRAM bounce buffers of the NVMe tier, in boundaries (one writing, one reading)."""
 
 
 def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
@@ -177,7 +174,7 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
     a = max(costs.boundary_bytes)
     parts = {
         "weight_buffers_bytes": DEVICE_WEIGHT_SLOTS * max_p,
-        "grad_buffers_bytes": 2 * max_g,
+        "grad_buffers_bytes": DEVICE_GRAD_BUFFERS * max_g,
         # the ends' gradient accumulates in fp32 on the device (4 B/param, whatever the
         # compute dtype: chunked head gradients add up without bf16 rounding)
         "ends_bytes": costs.ends_weight_bytes + ENDS_GRAD_BYTES_PER_PARAM * model.ends_params,
@@ -186,11 +183,12 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
     }
     largest_group = max([b.params for b in model.blocks] + [model.ends_params])
     staging = {
-        "weight_pool_bytes": WEIGHT_POOL_BLOCKS * max_p,
-        "grad_landing_bytes": 2 * max_g,
-        "nvme_bounce_bytes": NVME_BOUNCE_BOUNDARIES * _align_up(a),
+        "weight_pool_bytes": WEIGHT_STAGING_BUFFERS * max_p,
+        "grad_landing_bytes": GRAD_DRAIN_BUFFERS * max_g,
+        "nvme_bounce_bytes": NVME_BOUNCE_BUFFERS * align_up(a),
         # bf16 masters: AdamW steps an fp32 [2, largest group] copy (runtime/optim.py)
-        "optimizer_scratch_bytes": 8 * largest_group if cfg.train.master_dtype == "bf16" else 0,
+        "optimizer_scratch_bytes": (OPTIMIZER_SCRATCH_BYTES_PER_PARAM * largest_group
+                                    if cfg.train.master_dtype == "bf16" else 0),
     }
     states = int(HOST_BYTES_PER_PARAM[cfg.train.master_dtype] * model.total_params)
     staging_bytes = sum(staging.values())
@@ -203,11 +201,6 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
         **staging,
         "dram_free_for_checkpoints_bytes": hw.dram_bytes - states - staging_bytes,
     }
-
-
-def _align_up(nbytes: int, align: int = 4096) -> int:
-    """NVMe bounce buffers are padded to the 4 KiB O_DIRECT block (runtime/nvme.py)."""
-    return -(-int(nbytes) // align) * align
 
 
 def hardware_from_config(cfg: RunConfig) -> HardwareSpec:

@@ -25,18 +25,19 @@ Both are exact for the event simulator (`sim/`) up to duplex sharing (a D2H and 
 that together exceed the duplex cap share it; the fluid (H2D + D2H) / bw_duplex term is kept).
 GPU only: on a CPU the window is already the sum of all its work.
 
+A window's kinds are issued in `lazytrain.contract.TRANSFER_ORDER`, as the engine issues them
+(the simulator's `sim/tasks.py` issues them the same way).
+
 Pure Python; no solver, no torch. Index legend as in `evaluate.py`.
 Source: docs/execution_model.md, "In-window order".
 """
 
 from __future__ import annotations
 
+from lazytrain.contract import TRANSFER_ORDER
 from lazytrain.planner.plan import window_ord
 from lazytrain.planner.problem import PlanningProblem
 
-ISSUE_ORDER = ("d2h", "nvme_write", "nvme_read", "h2d")
-"""Kinds in the order the engine issues a window's transfers (runtime TRANSFER_ORDER; the
-simulator's `sim/tasks.py` issues them the same way)."""
 CHAIN_SOURCE = {"nvme_write": "d2h", "nvme_read": "nvme_write", "h2d": "nvme_read"}
 """Kind -> the kind of the same boundary it waits for when both run in one window (an h2d of a
 dram-tier boundary waits for its d2h; the planners never put the two in one window, where the
@@ -87,7 +88,7 @@ def stream_bounds_ms(problem: PlanningProblem, tiers, transfers, *, keep_interna
     if not p.copies_overlap_compute:
         return [0.0] * n
     keep, resident = set(keep_internals), set(resident_weights)
-    rank = {k: r for r, k in enumerate(ISSUE_ORDER)}
+    rank = {k: r for r, k in enumerate(TRANSFER_ORDER)}
     by_ord: dict[int, list] = {}
     for t in transfers:
         by_ord.setdefault(window_ord(t.window, L), []).append(t)
@@ -97,7 +98,7 @@ def stream_bounds_ms(problem: PlanningProblem, tiers, transfers, *, keep_interna
     out = []
     for o in range(n):
         ends: dict[tuple[int, str], float] = {}
-        free = {k: 0.0 for k in ISSUE_ORDER}
+        free = {k: 0.0 for k in TRANSFER_ORDER}
         j = 2 * L - o if o > L else None
         if j is not None and j + 1 <= L - 1:
             free["d2h"] = p.grad_bytes[j + 1] / bw["d2h"] * 1e3

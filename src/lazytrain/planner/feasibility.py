@@ -11,15 +11,12 @@ already use. Knows no torch; the solver goes through `solvers.solve`.
 
 from __future__ import annotations
 
+from lazytrain.contract import HOST_BYTES_PER_PARAM
 from lazytrain.planner.milp import (
     SHORTFALL_FIX, SLACK_TOL_GB, PlanInfeasibleError, Shortfall, build_milp,
 )
 from lazytrain.planner.plan import Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
-
-BF16_MASTER_BYTES_PER_PARAM = 12.0
-"""Host bytes per parameter with bf16 masters (planner/build.py HOST_BYTES_PER_PARAM)."""
-
 
 def feasible_plan(problem: PlanningProblem, *, backend: str, time_limit_s: float,
                   threads: int = 1, seed: int = 0, start: Plan | None = None) -> Plan:
@@ -99,8 +96,9 @@ def shortfall_fix(budget: str, problem: PlanningProblem) -> str:
     options = ["raise hardware.dram_gb"]
     master = problem.provenance.get("master_dtype")
     if master == "fp32" or (master is None
-                            and problem.host_bytes_per_param > BF16_MASTER_BYTES_PER_PARAM):
-        options.append("use train.master_dtype: bf16 (12 B/param instead of 16)")
+                            and problem.host_bytes_per_param > HOST_BYTES_PER_PARAM["bf16"]):
+        options.append(f"use train.master_dtype: bf16 ({HOST_BYTES_PER_PARAM['bf16']:g} B/param "
+                       f"instead of {HOST_BYTES_PER_PARAM['fp32']:g})")
     if not problem.allow_q8:
         options.append("set planner.allow_q8: true (8-bit Adam states)")
     if problem.nvme_bytes <= 0:

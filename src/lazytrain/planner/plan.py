@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lazytrain.atomic import write_text_atomic
+from lazytrain.contract import TURN_WINDOW, backward_window, forward_window
 from lazytrain.errors import UserError
 
 TIERS = ("hbm", "dram", "nvme", "recompute")
@@ -53,9 +54,9 @@ class PlanValidationError(UserError, ValueError):
 
 
 def window_names(num_blocks: int) -> list[str]:
-    """Window names in execution order: f0..f{L-1}, turn, b{L-1}..b0 (2L+1 names)."""
-    L = num_blocks
-    return [f"f{j}" for j in range(L)] + ["turn"] + [f"b{j}" for j in range(L - 1, -1, -1)]
+    """Window names in execution order: f0..f{L-1}, turn, b{L-1}..b0 (2L+1 names; spelled by
+    `lazytrain.contract`, as the engine names the windows it runs)."""
+    return [window_name(o, num_blocks) for o in range(2 * num_blocks + 1)]
 
 
 def window_ord(name: str, num_blocks: int) -> int:
@@ -65,7 +66,7 @@ def window_ord(name: str, num_blocks: int) -> int:
         ValueError: if the name is not a window of an L-block plan.
     """
     L = num_blocks
-    if name == "turn":
+    if name == TURN_WINDOW:
         return L
     if len(name) >= 2 and name[0] in "fb" and name[1:].isdigit():
         j = int(name[1:])
@@ -85,10 +86,10 @@ def window_name(ord_: int, num_blocks: int) -> str:
     if not 0 <= ord_ <= 2 * L:
         raise ValueError(f"window ord {ord_} outside 0..{2 * L}")
     if ord_ < L:
-        return f"f{ord_}"
+        return forward_window(ord_)
     if ord_ == L:
-        return "turn"
-    return f"b{2 * L - ord_}"
+        return TURN_WINDOW
+    return backward_window(2 * L - ord_)
 
 
 def use_ord(segment_end: int, num_blocks: int) -> int:

@@ -10,21 +10,15 @@ block, twice (runtime/activations.py):
 
 `staging_by_window` gives the padded bytes held in each window (ord 0..2L); its maximum goes
 into the plan's predicted pinned bytes (`Predicted.pinned_bytes`). The DRAM row of the MILP and
-the evaluator budgets a constant pool instead (`planner/build.py` `NVME_BOUNCE_BOUNDARIES`).
+the evaluator budgets a constant pool instead (`lazytrain.contract` `NVME_BOUNCE_BUFFERS`).
+The padding is the contract's `align_up` (ALIGN_BYTES, the runtime's O_DIRECT alignment).
 Pure Python, no torch.
 """
 
 from __future__ import annotations
 
+from lazytrain.contract import align_up
 from lazytrain.planner.plan import window_ord
-
-ALIGN_BYTES = 4096
-"""The NVMe tier's buffer and file alignment (runtime/nvme.py ALIGN_BYTES)."""
-
-
-def padded(nbytes: float) -> int:
-    """Bytes of one staging buffer: `nbytes` rounded up to ALIGN_BYTES."""
-    return -(-int(nbytes) // ALIGN_BYTES) * ALIGN_BYTES
 
 
 def staging_by_window(boundary_bytes, tiers, transfers, num_blocks: int) -> list[int]:
@@ -62,5 +56,5 @@ def staging_by_window(boundary_bytes, tiers, transfers, num_blocks: int) -> list
             spans += [(out_start, out_end), (back_start, back_end)]
         for a, b in spans:
             for o in range(a, b + 1):
-                held[o] += padded(boundary_bytes[i])
+                held[o] += align_up(boundary_bytes[i])
     return held

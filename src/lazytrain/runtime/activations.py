@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from lazytrain.contract import TRANSFER_ORDER, align_up
 from lazytrain.planner.plan import TIERS, TRANSFER_KINDS
 from lazytrain.runtime.boundary_entry import BoundaryEntry
 from lazytrain.runtime.device import Device, as_device
@@ -41,15 +42,13 @@ from lazytrain.runtime.errors import (
     boundary_label,
 )
 from lazytrain.runtime.host_pool import HostBufferPool
-from lazytrain.runtime.nvme import IoEvent, Key, NvmeIO, NvmeTimeoutError, align_down, align_up
+from lazytrain.runtime.nvme import IoEvent, Key, NvmeIO, NvmeTimeoutError, align_down
 
 STORE_TIERS = TIERS
 """Tier vocabulary of Plan JSON v1."""
 
-TRANSFER_ORDER = ("d2h", "nvme_write", "nvme_read", "h2d")
-"""Transfer kinds in the order the engine must issue them within one window: a kind reads the
-bytes the previous kind delivered, and the plan allows both in the same window."""
-
+# The engine issues a window's transfers in `lazytrain.contract.TRANSFER_ORDER`: a kind reads
+# the bytes the previous kind delivered, and the plan allows both in the same window.
 assert sorted(TRANSFER_ORDER) == sorted(TRANSFER_KINDS)
 
 ACCOUNTING_KEYS = ("hbm", "dram", "dram_staging", "nvme")

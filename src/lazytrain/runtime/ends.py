@@ -19,11 +19,6 @@ from lazytrain.models.host_params import ParamGroup
 from lazytrain.runtime.device import Device, Event
 from lazytrain.runtime.streams import DeviceWeights, GradDrain
 
-HEAD_CHUNK_TOKENS = 1024
-"""Default flattened tokens (micro-batch x positions) per head/loss chunk: logits exist for
-[B, HEAD_CHUNK_TOKENS // B, V] at a time; `runtime.head_chunk_tokens`, which the planner's head
-workspace counts with the same meaning."""
-
 
 def head_loss_chunks(adapter: ModelAdapter, ends: ParamGroup, *, weights: torch.Tensor,
                      grad: torch.Tensor, h: torch.Tensor, targets: torch.Tensor, tokens: int,
@@ -76,7 +71,8 @@ class ResidentEnds:
         adapter: the model; its `params.ends` group holds the host masters and gradient.
         dev: the device API (allocations, events).
         dtype: the compute dtype of the device weights.
-        head_chunk_tokens: flattened tokens per head/loss chunk (`head_loss_chunks`).
+        head_chunk_tokens: flattened tokens per head/loss chunk (`head_loss_chunks`; default
+            of the engine and the config: `lazytrain.contract.HEAD_CHUNK_TOKENS`).
     """
 
     def __init__(self, adapter: ModelAdapter, dev: Device, *, dtype: torch.dtype,
@@ -87,7 +83,8 @@ class ResidentEnds:
         self.weights: torch.Tensor | None = None
         """[ends numel] in the compute dtype, on the device for the step (after `load`)."""
         self.grad: torch.Tensor | None = None
-        """[ends numel] fp32 gradient of the micro-batch (after `reset_gradient`)."""
+        """[ends numel] fp32 gradient of the micro-batch (after `reset_gradient`): the
+        planner counts `lazytrain.contract.ENDS_GRAD_BYTES_PER_PARAM` bytes per parameter."""
         self._drained: Event | None = None  # the event of the gradient's last D2H
 
     def load(self, weights: DeviceWeights) -> None:

@@ -28,13 +28,16 @@ from pathlib import Path
 
 import torch
 
+from lazytrain.contract import (
+    HEAD_CHUNK_TOKENS, TRANSFER_ORDER, TURN_WINDOW, backward_window, forward_window,
+)
 from lazytrain.models.adapter import IGNORE_INDEX, ModelAdapter
 from lazytrain.planner.budgets import plan_budgets
 from lazytrain.planner.plan import Plan
-from lazytrain.runtime.activations import TRANSFER_ORDER, CheckpointStore
+from lazytrain.runtime.activations import CheckpointStore
 from lazytrain.runtime.block_autograd import flat_grad, grad_leaves, replay_rng, rng_state
 from lazytrain.runtime.device import Device, as_device
-from lazytrain.runtime.ends import HEAD_CHUNK_TOKENS, ResidentEnds
+from lazytrain.runtime.ends import ResidentEnds
 from lazytrain.runtime.instrument import Instrument
 from lazytrain.runtime.micro_batch import MicroBatch, prepare_micro_batch
 from lazytrain.runtime.optim import BlockOptimizer, clip_scale, global_grad_norm
@@ -275,10 +278,10 @@ class Engine:
             mb.kwargs = self.adapter.block_kwargs(mb.input_ids, h, **mb.mask_inputs)
             mb.weights[0] = self.prefetch_weights(0)
         for j in range(self.L):
-            with self.window(f"f{j}"):
+            with self.window(forward_window(j)):
                 if self.plan.is_materialized(j):
                     self.store.put(j, h, self.plan.tiers[j], micro_batch=mb.index)  # produced
-                self.issue_transfers(f"f{j}", mb)
+                self.issue_transfers(forward_window(j), mb)
                 if j + 1 < self.L:
                     mb.weights[j + 1] = self.prefetch_weights(j + 1)
                 h = self.run_forward(mb, j, h)
@@ -294,9 +297,9 @@ class Engine:
             (this micro-batch's share of the step loss, d loss / d boundary L [B, S, H]).
         """
         L = self.L
-        with self.window("turn"):
+        with self.window(TURN_WINDOW):
             self.store.put(L, h, "hbm", micro_batch=mb.index)
-            self.issue_transfers("turn", mb)
+            self.issue_transfers(TURN_WINDOW, mb)
             if L - 1 not in self.resident:
                 mb.weights[L - 1] = self.prefetch_weights(L - 1)
             with self._owner("head and loss"):
@@ -317,10 +320,10 @@ class Engine:
         """
         for s, e in self.plan.segments_backward():
             for j in range(e - 1, s - 1, -1):
-                with self.window(f"b{j}"):
+                with self.window(backward_window(j)):
                     if mb.pending_drain is not None:
                         self.drain_gradients(mb)  # block j+1's
-                    self.issue_transfers(f"b{j}", mb)
+                    self.issue_transfers(backward_window(j), mb)
                     if j >= 1 and j - 1 not in self.resident:
                         mb.weights[j - 1] = self.prefetch_weights(j - 1)
                     if j == e - 1:

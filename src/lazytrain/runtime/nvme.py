@@ -48,13 +48,14 @@ import numpy as np
 import torch
 import xxhash
 
+from lazytrain.contract import ALIGN_BYTES
 from lazytrain.runtime.device import Device
 from lazytrain.runtime.errors import NvmeIOError, boundary_label
 from lazytrain.runtime.filesystem import warn_if_ram_filesystem
 
-ALIGN_BYTES = 4096
-"""Alignment of O_DIRECT buffers, offsets and lengths (bytes): the 4 KiB logical block size of
-NVMe drives formatted for performance; a multiple of the 512 B minimum."""
+# ALIGN_BYTES (`lazytrain.contract`): the alignment of O_DIRECT buffers, offsets and lengths,
+# 4 KiB; lengths are padded with the contract's `align_up`, as the planner pads the NVMe tier's
+# staging bytes.
 
 CHUNK_BYTES = 4 * 1024 * 1024
 """Size of one I/O request (bytes). 4 MiB is large enough to reach sequential NVMe throughput
@@ -63,7 +64,7 @@ and small enough that a few threads keep several requests in flight."""
 Key = tuple[int, int]
 """(boundary, micro_batch) identifying one checkpoint file."""
 
-PAGE_BYTES = 4096
+PAGE_BYTES = ALIGN_BYTES
 """Granularity of the integrity digests (bytes): ALIGN_BYTES, the unit every request of the
 store is made of."""
 
@@ -127,11 +128,6 @@ class _PageSums:
         known = self.length[first:first + n] == lengths[:n]
         bad = np.flatnonzero(known & (self.digest[first:first + n] != sums[:n]))
         return int(first + bad[0]) * PAGE_BYTES if len(bad) else None
-
-
-def align_up(nbytes: int) -> int:
-    """Smallest multiple of ALIGN_BYTES >= nbytes."""
-    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
 
 
 def align_down(nbytes: int) -> int:

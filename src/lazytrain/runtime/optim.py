@@ -36,7 +36,7 @@ Groups whose block index is in the plan's `q8_blocks` use the 8-bit AdamW of
 `runtime/optim8bit.py` instead (same update, moments block-wise quantized); `set_q8_blocks`
 switches a group between the two between steps, carrying its moments over. 8-bit moments work
 with both master dtypes: with bf16 masters the 8-bit AdamW steps the same fp32 scratch (6
-B/param: 2 master + 2 grad + 2 moments, the planner's `HOST_BYTES_PER_PARAM_Q8["bf16"]`).
+B/param: 2 master + 2 grad + 2 moments, `lazytrain.contract.HOST_BYTES_PER_PARAM_Q8["bf16"]`).
 """
 
 from __future__ import annotations

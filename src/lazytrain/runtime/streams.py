@@ -27,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from lazytrain.contract import DEVICE_WEIGHT_SLOTS, GRAD_DRAIN_BUFFERS, WEIGHT_STAGING_BUFFERS
 from lazytrain.models.host_params import HostParams, ParamGroup
 from lazytrain.runtime.device import Device, Event
 
@@ -57,11 +58,13 @@ class StagingPool:
     Args:
         numel: elements per buffer (the largest group).
         dtype: compute dtype.
-        count: number of buffers (2-4: double buffering plus the recompute loads).
+        count: number of buffers (2-4: double buffering plus the recompute loads; the
+            planner counts `lazytrain.contract.WEIGHT_STAGING_BUFFERS`).
         device: the device API (`runtime/device.py`).
     """
 
-    def __init__(self, numel: int, dtype: torch.dtype, *, count: int = 3, device) -> None:
+    def __init__(self, numel: int, dtype: torch.dtype, *, count: int = WEIGHT_STAGING_BUFFERS,
+                 device) -> None:
         size = torch.empty((), dtype=dtype).element_size()
         self.device = device
         self.buffers = [device.pinned_empty(numel * size, name=f"weight staging buffer {k}")
@@ -92,11 +95,12 @@ class DeviceWeights:
         compute_dtype: dtype of the device copy.
         num_slots: ring size: 2 for double buffering (block j runs, the next block loads) + 2
             so the segment recompute loads are double-buffered too (block k+1 loads while k
-            recomputes).
+            recomputes); the planner counts `lazytrain.contract.DEVICE_WEIGHT_SLOTS` of them
+            and as many staging buffers (`WEIGHT_STAGING_BUFFERS`, one per slot).
     """
 
     def __init__(self, params: HostParams, device: Device, compute_dtype: torch.dtype, *,
-                 num_slots: int = 4) -> None:
+                 num_slots: int = DEVICE_WEIGHT_SLOTS) -> None:
         self.params = params
         self.device = device
         self.dtype = compute_dtype
@@ -237,11 +241,12 @@ class GradDrain:
         device: the device API.
         numel: elements per buffer (the largest block).
         dtype: the compute dtype (of the gradients on the link).
-        count: pinned buffers in flight.
+        count: pinned buffers in flight (the planner counts
+            `lazytrain.contract.GRAD_DRAIN_BUFFERS`).
     """
 
     def __init__(self, device: Device, numel: int, *, dtype: torch.dtype = torch.float32,
-                 count: int = 2) -> None:
+                 count: int = GRAD_DRAIN_BUFFERS) -> None:
         self.device = device
         self.d2h = device.stream("d2h")
         self.pending: deque = deque()

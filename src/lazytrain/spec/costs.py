@@ -68,6 +68,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from lazytrain.contract import HEAD_CHUNK_TOKENS
 from lazytrain.spec.hardware import (
     ACCUMULATE_TRAFFIC_PER_BYTE, CONVERT_TRAFFIC_PER_BYTE, HardwareSpec, apply_overrides,
 )
@@ -148,7 +149,7 @@ class ModelCosts:
 
 
 def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_batch: int,
-                   compute_dtype: str, head_chunk_tokens: int = 1024) -> ModelCosts:
+                   compute_dtype: str, head_chunk_tokens: int = HEAD_CHUNK_TOKENS) -> ModelCosts:
     """Analytic costs (module docstring) for one micro-batch.
 
     Args:
@@ -199,7 +200,7 @@ def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_ba
 
 
 def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpec, seq_len: int,
-                  micro_batch: int, compute_dtype: str, head_chunk_tokens: int = 1024
+                  micro_batch: int, compute_dtype: str, head_chunk_tokens: int = HEAD_CHUNK_TOKENS
                   ) -> ModelCosts:
     """Costs from a measured profile (schema in the module docstring), expanded to blocks.
 
