@@ -13,12 +13,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from lazytrain.contract import HOST_BYTES_PER_PARAM, HOST_BYTES_PER_PARAM_Q8
+from lazytrain.spec.hardware import HOST_RATE_FIELDS, Bandwidths
+
+LINK_FIELDS = tuple(f.name for f in dataclasses.fields(Bandwidths)
+                    if f.name not in HOST_RATE_FIELDS)
+"""The copy and file channel rates (h2d, d2h, duplex, nvme_read, nvme_write): each > 0."""
+
 
 @dataclass(kw_only=True, frozen=True, slots=True)
-class PlanningProblem:
+class PlanningProblem(Bandwidths):
     """Per-micro-batch costs and capacities for one (model, hardware, run config).
 
-    Per-block tuples have length L (= `num_blocks`); `boundary_bytes` has length L+1.
+    Per-block tuples have length L (= `num_blocks`); `boundary_bytes` has length L+1. The
+    channel rates (`h2d_bytes_per_s`, `d2h_bytes_per_s`, `duplex_bytes_per_s`,
+    `nvme_read_bytes_per_s`, `nvme_write_bytes_per_s`, `host_convert_bytes_per_s`,
+    `host_accumulate_bytes_per_s`) are the fields of `spec.hardware.Bandwidths`, with the host
+    rates rescaled to the run's dtypes.
 
     Raises:
         ValueError: on a length mismatch, a negative cost or a non-positive bandwidth, naming
@@ -60,23 +71,8 @@ class PlanningProblem:
     micro-batch), ms: Python, window bookkeeping, worker hand-offs. Plan-independent; added to
     each window's time after its max / sum of channels. 0: not modelled (analytic presets)."""
 
-    h2d_bytes_per_s: float
-    """Host-to-device bandwidth, bytes/s."""
-    d2h_bytes_per_s: float
-    """Device-to-host bandwidth, bytes/s."""
-    duplex_bytes_per_s: float
-    """Cap on H2D + D2H moving at once, bytes/s."""
-    nvme_read_bytes_per_s: float
-    """NVMe read bandwidth (through the engine's path), bytes/s."""
-    nvme_write_bytes_per_s: float
-    """NVMe write bandwidth, bytes/s."""
-    host_convert_bytes_per_s: float = 0.0
-    """Host rate of converting master weights into the compute-dtype staging buffer, in
-    compute-dtype bytes written per s (every weight load: streamed blocks and recompute
-    reloads). 0: host work not modelled (the window time ignores it)."""
-    host_accumulate_bytes_per_s: float = 0.0
-    """Host rate of adding a drained gradient into the host accumulator, in drained
-    (compute-dtype) gradient bytes per s. 0: not modelled."""
+    # h2d, d2h, duplex, nvme_read, nvme_write and the two host rates (bytes/s, the host
+    # rates in the run's dtypes): the inherited `Bandwidths` fields (spec/hardware.py)
     copies_overlap_compute: bool = True
     """True on a GPU (copy engines run beside compute: window = max of channels); False on CPU
     (channels contend for the cores: window = compute + sum of channel times)."""
@@ -100,12 +96,14 @@ class PlanningProblem:
     host_scratch_bytes: int = 0
     """The pageable (not pinned) share of `nvme_staging_bytes`: the bf16 masters' fp32
     optimizer scratch."""
-    host_bytes_per_param: float = 16.0
+    host_bytes_per_param: float = HOST_BYTES_PER_PARAM["fp32"]
     """Host bytes per parameter for master weights + grads + Adam moments (fp32 master: 16;
-    MegaTrain bf16 master: 12). Source: DESIGN.md section 2, runtime/optim.py row."""
-    host_bytes_per_param_q8: float = 10.0
+    MegaTrain bf16 master: 12): `lazytrain.contract.HOST_BYTES_PER_PARAM`, what the runtime's
+    host store and optimizer allocate."""
+    host_bytes_per_param_q8: float = HOST_BYTES_PER_PARAM_Q8["fp32"]
     """Host bytes per parameter for a block whose Adam moments are 8-bit (fp32 master 4 + fp32
-    grad 4 + 2 x 1 B moments; block-wise scales are negligible)."""
+    grad 4 + 2 x 1 B moments; block-wise scales are negligible):
+    `lazytrain.contract.HOST_BYTES_PER_PARAM_Q8`."""
     q8_penalty_ms_per_gparam: float = 1.0
     """Objective penalty for 8-bit states, ms per 1e9 parameters (keeps q8 for when DRAM needs it)."""
 
@@ -152,14 +150,13 @@ class PlanningProblem:
                      "internal_bytes", "boundary_bytes"):
             if any(v < 0 for v in getattr(self, name)):
                 raise ValueError(f"{name} must be >= 0 everywhere")
-        for name in ("h2d_bytes_per_s", "d2h_bytes_per_s", "duplex_bytes_per_s",
-                     "nvme_read_bytes_per_s", "nvme_write_bytes_per_s"):
+        for name in LINK_FIELDS:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0; got {getattr(self, name)}")
         if not self.window_overhead_ms >= 0:
             raise ValueError(f"window_overhead_ms must be >= 0 (0: not modelled); "
                              f"got {self.window_overhead_ms}")
-        for name in ("host_convert_bytes_per_s", "host_accumulate_bytes_per_s"):
+        for name in HOST_RATE_FIELDS:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 (0: host work not modelled); "
                                  f"got {getattr(self, name)}")

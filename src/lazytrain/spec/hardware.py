@@ -177,17 +177,16 @@ HOST_RATE_FIELDS = ("host_convert_bytes_per_s", "host_accumulate_bytes_per_s")
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
-class HardwareSpec:
-    """One machine as the planner sees it (one GPU, or this CPU)."""
+class Bandwidths:
+    """The rates of the channels a window's bytes move over, bytes/s: the fields `HardwareSpec`
+    and `PlanningProblem` (`lazytrain.planner.problem`) share, defined once here; both
+    inherit them under the same names.
 
-    name: str
-    """Preset name, or the preset with its overrides (`h800-paper+dram_gb=500`)."""
-    hbm_bytes: int
-    """Device memory, bytes (on `cpu`: the byte budget of the emulated device tier)."""
-    dram_bytes: int
-    """Host DRAM the trainer may use, bytes."""
-    nvme_bytes: int
-    """NVMe scratch for checkpoints, bytes (0: no nvme tier)."""
+    The two host rates differ in their dtypes only: a `HardwareSpec` quotes them for fp32
+    masters and bf16 compute (the reference dtypes); a `PlanningProblem` holds them rescaled to
+    the run's dtypes (`planner/build.py` `host_rates`).
+    """
+
     h2d_bytes_per_s: float
     """Host-to-device copy bandwidth (pinned, copy engine), bytes/s."""
     d2h_bytes_per_s: float
@@ -199,12 +198,28 @@ class HardwareSpec:
     nvme_write_bytes_per_s: float
     """DRAM -> NVMe, bytes/s."""
     host_convert_bytes_per_s: float = 0.0
-    """Host rate of converting fp32 master weights into bf16 staging, bf16 bytes written per s
-    (the reference dtypes; `planner/build.py` rescales to the run's). 0: not modelled (hardware
-    files saved before the host was a resource)."""
+    """Host rate of converting master weights into the compute-dtype staging buffer, in
+    compute-dtype bytes written per s (every weight load: streamed blocks and recompute
+    reloads). 0: host work not modelled (the window time ignores it; also hardware files saved
+    before the host was a resource)."""
     host_accumulate_bytes_per_s: float = 0.0
-    """Host rate of adding a drained bf16 gradient into an fp32 accumulator, gradient bytes per
-    s (reference dtypes, rescaled like the conversion). 0: not modelled."""
+    """Host rate of adding a drained compute-dtype gradient into the master-dtype host
+    accumulator, drained gradient bytes per s. 0: not modelled."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class HardwareSpec(Bandwidths):
+    """One machine as the planner sees it (one GPU, or this CPU). The channel rates are the
+    inherited `Bandwidths` fields, the host rates for the reference dtypes."""
+
+    name: str
+    """Preset name, or the preset with its overrides (`h800-paper+dram_gb=500`)."""
+    hbm_bytes: int
+    """Device memory, bytes (on `cpu`: the byte budget of the emulated device tier)."""
+    dram_bytes: int
+    """Host DRAM the trainer may use, bytes."""
+    nvme_bytes: int
+    """NVMe scratch for checkpoints, bytes (0: no nvme tier)."""
     peak_flops: float
     """Peak dense matmul rate in the compute dtype the preset is for (bf16 on GPUs, fp32 on
     `cpu`), FLOP/s."""
@@ -286,8 +301,9 @@ class HardwareSpec:
         return self.peak_flops * self.matmul_efficiency
 
     def to_dict(self) -> dict:
-        """Plain dict (JSON/YAML-serialisable; bytes and bytes/s)."""
-        return dataclasses.asdict(self)
+        """Plain dict (JSON/YAML-serialisable; bytes and bytes/s), `name` first."""
+        d = dataclasses.asdict(self)
+        return {"name": d.pop("name"), **d}
 
     @classmethod
     def from_dict(cls, d: dict) -> "HardwareSpec":
@@ -374,7 +390,7 @@ PRESETS: dict[str, HardwareSpec] = {
     # scratch. Copies are memcpy on the same cores (copies_overlap_compute False): 5 GB/s, a
     # rough single-thread large-memcpy figure; NVMe 1.0 GB/s read / 0.5 GB/s write, a
     # conservative virtual-disk figure. Peak fp32 = 2 cores x 2 FMA pipes x 8 fp32 lanes x
-    # 2 FLOP x 2.5 GHz = 160 GFLOP/s; efficiency 0.47 from issue 3's measurement "a plain fp32
+    # 2 FLOP x 2.5 GHz = 160 GFLOP/s; efficiency 0.47 from the measurement "a plain fp32
     # step at 4 x 256 takes about 11 s" for SmolLM2-135M: 6 x 134.5e6 x 1024 FLOP / 11 s =
     # 75 GFLOP/s. Host conversion and accumulation run on the same cores: the same rough 5 GB/s
     # memcpy moves 10 GB/s of DRAM traffic (read + write), so fp32 -> bf16 conversion 10 / 3 =
