@@ -112,7 +112,12 @@ the previous kind delivered, and a plan may put both in one window. Runtime:
 `planner/chains.py`."""
 
 TURN_WINDOW = "turn"
-"""The window between the last forward and the first backward (final norm, head, loss)."""
+"""The window between the last forward and the first backward (final norm, head, loss).
+
+The window names (`TURN_WINDOW`, `forward_window`, `backward_window`) are how a plan's
+windows, transfers and predictions meet the engine's: runtime `Engine` (the windows it runs
+and meters, `windows.jsonl`); planner `planner/plan.py` (`window_names`, `window_ord`),
+`planner/refit.py`, `planner/topology.py` and the simulator's `sim/tasks.py`."""
 
 
 def forward_window(j: int) -> str:

@@ -38,6 +38,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from lazytrain.atomic import read_jsonl
+from lazytrain.contract import TURN_WINDOW, backward_window, forward_window
 from lazytrain.planner.evaluate import segments_of
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.problem import PlanningProblem
@@ -103,14 +104,14 @@ def design_rows(plan: Plan, block_kinds: Sequence[str]) -> tuple[list[tuple], di
 
     for j in range(L):
         k = block_kinds[j]
-        rows[f"f{j}"] = {("fwd_grad_ms" if j in keep else "fwd_ms", k): 1.0}
+        rows[forward_window(j)] = {("fwd_grad_ms" if j in keep else "fwd_ms", k): 1.0}
         row = {("bwd_ms", k): 1.0}
         if j not in keep:
             add(row, ("fwd_grad_ms", k))
-        rows[f"b{j}"] = row
-    rows["turn"] = {("head_ms",): 1.0}
+        rows[backward_window(j)] = row
+    rows[TURN_WINDOW] = {("head_ms",): 1.0}
     for s, e in segments_of(plan.tiers):
-        row = rows[f"b{e - 1}"]
+        row = rows[backward_window(e - 1)]
         for m in range(s, e - 1):
             add(row, ("fwd_ms", block_kinds[m]))
         if s == 0 and plan.tiers[0] == "recompute":

@@ -59,6 +59,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
+from lazytrain.contract import backward_window
 from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
 
@@ -264,7 +265,7 @@ def exposed_allreduce_ms(plan, problem: PlanningProblem, topo: Topology) -> floa
     backward_end = t
     link_free = 0.0
     for j in range(problem.num_blocks - 1, -1, -1):
-        start = max(link_free, ends_at.get(f"b{j}", backward_end))
+        start = max(link_free, ends_at.get(backward_window(j), backward_end))
         link_free = start + allreduce_ms(problem.params_per_block[j], topo)
     link_free = max(link_free, backward_end) + allreduce_ms(problem.ends_params, topo)
     return max(0.0, link_free - backward_end)

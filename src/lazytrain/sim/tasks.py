@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lazytrain.contract import TURN_WINDOW, backward_window, forward_window
 from lazytrain.planner.plan import Plan, window_names
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.sim.events import TaskSpec
@@ -205,7 +206,7 @@ def _forward(b: _Builder) -> dict[int, int]:
     b.produced[0] = b.add("embed", "compute", "pre", p.embed_ms, kind="embed")
     loads = {0: b.load(0, "pre", "fwd", resident=0 in resident)}
     for j in range(L):
-        w = f"f{j}"
+        w = forward_window(j)
         b.begin(w)
         kept = j in keep
         b.transfers(w)
@@ -222,10 +223,10 @@ def _forward(b: _Builder) -> dict[int, int]:
 def _turn(b: _Builder, fwd_load: dict[int, int]) -> dict[int, int]:
     """The turn window; returns block -> the weight load its backward uses."""
     p, L, resident = b.p, b.L, set(b.plan.resident_weights)
-    b.begin("turn")
-    b.transfers("turn")
-    loads = {L - 1: fwd_load[L - 1] if L - 1 in resident else b.load(L - 1, "turn", "bwd")}
-    b.compute("head", "turn", p.head_ms, load=None,
+    b.begin(TURN_WINDOW)
+    b.transfers(TURN_WINDOW)
+    loads = {L - 1: fwd_load[L - 1] if L - 1 in resident else b.load(L - 1, TURN_WINDOW, "bwd")}
+    b.compute("head", TURN_WINDOW, p.head_ms, load=None,
               deps=[(b.produced[L], "boundary produced")], kind="head", block=None)
     return loads
 
@@ -237,7 +238,7 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
     ends = {e - 1: (s, e) for s, e in plan.segments()}
     cache: dict[int, int] = {}   # boundary -> recompute task producing it (this segment)
     for j in range(L - 1, -1, -1):
-        w = f"b{j}"
+        w = backward_window(j)
         b.begin(w)
         if j + 1 <= L - 1:
             b.drain_of[j + 1] = b.add(f"G{j + 1} drain", "d2h", w, p.grad_bytes[j + 1],
