@@ -31,3 +31,15 @@ def test_the_design_doc_cites_no_file_outside_the_repository_and_no_issue():
     text = DOC.read_text()
     assert "../" not in text and "DESIGN.md" not in text and "STYLE.md" not in text
     assert not re.search(r"issue\s*#?\d|#\d+\b", text, flags=re.I)
+
+
+def test_no_source_file_cites_a_file_outside_the_repository_or_an_issue_number():
+    import re
+
+    src = Path(__file__).resolve().parents[1] / "src" / "lazytrain"
+    outside = re.compile(r"DESIGN\.md|STYLE\.md|PLANNER_NOTES|\.\./shared|hardware\.json"
+                         r"|\bissue [0-9]|\(issue\b|TODO\(#")
+    found = [f"{p.relative_to(src)}:{n}: {line.strip()}"
+             for p in sorted(src.rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if outside.search(line)]
+    assert not found, "\n".join(found)

@@ -1,7 +1,7 @@
 """Units shared by every part of LazyTrain: one definition each, no torch, no solver.
 
 Sizes are int bytes and rates bytes/s inside the code; a GB is decimal (1e9 bytes), as in
-`hardware.json` and every `_gb` / `_gb_per_s` config key, never 2**30.
+the vendor datasheets and every `_gb` / `_gb_per_s` config key, never 2**30.
 """
 
 GB = 1e9

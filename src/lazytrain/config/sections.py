@@ -5,7 +5,7 @@ Owns every key's name, type, default and documentation (the docstring under each
 (`__post_init__`). The defaults are the embedded default job: fine-tune SmolLM2-135M-Instruct
 on the built-in arithmetic data, on this CPU, in <= 5 minutes on 2 cores.
 
-Sizes are GB (1e9 bytes, as in hardware.json) and bandwidths GB/s; the spec layer converts them
+Sizes are GB (1e9 bytes, as in the vendor datasheets) and bandwidths GB/s; the spec layer converts them
 to int bytes and bytes/s. Knows nothing about YAML files, overrides or aliases (`load.py`,
 `coerce.py`); imports neither torch nor a solver.
 """

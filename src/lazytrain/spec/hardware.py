@@ -1,12 +1,12 @@
 """`HardwareSpec`: capacities, link bandwidths and compute rate of one training machine.
 
-Owns the presets (one per GPU in `../shared/hardware.json`, SXM and PCIe separately, the
+Owns the presets (one per GPU model, SXM and PCIe separately, the
 LazyTrain paper's `h800-paper`, and `cpu` for this machine), loading/saving a spec as JSON or
 YAML, and applying the run config's `hardware:` overrides. Knows nothing of models or plans.
 
-Units: bytes, bytes/s, FLOP/s (decimal GB = 1e9 bytes, as hardware.json). Figures come from
-`../shared/hardware.json` (vendor datasheets quoted there, and the measured host-link ranges
-posted by users); every preset says which figure it took and why.
+Units: bytes, bytes/s, FLOP/s (decimal GB = 1e9 bytes, as the vendor datasheets). Figures come
+from the vendor datasheets and the measured host-link ranges users posted (nvbandwidth
+results); every preset says which figure it took and why.
 
 Host side of the GPU presets: unless the config overrides it, every GPU preset assumes the
 LazyTrain paper's host (arXiv 2608.11919, setup section): a 360 GB host-DRAM budget and
@@ -326,7 +326,7 @@ def _gpu(name: str, *, hbm_gb: float, bf16_tflops: float, h2d_gb: float, d2h_gb:
          hbm_bw_gb: float) -> HardwareSpec:
     """A GPU preset on the paper's host; duplex cap = 2 x the slower direction (Gen5 CE
     bidirectional copies run at about the one-way rate each: ~51 GB/s each way on an RTX 5090,
-    hardware.json H100 host_link_notes)."""
+    the H100 host-link measurements users posted)."""
     return HardwareSpec(name=name, hbm_bytes=int(hbm_gb * GB), h2d_bytes_per_s=h2d_gb * GB,
                         d2h_bytes_per_s=d2h_gb * GB,
                         duplex_bytes_per_s=2 * min(h2d_gb, d2h_gb) * GB,
@@ -335,7 +335,7 @@ def _gpu(name: str, *, hbm_gb: float, bf16_tflops: float, h2d_gb: float, d2h_gb:
                         hbm_bandwidth_bytes_per_s=hbm_bw_gb * GB, **PAPER_HOST)
 
 
-# Host links: the LOW end of hardware.json's practical ranges (h2d_practical_gbs[0],
+# Host links: the LOW end of the practical (measured) ranges (h2d_practical_gbs[0],
 # d2h_practical_gbs[0]): a plan that hides transfers at the low end also hides them at the
 # high end, and the low end is what SM copies and unlucky NUMA placement give.
 PRESETS: dict[str, HardwareSpec] = {
@@ -345,14 +345,14 @@ PRESETS: dict[str, HardwareSpec] = {
     "h100-sxm": _gpu("h100-sxm", hbm_gb=80, bf16_tflops=989.4, h2d_gb=35, d2h_gb=50,
                      hbm_bw_gb=3350),
     # H100-PCIe-80GB: 80 GB HBM2e 2000 GB/s; BF16 dense 756 TFLOPS (hpctech H100 datasheet
-    # table, sparse/2); H2D 35 / D2H 45 GB/s (hardware.json practical low ends). Paper host.
+    # table, sparse/2); H2D 35 / D2H 45 GB/s (practical low ends of the measured ranges). Paper host.
     "h100-pcie": _gpu("h100-pcie", hbm_gb=80, bf16_tflops=756, h2d_gb=35, d2h_gb=45,
                       hbm_bw_gb=2000),
     # H800-SXM5-80GB: same GH100 compute and HBM as H100 SXM (aiwiki.ai/wiki/nvidia_h800);
-    # H2D 35 / D2H 50 GB/s (nvbandwidth issue 24 says H800 behaves like H100). Paper host.
+    # H2D 35 / D2H 50 GB/s (NVIDIA/nvbandwidth GitHub issue #24: H800 behaves like H100). Paper host.
     "h800-sxm": _gpu("h800-sxm", hbm_gb=80, bf16_tflops=989.4, h2d_gb=35, d2h_gb=50,
                      hbm_bw_gb=3350),
-    # H800-PCIe-80GB: assumed equal to H100 PCIe (hardware.json: high uncertainty); 756
+    # H800-PCIe-80GB: assumed equal to H100 PCIe (high uncertainty: no published measurement); 756
     # TFLOPS, H2D 35 / D2H 45 GB/s. Paper host.
     "h800-pcie": _gpu("h800-pcie", hbm_gb=80, bf16_tflops=756, h2d_gb=35, d2h_gb=45,
                       hbm_bw_gb=2000),
@@ -365,7 +365,7 @@ PRESETS: dict[str, HardwareSpec] = {
     "a100-80gb": _gpu("a100-80gb", hbm_gb=80, bf16_tflops=312, h2d_gb=12, d2h_gb=13,
                       hbm_bw_gb=2039),
     # RTX 3090: 24 GB GDDR6X 936 GB/s; BF16 with fp32 accumulate ~71 TFLOPS (half the
-    # fp16-accumulate rate; hardware.json, inferred); H2D/D2H 20 GB/s (Gen4 x16 low end). Host:
+    # fp16-accumulate rate; inferred); H2D/D2H 20 GB/s (Gen4 x16 low end). Host:
     # the paper's.
     "rtx-3090": _gpu("rtx-3090", hbm_gb=24, bf16_tflops=71, h2d_gb=20, d2h_gb=20,
                      hbm_bw_gb=936),
