@@ -76,18 +76,21 @@ ALLOWED: dict[str, frozenset[str]] = {
 module, as in tools/package_graph.py. Derived from what the code imported when the list was
 written; widening it is a design decision, and NEVER below must still hold."""
 
+SOLVER_MODULES = ("planner.milp", "planner.milp_inputs", "planner.milp_vars", "planner.milp_loads",
+                  "planner.milp_rows", "planner.extract", "planner.solvers")
+"""The MILP and its solver interface, module by module (the rules match by name prefix, so each
+module of the split formulation is named)."""
+
 NEVER: dict[str, frozenset[str]] = {
     "spec": frozenset({"planner", "sim", "report", "runtime", "models", "data", "train", "cli",
                        "dist"}),
     "planner": frozenset({"sim", "report", "runtime", "models", "data", "train", "cli",
                           "dist"}),
     "sim": frozenset({"runtime", "models", "data", "train", "cli", "dist"}),
-    "report": frozenset({"runtime", "models", "data", "train", "cli", "dist",
-                         "planner.milp", "planner.solvers"}),
-    "runtime": frozenset({"planner.milp", "planner.solvers", "planner.heuristics",
-                          "planner.bounds", "planner.policy", "sim", "report", "train", "cli"}),
-    "models": frozenset({"runtime", "planner.milp", "planner.solvers", "sim", "report", "train",
-                         "cli"}),
+    "report": frozenset({"runtime", "models", "data", "train", "cli", "dist", *SOLVER_MODULES}),
+    "runtime": frozenset({*SOLVER_MODULES, "planner.heuristics", "planner.bounds",
+                          "planner.policy", "sim", "report", "train", "cli"}),
+    "models": frozenset({"runtime", *SOLVER_MODULES, "sim", "report", "train", "cli"}),
     "data": frozenset({"planner", "sim", "report", "runtime", "train", "cli"}),
     "dist": frozenset({"train", "cli"}),
 }
