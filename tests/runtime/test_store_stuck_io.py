@@ -9,6 +9,7 @@ the end; the hook also gives up by itself after GATE_S, so a hanging store shows
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -45,6 +46,20 @@ def make_store(tmp_path, hook) -> CheckpointStore:
     return store
 
 
+@contextmanager
+def stuck_store(tmp_path):
+    """(store, hook) on a drive whose writes hang; afterwards the drive is released, the store
+    closed, and no file may be left behind."""
+    hook = StuckWrites()
+    store = make_store(tmp_path, hook)
+    try:
+        yield store, hook
+    finally:
+        hook.open()
+        store.close()
+    assert list((tmp_path / "nvme").iterdir()) == []
+
+
 def offload(store: CheckpointStore, boundary: int) -> None:
     """Window f{boundary}: a 20004-byte fp32 boundary (5 pages padded) to nvme."""
     store.begin_window(f"f{boundary}")
@@ -55,9 +70,7 @@ def offload(store: CheckpointStore, boundary: int) -> None:
 
 
 def test_the_read_back_of_a_stuck_write_is_a_timeout_error_naming_the_boundary(tmp_path):
-    hook = StuckWrites()
-    store = make_store(tmp_path, hook)
-    try:
+    with stuck_store(tmp_path) as (store, hook):
         offload(store, 3)  # the barrier does not wait for the write: no error yet
         assert hook.blocked.wait(GATE_S)
         store.begin_window("b4")
@@ -67,16 +80,10 @@ def test_the_read_back_of_a_stuck_write_is_a_timeout_error_naming_the_boundary(t
         assert info.value.path == tmp_path / "nvme" / "ckpt_b3_m0.bin"
         store.close()
         assert not hook.gave_up, "close() waited for the stuck write"
-    finally:
-        hook.open()
-        store.close()
-    assert list((tmp_path / "nvme").iterdir()) == []
 
 
 def test_release_and_close_return_while_a_write_is_stuck(tmp_path):
-    hook = StuckWrites()
-    store = make_store(tmp_path, hook)
-    try:
+    with stuck_store(tmp_path) as (store, hook):
         offload(store, 3)
         assert hook.blocked.wait(GATE_S)
         store.release(3)  # no window end found the writes finished: nothing reported them yet
@@ -84,16 +91,10 @@ def test_release_and_close_return_while_a_write_is_stuck(tmp_path):
         store.close()
         assert not hook.gave_up, "close() waited for the stuck write"
         assert store.bytes_by_tier() == {"hbm": 0, "dram": 0, "dram_staging": 0, "nvme": 0}
-    finally:
-        hook.open()
-        store.close()
-    assert list((tmp_path / "nvme").iterdir()) == []
 
 
 def test_the_next_boundary_s_staging_waits_for_an_overdue_stuck_write_and_raises(tmp_path):
-    hook = StuckWrites()
-    store = make_store(tmp_path, hook)
-    try:
+    with stuck_store(tmp_path) as (store, hook):
         offload(store, 3)
         assert hook.blocked.wait(GATE_S)
         with pytest.raises(NvmeTimeoutError) as info:
@@ -101,16 +102,10 @@ def test_the_next_boundary_s_staging_waits_for_an_overdue_stuck_write_and_raises
         assert info.value.boundary == 3
         store.close()
         assert not hook.gave_up, "close() waited for the stuck write"
-    finally:
-        hook.open()
-        store.close()
-    assert list((tmp_path / "nvme").iterdir()) == []
 
 
 def test_a_staging_buffer_held_by_a_stuck_write_is_never_handed_out_again(tmp_path):
-    hook = StuckWrites()
-    store = make_store(tmp_path, hook)
-    try:
+    with stuck_store(tmp_path) as (store, hook):
         offload(store, 3)
         assert hook.blocked.wait(GATE_S)
         store.release(3)  # its staging buffer goes back to the pool, pending on the write
@@ -120,10 +115,6 @@ def test_a_staging_buffer_held_by_a_stuck_write_is_never_handed_out_again(tmp_pa
             store.transfer(4, "d2h", 1.0)  # the only buffer of its size is the stuck one
         assert not hook.gave_up, "the pool waited for the stuck write"
         assert store._pool.has(5 * 4096) is False  # abandoned, not recycled
-    finally:
-        hook.open()
-        store.close()
-    assert list((tmp_path / "nvme").iterdir()) == []
 
 
 def test_a_timeout_on_a_removed_files_requests_still_names_its_boundary_and_file(tmp_path):
