@@ -202,7 +202,7 @@ def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
         if j in v.keep:
             row[v.keep[j]] = p.Fg[j]
         if j - 1 in v.keep:
-            row[v.keep[j - 1]] = -p.P[j - 1] / p.bw_h2d
+            row[v.keep[j - 1]] = p.P[j - 1] / p.bw_h2d  # moves -P(1-keep)/bw's keep part left
         for (i, q), x in v.h2d.items():
             if q == o:
                 row[x] = -p.A[i] / p.bw_h2d
