@@ -210,7 +210,8 @@ def test_gap_is_against_the_best_bound_known_including_the_lp_bound():
     # a dual bound above the LP bound is the better one
     assert gap_against_best_bound(100.3, 100.2, 100.0) == pytest.approx(0.1 / 100.2)
     assert gap_against_best_bound(100.3, None, None) is None
-    assert gap_against_best_bound(99.0, None, 100.0) == 0.0  # never negative
+    # a bound above the plan is a modelling error: shown as a negative gap, never clamped
+    assert gap_against_best_bound(99.0, None, 100.0) == pytest.approx(-0.01)
 
 
 def test_solve_record_of_a_result_without_dual_bound_uses_the_lp_bound():

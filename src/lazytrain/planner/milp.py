@@ -285,7 +285,7 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
         threads, seed: solver threads and random seed (defaults: deterministic).
         warm_start: a plan to start from (usually `heuristics.heuristic_plan`); when it fits the
             budgets it is also the answer if the solver finds no incumbent in time.
-        bounds: filled into the plan's `bounds` as given; its `lp_step_ms` also bounds the gap
+        bounds: filled into the plan's `bounds` as given; its largest bound also bounds the gap
             (`gap_against_best_bound`).
 
     Returns:
@@ -312,7 +312,7 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
     start = start_from_plan(milp, warm_start)
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=gap,
                 threads=threads, seed=seed, start=start)
-    lp = bounds.lp_step_ms if bounds is not None else None
+    lp = best_claimed_bound_ms(bounds)
     record = solve_record(milp, res, lp_bound_ms=lp)
     if res.values is None:
         if res.status == "infeasible":
@@ -321,8 +321,11 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
                                f"{milp.model.num_rows})")
         return dataclasses.replace(warm_start, solver=dataclasses.replace(
             record, status="no_incumbent", gap=gap_against_best_bound(
-                warm_start.predicted.step_ms, None, lp)), bounds=bounds or warm_start.bounds)
-    return extract_plan(milp, res.values, solver=record, bounds=bounds)
+                warm_start.predicted.step_ms, dual_step_bound_ms(milp, res.dual_bound), lp)),
+            bounds=bounds or warm_start.bounds)
+    solved = extract_plan(milp, res.values, solver=record, bounds=bounds)
+    return dataclasses.replace(solved, solver=solve_record(
+        milp, res, lp_bound_ms=lp, step_ms=solved.predicted.step_ms))
 
 
 def feasibility_backend(backend: str) -> str:
@@ -336,25 +339,62 @@ def feasibility_backend(backend: str) -> str:
     return "highs"
 
 
-def gap_against_best_bound(objective_ms: float | None, dual_bound_ms: float | None,
-                           lp_bound_ms: float | None) -> float | None:
-    """(objective - best bound) / best bound with best bound = max(dual bound, LP bound), >= 0.
+def gap_against_best_bound(step_ms: float | None, dual_bound_ms: float | None,
+                           bound_ms: float | None) -> float | None:
+    """(step - best bound) / best bound with best bound = max(dual bound, `bound_ms`), unclamped.
 
-    A solver stopped before its first dual bound (a node limit of 1, a very short time limit)
-    reports none or a trivial one; the LP relaxation bound is valid for every plan, so the gap is
-    never worse than against it. None when neither bound is known (or not positive).
+    `step_ms` is the evaluated step of the plan that is returned, `dual_bound_ms` a step-time
+    bound from the solver (`dual_step_bound_ms`), `bound_ms` the best claimed closed-form/LP
+    bound (`best_claimed_bound_ms`). A solver stopped before its first dual bound (a node limit of
+    1, a very short time limit) reports none or a trivial one; the LP relaxation bound is valid
+    for every plan, so the gap is never worse than against it. A negative gap means a bound lies
+    above the plan: a modelling error that is shown, not hidden by a clamp. None when no bound is
+    known (or positive).
     """
-    known = [b for b in (dual_bound_ms, lp_bound_ms) if b is not None and math.isfinite(b)
+    known = [b for b in (dual_bound_ms, bound_ms) if b is not None and math.isfinite(b)
              and b > 0]
-    if objective_ms is None or not known:
+    if step_ms is None or not known:
         return None
     best = max(known)
-    return max(0.0, (objective_ms - best) / best)
+    return (step_ms - best) / best
 
 
-def solve_record(milp: Milp, res: SolveResult, *, lp_bound_ms: float | None = None
-                 ) -> SolveRecord:
-    """The Plan JSON `solver` object of one solve (gap against the best bound known)."""
+def best_claimed_bound_ms(bounds: Bounds | None) -> float | None:
+    """The largest of the plan's lower bounds (LP relaxation, memory, roofline), ms; None when
+    none is known. `ideal_step_ms` is a reference, not a bound, and is left out."""
+    if bounds is None:
+        return None
+    known = [b for b in (bounds.lp_step_ms, bounds.memory_step_ms, bounds.roofline_step_ms)
+             if b is not None and math.isfinite(b)]
+    return max(known) if known else None
+
+
+def dual_step_bound_ms(milp: Milp, dual_bound: float | None) -> float | None:
+    """A bound on the step time of every plan from the solver's bound on its objective, ms.
+
+    The objective is `step_ms` plus the tie-breakers and 8-bit penalties, each a non-negative
+    coefficient on a column bounded above, so objective - step <= sum_c obj[c] ub[c] over the
+    columns other than t[o]; subtracting that keeps the dual bound a bound on the step (it is
+    loose where 8-bit penalties are large; the LP bound then decides). None without a dual bound.
+    """
+    if dual_bound is None or not math.isfinite(dual_bound):
+        return None
+    m, times = milp.model, set(milp.v.t.values())
+    extra = math.fsum(max(0.0, m.obj[c]) * m.var_ub[c] for c in range(m.num_vars)
+                      if c not in times and m.obj[c] != 0.0)
+    return dual_bound - extra
+
+
+def solve_record(milp: Milp, res: SolveResult, *, lp_bound_ms: float | None = None,
+                 step_ms: float | None = None) -> SolveRecord:
+    """The Plan JSON `solver` object of one solve.
+
+    Its gap is `step_ms` (the returned plan's evaluated step; the solver's objective when not
+    given) against the best bound known: the solver's dual bound read as a step bound
+    (`dual_step_bound_ms`) or `lp_bound_ms` (the best claimed bound), unclamped.
+    """
+    step = step_ms if step_ms is not None else res.objective
     return SolveRecord(backend=res.backend, status=res.status, solve_s=res.solve_s,
-                       gap=gap_against_best_bound(res.objective, res.dual_bound, lp_bound_ms),
+                       gap=gap_against_best_bound(step, dual_step_bound_ms(milp, res.dual_bound),
+                                                  lp_bound_ms),
                        num_vars=milp.model.num_vars, num_rows=milp.model.num_rows)

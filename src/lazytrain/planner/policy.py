@@ -116,7 +116,7 @@ def plan(problem: PlanningProblem, options: PlannerOptions | None = None,
     start = _start(problem, opts, warm_start)
     if opts.policy == "heuristic":
         return dataclasses.replace(start, bounds=bounds)
-    from lazytrain.planner.milp import gap_against_best_bound, solve_milp
+    from lazytrain.planner.milp import best_claimed_bound_ms, gap_against_best_bound, solve_milp
 
     solved = solve_milp(problem, backend=opts.backend, time_limit_s=opts.time_limit_s,
                         gap=opts.gap, threads=opts.threads, seed=opts.seed, warm_start=start,
@@ -129,7 +129,8 @@ def plan(problem: PlanningProblem, options: PlannerOptions | None = None,
     best = (solved.predicted.step_ms / (1 + g)) if g is not None else None
     record = dataclasses.replace(
         solved.solver, status=f"{solved.solver.status}; {_kept(start)} kept",
-        gap=gap_against_best_bound(start.predicted.step_ms, best, bounds.lp_step_ms))
+        gap=gap_against_best_bound(start.predicted.step_ms, best,
+                                   best_claimed_bound_ms(bounds)))
     return dataclasses.replace(start, solver=record, bounds=bounds)
 
 

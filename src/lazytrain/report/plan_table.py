@@ -135,6 +135,8 @@ def format_plan_table(problem: PlanningProblem, plan: Plan, report: dict, *,
     s = report["solver"]
     if s:
         gap = "-" if s.get("gap") is None else f"{100 * s['gap']:.2f}%"
+        if (s.get("gap") or 0.0) < -1e-9:  # the step against the best bound, never clamped
+            gap += " (a lower bound lies above this plan: a planner bug, please report it)"
         lines.append(f"solver: {s['backend']} ({s['status']}), {s['solve_s']:.2f} s, gap {gap}, "
                      f"{s['num_vars']} vars, {s['num_rows']} rows")
     lines.append("")
