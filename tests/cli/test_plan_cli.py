@@ -242,3 +242,17 @@ def test_a_hardware_file_with_hbm_in_the_wrong_unit_is_refused_naming_the_file(t
 def test_the_tiny_cpu_config_with_64_mb_of_device_memory_still_plans(repo_root, capsys):
     assert main(["plan", "--config", str(repo_root / "configs" / "tiny-llama-cpu.yaml"),
                  "--policy", "heuristic"]) == 0
+
+
+@pytest.mark.parametrize("layer_types, said", [
+    (["full_attention"] * 2, "layer_types has 2 entries but num_hidden_layers is 4"),
+    (["full_attention"] * 3 + ["windowed"], "layer_types entry 'windowed' is not one of"),
+])
+def test_layer_types_that_do_not_match_the_layers_exit_2_with_one_line(tmp_path, tiny_config,
+                                                                      capsys, layer_types,
+                                                                      said):
+    """A config with fewer layer_types than layers died with an IndexError traceback."""
+    (tmp_path / "tiny.json").write_text(json.dumps({**TINY_LLAMA, "layer_types": layer_types}))
+    assert main(["plan", "--config", str(tiny_config), "--policy", "heuristic"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and "Traceback" not in err[0], err

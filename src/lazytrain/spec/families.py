@@ -141,6 +141,30 @@ def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: in
                      saved_fp32_per_token=a_fp32 + m_fp32, **a_fields)
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "mla")
+"""The `layer_types` entries a block parser understands (transformers' names)."""
+
+
+def check_layer_types(c: dict) -> None:
+    """A `layer_types` list, when given, names one known type per layer.
+
+    Raises:
+        ValueError: one line naming the field, the lengths or the unknown entry, and the fix.
+    """
+    types, layers = c.get("layer_types"), c.get("num_hidden_layers")
+    if not types:
+        return
+    if not isinstance(types, list) or (isinstance(layers, int) and len(types) != layers):
+        count = len(types) if isinstance(types, list) else type(types).__name__
+        raise ValueError(f"model config: layer_types has {count} entries but "
+                         f"num_hidden_layers is {layers}; give one entry per layer (or drop "
+                         f"layer_types)")
+    unknown = sorted({t for t in types if t not in LAYER_TYPES}, key=str)
+    if unknown:
+        raise ValueError(f"model config: layer_types entry {unknown[0]!r} is not one of "
+                         f"{', '.join(LAYER_TYPES)}")
+
+
 def _layer_type(c: dict, j: int, default: str) -> str:
     types = c.get("layer_types")
     return types[j] if types else default

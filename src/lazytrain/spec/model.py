@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lazytrain.spec.block import BlockSpec
-from lazytrain.spec.families import BLOCK_PARSERS, require_key
+from lazytrain.spec.families import BLOCK_PARSERS, check_layer_types, require_key
 from lazytrain.spec.hub import hub_config_file, is_hub_id
 
 BUILTIN_CONFIGS: dict[str, dict] = {
@@ -219,6 +219,7 @@ def parse_config(config: dict, *, name: str) -> ModelSpec:
         raise ValueError(f"model_type {model_type!r} is not supported; supported: "
                          f"{', '.join(sorted(BLOCK_PARSERS))}")
     H, V = require_key(c, "hidden_size"), require_key(c, "vocab_size")
+    check_layer_types(c)
     tie = bool(c.get("tie_word_embeddings", top.get("tie_word_embeddings", False)))
     blocks = tuple(BLOCK_PARSERS[model_type](c, j) for j in range(require_key(c, "num_hidden_layers")))
     spec = ModelSpec(name=name, model_type=model_type, hidden_size=H, vocab_size=V,
