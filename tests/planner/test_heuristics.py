@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from lazytrain.planner.evaluate import decisions_from_tiers, evaluate
+from lazytrain.planner.evaluate import Decisions, decisions_from_tiers, evaluate
 from lazytrain.planner.heuristics import (
     _Search, heuristic_plan, ideal_plan, megatrain_plan, uniform_plan,
 )
@@ -147,3 +147,39 @@ def test_incremental_scoring_tracks_the_host_term_of_segments_and_keeps():
         move = search.apply(cur, edit)
         if move is not None:
             assert search.delta(cur, *move) == pytest.approx(search.build(*move).score)
+
+
+@pytest.mark.parametrize("hbm_gb", [62.0, 70.0], ids=["five-of-six-fit", "all-six-fit"])
+def test_heuristic_keeps_as_many_blocks_as_the_best_keep_set_by_brute_force(hbm_gb):
+    # Every block kept costs I + P = 6.8 GB from f{j} to b{j}; with all 7 boundaries in HBM
+    # (5.25 GB) and 20 GB fixed, 62 GB holds five kept blocks and 70 GB all six. Keeping block
+    # j saves its re-forward Fg = 57 ms in b{j}, so the best plan keeps blocks far from the
+    # end, which a search that only tries the last four blocks misses. Reference: every keep
+    # set (2^6) over all-hbm tiers; the heuristic searches a superset of those plans.
+    p = _problem(L=6, hbm_gb=hbm_gb)
+    best = min(ev.step_ms for r in range(7) for keep in itertools.combinations(range(6), r)
+               if (ev := evaluate(p, decisions_from_tiers(p, ("hbm",) * 7, keep))).feasible)
+    got = evaluate(p, heuristic_plan(p, time_budget_s=30.0))
+    assert got.feasible, got.violations
+    assert got.step_ms <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("dram_gb", [38.9, 40.0], ids=["no-room-without-q8", "two-boundaries"])
+def test_heuristic_buys_dram_for_boundaries_with_8bit_states_when_that_is_faster(dram_gb):
+    # Host states are 8 x 4e8 x 12 B = 38.4 GB, so DRAM holds at most two 0.75 GB boundaries;
+    # HBM (23 GB, 20 fixed) holds few and there is no NVMe: without 8-bit states most segments
+    # are recomputed. 8-bit moments free 4e8 x 2 B = 0.8 GB per block, enough for a boundary
+    # each. Reference: the hand-built plan with every block 8-bit and every boundary in DRAM.
+    p = _problem(L=8, hbm_gb=23.0, dram_gb=dram_gb, nvme_gb=0.0, allow_q8=True)
+    ref = evaluate(p, decisions_from_tiers(p, ("dram",) * 8 + ("hbm",), (),
+                                           q8_blocks=tuple(range(8))))
+    assert ref.feasible, ref.violations
+    plan = heuristic_plan(p, time_budget_s=30.0)
+    got = evaluate(p, plan)
+    assert got.feasible, got.violations
+    assert got.step_ms <= ref.step_ms * (1 + 1e-9)
+    for j in plan.q8_blocks:  # 8-bit only where DRAM needs it: each one dropped breaks DRAM
+        fewer = tuple(b for b in plan.q8_blocks if b != j)
+        d = Decisions(tiers=plan.tiers, keep_internals=plan.keep_internals, q8_blocks=fewer,
+                      transfers=plan.transfers)
+        assert evaluate(p, d).dram_short_bytes > 0, f"block {j} is 8-bit without need"

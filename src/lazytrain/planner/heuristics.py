@@ -1,14 +1,18 @@
 """Rule-based and heuristic plans: MegaTrain's every-K rule, uniform-K, ideal, and the greedy.
 
-`heuristic_plan` always returns a plan (the MILP's warm start and its time-out fallback):
+`heuristic_plan` always returns a plan (the MILP's warm start and its time-out fallback, and
+the baseline the MILP's gain is quoted against, so it must not leave easy gains to the MILP):
 uniform-K starts with lifetime-ordered tiers (latest boundaries hbm while HBM fits, earlier
 ones dram while DRAM fits, the earliest nvme), the transfer schedule of
-`schedule.schedule_transfers`, a greedy repair when a capacity is violated (best ratio of
-shortfall removed to step time added) and a first-improvement local search (tier moves,
-+-1 shifts, (un)materialize, keep toggles on the last blocks). Candidate moves are scored
-incrementally (only the windows and holding intervals a move touches are recomputed); an
-accepted move is re-evaluated in full. Deterministic: no randomness; the wall-clock budget only
-truncates the search (the tests' problems converge well before it).
+`schedule.schedule_transfers`; two rule-based starts, keep-internals greedily from the last
+block down (`keep_suffix`) and, when 8-bit states are offered, every block 8-bit so that DRAM
+holds every boundary (then the 8-bit states DRAM does not need are dropped, `q8_trim`); a
+greedy repair when a capacity is violated (best ratio of shortfall removed to step time added)
+and a first-improvement local search (tier moves, +-1 shifts, (un)materialize, keep toggles on
+every block). Candidate moves are scored incrementally (only the windows and holding intervals
+a move touches are recomputed); an accepted move is re-evaluated in full. Deterministic: no
+randomness; the wall-clock budget only truncates the search (the tests' problems converge well
+before it).
 
 Knows no solver and no torch. Source: MegaTrain (arXiv 2604.05091) for the every-K rule.
 """
@@ -16,6 +20,7 @@ Knows no solver and no torch. Source: MegaTrain (arXiv 2604.05091) for the every
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 
 from lazytrain.planner.chains import recompute_terms
@@ -31,8 +36,6 @@ from lazytrain.planner.problem import PlanningProblem
 
 UNIFORM_KS = (1, 2, 3, 4, 6, 8, 12, 16)
 """Segment lengths tried as starts (capped by k_max and L)."""
-KEEP_CANDIDATES = 4
-"""Keep-internals is tried on this many last blocks (the only ones where it usually pays)."""
 MAX_SWEEPS = 12
 """Local-search passes over the neighbourhood (deterministic cap)."""
 _IMPROVE_MS = 1e-6
@@ -132,7 +135,8 @@ def uniform_plan(problem: PlanningProblem, k: int, *, lifetime_tiers: bool = Tru
 
 
 def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0) -> Plan:
-    """Best plan found by uniform-K starts, lifetime tiers, repair and local search.
+    """Best plan found by uniform-K, keep-suffix and all-8-bit starts, lifetime tiers, repair
+    and local search.
 
     Always returns a plan, never slower than the best fixed-K rule that fits
     (`best_fixed_k_plan`). If no candidate fits every capacity, the one with the smallest
@@ -147,14 +151,22 @@ def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0) -> P
     t0 = time.perf_counter()
     search = _Search(problem, deadline=t0 + time_budget_s)
     L = problem.num_blocks
+    every = megatrain_tiers(L, 1)
     starts = [search.build(megatrain_tiers(L, min(4, problem.k_max, L)), ())]
     for k in UNIFORM_KS:
         if k <= min(problem.k_max, L):
             tiers = list(megatrain_tiers(L, k))
             tiers[0] = "recompute"  # re-embedding boundary 0 is nearly free
             starts.append(search.repair(search.lifetime(tuple(tiers))))
+    bases = {every, min(starts, key=lambda s: s.score).tiers}
+    q8s = [(), tuple(range(L))] if problem.allow_q8 else [()]
+    for q8 in q8s[1:]:  # 8-bit states everywhere free DRAM for every boundary
+        starts.append(search.repair(search.q8_trim(search.lifetime(every, (), q8))))
+    if problem.allow_keep:
+        for q8, base in itertools.product(q8s, sorted(bases)):
+            starts.append(search.repair(search.q8_trim(search.keep_suffix(base, q8))))
     best = min(starts, key=lambda s: s.score)
-    best = search.local_search(best)
+    best = search.q8_trim(search.local_search(best))
     d = Decisions(tiers=best.tiers, keep_internals=best.keep, q8_blocks=best.q8,
                   transfers=best.transfers())
     plan = _finish(problem, d, "heuristic", t0)
@@ -336,7 +348,7 @@ class _Search:
         if not repair:
             out += [("shift", i, n) for i in range(1, L) for n in (i - 1, i + 1) if 0 < n < L]
         if self.p.allow_keep:
-            out += [("keep", j, None) for j in range(L - 1, max(-1, L - 1 - KEEP_CANDIDATES), -1)]
+            out += [("keep", j, None) for j in range(L - 1, -1, -1)]
         if self.p.allow_q8 and repair:
             out.append(("q8", None, None))
         return out
@@ -376,44 +388,92 @@ class _Search:
 
     # --- phases ------------------------------------------------------------------------------
 
-    def lifetime(self, tiers) -> _State:
-        """Lifetime-ordered tiers for the materialized boundaries of `tiers`.
+    def lifetime(self, tiers, keep=(), q8=()) -> _State:
+        """Lifetime-ordered tiers for the materialized boundaries of `tiers`, with `keep` and
+        `q8` held fixed.
 
         The latest h boundaries go to hbm, with h the largest count whose plan fits HBM
         (binary search); earlier ones to dram while DRAM fits, then nvme while NVMe fits; the
-        rest are un-materialized where k_max allows, else dram (repair fixes that).
+        rest are un-materialized where k_max and `keep` allow, else dram (repair fixes that).
         """
-        p, L = self.p, self.L
-        mats = [i for i in range(L - 1, -1, -1) if tiers[i] != "recompute"]
-        dram_free = p.dram_bytes - self._dram(("recompute",) * (L + 1), ())
-
-        def assign(h: int) -> tuple[str, ...]:
-            out = list(tiers)
-            used_d = used_n = 0.0
-            for rank, i in enumerate(mats):
-                a = p.boundary_bytes[i]
-                if rank < h:
-                    out[i] = "hbm"
-                elif used_d + a <= dram_free:
-                    out[i], used_d = "dram", used_d + a
-                elif p.nvme_bytes > 0 and used_n + a <= p.nvme_bytes:
-                    out[i], used_n = "nvme", used_n + a
-                else:
-                    out[i] = "recompute"  # fits nowhere: merge its segment when k_max allows
-                    if not self._valid(tuple(out), ()):
-                        out[i] = "dram"
-            return tuple(out)
-
-        lo, hi = 0, len(mats)
-        best = self.build(assign(0), ())
+        lo, hi = 0, sum(t != "recompute" for t in tiers[:-1])
+        best = self.build(self._assign(tiers, 0, keep, q8), keep, q8)
+        if max(best.hbm) > self.p.hbm_bytes:
+            return best
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            st = self.build(assign(mid), ())
-            if max(st.hbm) <= p.hbm_bytes:
+            st = self.build(self._assign(tiers, mid, keep, q8), keep, q8)
+            if max(st.hbm) <= self.p.hbm_bytes:
                 lo, best = mid, st
             else:
                 hi = mid - 1
-        return best if lo > 0 or max(best.hbm) <= p.hbm_bytes else self.build(assign(0), ())
+        return best
+
+    def _assign(self, tiers, h: int, keep, q8) -> tuple[str, ...]:
+        """`lifetime`'s tiers with the latest h materialized boundaries (below L) in hbm."""
+        p, L = self.p, self.L
+        mats = [i for i in range(L - 1, -1, -1) if tiers[i] != "recompute"]
+        dram_free = p.dram_bytes - self._dram(("recompute",) * (L + 1), q8)
+        out = list(tiers)
+        used_d = used_n = 0.0
+        for rank, i in enumerate(mats):
+            a = p.boundary_bytes[i]
+            if rank < h:
+                out[i] = "hbm"
+            elif used_d + a <= dram_free:
+                out[i], used_d = "dram", used_d + a
+            elif p.nvme_bytes > 0 and used_n + a <= p.nvme_bytes:
+                out[i], used_n = "nvme", used_n + a
+            else:
+                out[i] = "recompute"  # fits nowhere: merge its segment when k_max allows
+                if not self._valid(tuple(out), keep):
+                    out[i] = "dram"
+        return tuple(out)
+
+    def keep_suffix(self, tiers, q8=()) -> _State:
+        """Greedy keep from the last block down: keep-internals on blocks L-c..L-1 (their
+        output boundaries materialized), c the largest count whose plan fits HBM with every
+        boundary offloaded (binary search), then `lifetime` tiers around that keep.
+
+        A kept block saves its re-forward and its weight reload in backward for I[j] + P[j]
+        bytes of HBM from f{j} to b{j}: on a roomy GPU the MILP keeps most blocks, which the
+        one-block-at-a-time local search does not reach. Fewer kept blocks (c - 1, 3c/4, c/2)
+        are tried too, as their HBM may buy more in boundaries; the best score wins.
+        """
+        L = self.L
+
+        def with_keep(c: int):
+            out = list(tiers)
+            for i in range(L - c + 1, L):
+                out[i] = "dram" if out[i] == "recompute" else out[i]
+            return tuple(out), tuple(range(L - c, L))
+
+        def fits(c: int) -> bool:
+            t, keep = with_keep(c)
+            return max(self.build(self._assign(t, 0, keep, q8), keep, q8).hbm) <= self.p.hbm_bytes
+
+        lo, hi = 0, L
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        tries = sorted({c for c in (lo, lo - 1, 3 * lo // 4, lo // 2) if c >= 0}, reverse=True)
+        return min((self.lifetime(*with_keep(c), q8) for c in tries), key=lambda st: st.score)
+
+    def q8_trim(self, cur: _State) -> _State:
+        """`cur` with 8-bit states dropped from the last blocks first while DRAM still fits
+        (each costs q8_penalty_ms_per_gparam and, at run time, a slower update)."""
+        p = self.p
+        room = p.dram_bytes - cur.dram
+        q8 = list(cur.q8)
+        for j in reversed(cur.q8):
+            extra = p.params_per_block[j] * (p.host_bytes_per_param - p.host_bytes_per_param_q8)
+            if extra <= room:
+                q8.remove(j)
+                room -= extra
+        if len(q8) == len(cur.q8):
+            return cur
+        nxt = self.build(cur.tiers, cur.keep, tuple(q8))
+        return nxt if nxt.score <= cur.score else cur
 
     def repair(self, cur: _State) -> _State:
         """While a capacity is short: apply the move with the best shortfall removed per ms
