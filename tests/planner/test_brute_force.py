@@ -5,7 +5,8 @@ each boundary 0..L-1 among hbm/dram/nvme/recompute, where recompute of boundary 
 re-embed; keep-internals of each block whose next boundary is materialized), fixes exactly those
 binaries in the model, and solves what remains with HiGHS: the continuous NVMe fractions and
 window times, plus the window of each whole D2H and H2D (the model moves each in one window so
-that HBM holding is exact; a handful of binaries per choice). Capacity slacks are fixed to 0, so
+that HBM holding is exact) and which blocks hold resident weights without keeping internals
+(at least the kept ones; a handful of binaries per choice). Capacity slacks are fixed to 0, so
 a choice that cannot fit is skipped.
 The minimum over all choices is the true optimum of the model; each backend's plan, scored by
 the fluid evaluator, must match it.
@@ -49,8 +50,8 @@ def tiny_problem(L: int = 4, **kw) -> PlanningProblem:
 
 
 SCENARIOS = {
-    # GPU, HBM room 280 u, DRAM for one checkpoint, NVMe for one: offload to both tiers,
-    # recompute and keep compete.
+    # GPU, HBM room 280 u, DRAM for one checkpoint, NVMe for one: offload, recompute, keep and
+    # resident weights compete (resident weights on block 2 beat the NVMe tier and keep).
     "gpu_tight_hbm": tiny_problem(hbm_bytes=1280 * U, dram_bytes=602 * U, nvme_bytes=100 * U),
     # CPU: copies contend with compute (window = compute + channel times).
     "cpu_contention": tiny_problem(copies_overlap_compute=False, hbm_bytes=1350 * U),
@@ -58,6 +59,10 @@ SCENARIOS = {
     "nvme_favouring": tiny_problem(L=3, dram_bytes=502 * U, nvme_read_bytes_per_s=2e4 * U,
                                    nvme_write_bytes_per_s=2e4 * U, hbm_bytes=1200 * U,
                                    nvme_lead_windows=2),
+    # A slow H2D link (a weight load 5-6x a forward), HBM room for the weights but not the
+    # internals: blocks hold resident weights without keeping internals.
+    "slow_h2d_resident": tiny_problem(L=3, h2d_bytes_per_s=1e3 * U, hbm_bytes=1350 * U,
+                                      nvme_bytes=0),
 }
 
 
@@ -72,6 +77,7 @@ def brute_force_optimum(problem: PlanningProblem) -> tuple[float, tuple]:
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
+    h.setOptionValue("mip_rel_gap", 0.0)  # each choice's optimum exactly, not within 1e-4
     highspy.Highs.resetGlobalScheduler(True)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = m.num_vars, m.num_rows
@@ -85,6 +91,7 @@ def brute_force_optimum(problem: PlanningProblem) -> tuple[float, tuple]:
     lp.a_matrix_.index_ = np.array([c for r in m.row_coeffs for c in r], dtype=np.int32)
     lp.a_matrix_.value_ = np.array([a for r in m.row_coeffs for a in r.values()])
     whole = {c for fam in WHOLE_TRANSFERS for c in v.transfer(fam).values()}
+    whole |= set(v.resident.values())
     lp.integrality_ = [highspy.HighsVarType.kInteger if c in whole
                        else highspy.HighsVarType.kContinuous for c in range(m.num_vars)]
     h.passModel(lp)
@@ -124,7 +131,9 @@ def brute_force_optimum(problem: PlanningProblem) -> tuple[float, tuple]:
                 if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
                     obj = h.getInfo().objective_function_value
                     if obj < best - 1e-9:
-                        best, arg = obj, (tiers, keep)
+                        x = h.getSolution().col_value
+                        resident = tuple(j for j, c in v.resident.items() if x[c] > 0.5)
+                        best, arg = obj, (tiers, keep, resident)
     return best, arg
 
 
@@ -137,14 +146,17 @@ def test_milp_matches_brute_force_on_tiny_problems(scenario, backend):
     assert math.isfinite(best), "every discrete choice was infeasible; the fixture is wrong"
     plan = solve_milp(problem, backend=backend, gap=0.0, time_limit_s=30)
     step = evaluate(problem, plan).step_ms
-    assert step == pytest.approx(best, rel=1e-6), (plan.tiers, plan.keep_internals, arg)
+    assert step == pytest.approx(best, rel=1e-6), (plan.tiers, plan.keep_internals,
+                                                   plan.resident_weights, arg)
 
 
 def test_scenarios_exercise_offload_recompute_keep_and_nvme():
     """The fixtures are not degenerate: their optima use the choices they are meant to test."""
     pytest.importorskip("highspy")
     used = {name: brute_force_optimum(p)[1] for name, p in SCENARIOS.items()}
-    gpu_tiers, gpu_keep = used["gpu_tight_hbm"]
-    assert {"dram", "nvme", "recompute"} <= set(gpu_tiers) and gpu_keep, used
+    gpu_tiers, _, gpu_resident = used["gpu_tight_hbm"]
+    assert {"dram", "recompute"} <= set(gpu_tiers) and gpu_resident, used
     assert "recompute" in used["cpu_contention"][0] and used["cpu_contention"][1], used
     assert "nvme" in used["nvme_favouring"][0], used
+    _, keep, resident = used["slow_h2d_resident"]
+    assert set(resident) - set(keep), used

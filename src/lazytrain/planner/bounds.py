@@ -1,29 +1,34 @@
 """Reference step times for a planning problem: LP relaxation, roofline, ideal plan.
 
 Owns the four numbers in a Plan's `bounds` object (reported with every plan; docs/design.md,
-"The plan"):
+"The plan"). "Offered" below: keep-internals and resident weights are offered together
+(`allow_keep`); without them a plan that keeps or holds weights anyway is outside every bound.
 
 - `lp_bound_ms`: the placement MILP (hard budgets) with every binary relaxed to [0, 1] and no
-  tie-breakers or 8-bit penalty; a valid lower bound on the step time of every plan that fits
-  the budgets (None when not even a fractional plan fits). The gap of a plan is plan / LP - 1.
-- `memory_bound_ms`: closed form, respects the HBM budget: compute without segment recompute
-  and the weight H2D, each less the most that keep-internals can save in the HBM left at the
-  turn beside the fixed working set and boundary L (every kept block is held there); a valid
-  lower bound on every plan that fits HBM.
+  tie-breakers or 8-bit penalty; a lower bound on the step time of every plan *the MILP models*
+  that fits the budgets (None when not even a fractional plan fits). Proven only over that set:
+  whole D2H/H2D in one window, segments of at most k_max blocks, transfers inside the horizons
+  and chained ones in a later window than their source. A plan outside it (a hand-built one or
+  a scheduler's split transfer) is priced by the same evaluator but may beat it. The gap of a
+  plan is plan / LP - 1.
+- `memory_bound_ms`: closed form, respects the HBM budget, valid for every plan that fits HBM:
+  compute without segment recompute less the most that keep-internals can save, and the weight
+  H2D less the most that resident weights can save, each in the HBM left at the turn beside the
+  fixed working set and boundary L (every kept or resident block is held there).
 - `roofline_ms`: closed form, infinite HBM: the largest mandatory channel total with every
-  block kept (compute without recompute, weight H2D, gradient D2H, their duplex sum; on a CPU
-  their sum), plus the constant pre/post/const terms. A bound, but far below what fits.
-- `ideal_ms`: the evaluator's step time of the infinite-HBM plan (every boundary in HBM, every
-  block keeps its internals when keep is offered): the "% of ideal" headline, not a bound
-  in the strict sense (a kept block's forward runs with autograd), and unreachable when it
-  does not fit.
+  block kept and resident (compute without recompute, weight H2D, gradient D2H, their duplex
+  sum; on a CPU their sum), plus the constant pre/post/const terms. A bound, but far below
+  what fits.
+- `ideal_ms`: the evaluator's step time of the best infinite-HBM plan (`ideal_decisions`: every
+  boundary in HBM, every block resident and kept where keeping is faster, when offered); no plan
+  is faster, whatever its budgets, and it is unreachable when it does not fit.
 
 Knows no torch; the LP goes through `solvers.solve` (lazy solver imports).
 """
 
 from __future__ import annotations
 
-from lazytrain.planner.evaluate import pre_ms
+from lazytrain.planner.evaluate import Decisions, evaluate, pre_ms
 from lazytrain.planner.plan import Bounds
 from lazytrain.planner.problem import PlanningProblem
 
@@ -31,6 +36,8 @@ from lazytrain.planner.problem import PlanningProblem
 def lp_bound_ms(problem: PlanningProblem, *, backend: str = "highs",
                 time_limit_s: float = 60.0) -> float | None:
     """Optimal value of the LP relaxation of the placement MILP (hard budgets), ms per step.
+
+    A lower bound over the plans the MILP models (module docstring), not over every plan.
 
     Returns:
         The bound, or None when not even a fractional plan fits the budgets (then no plan does).
@@ -55,8 +62,9 @@ def roofline_ms(problem: PlanningProblem) -> float:
 
     Mandatory per micro-batch (window part): compute sum(Fg + B) + head with keep offered, else
     sum(F + Fg + B) + head; H2D the forward weight loads P[1..L-1], plus the backward loads
-    P[0..L-1] when keep (resident weights) is not offered; D2H the gradients G[1..L-1]. GPU:
-    the max of compute and channel times; CPU: their sum. Step = ga * (pre + that + post) + const.
+    P[0..L-1] when resident weights (offered with keep) are not; D2H the gradients G[1..L-1].
+    GPU: the max of compute and channel times; CPU: their sum. Step = ga * (pre + that + post)
+    + const. Source: docs/execution_model.md, "Per-window work" and "Window time".
     """
     p = problem
     if p.allow_keep:
@@ -86,12 +94,15 @@ def _closed_form_step_ms(p: PlanningProblem, comp: float, h2d: float) -> float:
 def memory_bound_ms(problem: PlanningProblem) -> float | None:
     """The HBM-respecting closed-form bound (module docstring), ms per step.
 
-    compute = sum(F + Fg + B) + head - max sum_{j in K} F[j], H2D = sum P[1..L-1] + sum P
-    - max sum_{j in K} P[j], each max over keep sets K with sum_{j in K} (I[j] + P[j]) <=
-    room = hbm - fixed_hbm - A[L] (a kept block saves its forward and its backward weight load
-    and is held at the turn); the two maxima are fractional knapsacks, each a relaxation, so
+    compute = sum(F + Fg + B) + head - max sum_{j in K} F[j] over keep sets K with
+    sum_{j in K} (I[j] + P[j]) <= room (a kept block saves its forward, F; its graph holds its
+    weights too), and H2D = sum P[1..L-1] + sum P - max sum_{j in R} P[j] over resident sets R
+    with sum_{j in R} P[j] <= room (a resident block saves its backward weight load whether or
+    not it keeps internals), room = hbm - fixed_hbm - A[L]: every kept or resident block is held
+    at the turn beside boundary L. Both maxima are fractional knapsacks, each a relaxation, so
     both totals are lower bounds. GPU: windows = max(compute, H2D/bw_h2d, D2H/bw_d2h,
     (H2D + D2H)/bw_duplex); CPU: their sum. Step = ga * (pre + windows + post) + const.
+    Source: docs/execution_model.md, "Per-window work" and "HBM capacity".
 
     Returns:
         The bound, or None when the fixed working set and boundary L alone overflow HBM.
@@ -102,11 +113,11 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
         return None
     if not p.allow_keep:
         room = 0
-    cost = [p.internal_bytes[j] + p.weight_bytes[j] for j in range(L)]
+    keep_cost = [p.internal_bytes[j] + p.weight_bytes[j] for j in range(L)]
     comp = (sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
-            - _fractional_knapsack(p.fwd_ms, cost, room))
+            - _fractional_knapsack(p.fwd_ms, keep_cost, room))
     h2d = (float(sum(p.weight_bytes[1:]) + sum(p.weight_bytes))
-           - _fractional_knapsack(p.weight_bytes, cost, room))
+           - _fractional_knapsack(p.weight_bytes, p.weight_bytes, room))
     return _closed_form_step_ms(p, comp, h2d)
 
 
@@ -124,18 +135,41 @@ def _fractional_knapsack(values, weights, capacity: float) -> float:
     return total
 
 
-def ideal_ms(problem: PlanningProblem) -> float:
-    """Evaluator step time of the infinite-HBM plan (all boundaries hbm, all blocks kept), ms."""
-    from lazytrain.planner.evaluate import Decisions, evaluate
+def ideal_decisions(problem: PlanningProblem) -> Decisions:
+    """The fastest infinite-HBM plan: every boundary hbm, every block resident, and block j kept
+    where that is faster (when keep and residency are offered; else neither).
 
+    With every boundary in HBM and every block resident there are no activation transfers, no
+    recompute and no backward weight loads, so window f_j depends only on keep[j] (F[j] or
+    Fg[j]), b_j only on keep[j] (B[j] + Fg[j] or B[j]; its weight load P[j-1] is skipped) and
+    the turn on neither: the step is a sum over blocks, and each block picks the cheaper of the
+    two (the evaluator prices both, so window overhead, host work and the gradient drain count).
+    Every other plan moves at least these bytes and computes at least this in each window with
+    its own keep set, so none is faster (`ideal_ms`).
+    """
     L = problem.num_blocks
-    keep = tuple(range(L)) if problem.allow_keep else ()
-    return evaluate(problem, Decisions(tiers=("hbm",) * (L + 1), keep_internals=keep)).step_ms
+    tiers = ("hbm",) * (L + 1)
+    if not problem.allow_keep:
+        return Decisions(tiers=tiers)
+    every = tuple(range(L))
+    kept = evaluate(problem, Decisions(tiers=tiers, keep_internals=every)).windows
+    plain = evaluate(problem, Decisions(tiers=tiers, resident_weights=every)).windows
+    pair = lambda ws, j: ws[j].time_ms + ws[2 * L - j].time_ms  # noqa: E731  f_j + b_j, ms
+    keep = tuple(j for j in every if pair(kept, j) <= pair(plain, j))
+    return Decisions(tiers=tiers, keep_internals=keep, resident_weights=every)
 
 
-def compute_bounds(problem: PlanningProblem, *, lp: bool = True, backend: str = "highs"
-                   ) -> Bounds:
-    """All four reference step times (lp_step_ms None when `lp` is False), ms."""
-    return Bounds(lp_step_ms=lp_bound_ms(problem, backend=backend) if lp else None,
+def ideal_ms(problem: PlanningProblem) -> float:
+    """Evaluator step time of `ideal_decisions` (ignores capacities), ms per step: a lower bound
+    on every plan the problem offers."""
+    return evaluate(problem, ideal_decisions(problem)).step_ms
+
+
+def compute_bounds(problem: PlanningProblem, *, lp: bool = True, backend: str = "highs",
+                   lp_time_limit_s: float = 60.0) -> Bounds:
+    """All four reference step times (lp_step_ms None when `lp` is False), ms; the LP gets
+    `lp_time_limit_s` (s; math.inf under `planner.deterministic`: it runs to its optimum)."""
+    return Bounds(lp_step_ms=lp_bound_ms(problem, backend=backend, time_limit_s=lp_time_limit_s)
+                  if lp else None,
                   memory_step_ms=memory_bound_ms(problem),
                   roofline_step_ms=roofline_ms(problem), ideal_step_ms=ideal_ms(problem))

@@ -26,8 +26,8 @@ def start_from_plan(milp: Milp, plan: Plan) -> list[float] | None:
 
     Binaries and fractions come from the plan; t[o] and the slacks take the least value their
     rows allow (their minimal epigraph values). Returns None when the plan cannot be expressed
-    in this model (a segment longer than k_max, a transfer outside the modelled windows, keep
-    or q8 not offered) or the assignment breaks a row by more than 1e-6.
+    in this model (a segment longer than k_max, a transfer outside the modelled windows, keep,
+    resident weights or q8 not offered) or the assignment breaks a row by more than 1e-6.
     """
     v, L = milp.v, milp.p.L
     x = [0.0] * milp.model.num_vars
@@ -44,6 +44,8 @@ def start_from_plan(milp: Milp, plan: Plan) -> list[float] | None:
                 x[getattr(v, tier)[i]] = 1.0
         for j in plan.keep_internals:
             x[v.keep[j]] = 1.0
+        for j in plan.resident_weights:
+            x[v.resident[j]] = 1.0
         for j in plan.q8_blocks:
             x[v.q8[j]] = 1.0
         family = {kind: fam for fam, kind in KINDS.items()}
@@ -100,6 +102,7 @@ def extract_decisions(milp: Milp, x: list[float]) -> Decisions:
         tiers.append(on[0] if on else "recompute")
     tiers.append("hbm")
     keep = tuple(j for j, c in v.keep.items() if _on(x[c], row_name("keep", j)))
+    resident = tuple(j for j, c in v.resident.items() if _on(x[c], row_name("resident", j)))
     q8 = tuple(j for j, c in v.q8.items() if _on(x[c], row_name("q8", j)))
     starts = [0] + [i for i in range(1, L + 1) if tiers[i] != "recompute"]
     end_of = {s: e for s, e in zip(starts[:-1], starts[1:])}
@@ -115,8 +118,8 @@ def extract_decisions(milp: Milp, x: list[float]) -> Decisions:
             total = math.fsum(f for _, f in cells)
             transfers += [Transfer(boundary=i, kind=kind, window=window_name(o, L),
                                    fraction=f / total) for o, f in cells]
-    return Decisions(tiers=tuple(tiers), keep_internals=keep, q8_blocks=q8,
-                     transfers=tuple(transfers))
+    return Decisions(tiers=tuple(tiers), keep_internals=keep, resident_weights=resident,
+                     q8_blocks=q8, transfers=tuple(transfers))
 
 
 def extract_plan(milp: Milp, x: list[float], *, solver: SolveRecord,

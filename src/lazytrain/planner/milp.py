@@ -37,7 +37,9 @@ Variables (`MilpVars`; code name = design symbol)
     mat[i]    in {0,1}  z: boundary i materialized, 0 < i < L
     hbm[i], dram[i], nvme[i] in {0,1}  tier of boundary i < L (none: recompute)
     emb[e]    in [0,1]  boundary 0 is re-embedded for first segment (0, e) (integral given seg)
-    keep[j]   in {0,1}  y: block j keeps its internals and weights until b_j (if allow_keep)
+    keep[j]   in {0,1}  y: block j keeps its internals until b_j (if allow_keep)
+    resident[j] in {0,1}  block j's weights stay in HBM from f_j to b_j (if allow_keep; no
+              kept internals needed: the block re-forwards in b_j on them)
     q8[j]     in {0,1}  block j's Adam moments are 8-bit (if allow_q8)
     d2h[i,o], h2d[i,o] in {0,1}  A[i] is offloaded / prefetched in window o (one window each)
     nvw[i,o], nvr[i,o] in [0,1]  fraction of A[i] written / read in window o
@@ -57,8 +59,8 @@ Window loads (linear; seg-terms sum over segments (s, j+1) ending at b_j):
     comp[f_j] = F[j] + (Fg[j] - F[j]) keep[j];  comp[turn] = head
     comp[b_j] = B[j] + Fg[j] (1 - keep[j]) + sum_s seg[s,j+1] sum_{k=s}^{j-1} F[k]
                 + embed * emb[j+1]
-    H2D[f_j] = P[j+1];  H2D[turn] = P[L-1] (1 - keep[L-1])
-    H2D[b_j] = P[j-1] (1 - keep[j-1]) + sum_s seg[s,j+1] sum_{k=s}^{j-1} P[k] + sum_i A[i] h2d[i,b_j]
+    H2D[f_j] = P[j+1];  H2D[turn] = P[L-1] (1 - resident[L-1])
+    H2D[b_j] = P[j-1] (1 - resident[j-1]) + sum_s seg[s,j+1] sum_{k=s}^{j-1} P[k] + sum_i A[i] h2d[i,b_j]
     D2H[o] = G[j+1] (o = b_j, j+1 < L) + sum_i A[i] d2h[i,o];  NR[o], NW[o] = sum_i A[i] nvr/nvw
     HOST[o] = PW[o]/host_conv + GD[o]/host_acc, ms, with PW[o] = H2D[o] less its activation
               terms (every weight load, recompute reloads included, is converted on the host)
@@ -77,7 +79,7 @@ Constraint families (function that adds them, all in `planner/milp_rows.py`)
                       sum_s seg[s,L] = 1                                    add_path
     2. tiers          hbm[i]+dram[i]+nvme[i] = mat[i] (0<i<L);
                       hbm[0]+dram[0]+nvme[0] + sum_e emb[e] = 1; emb[e] <= seg[0,e]   add_tiers
-    3. keep           keep[j] <= mat[j+1]                                   add_keep
+    3. keep           keep[j] <= mat[j+1];  keep[j] <= resident[j]          add_keep
     4. totals         sum_o d2h = sum_o h2d = dram+nvme; sum_o nvw = sum_o nvr = nvme
                                                                             add_transfer_totals
     5. legality       x[i,o] <= sum_{e: o legal for (i,e)} seg[i,e]         add_transfer_legality
@@ -93,15 +95,15 @@ Constraint families (function that adds them, all in `planner/milp_rows.py`)
                                                                             add_window_time
     7b. recompute     GPU: t[b_j] >= X/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fg[j]) - Fg[j] keep[j]
                       (recompute waits for its weights behind X on H2D)     add_recompute_order
-    8. HBM            held[o] + keep terms - slack_hbm[o] <= M_hbm  for all o  add_hbm_capacity
+    8. HBM            held[o] - slack_hbm[o] <= M_hbm  for all o            add_hbm_capacity
     9. DRAM           sum A[i] dram[i] - sum Q[j] q8[j] - slack <= M_dram  add_dram_capacity
    10. NVMe           sum A[i] nvme[i] - slack <= M_nvme                    add_nvme_capacity
 
 held[o] is the contract's holding intervals (exact, since d2h/h2d are binary): hbm i for i <= o <= 2L-i
 (A[L] at turn); offloaded i: A[i] sum_{o' >= o} d2h[i,o'] (not yet drained, o >= i) plus
 A[i] sum_{o' <= o} h2d[i,o'] (already prefetched, o <= 2L-i); the recompute cache at b_j:
-sum_{s <= j < e} seg[s,e] sum_{k=s+1}^{j} A[k] + A[0] sum_{e > j} emb[e]; keep j:
-(I[j] + P[j]) keep[j] for j <= o <= 2L-j. No big-M anywhere.
+sum_{s <= j < e} seg[s,e] sum_{k=s+1}^{j} A[k] + A[0] sum_{e > j} emb[e]; block j:
+I[j] keep[j] + P[j] resident[j] for j <= o <= 2L-j. No big-M anywhere.
 
 Source: docs/execution_model.md (the equations) and docs/design.md ("The plan").
 """

@@ -17,7 +17,8 @@ TIE_REL = 1e-8
 """Tie-breaker unit as a fraction of the step's compute (sum of F, Fg, B, head): well below any
 solver gap (>= 1e-6) and below the test tolerance; the sum over all tie terms stays < 1e-6 of
 the step. Tie-breakers: dram costs 1 unit, nvme 2, both times (1 + i/L) (late boundaries stay in
-HBM, early ones go furthest); d2h/nvw prefer early windows and h2d/nvr late ones."""
+HBM, early ones go furthest); d2h/nvw prefer early windows and h2d/nvr late ones; resident
+weights cost 1 unit per block (held only where they save time)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

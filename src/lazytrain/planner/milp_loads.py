@@ -43,16 +43,16 @@ def window_fixed_loads(v: MilpVars, p: Scaled, o: int) -> tuple[Lin, Lin, Lin]:
             comp[v.keep[j]] = p.Fg[j] - p.F[j]
     elif o == L:
         c0, h0, d0 = p.head, p.P[L - 1], 0.0
-        if L - 1 in v.keep:
-            h2d[v.keep[L - 1]] = -p.P[L - 1]
+        if L - 1 in v.resident:
+            h2d[v.resident[L - 1]] = -p.P[L - 1]
     else:
         j = 2 * L - o
         c0, h0 = p.B[j] + p.Fg[j], (p.P[j - 1] if j >= 1 else 0.0)
         d0 = p.G[j + 1] if j + 1 < L else 0.0
         if j in v.keep:
             comp[v.keep[j]] = -p.Fg[j]
-        if j >= 1 and j - 1 in v.keep:
-            h2d[v.keep[j - 1]] = -p.P[j - 1]
+        if j >= 1 and j - 1 in v.resident:
+            h2d[v.resident[j - 1]] = -p.P[j - 1]
         for (s, e), x in v.seg.items():
             if e == j + 1 and e - s >= 2:
                 comp[x] = sum(p.F[s:j])
@@ -91,7 +91,8 @@ def window_loads(v: MilpVars, p: Scaled, o: int) -> tuple[Lin, Lin, Lin, Lin, Li
 
 
 def hbm_held(v: MilpVars, p: Scaled, o: int) -> Lin:
-    """Checkpoint-store bytes plus keep terms held in window o, GB (`planner/milp.py`, held[o])."""
+    """Checkpoint-store bytes plus kept internals and resident weights held in window o, GB
+    (`planner/milp.py`, held[o])."""
     L, A = p.L, p.A
     coeffs: dict[int, float] = {}
     const = A[L] if o == L else 0.0
@@ -119,6 +120,9 @@ def hbm_held(v: MilpVars, p: Scaled, o: int) -> Lin:
                 add(x, A[0])
     for j, x in v.keep.items():
         if j <= o <= 2 * L - j:
-            add(x, p.I[j] + p.P[j])
+            add(x, p.I[j])
+    for j, x in v.resident.items():
+        if j <= o <= 2 * L - j:
+            add(x, p.P[j])
     return coeffs, const
 

@@ -49,14 +49,17 @@ def add_tiers(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 
 def add_keep(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
-    """keep[j] <= mat[j+1]  for j + 1 < L.
+    """keep[j] <= mat[j+1]  for j + 1 < L;  keep[j] <= resident[j]  for all j.
 
-    A kept block ends its segment, so it is never recomputed (docs/execution_model.md,
-    "Decisions in a Plan"). Dimensionless.
+    A kept block ends its segment, so it is never recomputed, and its graph holds its device
+    weights, so they are resident; resident weights need no kept graph (the block re-forwards in
+    b_j on the weights it held since f_j). docs/execution_model.md, "Decisions in a Plan".
+    Dimensionless.
     """
     for j, x in v.keep.items():
         if j + 1 < p.L:
             m.add_row(row_name("keep_end", j), {x: 1.0, v.mat[j + 1]: -1.0}, ub=0)
+        m.add_row(row_name("keep_resident", j), {x: 1.0, v.resident[j]: -1.0}, ub=0)
 
 
 def add_transfer_totals(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
@@ -178,7 +181,7 @@ def add_window_time(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
     """t[b_j] >= X[b_j]/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fg[j]) - Fg[j] keep[j]
-    (GPU), X[b_j] = sum_i A[i] h2d[i,b_j] + P[j-1] (1 - keep[j-1]),
+    (GPU), X[b_j] = sum_i A[i] h2d[i,b_j] + P[j-1] (1 - resident[j-1]),
     R[s,e] = max_{k=s..e-2} (sum_{q=s}^{k} P[q]/bw_h2d + sum_{q=k}^{e-2} F[q])  for e - s >= 2.
 
     A segment's recompute forward of block k waits for its weights, which queue on the H2D
@@ -201,8 +204,9 @@ def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
         row = {v.t[o]: 1.0, **{x: -r for x, r in segs.items()}}
         if j in v.keep:
             row[v.keep[j]] = p.Fg[j]
-        if j - 1 in v.keep:
-            row[v.keep[j - 1]] = p.P[j - 1] / p.bw_h2d  # moves -P(1-keep)/bw's keep part left
+        if j - 1 in v.resident:
+            # moves -P(1-resident)/bw's resident part left
+            row[v.resident[j - 1]] = p.P[j - 1] / p.bw_h2d
         for (i, q), x in v.h2d.items():
             if q == o:
                 row[x] = -p.A[i] / p.bw_h2d
@@ -210,11 +214,13 @@ def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 
 def add_hbm_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
-    """held[o] + sum_{j <= o <= 2L-j} (I[j] + P[j]) keep[j] - slack_hbm[o] <= M_hbm  for all o.
+    """held[o] + sum_{j <= o <= 2L-j} (I[j] keep[j] + P[j] resident[j]) - slack_hbm[o] <= M_hbm
+    for all o.
 
     Checkpoint-store bytes (the contract's holding intervals; exact because D2H and H2D are
-    whole, see `planner/milp.py`) plus kept internals and resident weights must fit beside the fixed
-    working set in every window. GB. Source: docs/execution_model.md, "HBM capacity".
+    whole, see `planner/milp.py`) plus kept internals and resident weights (`hbm_held`) must fit
+    beside the fixed working set in every window. GB. Source: docs/execution_model.md, "HBM
+    capacity".
     """
     for o in range(2 * p.L + 1):
         coeffs, const = hbm_held(v, p, o)

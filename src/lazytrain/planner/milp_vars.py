@@ -36,6 +36,7 @@ class MilpVars:
     nvme: dict[int, int] = field(default_factory=dict)
     emb: dict[int, int] = field(default_factory=dict)
     keep: dict[int, int] = field(default_factory=dict)
+    resident: dict[int, int] = field(default_factory=dict)
     q8: dict[int, int] = field(default_factory=dict)
     d2h: dict[tuple[int, int], int] = field(default_factory=dict)
     h2d: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -80,6 +81,7 @@ def add_variables(m: LinearModel, p: Scaled, *, relax: bool = False,
             v.emb[e] = m.add_var(row_name("emb", e), ub=1)
     for j in range(L) if p.allow_keep else ():
         v.keep[j] = m.add_var(row_name("keep", j), ub=1, integer=binary)
+        v.resident[j] = m.add_var(row_name("resident", j), ub=1, integer=binary, obj=p.tie_ms)
     for j in range(L) if p.allow_q8 else ():
         v.q8[j] = m.add_var(row_name("q8", j), ub=1, integer=binary, obj=p.q8_penalty[j])
     families = ("d2h", "h2d", "nvw", "nvr") if p.has_nvme else ("d2h", "h2d")

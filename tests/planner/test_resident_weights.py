@@ -1,0 +1,120 @@
+"""Resident weights without kept internals: the MILP prices and finds them, every bound holds.
+
+A block in `resident_weights` keeps its device weights from f{j} to b{j} (P[j] of HBM over
+those windows) and skips its backward weight load, but still re-forwards in b{j}. On a slow
+H2D link with little HBM beside the weights that is the cheapest way to halve the weight
+traffic: keeping internals as well costs I[j] more HBM than there is. The references are the
+fluid evaluator on a hand-built plan (every boundary in DRAM, every block resident) and the
+window arithmetic in the comments.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lazytrain.planner.bounds import ideal_ms, lp_bound_ms, memory_bound_ms, roofline_ms
+from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
+from lazytrain.planner.extract import start_from_plan
+from lazytrain.planner.milp import build_milp
+from lazytrain.planner.plan import SolveRecord
+from lazytrain.planner.problem import PlanningProblem
+
+U = 10**7
+"""Byte unit: 1 u = 1e7 bytes; H2D moves 1e3 u/s (100 u in 100 ms), D2H 1e5 u/s."""
+L = 4
+MANUAL = SolveRecord(backend="manual")
+
+
+def slow_h2d(**kw) -> PlanningProblem:
+    """The issue's hand-built case scaled down: 4 blocks of P = 100 u weights and I = 300 u
+    internals, boundaries of 20 u, H2D 1e3 u/s (a weight load is 100 ms, ten times a forward),
+    D2H 1e5 u/s; HBM room 480 u beside 1000 u fixed: the four blocks' weights (400 u) fit with
+    boundary L and the boundaries in flight, one block's internals and weights (400 u) do not fit
+    beside a second block's weights."""
+    base = dict(
+        fwd_ms=(10.0,) * L, fwd_grad_ms=(12.0,) * L, bwd_ms=(20.0,) * L,
+        weight_bytes=(100 * U,) * L, grad_bytes=(100 * U,) * L, internal_bytes=(300 * U,) * L,
+        boundary_bytes=(20 * U,) * (L + 1), params_per_block=(10**8,) * L, embed_ms=1.0,
+        head_ms=4.0, const_ms=3.0, h2d_bytes_per_s=1e3 * U, d2h_bytes_per_s=1e5 * U,
+        duplex_bytes_per_s=1.01e5 * U, nvme_read_bytes_per_s=5e3 * U,
+        nvme_write_bytes_per_s=5e3 * U, hbm_bytes=1480 * U, fixed_hbm_bytes=1000 * U,
+        dram_bytes=10**13, nvme_bytes=0, drain_windows=2, prefetch_windows=2, grad_accum=1)
+    base.update(kw)
+    return PlanningProblem(**base)
+
+
+def resident_plan(problem: PlanningProblem, resident=tuple(range(L))):
+    """Every boundary 0..L-1 in DRAM, the given blocks resident, nothing kept."""
+    d = decisions_from_tiers(problem, ("dram",) * L + ("hbm",), resident_weights=resident)
+    return build_plan(problem, d, solver=MANUAL)
+
+
+def test_the_hand_built_resident_plan_fits_and_loads_each_weight_once():
+    problem = slow_h2d()
+    plan = resident_plan(problem)
+    assert not plan.provenance.get("violations"), plan.provenance.get("violations")
+    # forward loads P1..P3 (100 ms each in f0..f2), no backward loads: 300 u of weights
+    weights = sum(w.h2d_bytes for w in plan.windows) - sum(
+        problem.boundary_bytes[t.boundary] * t.fraction for t in plan.transfers
+        if t.kind == "h2d")
+    assert weights == pytest.approx(300 * U)
+    # the same tiers without residency load P3 (turn), P2 (b3), P1 (b2), P0 (b1) again
+    plain = evaluate(problem, decisions_from_tiers(problem, ("dram",) * L + ("hbm",)))
+    assert plan.predicted.step_ms < plain.step_ms - 300
+
+
+def test_milp_prices_a_resident_plan_as_the_evaluator():
+    problem = slow_h2d()
+    plan = resident_plan(problem, resident=(0, 2, 3))
+    milp = build_milp(problem, tie_breakers=False, q8_penalty=False)
+    x = start_from_plan(milp, plan)
+    assert x is not None, "a resident plan must be expressible in the model"
+    assert milp.step_ms(x) == pytest.approx(evaluate(problem, plan).step_ms, rel=1e-9)
+
+
+def test_milp_returns_resident_weights_at_least_as_fast_as_the_hand_built_plan():
+    pytest.importorskip("highspy")
+    from lazytrain.planner.milp import solve_milp
+
+    problem = slow_h2d()
+    hand = resident_plan(problem)
+    plan = solve_milp(problem, backend="highs", gap=1e-9, time_limit_s=30, warm_start=hand)
+    assert plan.resident_weights and not plan.keep_internals
+    assert plan.predicted.step_ms == pytest.approx(evaluate(problem, plan).step_ms, rel=1e-12)
+    assert plan.predicted.step_ms <= hand.predicted.step_ms * (1 + 1e-9)
+
+
+def test_extraction_returns_residency_separately_from_keep():
+    pytest.importorskip("highspy")
+    from lazytrain.planner.milp import solve_milp
+
+    plan = solve_milp(slow_h2d(), backend="highs", gap=1e-9, time_limit_s=30)
+    assert set(plan.keep_internals) <= set(plan.resident_weights)
+    assert set(plan.resident_weights) - set(plan.keep_internals)
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["overlap", "serial"])
+def test_every_bound_is_below_the_hand_built_resident_plan(gpu):
+    problem = slow_h2d(copies_overlap_compute=gpu)
+    step = resident_plan(problem).predicted.step_ms
+    assert roofline_ms(problem) <= step * (1 + 1e-12)
+    assert memory_bound_ms(problem) <= step * (1 + 1e-12)
+    assert ideal_ms(problem) <= step * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["overlap", "serial"])
+def test_lp_bound_is_below_the_hand_built_resident_plan(gpu):
+    pytest.importorskip("highspy")
+    problem = slow_h2d(copies_overlap_compute=gpu)
+    assert lp_bound_ms(problem) <= resident_plan(problem).predicted.step_ms * (1 + 1e-9)
+
+
+def test_memory_bound_saves_a_weight_load_per_resident_block_by_hand():
+    # room = 1480 - 1000 - A[4] 20 = 460 u. Compute: keeping a block costs I + P = 400 u and
+    # saves F = 10 ms, so 460/400 of a block: sum(F + Fg + B) + head = 40 + 48 + 80 + 4 =
+    # 172 ms less 10 * 460/400 = 11.5 -> 160.5 ms. H2D: forward P1..P3 300 u + backward
+    # P0..P3 400 u = 700 u, less 400 u of resident weights (cost P = 100 u each, all four
+    # fit in 460 u) = 300 u = 300 ms; D2H G1..G3 300 u at 1e5 u/s = 3 ms; duplex 600 u at
+    # 1.01e5 u/s = 5.94 ms. Windows = max = 300 ms; pre = max(embed 1, P0 100) = 100 ms;
+    # post = G0 100 u = 1 ms; step = 100 + 300 + 1 + const 3 = 404 ms.
+    assert memory_bound_ms(slow_h2d()) == pytest.approx(404.0, rel=1e-12)
