@@ -70,6 +70,8 @@ def _local(path: Path, *, subset: str, split: str, what: str) -> Any:
     if path.is_dir():
         return datasets.load_dataset(str(path), subset or None, split=split)
     builder = FILE_BUILDERS.get(path.suffix.lower())
+    if builder is not None and not path.read_bytes()[:4096].strip():  # datasets: StopIteration
+        raise ValueError(f"{what}: {path} is empty; it needs at least one record")
     if builder is None:
         raise ValueError(f"{what}: {path} is not a data file datasets can read; give a "
                          f"{'/'.join(FILE_BUILDERS)} file, a folder of them, or a Hub id")

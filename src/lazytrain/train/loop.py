@@ -19,10 +19,12 @@ them (`tracking.py`). `summary.json` records the NVMe directory and whether O_DI
 buffered I/O ran there. Data parallel: `rank-R/plan.json` and `rank-R/windows.jsonl` per rank.
 
 Run directory: a fresh run (no `resume`) refuses a directory that already holds a run's state
-(checkpoints, metrics, windows, summary) unless `overwrite` is set, which deletes exactly those
-files first (`prepare_run_dir`). `config.yaml` and `plan.json` are written only after the config,
-the model source, the data paths and the plan have been checked, so a rejected config never
-replaces the saved one.
+(checkpoints, metrics, windows, summary) unless `overwrite` is set (`rundir.py`). Everything
+that can reject the job (config, model source, data read and tokenized, chat template, plan,
+preflight, on resume the checkpoint and its data state) is checked before a file of the run
+directory is touched: only then does `overwrite` delete the old run's files and are
+`config.yaml` and `plan.json` written, so a refused job leaves an old run byte for byte and a
+fresh run directory without them.
 
 Resume: the newest checkpoint must be complete (`checkpoint.resume_checkpoint`: a missing run
 directory, no checkpoint or a damaged newest one is an error, never a fresh start); it supplies
@@ -43,7 +45,6 @@ save (disk full) raises `CheckpointSaveError`; the previous checkpoint stays the
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -57,10 +58,13 @@ from lazytrain.atomic import write_json_atomic
 from lazytrain.config import RunConfig
 from lazytrain.errors import JobFailure
 from lazytrain.planner.plan import Plan
+from lazytrain.planner.refit import load_windows
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
 from lazytrain.train.evaluate import sample_lines
 from lazytrain.train.rank import join_job, launched_rank, quiet_unless_main
+from lazytrain.train.rundir import check_run_dir
+from lazytrain.train.recalibrate import recalibrate_from_run
 from lazytrain.train.trainer import Trainer, _eval_line
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -109,48 +113,6 @@ def stop_flag():
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
-
-
-RUN_STATE = ("checkpoints", "metrics.jsonl", "windows.jsonl", "summary.json", "tensorboard",
-             "wandb")
-"""What a run leaves in its directory that a new run must not mix with: the files a fresh run
-refuses to write over without `--overwrite`, and exactly what `--overwrite` deletes (with
-`plan.json`, `config.yaml` and the default `nvme/` scratch)."""
-
-
-def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, clear: bool = True) -> None:
-    """Check (and with `overwrite`, clear) the run directory before anything is planned.
-
-    Args:
-        run_dir: the run directory (need not exist).
-        resume: `--resume`: the directory's state is continued, nothing is checked here.
-        overwrite: `--overwrite`: delete the previous run's files (`RUN_STATE`, plan.json,
-            config.yaml, nvme/) instead of refusing; other files in the directory stay.
-        clear: False on ranks > 0 of a data-parallel job (rank 0 deletes).
-
-    Raises:
-        ValueError: a fresh run into a directory holding a run's state (names what it holds
-            and the two fixes), or both `resume` and `overwrite`.
-    """
-    if resume and overwrite:
-        raise ValueError("--resume and --overwrite contradict each other: --resume continues "
-                         "the run, --overwrite deletes it; pass one")
-    if resume or not run_dir.is_dir():
-        return
-    held = [name for name in RUN_STATE if (run_dir / name).exists()]
-    if not held:
-        return
-    if not overwrite:
-        raise ValueError(f"train.run_dir: {run_dir} already holds a run ({', '.join(held)}); "
-                         f"continue it with --resume {run_dir}, start it again with "
-                         f"--overwrite, or pick another --run-dir")
-    if clear:
-        for name in (*RUN_STATE, "plan.json", "config.yaml", "nvme"):
-            target = run_dir / name
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            elif target.exists() or target.is_symlink():
-                target.unlink()
 
 
 def make_run_dir(run_dir: Path) -> None:
@@ -214,8 +176,8 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
         run_dir: overrides `train.run_dir`.
         plan: a plan to use instead of planning (checked against seq_len and micro_batch).
         resume: continue from the newest checkpoint in run_dir, which must be complete.
-        overwrite: delete a previous run's files in run_dir first (`prepare_run_dir`);
-            without it a fresh run into a used run_dir is refused.
+        overwrite: replace a previous run in run_dir (`rundir.clear_run_dir`, once every
+            check has passed); without it a fresh run into a used run_dir is refused.
         hooks: test hooks.
         progress: show the tqdm bar on stderr.
         log: one-line messages (default: print to stderr).
@@ -258,15 +220,14 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     hooks = hooks or TrainHooks()
     t_start = time.perf_counter()
-    prepare_run_dir(run_dir, resume=resume, overwrite=overwrite,
-                    clear=launched_rank() == 0)
+    check_run_dir(run_dir, resume=resume, overwrite=overwrite)  # deletes nothing
     ctx, cfg = join_job(cfg, run_dir=run_dir, log=log)  # torchrun: this rank's context
     if not ctx.is_main:
         log = lambda msg: None  # noqa: E731  (rank 0 logs)
         progress = False
     with quiet_unless_main(ctx):
-        trainer = Trainer(cfg, ctx, run_dir=run_dir, plan=plan, resume=resume, hooks=hooks,
-                          log=log)
+        trainer = Trainer(cfg, ctx, run_dir=run_dir, plan=plan, resume=resume,
+                          overwrite=overwrite, hooks=hooks, log=log)
     cfg = trainer.cfg  # train.epochs resolved to train.steps
     stopped_by, records, saved = None, [], None
     timings = {"setup_s": time.perf_counter() - t_start}
@@ -315,14 +276,30 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
             log(_eval_line("after", after, seq_len=cfg.data.seq_len))
             for line in sample_lines("after", after):  # learning a person can see
                 log(line)
+        refit = _recalibrate(cfg, trainer, run_dir=run_dir, log=log) if trainer.is_main else None
         summary = _summary(trainer, records=records, before=before, after=after, saved=saved,
                            stopped_by=stopped_by, wall_s=time.perf_counter() - t_start)
+        summary["calibration_refit"] = refit
         summary["timings_s"] = timings
         if trainer.is_main:  # data parallel: rank 0 writes the run's files
             write_json_atomic(run_dir / "summary.json", summary)
         return summary
     finally:
         trainer.close()
+
+
+def _recalibrate(cfg: RunConfig, trainer: Trainer, *, run_dir: Path, log) -> dict | None:
+    """This run's windows replace the cached calibration they contradict
+    (`recalibrate.recalibrate_from_run`); a cache that cannot be rewritten is a warning, never
+    a failed run."""
+    if not trainer.windows_path.is_file():
+        return None
+    try:
+        return recalibrate_from_run(cfg, trainer.plan, load_windows(trainer.windows_path),
+                                    run_dir=run_dir, log=log)
+    except OSError as exc:
+        log(f"warning: the calibration cache could not be refit from this run ({exc})")
+        return None
 
 
 def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wall_s) -> dict:

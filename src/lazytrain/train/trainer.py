@@ -31,6 +31,7 @@ from lazytrain.train import setup
 from lazytrain.train.evaluate import build_eval_model, evaluate_heldout, load_weights
 from lazytrain.train.preflight import preflight
 from lazytrain.train.rank import RankContext
+from lazytrain.train.rundir import clear_run_dir
 from lazytrain.train.tracking import Trackers, check_trackers, step_scalars
 
 CHECKPOINT_BYTES_PER_PARAM = 12
@@ -120,7 +121,7 @@ class Trainer:
     """One run on one rank: everything `train` sets up, and the step loop's actions over it."""
 
     def __init__(self, cfg: RunConfig, ctx: RankContext, *, run_dir: Path, plan: Plan | None,
-                 resume: bool, hooks, log) -> None:
+                 resume: bool, hooks, log, overwrite: bool = False) -> None:
         """Check, plan, load and build (module docstring); rank 0 plans, the others receive.
 
         Args:
@@ -129,6 +130,9 @@ class Trainer:
             run_dir: the run directory (created and locked by `train`).
             plan: a plan to use instead of planning; resume: continue from the newest
                 checkpoint; hooks: `loop.TrainHooks`; log: one-line messages.
+            overwrite: delete the run directory's previous run (`rundir.clear_run_dir`) once
+                everything that can refuse the job has passed, before the first file is
+                written.
 
         Raises:
             as `loop.train`.
@@ -148,13 +152,18 @@ class Trainer:
             source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
         else:  # after planning: a hub id downloads its weights here
             source = setup.resolve_model_source(cfg.model.config_path, weights=True)
-        if ctx.is_main:
-            save_config(cfg, run_dir / "config.yaml")
-        self._save_plan()
         print(setup.plan_summary(self.plan, source=str(cfg.model.config_path)), flush=True)
-        self.trackers = Trackers(tracker_names, run_dir=run_dir, config=cfg.to_dict())
         self.nvme_dir = setup.job_nvme_dir(cfg.runtime.nvme_dir, run_dir=run_dir)
-        self._load(source)
+        self._load_data(source, saved_state)
+        # every check passed: the old run goes (--overwrite) and the new one's files come
+        if ctx.is_main:
+            if overwrite:
+                clear_run_dir(run_dir)
+            save_config(cfg, run_dir / "config.yaml")  # train.epochs as given
+        ctx.barrier()  # the other ranks write only into a cleared run directory
+        self._save_plan()
+        self.trackers = Trackers(tracker_names, run_dir=run_dir, config=cfg.to_dict())
+        self.adapter = self._load_adapter(source)
         # one lock per job and node: local rank 0 takes it, the node's other ranks share the
         # dir; nodes lock their own file (the directory may be on a file system they share)
         if ctx.local_rank == 0:
@@ -201,9 +210,10 @@ class Trainer:
         self.ctx.barrier()
         return agreed
 
-    def _load(self, source) -> None:
-        """Preflight, then the tokenizer, the model (its weights in the host store) and the
-        data; `train.epochs` becomes `train.steps` here (the same on every resume)."""
+    def _load_data(self, source, saved_state: dict | None) -> None:
+        """Preflight, then the tokenizer and the data (read, templated; on resume its saved
+        position, which refuses other data or another seed); `train.epochs` becomes
+        `train.steps` here (the same on every resume). Writes nothing and loads no weight."""
         from lazytrain.data import build_data, corpus_texts
         from lazytrain.spec.model import ModelSpec
 
@@ -216,7 +226,6 @@ class Trainer:
         self.tokenizer = setup.load_tokenizer(
             source, vocab_size=hf_config.vocab_size,
             corpus=lambda: corpus_texts(cfg.data, seed=tc.seed))
-        self.adapter = self._load_adapter(source)
         self.data = build_data(cfg.data, self.tokenizer, micro_batch=tc.micro_batch,
                                seed=tc.seed, hf_config=hf_config)
         for note in self.data.notes:  # e.g. chatml chosen for a tokenizer without a template
@@ -224,6 +233,8 @@ class Trainer:
         if tc.epochs:
             self.cfg = resolve_epochs(cfg, self.data.train, world_size=self.ctx.world_size,
                                       log=self.log)
+        if saved_state is not None:
+            self.data.train.load_state_dict(saved_state["data"])
 
     @property
     def is_main(self) -> bool:
@@ -276,8 +287,7 @@ class Trainer:
 
     def _restore(self, state: dict) -> None:
         own = ckpt.load_shard(self.resumed_from, self.ctx, state=state)
-        self.engine.load_state_dict(own["engine"])
-        self.data.train.load_state_dict(state["data"])
+        self.engine.load_state_dict(own["engine"])  # the data's position: `_load_data`
         self.step = int(state["step"])
         if self.is_main:
             _truncate_metrics(self.run_dir / "metrics.jsonl", last_step=self.step)
