@@ -176,9 +176,12 @@ def _perf_table(report: dict) -> list[str]:
 
 
 BOUND_NOTES = (
-    "LP bound       the MILP relaxed, within every budget",
-    "memory bound   no recompute; keep-internals only as far as HBM holds them",
-    "(inf HBM)      every block kept, unlimited HBM: unreachable when it does not fit",
+    "LP bound       the MILP relaxed, within every budget: bounds the plans the MILP models",
+    "memory bound   no recompute; keep-internals and resident weights only as far as HBM holds"
+    " them",
+    "roofline       every block kept and resident, unlimited HBM: mandatory compute and traffic",
+    "ideal          every boundary in HBM, every block resident and kept where that pays,"
+    " unlimited HBM: unreachable when it does not fit",
 )
 """One line per bound row of the table (printed under it)."""
 
