@@ -297,7 +297,8 @@ class PlannerConfig:
     nvme_lead_windows: int = 4
     """H_n: extra windows of lead for NVMe writes and reads, >= 0."""
     allow_keep: bool = True
-    """Offer keep-internals (no re-forward for a block whose graph and weights stay in HBM)."""
+    """Offer keep-internals (no re-forward for a block whose graph and weights stay in HBM) and
+    resident weights (no backward weight load for a block whose weights stay in HBM)."""
     allow_q8: bool = False
     """Offer per-block 8-bit Adam moments (bitsandbytes AdamW8bit, runtime/optim8bit.py) to
     relieve DRAM. Opt-in: the planner's penalty (PlanningProblem.q8_penalty_ms_per_gparam) is a

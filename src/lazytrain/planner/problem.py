@@ -116,7 +116,8 @@ class PlanningProblem(Bandwidths):
     k_max: int = 64
     """Longest segment (number of blocks between consecutive materialized boundaries)."""
     allow_keep: bool = True
-    """Whether keep-internals is offered to the planner."""
+    """Whether keep-internals and resident weights (device weights held from f_j to b_j, with or
+    without the kept graph) are offered to the planner."""
     allow_q8: bool = False
     """Whether the 8-bit optimizer-state option is offered to the planner."""
 
