@@ -22,14 +22,14 @@ MANUAL = SolveRecord(backend="manual")
 
 def _problem(**kw) -> PlanningProblem:
     """3 blocks. F=10, Fg=12, B=20 ms; P=200u (20 ms H2D), G=100u (10 ms D2H), A=50u (5 ms),
-    I=30u; duplex 1.5e4 u/s (bytes/15 ms); embed 1 ms, head 4 ms, const 3 ms; fixed HBM 1000u;
-    grad_accum 2."""
+    I=30u; duplex 2e4 u/s (the cap does not bind: `test_duplex_cap_shares_fairly_by_hand`
+    binds it); embed 1 ms, head 4 ms, const 3 ms; fixed HBM 1000u; grad_accum 2."""
     base = dict(
         fwd_ms=(10.0,) * 3, fwd_grad_ms=(12.0,) * 3, bwd_ms=(20.0,) * 3,
         weight_bytes=(200 * U,) * 3, grad_bytes=(100 * U,) * 3, internal_bytes=(30 * U,) * 3,
         boundary_bytes=(50 * U,) * 4, params_per_block=(10**8,) * 3, ends_params=10**7,
         embed_ms=1.0, head_ms=4.0, const_ms=3.0,
-        h2d_bytes_per_s=1e4 * U, d2h_bytes_per_s=1e4 * U, duplex_bytes_per_s=1.5e4 * U,
+        h2d_bytes_per_s=1e4 * U, d2h_bytes_per_s=1e4 * U, duplex_bytes_per_s=2e4 * U,
         nvme_read_bytes_per_s=5e3 * U, nvme_write_bytes_per_s=5e3 * U,
         hbm_bytes=2000 * U, fixed_hbm_bytes=1000 * U, dram_bytes=10**11, nvme_bytes=10**11,
         nvme_staging_bytes=10 * U, host_bytes_per_param=12.0, host_bytes_per_param_q8=10.0,
@@ -61,11 +61,11 @@ HAND = Decisions(tiers=("recompute", "dram", "recompute", "hbm"), keep_internals
 COMPUTE = [10, 10, 12, 4, 30, 32, 33]
 H2D = [200, 200, 0, 50, 400, 200, 0]
 D2H = [0, 50, 0, 0, 0, 100, 100]
-# GPU: max(comp, h2d/10, d2h/10, (h2d+d2h)/15, in-window order):
-#   f0 max(10, 20, 0, 13.3) = 20;  f1 max(10, 20, 5, 16.7) = 20;  f2 12;  turn max(4, 5, 3.3) = 5
+# GPU: max(comp, h2d/10, d2h/10, in-window order) (the duplex cap 20 u/ms does not bind):
+#   f0 max(10, 20, 0) = 20;  f1 max(10, 20, 5) = 20;  f2 12;  turn max(4, 5) = 5
 #   b2: the recompute of block 1 waits on H2D for P1 (next block, 20 ms) and its own P1
-#       (20 ms), then F1 10 and B2 20 (kept: no Fg2): 70 > max(30, 40, 0, 26.7)
-#   b1 max(32, 20, 10, 20) = 32;   b0 max(33, 0, 10, 6.7) = 33
+#       (20 ms), then F1 10 and B2 20 (kept: no Fg2): 70 > max(30, 40, 0)
+#   b1 max(32, 20, 10) = 32;   b0 max(33, 0, 10) = 33
 GPU_TIMES = [20, 20, 12, 5, 70, 32, 33]  # sum 192
 # CPU: comp + h2d/10 + d2h/10: 30, 35, 12, 9, 70, 62, 43 (sum 261)
 CPU_TIMES = [30, 35, 12, 9, 70, 62, 43]
@@ -84,6 +84,20 @@ def test_gpu_windows_match_hand_computation():
         [g - c for g, c in zip(GPU_TIMES, COMPUTE)])
     assert ev.micro_step_ms == pytest.approx(20 + 192 + 10)      # 222
     assert ev.step_ms == pytest.approx(2 * 222 + 3)              # 447
+
+
+def test_duplex_cap_shares_fairly_by_hand():
+    # cap 15 u/ms under 10 + 10 of own rates: while both copy each gets 7.5 u/ms.
+    # f1: A1 50u ends at 50/7.5 = 6.67 ms, P2 then has 150u left alone at 10 u/ms: 21.67 ms
+    #     (the fluid (200 + 50)/15 = 16.7 and P2 alone 20 ms were short of it);
+    # b1: G2 100u ends at 13.3 ms, P0's last 100u take 10 ms more: 23.3 < compute 32;
+    # f0, turn: one direction only (20 and 5 ms).
+    ev = evaluate(_problem(duplex_bytes_per_s=1.5e4 * U), HAND)
+    w = {x.name: x for x in ev.windows}
+    assert w["f1"].time_ms == pytest.approx(50 / 7.5 + 15)
+    assert [w[n].time_ms for n in ("f0", "turn", "b1")] == pytest.approx([20, 5, 32])
+    assert ev.binding_by_window[1] == "duplex"
+    assert ev.micro_step_ms == pytest.approx(20 + 192 + (50 / 7.5 + 15 - 20) + 10)
 
 
 def test_cpu_windows_add_channel_times_to_compute():

@@ -9,6 +9,7 @@ No solver, no torch.
 
 from __future__ import annotations
 
+from lazytrain.planner.duplex import duplex_pieces, effective_cap
 from lazytrain.planner.milp_inputs import Scaled
 from lazytrain.planner.milp_loads import hbm_held, lin_scale, lin_sum, window_host, window_loads
 from lazytrain.planner.milp_vars import MilpVars, row_name
@@ -148,24 +149,33 @@ def add_reads_after_writes(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 
 def add_window_time(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
-    """t[o] >= max(comp, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/bw_x, NR/bw_nr, NW/bw_nw, HOST)  (GPU);
+    """t[o] >= max(comp, H2D/bw_h2d, D2H/bw_d2h, DUPLEX, NR/bw_nr, NW/bw_nw, HOST)  (GPU);
     t[o] >= comp + H2D/bw_h2d + D2H/bw_d2h + NR/bw_nr + NW/bw_nw + HOST  (CPU)  for all o,
-    HOST[o] = PW[o]/host_conv + GD[o]/host_acc (`window_host`; each term only when its rate is
-    modelled, > 0).
+    DUPLEX = max((H2D+D2H)/X, max_k (a_k H2D + b_k D2H)) (`duplex.duplex_pieces`: both
+    directions sharing the cap X = `duplex.effective_cap` max-min fairly; no piece where the cap
+    does not bind, and the first term, always a lower bound, is then implied), HOST[o] =
+    PW[o]/host_conv + GD[o]/host_acc (`window_host`; each term only when its rate is modelled,
+    > 0).
 
     The window epigraph: a window lasts as long as its slowest channel when copies overlap
     compute (the host converts and accumulates beside the GPU: row `time_host`), and the sum of
-    all when they contend for the cores (the host work runs on them too). ms (loads in GB / GB
-    per ms). Source: docs/execution_model.md, "Window time", "Host work".
+    all when they contend for the cores (the host work runs on them too). The duplex time is
+    convex in the two loads, so one row per piece (`time_duplex{k}`) is exact; the row
+    `time_duplex` adds nothing to it but helps the LP. ms (loads in GB / GB per ms). Source:
+    docs/execution_model.md, "Window time", "Duplex sharing", "Host work".
     """
     for o in range(2 * p.L + 1):
         comp, h2d, d2h, nr, nw = window_loads(v, p, o)
         host = window_host(v, p, o)
         if p.overlap:
+            shared = [lin_sum(lin_scale(h2d, a), lin_scale(d2h, b))
+                      for a, b in duplex_pieces(p.bw_h2d, p.bw_d2h, p.bw_x)]
+            cap = effective_cap(p.bw_h2d, p.bw_d2h, p.bw_x)
             terms = [(comp, 1.0), (h2d, 1 / p.bw_h2d), (d2h, 1 / p.bw_d2h),
-                     (lin_sum(h2d, d2h), 1 / p.bw_x), (nr, 1 / p.bw_nr), (nw, 1 / p.bw_nw),
-                     (host, 1.0)]
-            names = ("comp", "h2d", "d2h", "duplex", "nvr", "nvw", "host")
+                     (lin_sum(h2d, d2h), 1 / cap), *((lin, 1.0) for lin in shared),
+                     (nr, 1 / p.bw_nr), (nw, 1 / p.bw_nw), (host, 1.0)]
+            names = ("comp", "h2d", "d2h", "duplex",
+                     *(f"duplex{k}" for k in range(len(shared))), "nvr", "nvw", "host")
         else:
             terms = [(lin_sum(comp, lin_scale(h2d, 1 / p.bw_h2d), lin_scale(d2h, 1 / p.bw_d2h),
                                lin_scale(nr, 1 / p.bw_nr), lin_scale(nw, 1 / p.bw_nw), host),

@@ -16,8 +16,9 @@ Model (GPU, `overlap=True`):
   two share the duplex max-min fairly: each gets `min(own rate, duplex / 2)` and the leftover
   of the one that needs less goes to the other, so `r_h2d + r_d2h <= duplex` always. (A PCIe
   link has separate lanes per direction; the cap stands for the root complex / host memory
-  limit. Fair sharing is what two DMA engines competing for it get; it is not the optimal
-  split, which is why the fluid `(h2d + d2h) / duplex` bound can be optimistic.)
+  limit. Fair sharing is what two DMA engines competing for it get with no pacing by the
+  engine, and it is the rule of docs/execution_model.md, "Duplex sharing", which the evaluator
+  and the MILP price in closed form; this engine gets it task by task.)
 
 Model (CPU, `overlap=False`): one shared resource. At any time exactly one task runs (compute,
 copies and host work contend for the same cores); among the ready stream heads the earliest-issued one

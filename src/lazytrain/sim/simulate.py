@@ -164,8 +164,11 @@ def simulate(problem: PlanningProblem, plan: Plan, *,
              "d2h": problem.d2h_bytes_per_s * per_ms,
              "nvme_read": problem.nvme_read_bytes_per_s * per_ms,
              "nvme_write": problem.nvme_write_bytes_per_s * per_ms}
+    # a cap below one direction's own rate counts as that rate (docs/execution_model.md,
+    # "Duplex sharing"): running both never makes the pair slower than the faster copy alone
+    cap = max(problem.duplex_bytes_per_s, problem.h2d_bytes_per_s, problem.d2h_bytes_per_s)
     runs = run(list(graph.tasks), num_windows=len(graph.windows), rates=rates,
-               duplex=problem.duplex_bytes_per_s * per_ms,
+               duplex=cap * per_ms,
                overlap=problem.copies_overlap_compute,
                pools={"weights": opts.weight_buffers, "grads": opts.grad_buffers},
                barriers=opts.barriers)
