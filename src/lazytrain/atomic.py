@@ -1,4 +1,5 @@
-"""Crash-safe files: atomic writes, and the reader of append-only JSON-lines logs.
+"""Crash-safe files: atomic writes, append-only JSON-lines logs (their writer and reader), and
+folders and files that another user of a shared directory cannot redirect through a symlink.
 
 Atomic writes go to a temp file in the target's folder, fsync, then os.replace: the one
 implementation every writer of the project uses (configs, hardware files, plans, Gantt PNGs,
@@ -7,18 +8,25 @@ safetensors shards), so a crash or Ctrl-C never leaves a half-written file under
 The run logs (`windows.jsonl`, `metrics.jsonl`) are appended a line at a time instead, so a crash
 can leave one torn last line; `read_jsonl` is the one reader of them, and skips it.
 
+Files the project creates in place (the logs, lock files, NVMe-tier files) are opened with
+`O_NOFOLLOW`: a symlink planted under their name is refused (ELOOP), never followed to
+overwrite its target. `private_dir` is the folder check for directories others may write into
+(a shared `runtime.nvme_dir`).
+
 Imports neither torch nor a solver.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 
 @contextlib.contextmanager
@@ -95,3 +103,80 @@ def read_jsonl(path: str | Path) -> list[dict]:
                              f"delete line {n} or the file")
         records.append(record)
     return records
+
+
+class UnsafePathError(OSError):
+    """A path another user may have redirected (a symlink, a folder not ours): refused, never
+    followed. `str()` is the one-line message (`strerror`), with `errno` and `filename` set."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def open_nofollow(path: str | Path, flags: int, mode: int = 0o644) -> int:
+    """`os.open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode)`: never through a symlink.
+
+    Raises:
+        UnsafePathError: (ELOOP) `path` is a symlink (named; the fix: remove the link).
+        OSError: any other error of `os.open`.
+    """
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise UnsafePathError(errno.ELOOP, f"{path} is a symbolic link; lazytrain does not "
+                                           f"open its files through links someone else may "
+                                           f"have planted: remove it", str(path)) from None
+
+
+def open_append(path: str | Path) -> TextIO:
+    """`path` opened for appending UTF-8 text (created when missing), never through a symlink:
+    the writer of the append-only logs (`read_jsonl` reads them).
+
+    Raises:
+        UnsafePathError, OSError: as `open_nofollow`.
+    """
+    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def append_jsonl(path: str | Path, records: list[dict]) -> None:
+    """Append one JSON line per record to `path` (`open_append`)."""
+    with open_append(path) as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in records))
+
+
+def private_dir(path: str | Path, *, key: str) -> Path:
+    """Create folder `path` with mode 0700 (its parents as usual) and check that it is one this
+    user owns: in a directory others may write into (a shared `runtime.nvme_dir`), a name
+    someone else can predict may already be theirs.
+
+    Args:
+        path: the folder.
+        key: the config key that chose it, named in errors.
+
+    Returns:
+        `path` as a Path.
+
+    Raises:
+        UnsafePathError: (EPERM) `path` is a symlink, not a folder, or owned by another user
+            (naming `key`, the owner and the fix).
+        OSError: it cannot be created.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    fix = f"remove it, or set {key} to a directory only you can write"
+    if stat.S_ISLNK(info.st_mode):
+        problem = f"is a symbolic link (to {os.readlink(path)})"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory"
+    elif info.st_uid != os.getuid():
+        problem = f"belongs to another user (uid {info.st_uid}; you are {os.getuid()})"
+    else:
+        return path
+    raise UnsafePathError(errno.EPERM, f"{key}: {path} {problem}; refusing to put this job's "
+                                       f"files there: {fix}", str(path))

@@ -66,10 +66,11 @@ end.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
+
+from lazytrain.atomic import append_jsonl
 
 CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write", "optimizer", "host")
 """Channels the compute can wait for (`wait_ms` keys)."""
@@ -292,6 +293,4 @@ def write_windows_jsonl(path: str | Path, *, step: int, records: list[dict]) -> 
     Appends are line-sized writes on one open file; a crash leaves at most a torn last line
     (readers skip lines that do not parse).
     """
-    with open(path, "a") as fh:
-        for rec in records:
-            fh.write(json.dumps({"step": step, **rec}) + "\n")
+    append_jsonl(path, [{"step": step, **rec} for rec in records])  # never through a symlink

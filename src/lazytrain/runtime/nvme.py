@@ -48,6 +48,7 @@ import numpy as np
 import torch
 import xxhash
 
+from lazytrain.atomic import open_nofollow
 from lazytrain.contract import ALIGN_BYTES
 from lazytrain.runtime.device import Device
 from lazytrain.runtime.errors import NvmeIOError, boundary_label
@@ -297,7 +298,7 @@ class NvmeIO:
         if chunk_bytes <= 0 or chunk_bytes % ALIGN_BYTES:
             raise ValueError(f"chunk_bytes must be a positive multiple of {ALIGN_BYTES}; got {chunk_bytes}")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         warn_if_ram_filesystem(self.directory)
         probed = supports_o_direct(self.directory)
         if direct and not probed:
@@ -460,7 +461,7 @@ class NvmeIO:
         path = self.path_for(key)
         try:
             self._call_hook(IoEvent(op=op, boundary=key[0], micro_batch=key[1], path=path))
-            fd = os.open(path, flags, 0o600)
+            fd = open_nofollow(path, flags, 0o600)  # a planted symlink: refused, not followed
         except OSError as exc:
             verb = "create" if op == "open_write" else "open"
             raise self._error(key, f"{verb} {path}", exc.strerror or str(exc), exc.errno) from exc

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from lazytrain.atomic import open_nofollow, private_dir
 from lazytrain.errors import JobFailure
 from lazytrain.planner.plan import Plan
 
@@ -396,7 +397,7 @@ def _take_lock(lock_path: Path) -> tuple[Any, str | None]:
     or (None, the holder's pid as written in the file) when a live process holds it."""
     import fcntl
 
-    handle = open(lock_path, "a+")
+    handle = os.fdopen(open_nofollow(lock_path, os.O_RDWR | os.O_CREAT, 0o600), "r+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -412,16 +413,19 @@ def _take_lock(lock_path: Path) -> tuple[Any, str | None]:
 
 
 def lock_nvme_dir(directory: Path, *, node: str = "") -> Any:
-    """Take the job's lock on `directory` (created, with its lock file `directory.lock`, or
-    `directory.<node>.lock` for one node of a multi-node job); returns the open lock file, to
-    be closed when the job ends (closing releases the lock; the lock also dies with the
-    process).
+    """Take the job's lock on `directory` (created mode 0700, with its lock file
+    `directory.lock`, or `directory.<node>.lock` for one node of a multi-node job); returns the
+    open lock file, to be closed when the job ends (closing releases the lock; the lock also
+    dies with the process). The names are predictable (the ranks of a job find them), so a
+    directory that is a symlink or another user's, or a lock file that is a symlink, is
+    refused rather than followed (`atomic.private_dir`, `atomic.open_nofollow`).
 
     Raises:
         NvmeDirInUseError: another live job holds it (its pid named).
+        UnsafePathError: the directory or its lock file is a symlink, or another user's.
         OSError: the directory cannot be created or written.
     """
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory, key="runtime.nvme_dir")
     lock_path = directory.with_name(directory.name + (f".{node}" if node else "")
                                     + NVME_LOCK_SUFFIX)
     handle, owner = _take_lock(lock_path)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from lazytrain.atomic import read_jsonl, write_text_atomic
+from lazytrain.atomic import append_jsonl, read_jsonl, write_text_atomic
 from lazytrain.config import RunConfig, apply_overrides, save_config
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.build import device_type, engine_from_config, resolve_device
@@ -333,8 +333,7 @@ class Trainer:
                   "world_size": self.world_size}
         write_windows_jsonl(self.windows_path, step=self.step, records=stats.windows)
         if self.is_main:
-            with open(self.run_dir / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            append_jsonl(self.run_dir / "metrics.jsonl", [record])
             self.track(record, stats)
         if self.cfg.planner.replan_every_steps:
             self._maybe_switch_plan(stats.windows)
@@ -398,8 +397,7 @@ class Trainer:
         record = {"step": self.step, "event": "eval", "eval_loss": result.loss,
                   "exact_match": result.exact_match, "num_correct": result.num_correct,
                   "num_scored": result.num_scored}
-        with open(self.run_dir / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_jsonl(self.run_dir / "metrics.jsonl", [record])
         self.trackers.log(self.step, {f"eval/{k}": v for k, v in
                                       (("loss", result.loss), ("exact_match", result.exact_match))
                                       if v is not None})
@@ -446,8 +444,7 @@ class Trainer:
             self.engine.set_plan(self.plan)
             self._save_plan()
         if self.is_main:
-            with open(self.run_dir / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps(event) + "\n")
+            append_jsonl(self.run_dir / "metrics.jsonl", [event])
 
     def close(self) -> None:
         """Finish the engine, the trackers and the re-planner, and leave the job. After a rank
