@@ -308,6 +308,13 @@ class PlannerConfig:
     """Solver threads, >= 1 (1: deterministic plans)."""
     seed: int = 0
     """Solver random seed (same input, same plan)."""
+    deterministic: bool = False
+    """Make the plan a function of the input alone: the solvers stop on node limits and the
+    heuristic start on a step budget, both sized from `time_limit_s` (planner/policy.py
+    DETERMINISTIC_NODES_PER_S, HEURISTIC_STEPS_PER_S), instead of on wall-clock limits, and
+    the plan records no solve time, so the same config writes the same plan JSON on a busy
+    machine and a quiet one. Off by default: a node limit does not bound the solve's wall
+    time, and a time limit does."""
     replan_every_steps: int = 0
     """Online re-planning: compare measured windows with the plan every N steps, >= 0; 0: off
     (the plan is fixed for the run). `lazytrain.train.replan`."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lazytrain.planner.chains import stream_bounds_ms
-from lazytrain.planner.duplex import duplex_ms
 from lazytrain.planner.plan import (
     OFFLOAD_TIERS, TIERS, TRANSFER_KINDS, Bounds, Plan, Predicted, SolveRecord, Transfer,
     WindowRecord, use_ord, window_names, window_ord,
@@ -169,17 +168,13 @@ def window_terms_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: floa
                     nw: float, host: float = 0.0) -> dict[str, float]:
     """Each term of the window time, ms: {"compute", "h2d", "d2h", "duplex", "nvme_read",
     "nvme_write", "host"} (no "duplex" on a CPU, where channels add up instead of
-    overlapping). "duplex" is the time both copy directions take together, sharing the link's
-    cap (`duplex.duplex_ms`). Source: docs/execution_model.md, "Window time", "Duplex
-    sharing"."""
+    overlapping). Source: docs/execution_model.md, "Window time"."""
     p = problem
     terms = {"compute": comp, "h2d": _ms(h2d, p.h2d_bytes_per_s),
              "d2h": _ms(d2h, p.d2h_bytes_per_s), "nvme_read": _ms(nr, p.nvme_read_bytes_per_s),
              "nvme_write": _ms(nw, p.nvme_write_bytes_per_s), "host": host}
     if p.copies_overlap_compute:
-        terms["duplex"] = duplex_ms(h2d, d2h, h2d_bytes_per_s=p.h2d_bytes_per_s,
-                                    d2h_bytes_per_s=p.d2h_bytes_per_s,
-                                    duplex_bytes_per_s=p.duplex_bytes_per_s)
+        terms["duplex"] = _ms(h2d + d2h, p.duplex_bytes_per_s)
     return terms
 
 
@@ -454,12 +449,22 @@ def horizons_of(problem: PlanningProblem) -> dict:
             "nvme_lead_windows": problem.nvme_lead_windows}
 
 
+def step_terms_of(problem: PlanningProblem) -> dict:
+    """The step's plan-independent terms as stored in plan provenance["step_terms"], ms:
+    {"window_overhead_ms", "step_const_ms", "embed_ms"} (the profile's figures, or 0 where not
+    modelled), so the step can be re-summed from the plan alone, without its profile file
+    (step = ga (pre + sum of window times + post) + step_const; docs/execution_model.md)."""
+    return {"window_overhead_ms": problem.window_overhead_ms, "step_const_ms": problem.const_ms,
+            "embed_ms": problem.embed_ms}
+
+
 def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveRecord,
                bounds: Bounds | None = None) -> Plan:
     """Evaluate `decisions`, assemble the Plan (windows, predicted, provenance) and validate it.
 
-    Provenance is `problem.provenance` plus `horizons`, `k_max` and, when a capacity is
-    violated, `violations` (the plan is still returned; callers decide whether to raise).
+    Provenance is `problem.provenance` plus `horizons`, `k_max`, `step_terms` (`step_terms_of`)
+    and, when a capacity is violated, `violations` (the plan is still returned; callers decide
+    whether to raise).
 
     Raises:
         PlanValidationError: the decisions break the execution-model contract.
@@ -473,6 +478,7 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
     prov.setdefault("model", problem.name)
     prov["horizons"] = horizons_of(problem)
     prov["k_max"] = problem.k_max
+    prov["step_terms"] = step_terms_of(problem)
     if ev.violations:
         prov["violations"] = list(ev.violations)
     plan = Plan(provenance=prov, tiers=tuple(decisions.tiers),

@@ -19,14 +19,16 @@ from lazytrain.planner.plan import Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 
 def feasible_plan(problem: PlanningProblem, *, backend: str, time_limit_s: float,
-                  threads: int = 1, seed: int = 0, start: Plan | None = None) -> Plan:
+                  threads: int = 1, seed: int = 0, start: Plan | None = None,
+                  node_limit: int | None = None) -> Plan:
     """A plan that fits the HBM, DRAM and NVMe budgets (not optimized for time).
 
     Args:
         problem: the planning problem.
         backend: "highs" or "scip".
-        time_limit_s: solver limit, s.
+        time_limit_s: solver limit, s (math.inf: none).
         threads, seed: solver threads and seed.
+        node_limit: branch-and-bound node limit (None: none).
         start: a plan to start from, even one that overflows (its shortfall is an incumbent).
 
     Returns:
@@ -44,7 +46,7 @@ def feasible_plan(problem: PlanningProblem, *, backend: str, time_limit_s: float
     milp = build_milp(problem, capacity="min_shortfall")
     x0 = start_from_plan(milp, start) if start is not None else None
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=1e-6,
-                threads=threads, seed=seed, start=x0)
+                threads=threads, seed=seed, start=x0, node_limit=node_limit)
     if res.values is None:
         raise RuntimeError(f"{backend} found no assignment of the feasibility model in "
                            f"{time_limit_s} s (status {res.status}); raise planner.time_limit_s")

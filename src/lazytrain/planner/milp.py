@@ -271,7 +271,7 @@ def _replace(p: Scaled, **changes) -> Scaled:
 
 def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s: float = 10.0,
                gap: float = 0.005, threads: int = 1, seed: int = 0,
-               warm_start: Plan | None = None, bounds: Bounds | None = None) -> Plan:
+               node_limit: int | None = None, warm_start: Plan | None = None, bounds: Bounds | None = None) -> Plan:
     """Solve the placement MILP and return its plan (the incumbent on a time-out).
 
     Two phases: when `warm_start` is missing or breaks a budget, the feasibility phase
@@ -282,7 +282,10 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
         problem: the planning problem.
         backend: "auto" (HiGHS up to 64 blocks, SCIP above; see solvers.resolve_backend),
             "highs" or "scip".
-        time_limit_s: solver wall-clock limit of each phase, s (model building not counted).
+        time_limit_s: solver wall-clock limit of each phase, s (model building not counted);
+            math.inf: none.
+        node_limit: branch-and-bound node limit of each phase (None: none); with no time
+            limit the plan does not depend on the machine's load (`planner.deterministic`).
         gap: relative gap at which the search stops.
         threads, seed: solver threads and random seed (defaults: deterministic).
         warm_start: a plan to start from (usually `heuristics.heuristic_plan`); when it fits the
@@ -309,11 +312,11 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
     if warm_start is None or warm_start.provenance.get("violations"):
         warm_start = feasible_plan(problem, backend=feasibility_backend(backend),
                                    time_limit_s=time_limit_s, threads=threads, seed=seed,
-                                   start=warm_start)
+                                   start=warm_start, node_limit=node_limit)
     milp = build_milp(problem)
     start = start_from_plan(milp, warm_start)
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=gap,
-                threads=threads, seed=seed, start=start)
+                threads=threads, seed=seed, start=start, node_limit=node_limit)
     lp = best_claimed_bound_ms(bounds)
     record = solve_record(milp, res, lp_bound_ms=lp)
     if res.values is None:

@@ -21,6 +21,7 @@ them. Knows no torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from lazytrain.config import PlannerConfig
@@ -36,6 +37,14 @@ HEURISTIC_TIME_SHARE = 0.1
 improves on it, so it only needs a good incumbent."""
 HEURISTIC_MIN_S = 0.5
 """Least time budget of the heuristic start, s."""
+DETERMINISTIC_NODES_PER_S = 50
+"""`planner.deterministic`: branch-and-bound nodes per second of `time_limit_s`, the node
+limit of each solver phase. HiGHS explored 35 to 135 nodes/s on 12- and 24-block problems on
+2 shared cores (2026-12-02), so the default 10 s becomes 500 nodes, about as long."""
+HEURISTIC_STEPS_PER_S = 1000
+"""`planner.deterministic`: heuristic steps (repair rounds, local-search moves looked at) per
+second of its time budget. The seed scenario (64 blocks) took 444 steps in the 0.5 s its 1 s
+budget left after the starts (2 shared cores, 2026-12-02)."""
 
 _CONFIG_DEFAULTS = PlannerConfig()
 
@@ -57,6 +66,9 @@ class PlannerOptions:
     """Solver threads (1: deterministic plans)."""
     seed: int = _CONFIG_DEFAULTS.seed
     """Solver random seed."""
+    deterministic: bool = _CONFIG_DEFAULTS.deterministic
+    """Node and step limits instead of wall-clock limits, no solve time in the plan
+    (`planner.deterministic`): the same input gives the same plan JSON on any load."""
     megatrain_k: int = _CONFIG_DEFAULTS.megatrain_k
     """K of the MegaTrain rule (policy megatrain)."""
     lp_bound: bool = True
@@ -84,6 +96,7 @@ def planner_options(planner: PlannerConfig) -> PlannerOptions:
     return PlannerOptions(policy=planner.policy, backend=planner.backend,
                           time_limit_s=planner.time_limit_s, gap=planner.gap,
                           threads=planner.threads, seed=planner.seed,
+                          deterministic=planner.deterministic,
                           megatrain_k=planner.megatrain_k)
 
 
@@ -104,10 +117,17 @@ def plan(problem: PlanningProblem, options: PlannerOptions | None = None,
     Raises:
         PlanInfeasibleError: (milp) no plan fits the HBM, DRAM or NVMe budget.
     """
+    opts = options or PlannerOptions()
+    chosen = _plan(problem, opts, warm_start)
+    return _without_solve_times(chosen) if opts.deterministic else chosen
+
+
+def _plan(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | None) -> Plan:
+    """`plan` with its options given."""
     from lazytrain.planner import heuristics
 
-    opts = options or PlannerOptions()
-    bounds = _bounds(problem, lp=opts.lp_bound)
+    bounds = _bounds(problem, lp=opts.lp_bound,
+                     lp_time_limit_s=solver_limits(opts)["time_limit_s"])
     if opts.policy == "megatrain":
         return dataclasses.replace(heuristics.megatrain_plan(problem, k=opts.megatrain_k),
                                    bounds=bounds)
@@ -118,7 +138,7 @@ def plan(problem: PlanningProblem, options: PlannerOptions | None = None,
         return dataclasses.replace(start, bounds=bounds)
     from lazytrain.planner.milp import best_claimed_bound_ms, gap_against_best_bound, solve_milp
 
-    solved = solve_milp(problem, backend=opts.backend, time_limit_s=opts.time_limit_s,
+    solved = solve_milp(problem, backend=opts.backend, **solver_limits(opts),
                         gap=opts.gap, threads=opts.threads, seed=opts.seed, warm_start=start,
                         bounds=bounds)
     if start.predicted is None or solved.predicted.step_ms <= start.predicted.step_ms \
@@ -140,8 +160,10 @@ def _start(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | No
     from lazytrain.planner import heuristics
     from lazytrain.planner.evaluate import Decisions, build_plan
 
+    budget_s = max(HEURISTIC_MIN_S, opts.time_limit_s * HEURISTIC_TIME_SHARE)
     start = heuristics.heuristic_plan(
-        problem, time_budget_s=max(HEURISTIC_MIN_S, opts.time_limit_s * HEURISTIC_TIME_SHARE))
+        problem, time_budget_s=budget_s,
+        max_steps=math.ceil(budget_s * HEURISTIC_STEPS_PER_S) if opts.deterministic else None)
     if warm_start is None:
         return start
     again = build_plan(problem, Decisions.from_plan(warm_start),
@@ -152,12 +174,31 @@ def _start(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | No
     return start
 
 
+def _without_solve_times(chosen: Plan) -> Plan:
+    """`chosen` with every recorded solve time (the `solver` record's and any provenance
+    record's `solve_s`) set to 0: the one wall-clock figure a deterministic plan would carry."""
+    prov = {key: ({**value, "solve_s": 0.0} if isinstance(value, dict) and "solve_s" in value
+                  else value) for key, value in chosen.provenance.items()}
+    solver = chosen.solver and dataclasses.replace(chosen.solver, solve_s=0.0)
+    return dataclasses.replace(chosen, solver=solver, provenance=prov)
+
+
+def solver_limits(opts: PlannerOptions) -> dict:
+    """{"time_limit_s": s, "node_limit": nodes or None} of each solver phase: the wall-clock
+    `time_limit_s`, or under `deterministic` no time limit (math.inf) and
+    DETERMINISTIC_NODES_PER_S x `time_limit_s` nodes."""
+    if not opts.deterministic:
+        return {"time_limit_s": opts.time_limit_s, "node_limit": None}
+    return {"time_limit_s": math.inf,
+            "node_limit": math.ceil(opts.time_limit_s * DETERMINISTIC_NODES_PER_S)}
+
+
 def _kept(start: Plan) -> str:
     return "warm start" if start.solver is not None and start.solver.backend == "manual" \
         else "heuristic"
 
 
-def _bounds(problem: PlanningProblem, *, lp: bool) -> Bounds:
+def _bounds(problem: PlanningProblem, *, lp: bool, lp_time_limit_s: float) -> Bounds:
     """The plan's reference step times; the LP relaxation goes to HiGHS when it is installed
     (an LP solver), else SCIP, whichever backend the MILP itself uses."""
     from lazytrain.planner.bounds import compute_bounds
@@ -167,4 +208,4 @@ def _bounds(problem: PlanningProblem, *, lp: bool) -> Bounds:
         import highspy  # noqa: F401
     except ImportError:
         lp_backend = "scip"
-    return compute_bounds(problem, lp=lp, backend=lp_backend)
+    return compute_bounds(problem, lp=lp, backend=lp_backend, lp_time_limit_s=lp_time_limit_s)

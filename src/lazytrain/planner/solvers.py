@@ -11,7 +11,8 @@ adapters, so importing this module loads neither (and `lazytrain.planner` never 
 
 Statuses (`SolveResult.status`): "optimal" (proven within the requested gap), "time_limit"
 (stopped by the time limit; `values` holds the incumbent if one was found), "node_limit"
-(the same for a node limit), "infeasible",
+(the same for a node limit: SCIP's limits/nodes, HiGHS's mip_max_nodes, which HiGHS reports
+as "solution limit reached"), "infeasible",
 "unbounded", "error" (anything else, with the backend's own status in `detail`).
 """
 
@@ -202,7 +203,8 @@ def solve(model: LinearModel, *, backend: str = "highs", time_limit_s: float = 1
     Args:
         model: the recorded model (not modified).
         backend: "highs" or "scip".
-        time_limit_s: wall-clock limit, s.
+        time_limit_s: wall-clock limit, s; math.inf: none (`node_limit` then bounds the
+            search, and the answer no longer depends on how busy the machine is).
         gap: relative gap at which the search stops (dimensionless).
         threads: solver threads (1: deterministic).
         seed: the solver's random seed (same seed + same model -> same answer).
@@ -210,8 +212,9 @@ def solve(model: LinearModel, *, backend: str = "highs", time_limit_s: float = 1
         relax: drop integrality (the LP relaxation).
         fixed: {column: value} bounds fixed for this solve only (brute-force checks, warm-start
             completion).
-        node_limit: stop after this many branch-and-bound nodes (status "node_limit"); a
-            deterministic stand-in for a very short time limit in tests. None: no limit.
+        node_limit: stop after this many branch-and-bound nodes (status "node_limit"): a
+            work limit that, unlike the time limit, gives the same answer on a loaded machine
+            (`planner.deterministic`). None: no limit.
 
     Returns:
         SolveResult (status as in the module docstring).
@@ -327,6 +330,8 @@ def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start,
         status = "optimal"
     elif "time limit" in name or "interrupt" in name:
         status = "time_limit"
+    elif "solution limit" in name:  # HiGHS's kSolutionLimit: mip_max_nodes reached
+        status = "node_limit"
     elif "infeasible" in name:
         status = "infeasible"
     elif "unbounded" in name:
@@ -340,7 +345,8 @@ def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start,
         # start's; seen: 17256 ms returned, 15410 ms reported, status "optimal"). The columns
         # are what we extract, so solve again without the start and keep the time spent.
         again = _solve_highs(model, time_limit_s=time_limit_s, gap=gap, threads=threads,
-                             seed=seed, start=None, relax=relax, fixed=fixed)
+                             seed=seed, start=None, relax=relax, fixed=fixed,
+                             node_limit=node_limit)
         return SolveResult(backend="highs", status=again.status, values=again.values,
                            objective=again.objective, dual_bound=again.dual_bound,
                            solve_s=solve_s + again.solve_s, detail=again.detail)
@@ -355,13 +361,17 @@ def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start,
 # --- SCIP -------------------------------------------------------------------------------------
 
 
+SCIP_NO_TIME_LIMIT_S = 1e20
+"""SCIP's largest limits/time (its infinity), s: what math.inf becomes."""
+
+
 def _solve_scip(model: LinearModel, *, time_limit_s, gap, threads, seed, start, relax,
                 fixed, node_limit=None) -> SolveResult:
     import pyscipopt
 
     m = pyscipopt.Model()
     m.hideOutput()
-    m.setParam("limits/time", float(time_limit_s))
+    m.setParam("limits/time", min(float(time_limit_s), SCIP_NO_TIME_LIMIT_S))
     m.setParam("limits/gap", float(gap))
     m.setParam("randomization/randomseedshift", int(seed))
     m.setParam("parallel/maxnthreads", int(threads))
