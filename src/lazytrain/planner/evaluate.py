@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lazytrain.planner.chains import stream_bounds_ms
+from lazytrain.planner.duplex import duplex_ms
 from lazytrain.planner.plan import (
     OFFLOAD_TIERS, TIERS, TRANSFER_KINDS, Bounds, Plan, Predicted, SolveRecord, Transfer,
     WindowRecord, use_ord, window_names, window_ord,
@@ -168,13 +169,17 @@ def window_terms_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: floa
                     nw: float, host: float = 0.0) -> dict[str, float]:
     """Each term of the window time, ms: {"compute", "h2d", "d2h", "duplex", "nvme_read",
     "nvme_write", "host"} (no "duplex" on a CPU, where channels add up instead of
-    overlapping). Source: docs/execution_model.md, "Window time"."""
+    overlapping). "duplex" is the time both copy directions take together, sharing the link's
+    cap (`duplex.duplex_ms`). Source: docs/execution_model.md, "Window time", "Duplex
+    sharing"."""
     p = problem
     terms = {"compute": comp, "h2d": _ms(h2d, p.h2d_bytes_per_s),
              "d2h": _ms(d2h, p.d2h_bytes_per_s), "nvme_read": _ms(nr, p.nvme_read_bytes_per_s),
              "nvme_write": _ms(nw, p.nvme_write_bytes_per_s), "host": host}
     if p.copies_overlap_compute:
-        terms["duplex"] = _ms(h2d + d2h, p.duplex_bytes_per_s)
+        terms["duplex"] = duplex_ms(h2d, d2h, h2d_bytes_per_s=p.h2d_bytes_per_s,
+                                    d2h_bytes_per_s=p.d2h_bytes_per_s,
+                                    duplex_bytes_per_s=p.duplex_bytes_per_s)
     return terms
 
 

@@ -271,7 +271,8 @@ def _replace(p: Scaled, **changes) -> Scaled:
 
 def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s: float = 10.0,
                gap: float = 0.005, threads: int = 1, seed: int = 0,
-               node_limit: int | None = None, warm_start: Plan | None = None, bounds: Bounds | None = None) -> Plan:
+               node_limit: int | None = None, warm_start: Plan | None = None,
+               bounds: Bounds | None = None) -> Plan:
     """Solve the placement MILP and return its plan (the incumbent on a time-out).
 
     Two phases: when `warm_start` is missing or breaks a budget, the feasibility phase
