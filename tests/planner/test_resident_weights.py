@@ -118,3 +118,23 @@ def test_memory_bound_saves_a_weight_load_per_resident_block_by_hand():
     # 1.01e5 u/s = 5.94 ms. Windows = max = 300 ms; pre = max(embed 1, P0 100) = 100 ms;
     # post = G0 100 u = 1 ms; step = 100 + 300 + 1 + const 3 = 404 ms.
     assert memory_bound_ms(slow_h2d()) == pytest.approx(404.0, rel=1e-12)
+
+
+def test_milp_holds_resident_weights_only_on_blocks_that_end_their_segment():
+    """The runtime re-forwards a resident block inside a recompute segment on its held weights,
+    where the evaluator and the simulator charge a reload (R[s,e] is a constant per segment in
+    the MILP), so the MILP offers residency only where the two agree: on blocks that end their
+    segment. Here 200 u boundaries in 600 u of HBM room (no DRAM room) force segments of two
+    blocks with recompute; unrestricted, the model made blocks 0 and 2 resident inside them."""
+    pytest.importorskip("highspy")
+    from lazytrain.planner.milp import solve_milp
+
+    problem = slow_h2d(hbm_bytes=1600 * U, boundary_bytes=(200 * U,) * (L + 1),
+                       dram_bytes=12 * L * 10**8, host_bytes_per_param=12.0)
+    plan = solve_milp(problem, backend="highs", gap=1e-9, time_limit_s=30)
+    assert "recompute" in plan.tiers[1:L]
+    ends = {e - 1 for _, e in plan.segments()}
+    assert set(plan.resident_weights) <= ends, (plan.tiers, plan.resident_weights)
+    inside = build_plan(problem, decisions_from_tiers(problem, plan.tiers, resident_weights=(0,)),
+                        solver=MANUAL)
+    assert start_from_plan(build_milp(problem), inside) is None

@@ -39,7 +39,7 @@ Variables (`MilpVars`; code name = design symbol)
     emb[e]    in [0,1]  boundary 0 is re-embedded for first segment (0, e) (integral given seg)
     keep[j]   in {0,1}  y: block j keeps its internals until b_j (if allow_keep)
     resident[j] in {0,1}  block j's weights stay in HBM from f_j to b_j (if allow_keep; no
-              kept internals needed: the block re-forwards in b_j on them)
+              kept internals needed: the block re-forwards in b_j on them); it ends its segment
     q8[j]     in {0,1}  block j's Adam moments are 8-bit (if allow_q8)
     d2h[i,o], h2d[i,o] in {0,1}  A[i] is offloaded / prefetched in window o (one window each)
     nvw[i,o], nvr[i,o] in [0,1]  fraction of A[i] written / read in window o
@@ -79,7 +79,7 @@ Constraint families (function that adds them, all in `planner/milp_rows.py`)
                       sum_s seg[s,L] = 1                                    add_path
     2. tiers          hbm[i]+dram[i]+nvme[i] = mat[i] (0<i<L);
                       hbm[0]+dram[0]+nvme[0] + sum_e emb[e] = 1; emb[e] <= seg[0,e]   add_tiers
-    3. keep           keep[j] <= mat[j+1];  keep[j] <= resident[j]          add_keep
+    3. keep           keep[j] <= resident[j] <= mat[j+1]                    add_keep
     4. totals         sum_o d2h = sum_o h2d = dram+nvme; sum_o nvw = sum_o nvr = nvme
                                                                             add_transfer_totals
     5. legality       x[i,o] <= sum_{e: o legal for (i,e)} seg[i,e]         add_transfer_legality

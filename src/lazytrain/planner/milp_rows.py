@@ -50,17 +50,20 @@ def add_tiers(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 
 def add_keep(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
-    """keep[j] <= mat[j+1]  for j + 1 < L;  keep[j] <= resident[j]  for all j.
+    """keep[j] <= resident[j]  for all j;  resident[j] <= mat[j+1]  for j + 1 < L.
 
-    A kept block ends its segment, so it is never recomputed, and its graph holds its device
-    weights, so they are resident; resident weights need no kept graph (the block re-forwards in
-    b_j on the weights it held since f_j). docs/execution_model.md, "Decisions in a Plan".
-    Dimensionless.
+    A kept block's graph holds its device weights, so they are resident; resident weights need
+    no kept graph (the block re-forwards in b_j on the weights it held since f_j). A resident
+    (so also a kept) block ends its segment, so it is never recomputed: the runtime would
+    recompute a resident block on its held weights, which the evaluator charges as a reload
+    (R[s,e] is one constant per segment), so the model offers residency only where the two
+    agree. docs/execution_model.md, "Decisions in a Plan". Dimensionless.
     """
     for j, x in v.keep.items():
-        if j + 1 < p.L:
-            m.add_row(row_name("keep_end", j), {x: 1.0, v.mat[j + 1]: -1.0}, ub=0)
         m.add_row(row_name("keep_resident", j), {x: 1.0, v.resident[j]: -1.0}, ub=0)
+    for j, x in v.resident.items():
+        if j + 1 < p.L:
+            m.add_row(row_name("resident_end", j), {x: 1.0, v.mat[j + 1]: -1.0}, ub=0)
 
 
 def add_transfer_totals(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
