@@ -109,15 +109,27 @@ def test_lp_bound_is_below_the_hand_built_resident_plan(gpu):
     assert lp_bound_ms(problem) <= resident_plan(problem).predicted.step_ms * (1 + 1e-9)
 
 
-def test_memory_bound_saves_a_weight_load_per_resident_block_by_hand():
-    # room = 1480 - 1000 - A[4] 20 = 460 u. Compute: keeping a block costs I + P = 400 u and
-    # saves F = 10 ms, so 460/400 of a block: sum(F + Fg + B) + head = 40 + 48 + 80 + 4 =
-    # 172 ms less 10 * 460/400 = 11.5 -> 160.5 ms. H2D: forward P1..P3 300 u + backward
-    # P0..P3 400 u = 700 u, less 400 u of resident weights (cost P = 100 u each, all four
-    # fit in 460 u) = 300 u = 300 ms; D2H G1..G3 300 u at 1e5 u/s = 3 ms; duplex 600 u at
-    # 1.01e5 u/s = 5.94 ms. Windows = max = 300 ms; pre = max(embed 1, P0 100) = 100 ms;
-    # post = G0 100 u = 1 ms; step = 100 + 300 + 1 + const 3 = 404 ms.
-    assert memory_bound_ms(slow_h2d()) == pytest.approx(404.0, rel=1e-12)
+# Memory bound by hand. room = hbm - fixed 1000 - A[4]; compute: sum(F + Fg + B) + head =
+# 40 + 48 + 80 + 4 = 172 ms less F 10 x the fraction of a kept block (I + P = 400 u) that fits.
+# H2D: forward P1..P3 300 u + backward P0..P3 400 u + m[1..3] (m = min(A, P)), less the
+# knapsack of resident weights (P 100 u for 100 u) and hbm boundaries (m for A) in the room.
+# D2H G1..G3 300 u at 1e5 u/s = 3 ms. pre = max(embed 1, P0 100) = 100 ms, post = G0 1 ms,
+# const 3 ms.
+MEMORY_BOUND_CASES = {
+    # room 460: compute 172 - 11.5; every weight (400 u) and boundary (3 x 20 u) fits:
+    # H2D 700 + 60 - 460 = 300 u = 300 ms -> 100 + 300 + 1 + 3 = 404
+    "every_weight_and_boundary_fits": (1480, 20, 404.0),
+    # room 400 with A = 200 u: the four weights fill it (ratio 1 beats m/A = 100/200): H2D
+    # 700 + 3 x 100 - 400 = 600 u = 600 ms -> 100 + 600 + 1 + 3 = 704
+    "boundaries_come_back_or_reload": (1600, 200, 704.0),
+}
+
+
+@pytest.mark.parametrize("case", list(MEMORY_BOUND_CASES))
+def test_memory_bound_by_hand_saves_a_load_per_resident_block_and_charges_boundaries(case):
+    hbm_u, a_u, want = MEMORY_BOUND_CASES[case]
+    problem = slow_h2d(hbm_bytes=hbm_u * U, boundary_bytes=(a_u * U,) * (L + 1))
+    assert memory_bound_ms(problem) == pytest.approx(want, rel=1e-12)
 
 
 def test_milp_holds_resident_weights_only_on_blocks_that_end_their_segment():

@@ -13,8 +13,9 @@ Owns the four numbers in a Plan's `bounds` object (reported with every plan; doc
   plan is plan / LP - 1.
 - `memory_bound_ms`: closed form, respects the HBM budget, valid for every plan that fits HBM:
   compute without segment recompute less the most that keep-internals can save, and the weight
-  H2D less the most that resident weights can save, each in the HBM left at the turn beside the
-  fixed working set and boundary L (every kept or resident block is held there).
+  H2D plus each boundary's way back (prefetch or reload) less the most that resident weights
+  and hbm-tier boundaries can save, each in the HBM left at the turn beside the fixed working
+  set and boundary L (every kept or resident block and hbm boundary is held there).
 - `roofline_ms`: closed form, infinite HBM: the largest mandatory channel total with every
   block kept and resident (compute without recompute, weight H2D, gradient D2H, their duplex
   sum; on a CPU their sum), plus the constant pre/post/const terms. A bound, but far below
@@ -94,15 +95,23 @@ def _closed_form_step_ms(p: PlanningProblem, comp: float, h2d: float) -> float:
 def memory_bound_ms(problem: PlanningProblem) -> float | None:
     """The HBM-respecting closed-form bound (module docstring), ms per step.
 
+    room = hbm - fixed_hbm - A[L]: every kept or resident block and every hbm-tier boundary is
+    held at the turn beside boundary L.
+
     compute = sum(F + Fg + B) + head - max sum_{j in K} F[j] over keep sets K with
     sum_{j in K} (I[j] + P[j]) <= room (a kept block saves its forward, F; its graph holds its
-    weights too), and H2D = sum P[1..L-1] + sum P - max sum_{j in R} P[j] over resident sets R
-    with sum_{j in R} P[j] <= room (a resident block saves its backward weight load whether or
-    not it keeps internals), room = hbm - fixed_hbm - A[L]: every kept or resident block is held
-    at the turn beside boundary L. Both maxima are fractional knapsacks, each a relaxation, so
-    both totals are lower bounds. GPU: windows = max(compute, H2D/bw_h2d, D2H/bw_d2h,
-    (H2D + D2H)/bw_duplex); CPU: their sum. Step = ga * (pre + windows + post) + const.
-    Source: docs/execution_model.md, "Per-window work" and "HBM capacity".
+    weights too).
+
+    H2D = sum P[1..L-1] + sum P + sum_{0<i<L} m[i] - max (sum_{j in R} P[j] + sum_{i in H} m[i])
+    over resident sets R and hbm-tier sets H with sum_R P[j] + sum_H A[i] <= room, where
+    m[i] = min(A[i], P[i-1]): a resident block saves its backward weight load whether or not it
+    keeps internals, and a boundary 0 < i < L that is not in HBM is either prefetched back
+    (A[i] of H2D) or recomputed, which reloads the weights of block i-1 (P[i-1]).
+
+    The maxima are fractional knapsacks, each a relaxation, so both totals are lower bounds.
+    GPU: windows = max(compute, H2D/bw_h2d, D2H/bw_d2h, (H2D + D2H)/bw_duplex); CPU: their sum.
+    Step = ga * (pre + windows + post) + const. Source: docs/execution_model.md, "Per-window
+    work" and "HBM capacity".
 
     Returns:
         The bound, or None when the fixed working set and boundary L alone overflow HBM.
@@ -111,13 +120,15 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
     room = p.hbm_bytes - p.fixed_hbm_bytes - p.boundary_bytes[L]
     if room < 0:
         return None
-    if not p.allow_keep:
-        room = 0
-    keep_cost = [p.internal_bytes[j] + p.weight_bytes[j] for j in range(L)]
+    P, A = p.weight_bytes, p.boundary_bytes
+    blocks = range(L) if p.allow_keep else ()  # keep and residency are offered together
     comp = (sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
-            - _fractional_knapsack(p.fwd_ms, keep_cost, room))
-    h2d = (float(sum(p.weight_bytes[1:]) + sum(p.weight_bytes))
-           - _fractional_knapsack(p.weight_bytes, p.weight_bytes, room))
+            - _fractional_knapsack([p.fwd_ms[j] for j in blocks],
+                                   [p.internal_bytes[j] + P[j] for j in blocks], room))
+    back = [float(min(A[i], P[i - 1])) for i in range(1, L)]  # m[i]: A back or P[i-1] again
+    h2d = (float(sum(P[1:]) + sum(P)) + sum(back)
+           - _fractional_knapsack([P[j] for j in blocks] + back,
+                                  [P[j] for j in blocks] + [A[i] for i in range(1, L)], room))
     return _closed_form_step_ms(p, comp, h2d)
 
 
