@@ -105,7 +105,9 @@ def test_unknown_policy_is_rejected_naming_the_choices():
 def test_memory_bound_matches_hand_arithmetic_with_room_for_one_kept_block():
     # room = hbm - fixed - A[2] = 200 - 0 - 40 = 160 u; keeping a block costs I + P = 130 u, so
     # one block fits whole and 30/130 of the other: compute 88 - F 10 * (1 + 30/130) = 75.69;
-    # H2D: P1 + P0 + P1 = 300 u less P 100 * (1 + 30/130) = 176.9 u = 17.69 ms; windows 75.69
+    # H2D: P1 + P0 + P1 = 300 u + boundary 1's way back min(A 40, P0 100) = 40 u, less the
+    # resident weights and hbm boundary 1 that fit the room (every ratio 1: 160 u) = 180 u =
+    # 18 ms; windows 75.69
     problem = two_blocks(hbm_bytes=200 * U)
     comp = 88 - 10 * (1 + 30 / 130)
     from lazytrain.planner.bounds import memory_bound_ms
