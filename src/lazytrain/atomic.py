@@ -105,29 +105,20 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return records
 
 
-class UnsafePathError(OSError):
-    """A path another user may have redirected (a symlink, a folder not ours): refused, never
-    followed. `str()` is the one-line message (`strerror`), with `errno` and `filename` set."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
 def open_nofollow(path: str | Path, flags: int, mode: int = 0o644) -> int:
     """`os.open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode)`: never through a symlink.
 
     Raises:
-        UnsafePathError: (ELOOP) `path` is a symlink (named; the fix: remove the link).
-        OSError: any other error of `os.open`.
+        OSError: `path` is a symlink (a one-line message naming it and the fix: remove the
+            link); any other error of `os.open`.
     """
     try:
         return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
-        raise UnsafePathError(errno.ELOOP, f"{path} is a symbolic link; lazytrain does not "
-                                           f"open its files through links someone else may "
-                                           f"have planted: remove it", str(path)) from None
+        raise OSError(f"{path} is a symbolic link; lazytrain does not open its files through "
+                      f"links someone else may have planted: remove it") from None
 
 
 def open_append(path: str | Path) -> TextIO:
@@ -135,7 +126,7 @@ def open_append(path: str | Path) -> TextIO:
     the writer of the append-only logs (`read_jsonl` reads them).
 
     Raises:
-        UnsafePathError, OSError: as `open_nofollow`.
+        OSError: as `open_nofollow`.
     """
     fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     return os.fdopen(fd, "a", encoding="utf-8")
@@ -160,9 +151,8 @@ def private_dir(path: str | Path, *, key: str) -> Path:
         `path` as a Path.
 
     Raises:
-        UnsafePathError: (EPERM) `path` is a symlink, not a folder, or owned by another user
-            (naming `key`, the owner and the fix).
-        OSError: it cannot be created.
+        OSError: `path` is a symlink, not a folder, or owned by another user (one line
+            naming `key`, the owner and the fix), or it cannot be created.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,5 +168,4 @@ def private_dir(path: str | Path, *, key: str) -> Path:
         problem = f"belongs to another user (uid {info.st_uid}; you are {os.getuid()})"
     else:
         return path
-    raise UnsafePathError(errno.EPERM, f"{key}: {path} {problem}; refusing to put this job's "
-                                       f"files there: {fix}", str(path))
+    raise OSError(f"{key}: {path} {problem}; refusing to put this job's files there: {fix}")

@@ -9,7 +9,6 @@ import os
 
 import pytest
 
-from lazytrain.atomic import UnsafePathError
 from lazytrain.train import setup
 from lazytrain.train.loop import train
 from train_helpers import tiny_config
@@ -44,7 +43,7 @@ def test_a_job_folder_planted_as_a_symlink_is_refused(arithmetic_model_dir, nvme
     job = setup.job_nvme_dir(str(shared), run_dir=run)
     shared.mkdir()
     job.symlink_to(theirs)
-    with pytest.raises(UnsafePathError, match=r"runtime\.nvme_dir: .* is a symbolic link"):
+    with pytest.raises(OSError, match=r"runtime\.nvme_dir: .* is a symbolic link"):
         train(_cfg(arithmetic_model_dir, run, shared), plan=nvme_plan, progress=False)
     assert list(theirs.iterdir()) == []
 
@@ -56,7 +55,7 @@ def test_a_job_folder_of_another_user_is_refused(arithmetic_model_dir, nvme_plan
     job.mkdir(parents=True)
     real_uid = os.getuid()
     monkeypatch.setattr(os, "getuid", lambda: real_uid + 4242)  # the folder is not "ours"
-    with pytest.raises(UnsafePathError, match=r"belongs to another user"):
+    with pytest.raises(OSError, match=r"belongs to another user"):
         train(_cfg(arithmetic_model_dir, run, shared), plan=nvme_plan, progress=False)
     assert list(job.iterdir()) == []
 

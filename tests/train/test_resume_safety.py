@@ -46,9 +46,10 @@ def _one_error_line(capsys) -> str:
 
 
 def _fix_marker(checkpoint_dir):
-    """Rewrite COMPLETE with the current file sizes (what an attacker would do)."""
+    """Rewrite COMPLETE with the current file sizes and digests (what an attacker would do)."""
     marker = json.loads((checkpoint_dir / ckpt.MARKER).read_text())
     marker["files"] = {n: (checkpoint_dir / n).stat().st_size for n in marker["files"]}
+    marker["xxh3"] = {n: ckpt.file_digest(checkpoint_dir / n) for n in marker["files"]}
     (checkpoint_dir / ckpt.MARKER).write_text(json.dumps(marker))
 
 
@@ -305,8 +306,6 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130_with_one_line(arithmetic_model_
 @pytest.mark.parametrize("where", ["safetensors", "torch.save"])
 def test_disk_full_during_a_save_is_one_line_and_the_previous_checkpoint_stays(
         arithmetic_model_dir, tiny_plan, tmp_path, capsys, monkeypatch, where):
-    import errno
-
     import safetensors.torch
 
     real_save_file, real_torch_save = safetensors.torch.save_file, torch.save
@@ -326,8 +325,13 @@ def test_disk_full_during_a_save_is_one_line_and_the_previous_checkpoint_stays(
             real_save_file, SafetensorError("Error while serializing: I/O error: No space "
                                             "left on device (os error 28)")))
     else:
-        monkeypatch.setattr(torch, "save", full_disk_on_second(
-            real_torch_save, OSError(errno.ENOSPC, "No space left on device")))
+        def save(obj, f, *args, **kwargs):  # the disk under the second checkpoint is full
+            if ".tmp-step-000002" not in str(getattr(f, "name", f)):
+                return real_torch_save(obj, f, *args, **kwargs)
+            with open("/dev/full", "wb") as full:
+                return real_torch_save(obj, full if hasattr(f, "write") else "/dev/full",
+                                       *args, **kwargs)
+        monkeypatch.setattr(torch, "save", save)
     run = tmp_path / "run"
     tiny_plan.save(tmp_path / "plan.json")
     path = _config_file(tmp_path, arithmetic_model_dir, steps=3, checkpoint_every_steps=1)
@@ -336,6 +340,9 @@ def test_disk_full_during_a_save_is_one_line_and_the_previous_checkpoint_stays(
     line = _one_error_line(capsys)
     assert code == 1 and "saving checkpoint step-000002" in line
     assert "No space left on device" in line and "step-000001 is kept" in line
+    assert "the disk is full" in line and "errno 28" in line and " bytes free on " in line
+    assert ("writing trainer_state.pt: " if where == "torch.save" else
+            "writing the model weights (safetensors): ") in line
     assert ckpt.latest_checkpoint(run).step == 1
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000001"]
 

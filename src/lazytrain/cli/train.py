@@ -34,6 +34,9 @@ def register(subparsers) -> None:
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its newest valid checkpoint (its "
                         "config.yaml is used unless --config is given)")
+    p.add_argument("--no-verify-checkpoint", action="store_true",
+                   help="with --resume: check the checkpoint's file sizes only, not their xxh3 "
+                        "digests (the check reads the whole checkpoint once, at the disk's read rate)")
     p.add_argument("--overwrite", action="store_true",
                    help="start fresh in a run directory that holds an earlier run: delete its "
                         "checkpoints, metrics, windows, summary, plan and config first")
@@ -75,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     plan = Plan.load(args.plan) if args.plan else None
     summary = train(cfg, plan=plan, resume=bool(args.resume), overwrite=args.overwrite,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress,
+                    verify_checkpoint=not args.no_verify_checkpoint)
     if launched_rank() == 0:  # torchrun: rank 0 alone reports
         print(_final_line(summary))
         if summary["stopped_by"]:

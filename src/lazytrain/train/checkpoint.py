@@ -13,7 +13,8 @@ Layout of `RUN_DIR/checkpoints/step-000012/`:
     shard-rank00000.pt ... shard-rankNNNNN.pt             data parallel: each rank's AdamW
                                                           moments (ZeRO-1 shard) and RNG states
     COMPLETE                                              JSON marker, written last: every
-                                                          file with its size, and world_size
+                                                          file with its size and its xxh3-128
+                                                          digest, and world_size
 
 Atomicity (one protocol for one process and for every rank of a data-parallel job:
 `save_checkpoint`): everything is written into `checkpoints/.tmp-step-000012/`, every file and
@@ -30,7 +31,9 @@ read with `torch.load(weights_only=True)`, which accepts tensors, numbers, strin
 containers only; anything else is refused with `CheckpointError`. `--resume` goes through
 `resume_checkpoint`, which is strict where `latest_checkpoint` is lenient: a missing run
 directory, a run without a complete checkpoint, or a newest step directory that is damaged is
-an error naming what is missing, never a silent fresh start.
+an error naming what is missing, never a silent fresh start; with `verify` (the trainer's
+default; `--no-verify-checkpoint` skips it for very large checkpoints) every file must also
+match the xxh3-128 digest its marker recorded, so a corruption that keeps the size is named.
 
 Knows nothing of the training loop; it receives the tensors and state dicts to write, and the
 rank context (`lazytrain.train.rank`) for the barriers of a data-parallel save.
@@ -47,6 +50,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import xxhash
 
 from lazytrain.errors import UserError
 from lazytrain.train.rank import ONE_PROCESS, RankContext
@@ -149,6 +153,30 @@ def problem(path: Path) -> str | None:
     return None
 
 
+def file_digest(path: Path) -> str:
+    """xxh3-128 of the file's bytes, hex (read in 8 MiB chunks; several GB/s on one core)."""
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def digest_problem(path: Path) -> str | None:
+    """Which file of checkpoint `path` no longer has the xxh3-128 digest its marker recorded
+    (a same-size corruption, which `problem` cannot see), or None when all match. Reads every
+    file once. A marker without digests (written before they were recorded) is not checked.
+
+    Raises:
+        OSError, ValueError: the marker or a file cannot be read (call `problem` first).
+    """
+    digests = json.loads((path / MARKER).read_text()).get("xxh3") or {}
+    for name, want in digests.items():
+        if file_digest(path / name) != want:
+            return f"{name} does not match its xxh3 digest in {MARKER} (same size, other bytes)"
+    return None
+
+
 def is_valid(path: Path) -> bool:
     """True when `path` holds a marker that lists files which all exist with their sizes."""
     try:
@@ -175,14 +203,20 @@ def latest_checkpoint(run_dir: str | Path) -> Checkpoint | None:
     return found[-1] if found else None
 
 
-def resume_checkpoint(run_dir: str | Path) -> Checkpoint:
+def resume_checkpoint(run_dir: str | Path, *, verify: bool = False) -> Checkpoint:
     """The checkpoint `--resume RUN_DIR` continues from: the newest step directory, which must
     be valid.
 
+    Args:
+        run_dir: the run directory.
+        verify: also check every file against its xxh3 digest (`digest_problem`; reads the
+            whole checkpoint once: the disk's read rate bounds it, xxh3 hashes at several GB/s).
+            False: marker and sizes only.
+
     Raises:
         CheckpointError: `run_dir` does not exist; it holds no step directory with a complete
-            marker; or its newest step directory is damaged (what is wrong named, and the
-            older valid checkpoint if there is one).
+            marker; or its newest step directory is damaged, sizes or (with `verify`) digests
+            (what is wrong named, and the older valid checkpoint if there is one).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -197,6 +231,8 @@ def resume_checkpoint(run_dir: str | Path) -> Checkpoint:
                               f"--resume (add --overwrite to clear the run's files)")
     step, newest = steps[-1]
     bad = problem(newest)
+    if bad is None and verify:
+        bad = digest_problem(newest)
     if bad is not None:
         older = [p for _, p in steps[:-1] if is_valid(p)]
         fix = (f"remove {newest} to resume from {older[-1]}" if older else
@@ -257,11 +293,11 @@ def save_checkpoint(run_dir: str | Path, *, step: int, weights: dict[str, torch.
         state, shard = {**state, **shard}, None
     try:
         if shard is not None:
-            torch.save(shard, tmp / shard_name(ranks.rank))
+            _torch_save(shard, tmp / shard_name(ranks.rank))
             _fsync(tmp / shard_name(ranks.rank))
         if ranks.is_main:
             write_model_files(tmp, weights=weights, hf_config=hf_config, tokenizer=tokenizer)
-            torch.save({**state, "world_size": ranks.world_size}, tmp / STATE_FILE)
+            _torch_save({**state, "world_size": ranks.world_size}, tmp / STATE_FILE)
         ranks.barrier()  # every shard is on disk
         if ranks.is_main:
             _commit(tmp, final, step=step, world_size=ranks.world_size,
@@ -274,14 +310,27 @@ def save_checkpoint(run_dir: str | Path, *, step: int, weights: dict[str, torch.
     return Checkpoint(path=final, step=step)
 
 
+def _torch_save(obj: Any, path: Path) -> None:
+    """`torch.save` into a file opened here: a failed write raises its OSError (ENOSPC, with
+    `filename` set), where torch's own file writer says "[enforce fail at
+    inline_container.cc] unexpected pos"."""
+    try:
+        with open(path, "xb") as fh:  # a fresh temp directory: nothing to follow or replace
+            torch.save(obj, fh)
+    except OSError as exc:
+        exc.filename = exc.filename or str(path)
+        raise
+
+
 def _commit(tmp: Path, final: Path, *, step: int, world_size: int, before_marker) -> None:
-    """The main rank: fsync every file, write the marker last, rename, prune."""
+    """The main rank: fsync every file, digest it, write the marker last, rename, prune."""
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
     for name in files:
         _fsync(tmp / name)
+    digests = {name: file_digest(tmp / name) for name in files}
     if before_marker is not None:
         before_marker(tmp)
-    (tmp / MARKER).write_text(json.dumps({"step": step, "files": files,
+    (tmp / MARKER).write_text(json.dumps({"step": step, "files": files, "xxh3": digests,
                                           "world_size": world_size}, indent=1))
     _fsync(tmp / MARKER)
     _fsync(tmp)

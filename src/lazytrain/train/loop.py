@@ -44,6 +44,7 @@ save (disk full) raises `CheckpointSaveError`; the previous checkpoint stays the
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -62,6 +63,7 @@ from lazytrain.planner.refit import load_windows
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
 from lazytrain.train.evaluate import sample_lines
+from lazytrain.train.preflight import free_bytes
 from lazytrain.train.rank import join_job, launched_rank, quiet_unless_main
 from lazytrain.train.rundir import check_run_dir
 from lazytrain.train.recalibrate import recalibrate_from_run
@@ -146,12 +148,27 @@ def save_errors(run_dir: Path, *, step: int):
         if isinstance(exc, CheckpointSaveError):
             raise
         last = ckpt.latest_checkpoint(run_dir)
-        cause = (exc.strerror if isinstance(exc, OSError) and exc.strerror
-                 else str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        cause = _save_failure_cause(exc, ckpt.checkpoints_dir(run_dir))
         raise CheckpointSaveError(
             f"saving checkpoint step-{step:06d} in {ckpt.checkpoints_dir(run_dir)} failed "
             f"({cause}); the previous checkpoint {last.path if last else '(none)'} is kept; "
             f"free space and --resume {run_dir}") from None
+
+
+def _save_failure_cause(exc: Exception, directory: Path) -> str:
+    """What failed in a checkpoint write, in words: the file (an OSError's `filename`, else
+    the safetensors weights) and, for a full disk (ENOSPC; safetensors says "os error 28"),
+    that the disk is full with the errno and the free bytes left on it."""
+    oserror = isinstance(exc, OSError)
+    text = (exc.strerror if oserror and exc.strerror else
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    what = (Path(exc.filename).name if oserror and exc.filename else
+            "the model weights (safetensors)" if not oserror else None)
+    full = (exc.errno == errno.ENOSPC) if oserror else f"os error {errno.ENOSPC})" in str(exc)
+    if full:
+        text = (f"the disk is full: {os.strerror(errno.ENOSPC)}, errno {errno.ENOSPC} ENOSPC, "
+                f"{free_bytes(directory)} bytes free on {directory}")
+    return f"writing {what}: {text}" if what else text
 
 
 def _save_due(cfg: RunConfig, *, step: int, since_save_s: float) -> bool:
@@ -168,7 +185,7 @@ def _save_due(cfg: RunConfig, *, step: int, since_save_s: float) -> bool:
 def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | None = None,
           resume: bool = False, overwrite: bool = False, hooks: TrainHooks | None = None,
           progress: bool = True, log: Callable[[str], None] | None = None,
-          clock: Callable[[], float] = time.monotonic) -> dict:
+          clock: Callable[[], float] = time.monotonic, verify_checkpoint: bool = True) -> dict:
     """Run training as configured; returns the summary (also written to RUN_DIR/summary.json).
 
     Args:
@@ -182,6 +199,8 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
         progress: show the tqdm bar on stderr.
         log: one-line messages (default: print to stderr).
         clock: seconds (monotonic) for `train.checkpoint_every_min` (tests pass a fake one).
+        verify_checkpoint: with `resume`, check the checkpoint's files against their xxh3
+            digests (False: sizes only, for very large checkpoints; said in one line).
 
     Returns:
         The summary; `stopped_by` is None, "SIGTERM" or "SIGINT".
@@ -205,7 +224,8 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
     run_lock = setup.lock_run_dir(run_dir) if locking else None
     try:
         return _train(cfg, run_dir=run_dir, plan=plan, resume=resume, overwrite=overwrite,
-                      hooks=hooks, progress=progress, log=log, clock=clock)
+                      hooks=hooks, progress=progress, log=log, clock=clock,
+                      verify_checkpoint=verify_checkpoint)
     finally:
         if run_lock is not None:
             run_lock.close()
@@ -213,7 +233,7 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
 
 def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, overwrite: bool,
            hooks: TrainHooks | None, progress: bool, log: Callable[[str], None] | None,
-           clock: Callable[[], float]) -> dict:
+           clock: Callable[[], float], verify_checkpoint: bool) -> dict:
     """`train`'s body, under the run directory's lock."""
     from tqdm import tqdm
 
@@ -227,7 +247,8 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
         progress = False
     with quiet_unless_main(ctx):
         trainer = Trainer(cfg, ctx, run_dir=run_dir, plan=plan, resume=resume,
-                          overwrite=overwrite, hooks=hooks, log=log)
+                          overwrite=overwrite, hooks=hooks, log=log,
+                          verify_checkpoint=verify_checkpoint)
     cfg = trainer.cfg  # train.epochs resolved to train.steps
     stopped_by, records, saved = None, [], None
     timings = {"setup_s": time.perf_counter() - t_start}

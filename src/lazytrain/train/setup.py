@@ -422,8 +422,8 @@ def lock_nvme_dir(directory: Path, *, node: str = "") -> Any:
 
     Raises:
         NvmeDirInUseError: another live job holds it (its pid named).
-        UnsafePathError: the directory or its lock file is a symlink, or another user's.
-        OSError: the directory cannot be created or written.
+        OSError: the directory cannot be created or written; it or its lock file is a
+            symlink, or the directory is another user's (one line naming the path).
     """
     private_dir(directory, key="runtime.nvme_dir")
     lock_path = directory.with_name(directory.name + (f".{node}" if node else "")

@@ -121,7 +121,8 @@ class Trainer:
     """One run on one rank: everything `train` sets up, and the step loop's actions over it."""
 
     def __init__(self, cfg: RunConfig, ctx: RankContext, *, run_dir: Path, plan: Plan | None,
-                 resume: bool, hooks, log, overwrite: bool = False) -> None:
+                 resume: bool, hooks, log, overwrite: bool = False,
+                 verify_checkpoint: bool = True) -> None:
         """Check, plan, load and build (module docstring); rank 0 plans, the others receive.
 
         Args:
@@ -133,6 +134,8 @@ class Trainer:
             overwrite: delete the run directory's previous run (`rundir.clear_run_dir`) once
                 everything that can refuse the job has passed, before the first file is
                 written.
+            verify_checkpoint: on resume, check every checkpoint file against its xxh3 digest
+                (False: sizes only, said in one line).
 
         Raises:
             as `loop.train`.
@@ -145,7 +148,7 @@ class Trainer:
         if cfg.runtime.threads:
             torch.set_num_threads(cfg.runtime.threads)
         # Everything that can reject the job runs before a file is written or a weight loaded.
-        saved_state = self._check_resume(resume)
+        saved_state = self._check_resume(resume, verify=verify_checkpoint)
         setup.check_data_paths(cfg.data)
         self.plan = self._agreed_plan(plan)
         if self.resumed_from is not None:
@@ -182,17 +185,22 @@ class Trainer:
             self._restore(saved_state)
         self.eval_model = None
 
-    def _check_resume(self, resume: bool) -> dict | None:
-        """With `resume`: the newest checkpoint (`self.resumed_from`), checked against this
-        job (world size, model, shapes); returns its trainer state. Else None.
+    def _check_resume(self, resume: bool, *, verify: bool) -> dict | None:
+        """With `resume`: the newest checkpoint (`self.resumed_from`; with `verify` its files
+        checked against their digests), checked against this job (world size, model, shapes);
+        returns its trainer state. Else None.
 
         Raises:
             CheckpointError, ValueError: as `checkpoint.resume_checkpoint`, another world size,
                 another model or shape.
         """
-        self.resumed_from = ckpt.resume_checkpoint(self.run_dir) if resume else None
+        self.resumed_from = (ckpt.resume_checkpoint(self.run_dir, verify=verify) if resume
+                             else None)
         if self.resumed_from is None:
             return None
+        if not verify:
+            self.log(f"checkpoint {self.resumed_from.path}: file digests not checked "
+                     f"(--no-verify-checkpoint): sizes only, a same-size corruption would pass")
         ckpt.check_world_size(self.resumed_from, world_size=self.ctx.world_size)
         state = self.resumed_from.load_state()  # weights_only: refuses code objects
         setup.check_same_model(self.cfg, state.get("config"), self.resumed_from.path)
