@@ -3,19 +3,21 @@ trainer's summary and the capacity tables, against numbers worked out by hand.""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
 from lazytrain.planner.capacity import BatchRow, BatchSearch
-from lazytrain.planner.evaluate import evaluate
+from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.heuristics import megatrain_plan
+from lazytrain.planner.plan import SolveRecord
 from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.topology import ScalingRow, Topology
 from lazytrain.report.capacity import format_batch_table, format_scaling_table, over_dram_hint
-from lazytrain.report.plan_table import (plan_comparison, plan_summary, recomputed_blocks,
-                                         throughput)
+from lazytrain.report.plan_table import (format_plan_table, plan_comparison, plan_summary,
+                                         recomputed_blocks, throughput)
 
 GB = 10**9
 
@@ -100,3 +102,17 @@ def test_the_batch_table_names_the_largest_batch_and_an_infeasible_row_its_viola
     assert lines[2].split() == ["2", "4", "8", "yes", "100.0", "50.0", "1.5", "2.00", "30.0",
                                 "0.00"]
     assert lines[3].split()[:4] == ["3", "4", "12", "no"] and lines[3].endswith("HBM short by 1 GB")
+
+
+def test_the_summary_and_the_table_print_nvme_bytes_written_per_step_and_per_1000_steps():
+    """Boundary 1 (1 GB) on NVMe, 2 micro-batches per step: 2 GB written a step, 2e12 bytes
+    (2.00 TB) per 1,000 steps."""
+    problem = four_blocks(grad_accum=2)
+    plan = build_plan(problem, decisions_from_tiers(problem, ("hbm", "nvme", "hbm", "hbm", "hbm")),
+                      solver=SolveRecord(backend="manual"))
+    plan = dataclasses.replace(plan, provenance={**plan.provenance, "grad_accum": 2})
+    line = "NVMe writes: 2.00 GB per step, 2.00 TB per 1,000 steps"
+    assert line in plan_summary(plan)
+    report = plan_comparison(problem, plan, PlannerOptions(policy="heuristic"))
+    assert report["nvme_write_bytes_per_step"] == 2 * GB
+    assert line in format_plan_table(problem, plan, report, costs_line="costs: analytic")

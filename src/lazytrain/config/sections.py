@@ -284,6 +284,15 @@ class PlannerConfig:
     64-block problem's solve target)."""
     gap: float = 0.005
     """Relative optimality gap at which the solver stops, in [0, 1) (0.5%: the solve target)."""
+    least_wear: bool = True
+    """After the step-time solve, solve once more for the plan within `least_wear_slack` of its
+    step that writes the fewest bytes to NVMe, then moves the fewest activation bytes over the
+    host link (planner/wear.py; policy milp). On: when windows are compute-bound many plans tie
+    and the first solve may pick one that writes tens of GB per step to NVMe, wearing the drive
+    for no speed. Costs up to 30% more solver time."""
+    least_wear_slack: float = 0.001
+    """Relative step time the least-wear solve may give up, in [0, 0.05] (0.1%: below the
+    0.5% solver gap, so the plan stays as fast as the gap promises; 0 keeps exact ties only)."""
     k_max: int = 16
     """Longest segment (blocks between consecutive materialized boundaries), >= 1. 16 bounds
     the MILP to O(16 L) segment variables; a longer segment recomputes >= 16 blocks, which
@@ -333,6 +342,8 @@ class PlannerConfig:
         check(self.drift_patience_steps >= 1, "planner.drift_patience_steps", ">= 1",
                self.drift_patience_steps)
         check(0 <= self.gap < 1, "planner.gap", "in [0, 1)", self.gap)
+        check(0 <= self.least_wear_slack <= 0.05, "planner.least_wear_slack", "in [0, 0.05]",
+              self.least_wear_slack)
         for key in ("k_max", "megatrain_k", "drain_windows", "prefetch_windows", "threads"):
             check(getattr(self, key) >= 1, f"planner.{key}", ">= 1", getattr(self, key))
         check(self.nvme_lead_windows >= 0, "planner.nvme_lead_windows", ">= 0",

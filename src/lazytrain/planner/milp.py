@@ -272,12 +272,15 @@ def _replace(p: Scaled, **changes) -> Scaled:
 def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s: float = 10.0,
                gap: float = 0.005, threads: int = 1, seed: int = 0,
                node_limit: int | None = None, warm_start: Plan | None = None,
-               bounds: Bounds | None = None) -> Plan:
+               bounds: Bounds | None = None, least_wear_slack: float | None = None) -> Plan:
     """Solve the placement MILP and return its plan (the incumbent on a time-out).
 
-    Two phases: when `warm_start` is missing or breaks a budget, the feasibility phase
+    Up to three phases: when `warm_start` is missing or breaks a budget, the feasibility phase
     (`feasibility.feasible_plan`) first finds a plan that fits, or raises naming every short
-    budget with its least shortfall; then the step-time model with hard budgets starts from it.
+    budget with its least shortfall; then the step-time model with hard budgets starts from it;
+    then, with `least_wear_slack`, the least-wear phase (`wear.least_wear_plan`) looks among the
+    plans within that slack of the faster of the step-time plan and the warm start for the one
+    writing the least to NVMe, then moving the least over the host link.
 
     Args:
         problem: the planning problem.
@@ -293,11 +296,16 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
             budgets it is also the answer if the solver finds no incumbent in time.
         bounds: filled into the plan's `bounds` as given; its largest bound also bounds the gap
             (`gap_against_best_bound`).
+        least_wear_slack: relative step slack of the least-wear phase, >= 0 (config
+            `planner.least_wear_slack`); None: no such phase, the fastest plan found is returned.
+            The phase gets `wear.WEAR_TIME_SHARE` of `time_limit_s` and of `node_limit`.
 
     Returns:
         Plan whose `solver` record holds backend, status ("optimal", "time_limit", or
-        "no_incumbent" when the warm start is returned), solve_s, gap (objective vs. the best
-        bound known: the solver's dual bound or the LP bound), num_vars, num_rows.
+        "no_incumbent" when the warm start is returned), solve_s (every phase after the
+        feasibility phase), gap (the plan's step, or the solver's objective, vs. the best bound
+        known: the step-time solve's dual bound or the LP bound), num_vars, num_rows. A
+        least-wear plan records its phase in provenance `least_wear`.
 
     Raises:
         PlanInfeasibleError: no plan fits (every short budget named; `proven` is False when the
@@ -330,8 +338,26 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
                 warm_start.predicted.step_ms, dual_step_bound_ms(milp, res.dual_bound), lp)),
             bounds=bounds or warm_start.bounds)
     solved = extract_plan(milp, res.values, solver=record, bounds=bounds)
-    return dataclasses.replace(solved, solver=solve_record(
+    solved = dataclasses.replace(solved, solver=solve_record(
         milp, res, lp_bound_ms=lp, step_ms=solved.predicted.step_ms))
+    if least_wear_slack is None:
+        return solved
+    from lazytrain.planner.wear import WEAR_TIME_SHARE, least_wear_plan
+
+    reference = solved
+    if (not warm_start.provenance.get("violations") and warm_start.predicted is not None
+            and warm_start.predicted.step_ms < solved.predicted.step_ms):
+        reference = warm_start
+    wear = least_wear_plan(
+        problem, reference, slack=least_wear_slack, backend=backend,
+        time_limit_s=time_limit_s * WEAR_TIME_SHARE, threads=threads, seed=seed,
+        node_limit=None if node_limit is None else math.ceil(node_limit * WEAR_TIME_SHARE),
+        dual_bound_ms=dual_step_bound_ms(milp, res.dual_bound), lp_bound_ms=lp, bounds=bounds)
+    if wear is None:
+        return solved
+    return dataclasses.replace(wear, solver=dataclasses.replace(
+        wear.solver, status=record.status, solve_s=record.solve_s + wear.solver.solve_s,
+        num_vars=record.num_vars, num_rows=record.num_rows))
 
 
 def feasibility_backend(backend: str) -> str:

@@ -10,9 +10,11 @@ the same config plans the same way from every caller.
 `plan` dispatches on the policy (milp | heuristic | megatrain | ideal), fills the plan's
 `bounds` (LP relaxation when asked, memory bound, roofline, ideal) and, for milp, warm-starts
 the solver from the best start it has and ships the better of {solver incumbent, start} by
-predicted step time. The start is the heuristic plan, or `warm_start`'s decisions re-evaluated
-under `problem` when those are predicted faster and fit (a re-plan starts from the running
-plan); policy heuristic returns that start.
+predicted step time (the solver's least-wear plan, `planner/wear.py`, counts as better while
+within `least_wear_slack` of the start: it was chosen to write less to NVMe). The start is the
+heuristic plan, or `warm_start`'s decisions re-evaluated under `problem` when those are
+predicted faster and fit (a re-plan starts from the running plan); policy heuristic returns
+that start.
 
 Importing this module loads no solver; `milp`/`solvers` are imported only when a policy needs
 them. Knows no torch.
@@ -71,6 +73,10 @@ class PlannerOptions:
     (`planner.deterministic`): the same input gives the same plan JSON on any load."""
     megatrain_k: int = _CONFIG_DEFAULTS.megatrain_k
     """K of the MegaTrain rule (policy megatrain)."""
+    least_wear_slack: float | None = (_CONFIG_DEFAULTS.least_wear_slack
+                                      if _CONFIG_DEFAULTS.least_wear else None)
+    """Relative step slack of the MILP's least-wear phase (`planner/wear.py`); None: no such
+    phase (config `planner.least_wear: false`)."""
     lp_bound: bool = True
     """Compute the LP-relaxation bound (one more solve; needs a solver package). The scaling
     table, the batch search and re-plans turn it off."""
@@ -97,7 +103,9 @@ def planner_options(planner: PlannerConfig) -> PlannerOptions:
                           time_limit_s=planner.time_limit_s, gap=planner.gap,
                           threads=planner.threads, seed=planner.seed,
                           deterministic=planner.deterministic,
-                          megatrain_k=planner.megatrain_k)
+                          megatrain_k=planner.megatrain_k,
+                          least_wear_slack=planner.least_wear_slack if planner.least_wear
+                          else None)
 
 
 def plan(problem: PlanningProblem, options: PlannerOptions | None = None,
@@ -140,9 +148,11 @@ def _plan(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | Non
 
     solved = solve_milp(problem, backend=opts.backend, **solver_limits(opts),
                         gap=opts.gap, threads=opts.threads, seed=opts.seed, warm_start=start,
-                        bounds=bounds)
-    if start.predicted is None or solved.predicted.step_ms <= start.predicted.step_ms \
-            or "violations" in start.provenance:
+                        bounds=bounds, least_wear_slack=opts.least_wear_slack)
+    # a least-wear plan may be up to its slack slower than the start (it is held to that)
+    allowed = 1.0 + (opts.least_wear_slack if "least_wear" in solved.provenance else 0.0)
+    if start.predicted is None or "violations" in start.provenance \
+            or solved.predicted.step_ms <= start.predicted.step_ms * allowed:
         return dataclasses.replace(solved, bounds=bounds)
     # the start's step against the same best bound the solver's gap used
     g = solved.solver.gap

@@ -10,6 +10,7 @@ runtime.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import asdict
 
@@ -26,6 +27,27 @@ def throughput(problem: PlanningProblem, step_ms: float | None) -> dict:
     return {"step_ms": step_ms,
             "model_tflops": problem.model_flops_per_micro_batch * problem.grad_accum / s / 1e12,
             "tokens_per_s": problem.tokens_per_micro_batch * problem.grad_accum / s}
+
+
+def nvme_write_bytes_per_step(plan: Plan, grad_accum: int) -> float:
+    """Bytes a step writes to NVMe: `grad_accum` x the NVMe writes of the plan's windows (one
+    micro-batch each). What wears the drive: its endurance is rated in bytes written."""
+    return grad_accum * math.fsum(w.nvme_write_bytes for w in plan.windows)
+
+
+def nvme_writes_line(plan: Plan, grad_accum: int) -> str:
+    """`NVMe writes: 28.69 GB per step, 28.69 TB per 1,000 steps` (1 GB = 1e9 bytes, 1 TB =
+    1e12 bytes), plus what the fastest plan found wrote when the least-wear phase
+    (`planner/wear.py`, provenance `least_wear`) chose this one."""
+    per_step = nvme_write_bytes_per_step(plan, grad_accum)
+    line = (f"NVMe writes: {per_step / 1e9:.2f} GB per step, "
+            f"{per_step * 1000 / 1e12:.2f} TB per 1,000 steps")
+    wear = plan.provenance.get("least_wear")
+    if wear:
+        before = wear["nvme_write_bytes_per_step"]["before"]
+        line += (f" (least-wear phase: the fastest plan found wrote {before / 1e9:.2f} GB per "
+                 f"step; this one is at most {100 * wear['step_slack']:g}% slower)")
+    return line
 
 
 def _row(problem, plan) -> dict:
@@ -91,6 +113,7 @@ def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOption
         "bounds": asdict(b),
         "simulator": {"step_ms": sim.step_ms, "disagreements": disagreements(problem, plan)},
         "violations": list(plan.provenance.get("violations") or []),
+        "nvme_write_bytes_per_step": nvme_write_bytes_per_step(plan, problem.grad_accum),
     }
 
 
@@ -146,6 +169,7 @@ def format_plan_table(problem: PlanningProblem, plan: Plan, report: dict, *,
         lines.append(f"  {t:<10} {ranges(i for i, x in enumerate(plan.tiers) if x == t)}")
     rec = recomputed_blocks(plan)
     lines.append(f"recomputed blocks ({len(rec)}): {ranges(rec)}")
+    lines.append(nvme_writes_line(plan, problem.grad_accum))
     lines.append(f"keep-internals ({len(plan.keep_internals)}): {ranges(plan.keep_internals)}")
     lines.append(f"resident weights ({len(plan.resident_weights)}): "
                  f"{ranges(plan.resident_weights)}")
@@ -230,6 +254,7 @@ def plan_summary(plan: Plan, *, source: str | None = None, costs_line: str = "")
         lines.append(f"  predicted: {p.step_ms / 1e3:.2f} s/step, {p.tokens_per_s:.0f} tokens/s, "
                      f"{p.model_tflops:.3f} model TFLOPS, peak HBM {p.peak_hbm_bytes / 1e9:.2f} "
                      f"GB, DRAM {p.dram_bytes / 1e9:.2f} GB, NVMe {p.nvme_bytes / 1e9:.2f} GB")
+        lines.append(f"  {nvme_writes_line(plan, prov.get('grad_accum', 1))}")
     if plan.solver is not None:
         s = plan.solver
         lines.append(f"  solver: {s.backend} {s.status} in {s.solve_s:.2f} s")
