@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lazytrain.config import load_config
-from lazytrain.runtime import calibrate
+from lazytrain.runtime import calibrate, steady
 from lazytrain.spec.model import ModelSpec
 from lazytrain.train import setup
 from tiny_models import tiny_model_dir
@@ -31,9 +31,12 @@ def model_dir(tmp_path_factory):
 @pytest.fixture
 def counted(monkeypatch):
     """Calibration on (the suite turns it off), the real measurement wrapped in a counter, and
-    an idle load average (no busy-machine warning from the other jobs of a CI box)."""
+    an idle load average and steady timing (no busy-machine warning and no second try from the
+    other jobs of a CI box)."""
     monkeypatch.delenv("LAZYTRAIN_CALIBRATE")
     monkeypatch.setattr(calibrate.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(steady, "cpu_others_s", lambda: None)
+    monkeypatch.setattr(steady, "MAX_SPREAD", float("inf"))
     calls = []
 
     def measure(cfg, device, **kwargs):
@@ -311,16 +314,28 @@ def test_a_replan_sees_the_calibration_its_plan_was_made_with(model_dir, tmp_pat
     assert calibrate.config_for_plan(cfg, record) == cfg
 
 
-@pytest.mark.parametrize("load, warned", [(0.0, False), (1e3, True)], ids=["idle", "busy"])
+@pytest.mark.parametrize("load, share, warned", [(0.0, None, False), (1e3, None, True),
+                                                  (0.0, 0.9, True)],
+                         ids=["idle", "busy", "disturbed-while-measuring"])
 def test_a_calibration_on_a_busy_machine_is_kept_with_a_warning(model_dir, tmp_path, counted,
-                                                                 monkeypatch, load, warned):
+                                                                 monkeypatch, load, share, warned):
     monkeypatch.setattr(calibrate.os, "getloadavg", lambda: (load, load, load))
+    if share is not None:  # other processes use `share` of the CPUs all along; one try each
+        wall = iter(range(1, 10 ** 6))
+        cpus = steady.cpu_count_of()
+        monkeypatch.setattr(steady, "cpu_others_s", lambda: (lambda t: (share * cpus * t, t))(
+            float(next(wall))))
+        monkeypatch.setattr(steady, "MAX_TRIES", 1)
     log = []
     costs = resolve(tiny(model_dir, tmp_path), log)
     assert costs.source == "calibrated" and len(counted) == 1
-    assert json.loads(cache_files(tmp_path)[0].read_text())["calibration"]["load_avg_1min"] == load
+    stored = json.loads(cache_files(tmp_path)[0].read_text())
+    assert stored["calibration"]["load_avg_1min"] == load
     busy = [line for line in log if "the machine was busy while calibrating" in line]
     assert len(busy) == int(warned)
+    if share is not None:
+        assert "block kind dense, ends disturbed on every try" in busy[0]
+        assert stored["measurements"]["steady"]["ends"]["others_share"] == pytest.approx(share)
 
 
 def test_an_unwritable_cache_dir_plans_analytic_with_one_warning(model_dir, tmp_path, counted):

@@ -1,11 +1,14 @@
 """Timing harness of the profiler: the median timer and one block's forward/backward bench.
 
-Owns `time_ms` (warm-up runs, then the median of `repeats`; CUDA events on a GPU,
-`time.perf_counter` on a CPU), `BlockBench` (one micro-batch's inputs and each block's device
-weights, run through the engine's own code paths: `ModelAdapter.forward_block` on a flat weight
-buffer as `Engine.run_forward` / `backward_block` call it, the head through the engine's chunk
-loop) and `block_kind_times` (the profile's per-kind block times). `runtime/bench_rates.py`
-measures rates on top of it; `runtime/profiler.measure_profile` assembles the profile.
+Owns `time_samples` (warm-up runs, then each of `repeats` timed; CUDA events on a GPU,
+`time.perf_counter` on a CPU) and `time_ms` (their median), `BlockBench` (one micro-batch's
+inputs and each block's device weights, run through the engine's own code paths:
+`ModelAdapter.forward_block` on a flat weight buffer as `Engine.run_forward` /
+`backward_block` call it, the head through the engine's chunk loop) and `block_kind_times`
+(the profile's per-kind block times, through a timing rule of `runtime/steady.py`: the
+median, or the calibration's least repeat, measured again when disturbed).
+`runtime/bench_rates.py` measures rates on top of it; `runtime/profiler.measure_profile`
+assembles the profile.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from lazytrain.runtime.block_autograd import flat_grad, grad_leaves
 from lazytrain.runtime.device import as_device
 from lazytrain.runtime.ends import head_loss_chunks
 from lazytrain.runtime.engine import COMPUTE_DTYPES
+from lazytrain.runtime.steady import Timing, median_timing
 
 
 def sync(device: torch.device) -> None:
@@ -31,9 +35,9 @@ def sync(device: torch.device) -> None:
         as_device(device).synchronize()
 
 
-def time_ms(fn: Callable[[], object], *, device: torch.device, repeats: int = 5,
-            warmup: int = 2) -> float:
-    """Median wall time of `fn()` over `repeats` runs after `warmup` runs, ms.
+def time_samples(fn: Callable[[], object], *, device: torch.device, repeats: int = 5,
+                 warmup: int = 2) -> list[float]:
+    """Wall time of each of `repeats` runs of `fn()` after `warmup` untimed runs, ms.
 
     CUDA: timing events around each run on the compute stream; CPU: perf_counter (both through
     the device API).
@@ -52,7 +56,14 @@ def time_ms(fn: Callable[[], object], *, device: torch.device, repeats: int = 5,
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+def time_ms(fn: Callable[[], object], *, device: torch.device, repeats: int = 5,
+            warmup: int = 2) -> float:
+    """Median wall time of `fn()` over `repeats` runs after `warmup` runs, ms
+    (`time_samples`)."""
+    return statistics.median(time_samples(fn, device=device, repeats=repeats, warmup=warmup))
 
 
 def sample_batch(vocab: int, *, micro_batch: int, seq_len: int, device: torch.device,
@@ -168,35 +179,47 @@ class BlockBench:
         return self.adapter.forward_block(j, h, self.params.blocks[j].views(flat), self.kwargs[j])
 
 
+def kind_samples(bench: BlockBench, j: int, *, repeats: int, warmup: int
+                 ) -> dict[str, list[float]]:
+    """One try of block j's times: the timed repeats of fwd_ms, fwd_grad_ms and bwd_ms, ms
+    (each backward on a fresh forward-with-autograd graph, timed alone)."""
+    dev = bench.device
+    flat = bench.weights(j)
+    fwd = time_samples(lambda: bench.forward(j, flat), device=dev, repeats=repeats, warmup=warmup)
+    fwd_grad = time_samples(lambda: bench.forward_grad(j, flat), device=dev, repeats=repeats,
+                            warmup=warmup)
+    graphs = []
+
+    def one_backward():
+        bench.backward(*graphs.pop(), j=j)
+
+    bwd_times = []
+    for _ in range(warmup + max(1, repeats)):
+        graphs.append(bench.forward_grad(j, flat))
+        bwd_times.append(time_samples(one_backward, device=dev, repeats=1, warmup=0)[0])
+    return {"fwd_ms": fwd, "fwd_grad_ms": fwd_grad, "bwd_ms": bwd_times[warmup:]}
+
+
 def block_kind_times(bench: BlockBench, kinds: Sequence[str], *, repeats: int = 5,
-                     warmup: int = 2) -> dict[str, dict]:
+                     warmup: int = 2, timing: Timing = median_timing) -> dict[str, dict]:
     """Per block kind (first block of each kind): fwd_ms, fwd_grad_ms, bwd_ms and, on CUDA,
     workspace_bytes (peak allocated during forward-with-autograd + backward above the start).
 
     Args:
         bench: inputs and weights.
         kinds: kind of each block j (len L).
+        repeats, warmup: timed and untimed runs per series.
+        timing: how a try's repeats become one time (`runtime.steady`: the median, or the
+            calibration's least repeat, measured again when disturbed).
     """
     out: dict[str, dict] = {}
     dev = bench.device
     for kind in dict.fromkeys(kinds):
         j = list(kinds).index(kind)
-        flat = bench.weights(j)
-        fwd = time_ms(lambda: bench.forward(j, flat), device=dev, repeats=repeats, warmup=warmup)
-        fwd_grad = time_ms(lambda: bench.forward_grad(j, flat), device=dev, repeats=repeats,
-                           warmup=warmup)
-        graphs = []
-
-        def one_backward():
-            bench.backward(*graphs.pop(), j=j)
-
-        bwd_times = []
-        for _ in range(warmup + max(1, repeats)):
-            graphs.append(bench.forward_grad(j, flat))
-            bwd_times.append(time_ms(one_backward, device=dev, repeats=1, warmup=0))
-        entry = {"fwd_ms": fwd, "fwd_grad_ms": fwd_grad,
-                 "bwd_ms": statistics.median(bwd_times[warmup:]), "block": j}
+        entry = {**timing(lambda: kind_samples(bench, j, repeats=repeats, warmup=warmup),
+                          f"block kind {kind}"), "block": j}
         if dev.type == "cuda":
+            flat = bench.weights(j)
             sync(dev)
             torch.cuda.reset_peak_memory_stats(dev)
             base = torch.cuda.memory_allocated(dev)

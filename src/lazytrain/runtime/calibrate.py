@@ -25,6 +25,13 @@ fields, the key and the measurement time. An entry whose stored fields differ fr
 ones is measured again (a torch upgrade, another micro-batch); an unreadable or malformed one
 too, with a one-line warning. Files are written atomically (`lazytrain.atomic`).
 
+A calibration measured under load: the quick profile takes each block and end time as the
+least of its repeats and measures it again when the repeats spread widely or other processes
+loaded the CPUs meanwhile (`runtime.steady`); and at the end of a run its own measured windows
+replace an entry they contradict by more than `planner.drift_threshold`
+(`lazytrain.train.recalibrate`), so one disturbed calibration misleads one run, not every
+later one.
+
 The environment variable `LAZYTRAIN_CALIBRATE=off` overrides `runtime.calibrate: auto` (the
 test suite sets it, so no test writes to the user's cache unless it asks to).
 
@@ -63,7 +70,9 @@ BUSY_LOAD_PER_CPU = 0.5
 """A 1-minute load average above this many runnable tasks per CPU, just before measuring,
 means other jobs compete for the cores: the calibration is kept but a warning says its times
 may be high (on the 2-core CI box, quick-mode block times measured 3-17x the idle ones at a
-load of 2-3)."""
+load of 2-3). So does a block or end time still disturbed after its last try
+(`runtime.steady`). Either way the run's own windows replace a calibration they contradict
+(`lazytrain.train.recalibrate`)."""
 
 Measure = Callable[[RunConfig, str], dict]
 """`measure(cfg, device)`: a profile dict for `cfg` on `device` ("cpu" | "cuda")."""
@@ -387,10 +396,15 @@ def calibrate(cfg: RunConfig, measure: Measure, *, device: str | None = None,
     stored = write_cache(path, measure(cfg, device), fields, load_avg=load)
     log(f"calibration written to {path}")
     cpus = os.cpu_count() or 1
-    if load is not None and load > BUSY_LOAD_PER_CPU * cpus:
-        log(f"warning: the machine was busy while calibrating (1-minute load average {load:.1f} "
-            f"on {cpus} CPUs), so the measured times may be high; rerun `lazytrain profile "
-            f"--calibrate` when it is idle")
+    disturbed = [what for what, rec in
+                 ((stored.get("measurements") or {}).get("steady") or {}).items()
+                 if rec.get("disturbed")]
+    if disturbed or (load is not None and load > BUSY_LOAD_PER_CPU * cpus):
+        why = (f"1-minute load average {load:.1f} on {cpus} CPUs" if not disturbed else
+               f"{', '.join(disturbed)} disturbed on every try")
+        log(f"warning: the machine was busy while calibrating ({why}), so the measured times "
+            f"may be high; this run's measured windows replace them if they disagree, or rerun "
+            f"`lazytrain profile --calibrate` when it is idle")
     return _calibrated(cfg, path, stored)
 
 

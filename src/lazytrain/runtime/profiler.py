@@ -8,7 +8,10 @@ and head calls on a flat weight buffer), copies, NVMe, the optimizer and the hos
 transfers up to the window barrier, `BlockOptimizer`, the runtime's host workers).
 
 Timing: warm-up runs, then the median of `repeats`; CUDA events on a GPU, `time.perf_counter`
-(monotonic) on a CPU.
+(monotonic) on a CPU. The quick mode (the calibration `lazytrain train` measures, often on a
+machine shared with other jobs) takes the block and end times as the least repeat, measured
+again when the repeats spread widely or other processes loaded the CPUs meanwhile
+(`runtime/steady.py`).
 
 Contention (CPU only; on a GPU copies run on copy engines beside compute): the evaluator's CPU
 model serialises channels with compute (window = compute + sum of bytes / rate). The rates
@@ -40,17 +43,19 @@ from typing import Callable, Sequence
 import torch
 
 from lazytrain.models.adapter import ModelAdapter
-from lazytrain.runtime.bench_blocks import BlockBench, block_kind_times, time_ms
+from lazytrain.runtime.bench_blocks import BlockBench, block_kind_times, time_ms, time_samples
 from lazytrain.runtime.bench_rates import (
     copy_rates, grad_norm_ms, host_rates, nvme_rates, optimizer_exposed_ms,
     optimizer_ms_per_param, optimizer_running,
 )
 from lazytrain.runtime.overhead import window_overhead_ms
+from lazytrain.runtime.steady import SteadyTiming, Timing, median_timing
 from lazytrain.units import GB
 
 QUICK_REPEATS = 3
 """Timed runs per measurement in the quick (calibration) mode of `measure_profile`: the fewest
-whose median still drops one disturbed run (a shared machine)."""
+whose median still drops one disturbed run (a shared machine); the block and end times take
+the least of them (`runtime.steady`)."""
 QUICK_WARMUP = 1
 """Warm-up runs per measurement in the quick mode (one: first-touch and allocator effects)."""
 TWIN_STEPS_PER_REPEAT = 10
@@ -63,7 +68,8 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
                     seq_len: int, compute_dtype: str, device: str | torch.device,
                     nvme_dir: Path | str, io_threads: int = 2, repeats: int = 5,
                     warmup: int = 2, model_config_sha256: str | None = None,
-                    log: Callable[[str], None] = lambda msg: None, quick: bool = False) -> dict:
+                    log: Callable[[str], None] = lambda msg: None, quick: bool = False,
+                    timing: Timing | None = None) -> dict:
     """Everything `lazytrain profile` measures, as a profile dict (`lazytrain.spec.costs`).
 
     Args:
@@ -80,6 +86,12 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
             `QUICK_WARMUP` warm-up runs each (overrides `repeats` / `warmup`): a median of 3
             instead of 5, which drops one disturbed run but not two (the full mode drops
             two); NVMe and optimizer figures use max(2, repeats // 2) = 2 runs either way.
+            The block and end times then take the least repeat and are measured again when
+            disturbed (`runtime.steady.SteadyTiming`; its record goes to
+            `measurements.steady`).
+        timing: the block and end times' rule (default: `SteadyTiming` when quick, else the
+            median, `runtime.steady.median_timing`); tests pass a `SteadyTiming` with an
+            injected load clock.
 
     Returns:
         the profile: version, model_config_sha256, seq_len, micro_batch, compute_dtype, device,
@@ -87,8 +99,8 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
         on a CPU), step_const_ms (exposed optimizer + ends load + gradient norm + the
         twins' per-step overhead), host (`host_rates`), window_overhead_ms
         (`window_overhead_ms`; absent when the family has no twin), measurements (raw rates
-        alone and with the optimizer running, the twins' figures) and, on a CPU,
-        cpu_contention.
+        alone and with the optimizer running, the twins' figures and, quick, the `steady`
+        record per measurement) and, on a CPU, cpu_contention.
     """
     if quick:
         repeats, warmup = QUICK_REPEATS, QUICK_WARMUP
@@ -96,9 +108,12 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
     bench = BlockBench(adapter, micro_batch=micro_batch, seq_len=seq_len, dtype=compute_dtype,
                        device=dev)
     log(f"profile: blocks ({len(set(kinds))} kinds)")
-    block = block_kind_times(bench, kinds, repeats=repeats, warmup=warmup)
-    ends = {"embed_ms": time_ms(bench.embed, device=dev, repeats=repeats, warmup=warmup),
-            "head_ms": time_ms(bench.head, device=dev, repeats=repeats, warmup=warmup)}
+    if timing is None:
+        timing = SteadyTiming(log=log) if quick else median_timing
+    block = block_kind_times(bench, kinds, repeats=repeats, warmup=warmup, timing=timing)
+    ends = timing(lambda: {
+        "embed_ms": time_samples(bench.embed, device=dev, repeats=repeats, warmup=warmup),
+        "head_ms": time_samples(bench.head, device=dev, repeats=repeats, warmup=warmup)}, "ends")
     weight_bytes = adapter.params.max_block_numel() * bench.ends.element_size()
     boundary_bytes = bench.h.numel() * bench.h.element_size()
     nvme_bytes = max(boundary_bytes, 1 << 20)
@@ -116,6 +131,8 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
                     "with_optimizer_gb_per_s": {k: v / GB for k, v in busy.items()},
                     "copy_bytes": weight_bytes, "nvme_bytes": nvme_bytes,
                     "optimizer_ms_per_mparam": optimizer_ms_per_param(numel) * 1e6, **opt}
+    if isinstance(timing, SteadyTiming):
+        measurements["steady"] = dict(timing.records)
     rates = dict(alone)
     profile = {"version": 1, "model_config_sha256": model_config_sha256,
                "seq_len": seq_len, "micro_batch": micro_batch, "compute_dtype": compute_dtype,
