@@ -14,7 +14,11 @@ Three checks, each comparing bytes the run will need with bytes available:
 
 Runs before any weight is loaded, so the numbers are the machine's, not ours. A failed check
 raises `PreflightError` whose message is one line with the numbers; the CLI exits 1 with it.
-Knows nothing about torch.
+
+`preflight_host_floor` runs earlier still, before planning: a calibration on a cache miss
+builds the model on this machine, and one too small for the model's host states (which every
+plan keeps in DRAM) would be killed there by the OOM killer, without a line. Knows nothing
+about torch.
 """
 
 from __future__ import annotations
@@ -152,3 +156,28 @@ def preflight(**kwargs) -> list[Check]:
         if not check.ok:
             raise PreflightError(f"preflight: {check.describe()}; {hints[check.name]}")
     return checks
+
+
+def preflight_host_floor(*, states_bytes: int, eval_bytes: int,
+                         meminfo: str | Path = "/proc/meminfo") -> Check:
+    """The host-memory check on what every plan needs, before planning and calibrating: the
+    model's host states (master, gradient and AdamW moments: `contract.HOST_BYTES_PER_PARAM`
+    per parameter, as the planner's `states_bytes`) and the evaluation copy fit in
+    `MemAvailable`. The full `preflight` follows once the plan is known.
+
+    Args:
+        states_bytes: the host states of this rank's model, bytes.
+        eval_bytes: the evaluation model copy (0 without held-out examples), bytes.
+        meminfo: the meminfo file (tests pass a fake one).
+
+    Raises:
+        PreflightError: one line with both numbers, said to come before planning.
+    """
+    check = Check(name="host memory", need_bytes=states_bytes + eval_bytes,
+                  have_bytes=mem_available_bytes(meminfo), where="MemAvailable")
+    if not check.ok:
+        raise PreflightError(f"preflight: {check.describe()} for the model's host states and "
+                             f"evaluation copy alone, checked before planning and calibrating; "
+                             f"use a machine with more memory, train.master_dtype=bf16, or a "
+                             f"smaller model")
+    return check

@@ -24,12 +24,14 @@ import torch
 
 from lazytrain.atomic import append_jsonl, read_jsonl, write_text_atomic
 from lazytrain.config import RunConfig, apply_overrides, save_config
+from lazytrain.contract import HOST_BYTES_PER_PARAM
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.build import device_type, engine_from_config, resolve_device
+from lazytrain.spec.model import ModelSpec
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
 from lazytrain.train.evaluate import build_eval_model, evaluate_heldout, load_weights
-from lazytrain.train.preflight import preflight
+from lazytrain.train.preflight import preflight, preflight_host_floor
 from lazytrain.train.rank import RankContext
 from lazytrain.train.rundir import clear_run_dir
 from lazytrain.train.tracking import Trackers, check_trackers, step_scalars
@@ -150,6 +152,7 @@ class Trainer:
         # Everything that can reject the job runs before a file is written or a weight loaded.
         saved_state = self._check_resume(resume, verify=verify_checkpoint)
         setup.check_data_paths(cfg.data)
+        self._preflight_host_floor()  # before a calibration builds the model
         self.plan = self._agreed_plan(plan)
         if self.resumed_from is not None:
             source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
@@ -207,6 +210,26 @@ class Trainer:
         setup.check_same_shape(self.cfg, state.get("config"), self.resumed_from.path)
         return state
 
+    def _preflight_host_floor(self) -> None:
+        """`preflight.preflight_host_floor` on the model's parameter count (the resumed
+        checkpoint's config.json, else `model.config_path`): a machine that cannot hold the
+        host states is refused before planning, whose calibration builds the whole model.
+        A model whose config cannot be read here is left to planning to name.
+
+        Raises:
+            PreflightError: the host states and evaluation copy exceed MemAvailable.
+        """
+        cfg = self.cfg
+        source = (self.resumed_from.path / "config.json" if self.resumed_from is not None
+                  else cfg.model.config_path)
+        try:
+            params = ModelSpec.from_hf_config(source).total_params
+        except (OSError, ValueError, KeyError):
+            return
+        preflight_host_floor(
+            states_bytes=int(HOST_BYTES_PER_PARAM[cfg.train.master_dtype] * params),
+            eval_bytes=EVAL_BYTES_PER_PARAM * params if cfg.data.num_eval else 0)
+
     def _agreed_plan(self, plan: Plan | None) -> Plan:
         """The main rank's plan (`_get_plan`) on every rank: every rank runs one plan, even
         where a time-limited MILP would not be repeatable."""
@@ -223,7 +246,6 @@ class Trainer:
         position, which refuses other data or another seed); `train.epochs` becomes
         `train.steps` here (the same on every resume). Writes nothing and loads no weight."""
         from lazytrain.data import build_data, corpus_texts
-        from lazytrain.spec.model import ModelSpec
 
         cfg, tc = self.cfg, self.cfg.train
         hf_config = setup.load_hf_config(source)
