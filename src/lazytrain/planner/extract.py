@@ -27,7 +27,7 @@ def start_from_plan(milp: Milp, plan: Plan) -> list[float] | None:
     Binaries and fractions come from the plan; t[o] and the slacks take the least value their
     rows allow (their minimal epigraph values). Returns None when the plan cannot be expressed
     in this model (a segment longer than k_max, a transfer outside the modelled windows, keep,
-    resident weights or q8 not offered) or the assignment breaks a row by more than 1e-6.
+    resident weights or q8 not offered, a resident block inside a recompute segment) or the assignment breaks a row by more than 1e-6.
     """
     v, L = milp.v, milp.p.L
     x = [0.0] * milp.model.num_vars
