@@ -40,9 +40,10 @@ def test_seed_fp32_master_states_alone_exceed_360_gb(repo_root, shared_dir):
 def test_seed_fixed_hbm_is_the_sum_of_its_parts_and_leaves_room(seed_cfg):
     p = problem_from_config(seed_cfg)
     mem = p.provenance["memory"]
-    parts = ("weight_buffers_bytes", "grad_buffers_bytes", "ends_bytes",
-             "block_workspace_bytes", "head_workspace_bytes")
-    assert p.fixed_hbm_bytes == sum(mem[k] for k in parts)
+    parts = ("weight_buffers_bytes", "grad_buffers_bytes", "ends_bytes", "block_inputs_bytes")
+    # the block and head workspaces are never live together (the head runs in turn only)
+    assert p.fixed_hbm_bytes == sum(mem[k] for k in parts) + max(
+        mem["block_workspace_bytes"], mem["head_workspace_bytes"])
     assert p.hbm_bytes == int(80e9 * 0.95)
     # ends: embedding + head 2 x 248320 x 5120 (+ norm 5120): bf16 weights (2 B) and the
     # engine's fp32 gradient accumulator (4 B)
@@ -106,3 +107,17 @@ def test_default_cpu_job_gets_the_cpu_presets_host_rates_for_fp32():
     # (5 GB/s), fp32 gradients into fp32 accumulators 3 B per byte (3.33 GB/s)
     assert p.host_convert_bytes_per_s == pytest.approx(5e9)
     assert p.host_accumulate_bytes_per_s == pytest.approx(10e9 / 3)
+
+
+def test_seed_head_workspace_counts_one_chunks_softmax_and_the_head_weight_gradient(seed_cfg):
+    mem = problem_from_config(seed_cfg).provenance["memory"]
+    # micro-batch 72, seq 1024, bf16 (2 B), hidden 5120, vocab 248320; a chunk is
+    # 72 x (1024 // 72 = 14) = 1008 tokens. The d loss / d h buffer: 72 x 1024 x 5120 x 2 B;
+    # the final norm: 12 B x 1008 x 5120; the peak of the chunk: the larger of the loss
+    # backward's 12 B per logit (fp32 log-softmax, nll gradient, log-softmax gradient) and the
+    # matmul backward's bf16 logit gradient beside the [V, H] head weight gradient.
+    c, V, H = 1008, 248320, 5120
+    softmax, matmul = 12 * c * V, 2 * (c * V + V * H)
+    assert (softmax, matmul) == (3003678720, 3043409920)  # 3.00 GB, 3.04 GB
+    assert mem["head_workspace_bytes"] == 72 * 1024 * H * 2 + 12 * c * H + matmul
+

@@ -16,9 +16,15 @@ HBM (`fixed_hbm_bytes`, docs/execution_model.md "HBM capacity"):
                                    writes)
   + ends weights + grads           embedding, final norm, untied head resident, with their fp32
                                    gradient accumulator (ENDS_GRAD_BYTES_PER_PARAM, 4 B/param)
-  + block workspace                one block's autograd-saved activations + boundary grads
-                                   (max I + 3A)
-  + head workspace                 the chunked [chunk, vocab] logits of the LM head and loss
+  + max(block workspace,           the larger of the two compute working sets: a block's in its
+        head workspace)            backward window (max(max I, max G) + 3A: saved activations,
+                                   then autograd's per-parameter gradients beside their flat
+                                   pack; boundary grads) and the head's in `turn` (one chunk's
+                                   logits, softmax, their gradients and the [V, H] head weight
+                                   gradient: `spec.costs.head_workspace_bytes`). The head runs
+                                   only in `turn`, where no block computes, so they never add up.
+  + block inputs                   one micro-batch's rotary tables, attention masks and positions,
+                                   held from pre to post (`spec.costs.block_inputs_bytes`)
   and `hbm_bytes = hardware HBM x (1 - hardware.hbm_reserve_fraction)`.
 
 DRAM (the planner's row: DRAM-tier checkpoints + staging + states <= `dram_bytes`):
@@ -163,7 +169,8 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
 
     Returns:
         dict with hbm_budget_bytes, fixed_hbm_bytes and its parts (weight_buffers_bytes,
-        grad_buffers_bytes, ends_bytes, block_workspace_bytes, head_workspace_bytes),
+        grad_buffers_bytes, ends_bytes, the larger of block_workspace_bytes and
+        head_workspace_bytes, block_inputs_bytes),
         states_bytes, staging_bytes and its parts (weight_pool_bytes, grad_landing_bytes,
         nvme_bounce_bytes), dram_free_for_checkpoints_bytes (may be negative: states alone do
         not fit).
@@ -180,6 +187,7 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
         "ends_bytes": costs.ends_weight_bytes + ENDS_GRAD_BYTES_PER_PARAM * model.ends_params,
         "block_workspace_bytes": costs.block_workspace_bytes,
         "head_workspace_bytes": costs.head_workspace_bytes,
+        "block_inputs_bytes": costs.block_inputs_bytes,
     }
     largest_group = max([b.params for b in model.blocks] + [model.ends_params])
     staging = {
@@ -194,7 +202,9 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
     staging_bytes = sum(staging.values())
     return {
         "hbm_budget_bytes": int(hw.hbm_bytes * (1 - cfg.hardware.hbm_reserve_fraction)),
-        "fixed_hbm_bytes": sum(parts.values()),
+        # the block and head workspaces are never live together (module docstring)
+        "fixed_hbm_bytes": sum(parts.values()) - min(parts["block_workspace_bytes"],
+                                                     parts["head_workspace_bytes"]),
         **parts,
         "states_bytes": states,
         "staging_bytes": staging_bytes,

@@ -51,17 +51,32 @@ def head_loss_chunks(adapter: ModelAdapter, ends: ParamGroup, *, weights: torch.
     chunk = max(1, chunk_tokens // h.shape[0])  # positions of [B, chunk] tokens
     for a in range(0, h.shape[1], chunk):
         b = min(h.shape[1], a + chunk)
-        x = h[:, a:b].detach().requires_grad_()
-        leaves = {n: weight_views[n].detach().requires_grad_() for n in names}
-        with torch.enable_grad():
-            loss = adapter.head_loss_sum(x, targets[:, a:b], norm_weight=leaves[norm_name],
-                                         head_weight=leaves[adapter.head_name]) / max(tokens, 1)
-        gx, *gw = torch.autograd.grad(loss, (x, *leaves.values()))
-        grad_h[:, a:b] = gx
-        for n, g in zip(leaves, gw):
-            grad_views[n].add_(g)  # accumulated in place, fp32
-        total += loss.detach()  # on the device: no host sync per chunk
+        # one chunk per call: its logits and the head weight's [V, H] gradient are freed when
+        # it returns, before the next chunk allocates (the planner's head workspace,
+        # `spec/costs.py`, counts one chunk's tensors)
+        total += _head_loss_chunk(adapter, h[:, a:b], targets[:, a:b], grad_h[:, a:b],
+                                  weights={n: weight_views[n] for n in names},
+                                  grads={n: grad_views[n] for n in names}, norm_name=norm_name,
+                                  tokens=tokens)
     return total, grad_h
+
+
+def _head_loss_chunk(adapter: ModelAdapter, h: torch.Tensor, targets: torch.Tensor,
+                     grad_h: torch.Tensor, *, weights: dict[str, torch.Tensor],
+                     grads: dict[str, torch.Tensor], norm_name: str, tokens: int
+                     ) -> torch.Tensor:
+    """One chunk of `head_loss_chunks`: its loss (0-dim fp32, detached); d loss / d h written
+    into `grad_h` [B, C, H] and each weight's gradient added in place into `grads` (fp32)."""
+    x = h.detach().requires_grad_()
+    leaves = {n: w.detach().requires_grad_() for n, w in weights.items()}
+    with torch.enable_grad():
+        loss = adapter.head_loss_sum(x, targets, norm_weight=leaves[norm_name],
+                                     head_weight=leaves[adapter.head_name]) / max(tokens, 1)
+    gx, *gw = torch.autograd.grad(loss, (x, *leaves.values()))
+    grad_h.copy_(gx)
+    for n, g in zip(leaves, gw):
+        grads[n].add_(g)  # accumulated in place, fp32
+    return loss.detach()  # on the device: no host sync per chunk
 
 
 class ResidentEnds:

@@ -258,9 +258,11 @@ class Engine:
                 if self.instrument is not None:
                     self.instrument.begin_micro_batch(mb.index)
                 final = mb.index == len(mbs) - 1
-                h = self.forward_blocks(mb)
-                loss_mb, grad = self.head_and_loss(mb, h, tokens)
-                self.backward_segments(mb, grad, step_lr=step_lr if final else None)
+                # boundary L and d loss / d boundary L are handed from call to call, never
+                # held by a local here: the plan stops counting them after turn and b{L-1}
+                loss_mb, *grad = self.head_and_loss(mb, self.forward_blocks(mb), tokens)
+                self.backward_segments(mb, grad.pop(), step_lr=step_lr if final else None)
+                mb.kwargs = []  # its masks and rotary tables: the plan counts one micro-batch's
                 loss += loss_mb
         except BaseException:
             self._release_weights(mbs)  # a failed step gives its weight slots back

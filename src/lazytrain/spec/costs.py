@@ -83,9 +83,18 @@ BWD_MATMUL_FACTOR = 2.0
 """Backward / forward FLOPs of a matmul (grad of input + grad of weight)."""
 BWD_ATTN_CORE_FACTOR = 2.5
 """Backward / forward FLOPs of the attention core (FlashAttention-2, arXiv 2307.08691)."""
-HEAD_LOGITS_BYTES_PER_ELEM = 8
-"""HBM bytes per logit in a head chunk: bf16/fp32 logits + fp32 softmax + their gradient
-(the fp32-compute bound; bf16 compute uses less, kept as the safe figure)."""
+HEAD_SOFTMAX_BYTES_PER_LOGIT = 12
+"""Device bytes per logit of a head chunk at the loss backward's peak, fp32 and bf16 compute:
+the fp32 log-softmax output (saved), the nll-loss gradient and the log-softmax gradient, 3 x 4 B
+alive together; the compute-dtype logits and (bf16) their fp32 upcast are freed by then and
+never exceed this in the forward (logits + upcast + log-softmax: 2 + 4 + 4 B at most).
+Measured with the runtime's allocation ledger: 12.0-12.04 B/logit."""
+HEAD_NORM_BYTES_PER_ELEM = 12
+"""Device bytes per [chunk, hidden] element the final norm holds through the head's backward
+(its fp32 normalized input, its output and the chunk's input gradient), B (measured <= 12)."""
+HEAD_NORM_BACKWARD_BYTES_PER_ELEM = 16
+"""Further device bytes per [chunk, hidden] element of the final norm's own backward (fp32
+gradients of its internals), B; the peak only where the vocabulary is narrower than hidden."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -131,10 +140,14 @@ class ModelCosts:
     ends_grad_bytes: int
     """Their gradients, bytes."""
     block_workspace_bytes: int
-    """One block's autograd working set during its backward: max I + 3 x A (boundary grads
-    in/out and the largest transient), or the profile's measured workspace, bytes."""
+    """One block's working set during its backward beside the gradient buffers:
+    max(max I, max G) + 3 x A (`block_workspace_bytes`), or the profile's measured workspace,
+    bytes."""
     head_workspace_bytes: int
-    """Chunked logits of the head: chunk_tokens x vocab x `HEAD_LOGITS_BYTES_PER_ELEM`, bytes."""
+    """The head's device workspace in `turn` (`head_workspace_bytes`), bytes."""
+    block_inputs_bytes: int
+    """One micro-batch's block inputs besides the hidden state, held from pre to post
+    (`block_inputs_bytes`), bytes."""
     tokens: int
     """micro_batch * seq_len."""
     hardware: HardwareSpec
@@ -191,12 +204,68 @@ def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_ba
         embed_ms=2 * A / hw.hbm_bandwidth_bytes_per_s * 1e3, head_ms=head_flops * ms_per_flop,
         head_flops=head_flops, ends_weight_bytes=model.ends_params * b,
         ends_grad_bytes=model.ends_params * b,
-        block_workspace_bytes=max(c.internal_bytes for c in blocks) + 3 * A,
-        # the engine's chunk: max(1, head_chunk_tokens // micro_batch) positions of every row
-        head_workspace_bytes=min(micro_batch * max(1, head_chunk_tokens // micro_batch), T)
-        * model.vocab_size
-        * HEAD_LOGITS_BYTES_PER_ELEM,
+        block_workspace_bytes=block_workspace_bytes(blocks, A),
+        head_workspace_bytes=head_workspace_bytes(
+            model, micro_batch=micro_batch, seq_len=seq_len, dtype_bytes=b,
+            head_chunk_tokens=head_chunk_tokens),
+        block_inputs_bytes=block_inputs_bytes(model, micro_batch=micro_batch, seq_len=seq_len,
+                                              dtype_bytes=b),
         tokens=T, hardware=hw)
+
+
+def block_workspace_bytes(blocks: tuple[BlockCosts, ...] | list[BlockCosts], A: int) -> int:
+    """One block's device working set in its backward window, beyond the two gradient buffers
+    `planner/build.py` counts (block j+1's gradient draining, block j's flat gradient), bytes:
+    `max(max_j I[j], max_j G[j]) + 3 A`.
+
+    While autograd runs, block j's saved activations (I) are live; once it returns they are
+    freed, and autograd's per-parameter gradients (G) are live beside the flat gradient they
+    are packed into (`runtime/block_autograd.flat_grad`), so the larger of I and G. The 3 A:
+    the incoming boundary gradient, the outgoing one and the block's output.
+    """
+    return max(max(c.internal_bytes for c in blocks), max(c.grad_bytes for c in blocks)) + 3 * A
+
+
+def block_inputs_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
+                       dtype_bytes: int) -> int:
+    """One micro-batch's block inputs besides the hidden state (`ModelAdapter.block_kwargs`:
+    built in pre, read by every forward and re-forward, dropped after post), bytes:
+
+        n_rope 2 B S d b + n_mask B S^2 + 8 B S
+
+    the rotary tables (cos, sin) [B, S, d] in the compute dtype (b bytes) per rotary kind, a
+    4D boolean attention mask [B, 1, S, S] per softmax-attention kind and window (HF builds one
+    where the batch is padded; counted always), and the int64 positions. n_rope = n_mask = the
+    distinct (attention kind, window) pairs of the softmax-attention blocks, d their largest
+    q/k head dim.
+    """
+    kinds = {(blk.attention, blk.sliding_window) for blk in model.blocks
+             if blk.attention != "linear_attention"}
+    d = max((blk.qk_head_dim for blk in model.blocks), default=0)
+    B, S = micro_batch, seq_len
+    return len(kinds) * (2 * B * S * d * dtype_bytes + B * S * S) + 8 * B * S
+
+
+def head_workspace_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, dtype_bytes: int,
+                         head_chunk_tokens: int = HEAD_CHUNK_TOKENS) -> int:
+    """The head's device workspace in `turn` (final norm + LM head + loss and their backward,
+    chunk by chunk: `runtime/ends.head_loss_chunks`), bytes:
+
+        A + n_norm c H + max(s c V, b (c V + V H), n_bwd c H)
+
+    with c = min(B max(1, head_chunk_tokens // B), B S) the chunk's tokens, V the vocabulary,
+    H hidden, b `dtype_bytes`, A = B S H b the d loss / d boundary L buffer the chunks write,
+    s = `HEAD_SOFTMAX_BYTES_PER_LOGIT` (the loss backward's peak), b (c V + V H) the logits'
+    gradient beside the head weight's [V, H] gradient (the matmul backward's peak; tied or
+    untied), n_norm = `HEAD_NORM_BYTES_PER_ELEM`, n_bwd = `HEAD_NORM_BACKWARD_BYTES_PER_ELEM`.
+    One chunk's tensors only: the runtime frees each chunk's before the next. Source: the
+    tensors autograd allocates in that loop, measured per op with the runtime's ledger.
+    """
+    B, S, H, V = micro_batch, seq_len, model.hidden_size, model.vocab_size
+    c = min(B * max(1, head_chunk_tokens // B), B * S)
+    peak = max(HEAD_SOFTMAX_BYTES_PER_LOGIT * c * V, dtype_bytes * (c * V + V * H),
+               HEAD_NORM_BACKWARD_BYTES_PER_ELEM * c * H)
+    return B * S * H * dtype_bytes + HEAD_NORM_BYTES_PER_ELEM * c * H + peak
 
 
 def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpec, seq_len: int,
@@ -248,14 +317,14 @@ def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpe
             workspaces.append(int(m["workspace_bytes"]))
     ends = prof.get("ends") or {}
     A = base.boundary_bytes[0]
-    workspace = (max(workspaces) if workspaces
-                 else max(c.internal_bytes for c in blocks) + 3 * A)
+    workspace = max(workspaces) if workspaces else block_workspace_bytes(blocks, A)
     return ModelCosts(
         blocks=tuple(blocks), boundary_bytes=base.boundary_bytes,
         embed_ms=float(ends.get("embed_ms", base.embed_ms)),
         head_ms=float(ends.get("head_ms", base.head_ms)), head_flops=base.head_flops,
         ends_weight_bytes=base.ends_weight_bytes, ends_grad_bytes=base.ends_grad_bytes,
         block_workspace_bytes=workspace, head_workspace_bytes=base.head_workspace_bytes,
+        block_inputs_bytes=base.block_inputs_bytes,
         tokens=base.tokens, hardware=hw, source=f"profile:{path}",
         step_const_ms=float(prof.get("step_const_ms") or 0.0),
         window_overhead_ms=float(prof.get("window_overhead_ms") or 0.0))
