@@ -183,3 +183,21 @@ def test_heuristic_buys_dram_for_boundaries_with_8bit_states_when_that_is_faster
         d = Decisions(tiers=plan.tiers, keep_internals=plan.keep_internals, q8_blocks=fewer,
                       transfers=plan.transfers)
         assert evaluate(p, d).dram_short_bytes > 0, f"block {j} is 8-bit without need"
+
+
+@pytest.mark.parametrize("hbm_gb", [31.0, 29.0], ids=["all-six-resident-fit", "four-fit"])
+def test_heuristic_makes_weights_resident_without_kept_graphs_on_a_slow_h2d_link(hbm_gb):
+    # At 2 GB/s a block's 0.8 GB weight reload in backward takes 400 ms against 167 ms of
+    # compute (B + Fg); resident weights (0.8 GB of HBM each) skip it, a kept graph (6.8 GB)
+    # does not fit beside 20 GB fixed and 5.25 GB of boundaries. 31 GB holds all six blocks'
+    # weights with every boundary in HBM, 29 GB four (more with boundaries offloaded).
+    # Reference: every (keep, resident) choice per block (3^6) over all-hbm tiers.
+    p = _problem(L=6, hbm_gb=hbm_gb, h2d_bytes_per_s=2e9)
+    best = min(
+        ev.step_ms for code in itertools.product(("none", "resident", "keep"), repeat=6)
+        if (ev := evaluate(p, decisions_from_tiers(
+            p, ("hbm",) * 7, [j for j, c in enumerate(code) if c == "keep"],
+            resident_weights=[j for j, c in enumerate(code) if c != "none"]))).feasible)
+    got = evaluate(p, heuristic_plan(p, time_budget_s=30.0))
+    assert got.feasible, got.violations
+    assert got.step_ms <= best * (1 + 1e-9)

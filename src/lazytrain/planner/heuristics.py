@@ -154,7 +154,7 @@ def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0,
     """
     t0 = time.perf_counter()
     search = (_Search(problem, deadline=t0 + time_budget_s) if max_steps is None
-              else _Search(problem, deadline=max_steps, clock=_step_counter()))
+              else _Search(problem, deadline=max_steps, clock=itertools.count(1).__next__))
     L = problem.num_blocks
     every = megatrain_tiers(L, 1)
     starts = [search.build(megatrain_tiers(L, min(4, problem.k_max, L)), ())]
@@ -167,13 +167,15 @@ def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0,
     q8s = [(), tuple(range(L))] if problem.allow_q8 else [()]
     for q8 in q8s[1:]:  # 8-bit states everywhere free DRAM for every boundary
         starts.append(search.repair(search.q8_trim(search.lifetime(every, (), q8))))
-    if problem.allow_keep:
-        for q8, base in itertools.product(q8s, sorted(bases)):
-            starts.append(search.repair(search.q8_trim(search.keep_suffix(base, q8))))
+    if problem.allow_keep:  # keep-internals, then resident weights on the blocks not kept
+        kept = [search.q8_trim(search.keep_suffix(base, q8))
+                for q8, base in itertools.product(q8s, sorted(bases))]
+        starts += [search.repair(search.resident_suffix(min(states, key=lambda s: s.score)))
+                   for states in (starts, kept)]
     best = min(starts, key=lambda s: s.score)
     best = search.q8_trim(search.local_search(best))
-    d = Decisions(tiers=best.tiers, keep_internals=best.keep, q8_blocks=best.q8,
-                  transfers=best.transfers())
+    d = Decisions(tiers=best.tiers, keep_internals=best.keep, resident_weights=best.res,
+                  q8_blocks=best.q8, transfers=best.transfers())
     plan = _finish(problem, d, "heuristic", t0)
     fixed = best_fixed_k_plan(problem)  # the search scores with the fluid model; make sure
     if fixed is not None and (plan.provenance.get("violations")  # it beats the baseline
@@ -182,24 +184,28 @@ def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0,
     return plan
 
 
-def _step_counter():
-    """A clock that reads 1, 2, 3, ...: `_Search`'s deadline then counts steps, not seconds."""
-    steps = [0]
+def _ladder(c: int) -> list[int]:
+    """c and a few smaller counts (c - 1, 3c/4, c/2), largest first: the greedy's largest
+    count may leave too little HBM for boundaries."""
+    return sorted({x for x in (c, c - 1, 3 * c // 4, c // 2) if x >= 0}, reverse=True)
 
-    def tick() -> int:
-        steps[0] += 1
-        return steps[0]
 
-    return tick
+def _materialize(tiers, blocks) -> tuple[str, ...]:
+    """`tiers` with the output boundary of each block in `blocks` materialized where it was
+    recomputed ("dram": `lifetime` places it), as keeping a block or its weights needs."""
+    after = {j + 1 for j in blocks}
+    return tuple("dram" if t == "recompute" and i in after else t for i, t in enumerate(tiers))
 
 
 @dataclasses.dataclass
 class _State:
-    """A fully evaluated candidate (decisions, schedule, window loads, times, HBM per window)."""
+    """A fully evaluated candidate (decisions, schedule, window loads, times, HBM per window);
+    `res` (resident weights) holds every kept block and may hold others."""
 
     tiers: tuple[str, ...]
     keep: tuple[int, ...]
     q8: tuple[int, ...]
+    res: tuple[int, ...]
     ends: list[int]
     sched: dict
     loads: Loads
@@ -249,11 +255,12 @@ class _Search:
         return holding_intervals(i, tier, end, self.L, last_d2h=max(d) if d else None,
                                  first_h2d=min(h) if h else None)
 
-    def build(self, tiers, keep, q8=()) -> _State:
-        """Full evaluation with the real scheduler (the same numbers as `evaluate`)."""
+    def build(self, tiers, keep, q8=(), res=()) -> _State:
+        """Full evaluation with the real scheduler (the same numbers as `evaluate`); the
+        resident weights are `res` and every kept block."""
         p, L = self.p, self.L
-        tiers = check_tiers(p, tiers)
-        sched, loads = schedule_loads(p, tiers, keep)
+        tiers, res = check_tiers(p, tiers), tuple(sorted(set(keep) | set(res)))
+        sched, loads = schedule_loads(p, tiers, keep, res)
         times = [loads.time_ms(o) for o in range(2 * L + 1)]
         ends = segment_ends(tiers) + [L]
         hbm = [float(p.fixed_hbm_bytes)] * (2 * L + 1)
@@ -261,16 +268,17 @@ class _Search:
             for lo, hi in self._intervals(i, t, ends[i], sched.get(i, {})):
                 for o in range(lo, hi + 1):
                     hbm[o] += p.boundary_bytes[i]
-        for j in keep:
+        for j in res:
             for o in range(j, 2 * L - j + 1):
-                hbm[o] += p.internal_bytes[j] + p.weight_bytes[j]
+                hbm[o] += p.weight_bytes[j] + (p.internal_bytes[j] if j in keep else 0)
         dram = self._dram(tiers, q8)
         nvme = float(sum(p.boundary_bytes[i] for i, t in enumerate(tiers) if t == "nvme"))
-        return _State(tiers=tiers, keep=tuple(sorted(keep)), q8=tuple(sorted(q8)), ends=ends,
+        return _State(tiers=tiers, keep=tuple(sorted(keep)), q8=tuple(sorted(q8)), res=res,
+                      ends=ends,
                       sched=sched, loads=loads, times=times, hbm=hbm, dram=dram, nvme=nvme,
                       score=self._score(times, hbm, dram, nvme, q8))
 
-    def delta(self, cur: _State, tiers, keep, q8) -> tuple[float, float]:
+    def delta(self, cur: _State, tiers, keep, q8, res=()) -> tuple[float, float]:
         """Score of a neighbour of `cur`, recomputing only what the move touches."""
         p, L = self.p, self.L
         A = p.boundary_bytes
@@ -282,7 +290,8 @@ class _Search:
                        host=cur.loads.host[:])
         loads.chan = chan
         touched: set[int] = set()
-        self._shift_fixed(loads, cur, tiers, keep, touched)
+        res = set(keep) | set(res)
+        self._shift_fixed(loads, cur, tiers, keep, res, touched)
         for i in changed:
             for kind, cell in cur.sched.get(i, {}).items():
                 for o, x in cell.items():
@@ -308,17 +317,18 @@ class _Search:
                 for lo, hi in self._intervals(i, t, e, sc):
                     for o in range(lo, hi + 1):
                         hbm[o] += sign * A[i]
-        for j in set(keep) ^ set(cur.keep):
-            sign = 1 if j in keep else -1
-            for o in range(j, 2 * L - j + 1):
-                hbm[o] += sign * (p.internal_bytes[j] + p.weight_bytes[j])
+        for blocks, old, size in ((keep, cur.keep, p.internal_bytes),
+                                  (res, cur.res, p.weight_bytes)):
+            for j in set(blocks) ^ set(old):
+                for o in range(j, 2 * L - j + 1):
+                    hbm[o] += size[j] if j in blocks else -size[j]
         dram = self._dram(tiers, q8)
         nvme = float(sum(A[i] for i, t in enumerate(tiers) if t == "nvme"))
         short, cost = self._score([sum(times) + dt], hbm, dram, nvme, q8)
         return short, cost
 
-    def _shift_fixed(self, loads: Loads, cur: _State, tiers, keep, touched: set) -> None:
-        """Apply the compute/weight-traffic changes of new segments and keep toggles."""
+    def _shift_fixed(self, loads: Loads, cur: _State, tiers, keep, res, touched: set) -> None:
+        """Apply the compute/weight-traffic changes of new segments, keep and resident toggles."""
         p, L = self.p, self.L
         old, new = set(segments_of(cur.tiers)), set(segments_of(tiers))
         emb_old = cur.tiers[0] == "recompute"
@@ -341,23 +351,29 @@ class _Search:
             sign = 1 if j in keep else -1
             loads.comp[j] += sign * (p.fwd_grad_ms[j] - p.fwd_ms[j])
             loads.comp[2 * L - j] -= sign * p.fwd_grad_ms[j]
+            touched.update((j, 2 * L - j))
+        for j in set(res) ^ set(cur.res):
+            sign = 1 if j in res else -1
             o = L if j == L - 1 else 2 * L - j - 1  # where block j's weights would reload
             loads.chan["h2d"][o] -= sign * p.weight_bytes[j]
             loads.host[o] -= sign * host_ms(p, p.weight_bytes[j], 0.0)
-            touched.update((j, 2 * L - j, o))
+            touched.add(o)
         rec_ms, rec_bytes = recompute_terms(p, tiers, keep)
         for o in touched:  # segments and keep toggles move the recompute-order terms
             loads.rec_ms[o], loads.rec_bytes[o] = rec_ms[o], rec_bytes[o]
 
     # --- moves -------------------------------------------------------------------------------
 
-    def _valid(self, tiers, keep) -> bool:
+    def _valid(self, tiers, res) -> bool:
+        """Legal tiers (NVMe only with a drive, segments up to k_max), and the boundary after
+        every kept or resident block materialized (inside a segment the runtime would
+        re-forward it on held weights, which the evaluator prices as a reload)."""
         p = self.p
         if any(t == "nvme" for t in tiers) and p.nvme_bytes <= 0:
             return False
         if any(e - s > p.k_max for s, e in segments_of(tiers)):
             return False
-        return all(tiers[j + 1] != "recompute" for j in keep)
+        return all(tiers[j + 1] != "recompute" for j in res)
 
     def edits(self, *, repair: bool = False) -> list[tuple]:
         """The neighbourhood as edit descriptors, in a fixed order (see `apply`)."""
@@ -366,19 +382,20 @@ class _Search:
         if not repair:
             out += [("shift", i, n) for i in range(1, L) for n in (i - 1, i + 1) if 0 < n < L]
         if self.p.allow_keep:
-            out += [("keep", j, None) for j in range(L - 1, -1, -1)]
+            out += [(what, j, None) for what in ("keep", "res") for j in range(L - 1, -1, -1)]
         if self.p.allow_q8 and repair:
             out.append(("q8", None, None))
         return out
 
     def apply(self, cur: _State, edit: tuple, *, repair: bool = False):
-        """(tiers, keep, q8) after `edit` on `cur`, or None when it is a no-op or invalid.
+        """(tiers, keep, q8, res) after `edit` on `cur`, or None when it is a no-op or invalid.
 
         In repair mode only edits that free memory are offered (a tier later in TIERS,
-        dropping a keep, adding an 8-bit block).
+        dropping a keep or a resident block, adding an 8-bit block). Dropping a keep leaves
+        the block's weights resident (a "res" edit drops them).
         """
         what, i, arg = edit
-        tiers, keep, q8 = cur.tiers, cur.keep, cur.q8
+        tiers, keep, q8, res = cur.tiers, cur.keep, cur.q8, cur.res
         if what == "tier":
             if arg == tiers[i] or (repair and TIERS.index(arg) < TIERS.index(tiers[i])):
                 return None
@@ -395,39 +412,43 @@ class _Search:
             elif repair or tiers[i + 1] == "recompute":
                 return None
             else:
-                keep = tuple(sorted(keep + (i,)))
+                keep, res = tuple(sorted(keep + (i,))), tuple(sorted(set(res) | {i}))
+        elif what == "res":
+            if i in keep or (repair and i not in res) or tiers[i + 1] == "recompute":
+                return None
+            res = tuple(x for x in res if x != i) if i in res else tuple(sorted(res + (i,)))
         else:
             free = [j for j in range(self.L) if j not in q8]
             if not free:
                 return None
             q8 = tuple(sorted(q8 + (free[0],)))
-        keep = tuple(j for j in keep if tiers[j + 1] != "recompute")
-        return (tiers, keep, q8) if self._valid(tiers, keep) else None
+        keep, res = ((tuple(j for j in b if tiers[j + 1] != "recompute")) for b in (keep, res))
+        return (tiers, keep, q8, res) if self._valid(tiers, res) else None
 
     # --- phases ------------------------------------------------------------------------------
 
-    def lifetime(self, tiers, keep=(), q8=()) -> _State:
-        """Lifetime-ordered tiers for the materialized boundaries of `tiers`, with `keep` and
-        `q8` held fixed.
+    def lifetime(self, tiers, keep=(), q8=(), res=()) -> _State:
+        """Lifetime-ordered tiers for the materialized boundaries of `tiers`, with `keep`, `q8`
+        and `res` held fixed.
 
         The latest h boundaries go to hbm, with h the largest count whose plan fits HBM
         (binary search); earlier ones to dram while DRAM fits, then nvme while NVMe fits; the
         rest are un-materialized where k_max and `keep` allow, else dram (repair fixes that).
         """
         lo, hi = 0, sum(t != "recompute" for t in tiers[:-1])
-        best = self.build(self._assign(tiers, 0, keep, q8), keep, q8)
+        best = self.build(self._assign(tiers, 0, set(keep) | set(res), q8), keep, q8, res)
         if max(best.hbm) > self.p.hbm_bytes:
             return best
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            st = self.build(self._assign(tiers, mid, keep, q8), keep, q8)
+            st = self.build(self._assign(tiers, mid, set(keep) | set(res), q8), keep, q8, res)
             if max(st.hbm) <= self.p.hbm_bytes:
                 lo, best = mid, st
             else:
                 hi = mid - 1
         return best
 
-    def _assign(self, tiers, h: int, keep, q8) -> tuple[str, ...]:
+    def _assign(self, tiers, h: int, res, q8) -> tuple[str, ...]:
         """`lifetime`'s tiers with the latest h materialized boundaries (below L) in hbm."""
         p, L = self.p, self.L
         mats = [i for i in range(L - 1, -1, -1) if tiers[i] != "recompute"]
@@ -444,38 +465,47 @@ class _Search:
                 out[i], used_n = "nvme", used_n + a
             else:
                 out[i] = "recompute"  # fits nowhere: merge its segment when k_max allows
-                if not self._valid(tuple(out), keep):
+                if not self._valid(tuple(out), res):
                     out[i] = "dram"
         return tuple(out)
 
     def keep_suffix(self, tiers, q8=()) -> _State:
         """Greedy keep from the last block down: keep-internals on blocks L-c..L-1 (their
-        output boundaries materialized), c the largest count whose plan fits HBM with every
-        boundary offloaded (binary search), then `lifetime` tiers around that keep.
-
-        A kept block saves its re-forward and its weight reload in backward for I[j] + P[j]
-        bytes of HBM from f{j} to b{j}: on a roomy GPU the MILP keeps most blocks, which the
-        one-block-at-a-time local search does not reach. Fewer kept blocks (c - 1, 3c/4, c/2)
-        are tried too, as their HBM may buy more in boundaries; the best score wins.
-        """
-        L = self.L
-
+        output boundaries materialized), c the largest count that fits HBM with every boundary
+        offloaded, then `lifetime` tiers around that keep (the best of `_ladder(c)`). A kept
+        block saves its re-forward and weight reload in backward for I[j] + P[j] bytes of HBM
+        from f{j} to b{j}: a roomy GPU keeps most blocks, out of the local search's reach."""
         def with_keep(c: int):
-            out = list(tiers)
-            for i in range(L - c + 1, L):
-                out[i] = "dram" if out[i] == "recompute" else out[i]
-            return tuple(out), tuple(range(L - c, L))
+            keep = tuple(range(self.L - c, self.L))
+            return _materialize(tiers, keep), keep, q8, ()
 
-        def fits(c: int) -> bool:
-            t, keep = with_keep(c)
-            return max(self.build(self._assign(t, 0, keep, q8), keep, q8).hbm) <= self.p.hbm_bytes
+        c = self._largest_fit(self.L, with_keep)
+        return min((self.lifetime(*with_keep(c)) for c in _ladder(c)), key=lambda st: st.score)
 
-        lo, hi = 0, L
+    def resident_suffix(self, cur: _State) -> _State:
+        """Greedy resident weights from the last block down, as `keep_suffix` does with keep,
+        on the blocks `cur` does not keep (or `cur` if no better): a resident block skips its
+        backward reload of P[j] bytes for P[j] bytes of HBM, the best use of HBM on slow H2D."""
+        free = [j for j in range(self.L - 1, -1, -1) if j not in cur.res]
+
+        def with_res(r: int):
+            res = cur.res + tuple(free[:r])
+            return _materialize(cur.tiers, res), cur.keep, cur.q8, res
+
+        r = self._largest_fit(len(free), with_res)
+        return min([cur] + [self.lifetime(*with_res(r)) for r in _ladder(r) if r > 0],
+                   key=lambda st: st.score)
+
+    def _largest_fit(self, hi: int, args) -> int:
+        """The largest c in 0..hi whose decisions `args(c)` = (tiers, keep, q8, res) fit HBM
+        with every boundary offloaded (HBM grows with c: binary search)."""
+        lo = 0
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-        tries = sorted({c for c in (lo, lo - 1, 3 * lo // 4, lo // 2) if c >= 0}, reverse=True)
-        return min((self.lifetime(*with_keep(c), q8) for c in tries), key=lambda st: st.score)
+            tiers, keep, q8, res = args(mid)
+            st = self.build(self._assign(tiers, 0, set(keep) | set(res), q8), keep, q8, res)
+            lo, hi = (mid, hi) if max(st.hbm) <= self.p.hbm_bytes else (lo, mid - 1)
+        return lo
 
     def q8_trim(self, cur: _State) -> _State:
         """`cur` with 8-bit states dropped from the last blocks first while DRAM still fits
@@ -490,7 +520,7 @@ class _Search:
                 room -= extra
         if len(q8) == len(cur.q8):
             return cur
-        nxt = self.build(cur.tiers, cur.keep, tuple(q8))
+        nxt = self.build(cur.tiers, cur.keep, tuple(q8), cur.res)
         return nxt if nxt.score <= cur.score else cur
 
     def repair(self, cur: _State) -> _State:
@@ -536,7 +566,7 @@ class _Search:
                 q8.append(j)
                 need -= p.params_per_block[j] * (p.host_bytes_per_param
                                                  - p.host_bytes_per_param_q8)
-        nxt = self.build(cur.tiers, cur.keep, tuple(sorted(q8)))
+        nxt = self.build(cur.tiers, cur.keep, tuple(sorted(q8)), cur.res)
         return nxt if nxt.score < cur.score else cur
 
     def local_search(self, cur: _State) -> _State:
