@@ -289,7 +289,8 @@ class PlannerConfig:
     step that writes the fewest bytes to NVMe, then moves the fewest activation bytes over the
     host link (planner/wear.py; policy milp). On: when windows are compute-bound many plans tie
     and the first solve may pick one that writes tens of GB per step to NVMe, wearing the drive
-    for no speed. Costs up to 30% more solver time."""
+    for no speed. Costs single-boundary moves checked by the evaluator (0.3 s of CPU at 64
+    blocks) and a solve of 5% of `time_limit_s`."""
     least_wear_slack: float = 0.001
     """Relative step time the least-wear solve may give up, in [0, 0.05] (0.1%: below the
     0.5% solver gap, so the plan stays as fast as the gap promises; 0 keeps exact ties only)."""
