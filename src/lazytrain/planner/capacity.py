@@ -95,13 +95,14 @@ def plan_fits(problem: PlanningProblem, options: PlannerOptions
     Args:
         problem: the planning problem at one batch shape.
         options: planner options; policy "milp" or "heuristic" (those that respect budgets).
-            No LP bound is computed.
+            No LP bound is computed and no least-wear phase runs.
     """
     from lazytrain.planner.milp import PlanInfeasibleError
     from lazytrain.planner.policy import plan as plan_problem
 
     try:
-        plan = plan_problem(problem, options.replace(lp_bound=False))
+        # a probe asks whether a plan fits: no LP bound, no least-wear phase
+        plan = plan_problem(problem, options.replace(lp_bound=False, least_wear_slack=None))
     except PlanInfeasibleError as exc:
         return None, str(exc)
     violations = plan.provenance.get("violations") or []

@@ -294,7 +294,7 @@ class ScalingRow:
 def scaling_table(problem: PlanningProblem, topo: Topology, options: PlannerOptions | None = None,
                   *, counts=SCALING_COUNTS) -> list[ScalingRow]:
     """One `ScalingRow` per rank count in `counts` (<= gpus_per_node), planning each per-rank
-    problem through `planner.policy.plan` (no LP bound).
+    problem through `planner.policy.plan` (no LP bound, no least-wear phase).
 
     Args:
         problem: the node-level problem (the hardware's node DRAM and NVMe).
@@ -306,7 +306,8 @@ def scaling_table(problem: PlanningProblem, topo: Topology, options: PlannerOpti
     from lazytrain.planner.milp import PlanInfeasibleError
     from lazytrain.planner.policy import plan
 
-    opts = (options or PlannerOptions(policy="heuristic")).replace(lp_bound=False)
+    opts = (options or PlannerOptions(policy="heuristic")).replace(lp_bound=False,
+                                                                   least_wear_slack=None)
     rows = []
     for n in counts:
         if n > topo.gpus_per_node:
