@@ -3,8 +3,9 @@
 `train(cfg, run_dir=...)` reads as: set up the run directory, join the job (`rank.join_job`:
 one process, or one rank of a torchrun job), build the `Trainer` (`trainer.py`: resolve the
 model, plan or load the given / the run's plan, preflight, load weights and data, build the
-`Engine`, restore a checkpoint when resuming), evaluate, run the steps, save, evaluate, write
-the summary. Under torchrun every rank runs this same loop (`trainer.py` says what the rank
+`Engine`, restore a checkpoint when resuming), evaluate, run the steps, save, evaluate, refit
+this machine's cached calibration when the run's windows contradict it (`recalibrate.py`),
+write the summary. Under torchrun every rank runs this same loop (`trainer.py` says what the rank
 context changes).
 
 Files in RUN_DIR: `config.yaml` (resolved config), `plan.json`, `metrics.jsonl` (one JSON object

@@ -1,0 +1,154 @@
+"""A run's measured windows replace the cached calibration they contradict by more than
+`planner.drift_threshold` (one line says so), and leave alone one they agree with, a user's
+own profile and an entry measured again since the plan was made.
+
+The cache entries here are written by hand from the analytic problem (no calibration is
+measured), the windows are the plan's own predicted windows scaled by a known factor, and the
+reference is that factor: a calibration 4x too slow (times 4x the run's) is refit to the run's
+times, and the same plan then predicts the run's measured step."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from lazytrain.cli.profile import analytic_profile
+from lazytrain.planner.build import problem_from_config
+from lazytrain.planner.evaluate import evaluate, post_ms, pre_ms
+from lazytrain.planner.plan import Plan
+from lazytrain.runtime import calibrate
+from lazytrain.spec.model import ModelSpec
+from lazytrain.train import setup
+from lazytrain.train.loop import train
+from lazytrain.train.recalibrate import recalibrate_from_run
+from train_helpers import tiny_config
+
+SLOW = 4.0
+"""The calibration's times over the run's (the newcomer's record: 16.0 s / 4.15 s = 3.9x)."""
+
+
+@pytest.fixture
+def cached(arithmetic_model_dir, tmp_path, monkeypatch):
+    """The tiny run's config with a hand-written cache entry: the analytic problem's times
+    x SLOW, as a calibration under load would hold them. Returns (cfg, cache path)."""
+    monkeypatch.delenv("LAZYTRAIN_CALIBRATE")
+    cfg = tiny_config(arithmetic_model_dir, tmp_path / "run", "train.steps=3",
+                      "data.num_eval=2", f"runtime.calibration_dir={tmp_path}/cal")
+    spec = ModelSpec.from_hf_config(cfg.model.config_path)
+    profile = analytic_profile(problem_from_config(cfg), [b.kind for b in spec.blocks], cfg)
+    profile["model_config_sha256"] = spec.config_sha256
+    for times in profile["block_kinds"].values():
+        times.update({k: v * SLOW for k, v in times.items()})
+    profile["ends"] = {k: v * SLOW for k, v in profile["ends"].items()}
+    profile["step_const_ms"] = 5.0
+    fields = calibrate.key_fields(cfg, device="cpu")
+    path = calibrate.cache_file(cfg, fields)
+    calibrate.write_cache(path, profile, fields)
+    return cfg, path
+
+
+def run_records(plan, problem, scale: float, steps=(1, 2, 3)) -> list[dict]:
+    """windows.jsonl records of `steps` in which every window of `plan` took `scale` x its
+    predicted time and compute under `problem` (pre and post: their terms, post with the step
+    constant), so each step measures `scale` x the predicted step."""
+    windows = [{"name": "pre", "wall_ms": scale * pre_ms(problem), "compute_ms": None}]
+    windows += [{"name": w.name, "wall_ms": scale * w.time_ms,
+                 "compute_ms": scale * w.compute_ms} for w in plan.windows]
+    windows.append({"name": "post", "wall_ms": scale * (post_ms(problem) + problem.const_ms),
+                    "compute_ms": None})
+    return [{"step": s, "micro_batch": 0, "plan_id": plan.digest(), "windows": windows}
+            for s in steps]
+
+
+def calibrated_plan(cfg):
+    """The plan of `cfg` made with the cached calibration (as `lazytrain train` makes it), and
+    the problem of that calibration."""
+    plan = setup.make_plan(cfg, calibrate=False, log=lambda msg: None)
+    assert plan.provenance["costs"]["source"] == "calibrated"
+    return plan, problem_from_config(calibrate.config_for_plan(cfg, plan.provenance))
+
+
+def test_windows_4x_faster_than_the_cache_replace_it_and_the_plan_then_predicts_them(cached):
+    cfg, path = cached
+    plan, problem = calibrated_plan(cfg)
+    assert evaluate(problem, plan).step_ms == pytest.approx(plan.predicted.step_ms)
+    before = json.loads(path.read_text())
+    log = []
+    record = recalibrate_from_run(cfg, plan, run_records(plan, problem, 1 / SLOW),
+                                  log=log.append)
+    assert record is not None and record["steps"] == [2, 3]  # step 1 is the warm-up
+    ratios = {d["channel"]: d["ratio"] for d in record["drifts"]}
+    assert ratios["compute"] == pytest.approx(1 / SLOW) and ratios["step"] == pytest.approx(
+        1 / SLOW)
+    [line] = log
+    assert line.startswith("calibration: this run's windows contradict the cached calibration "
+                           "(compute 0.25x of plan, step 0.25x of plan, beyond "
+                           "planner.drift_threshold 0.15); replaced ")
+    assert str(path) in line
+    after = json.loads(path.read_text())
+    assert after["calibration"]["fields"] == before["calibration"]["fields"]
+    assert after["calibration"]["refit_from_run"] == record
+    # forward times are determined by the f{j} windows alone: the run's, 1/4 of the cache's
+    for kind, times in after["block_kinds"].items():
+        assert times["fwd_ms"] == pytest.approx(before["block_kinds"][kind]["fwd_ms"] / SLOW,
+                                                rel=1e-3)
+    assert after["ends"]["head_ms"] == pytest.approx(before["ends"]["head_ms"] / SLOW, rel=1e-3)
+    # the next run's problem: the same plan predicts what this run measured, 1/4 of before
+    replanned = problem_from_config(calibrate.config_for_plan(cfg, plan.provenance))
+    assert evaluate(replanned, plan).step_ms == pytest.approx(plan.predicted.step_ms / SLOW,
+                                                              rel=1e-6)
+    again = calibrate.resolve_profile(cfg, log=log.append)  # still a valid cache entry
+    assert again.source == "calibrated" and again.path == str(path) and len(log) == 1
+
+
+@pytest.mark.parametrize("scale", [1.1, 0.9], ids=["10%-slower", "10%-faster"])
+def test_windows_within_the_threshold_leave_the_cache_alone(cached, scale):
+    cfg, path = cached
+    plan, problem = calibrated_plan(cfg)
+    before = path.read_bytes()
+    log = []
+    assert recalibrate_from_run(cfg, plan, run_records(plan, problem, scale),
+                                log=log.append) is None
+    assert path.read_bytes() == before and log == []
+
+
+def test_an_explicit_profile_and_a_recalibrated_entry_are_left_alone(cached, tmp_path):
+    cfg, path = cached
+    plan, problem = calibrated_plan(cfg)
+    records = run_records(plan, problem, 1 / SLOW)
+    own = tmp_path / "mine.json"
+    own.write_bytes(path.read_bytes())
+    mine = tiny_config(cfg.model.config_path, tmp_path / "run", f"hardware.profile_path={own}")
+    assert recalibrate_from_run(mine, plan, records) is None  # the user's file, not the cache
+    stored = json.loads(path.read_text())
+    stored["calibration"]["measured_at"] = "2099-01-01T00:00:00Z"  # `profile --calibrate` since
+    path.write_text(json.dumps(stored))
+    assert recalibrate_from_run(cfg, plan, records) is None
+    assert json.loads(path.read_text()) == stored
+
+
+def test_a_run_planned_with_a_calibration_4x_too_slow_replaces_it(cached, tmp_path):
+    cfg, path = cached
+    log = []
+    summary = train(cfg, progress=False, log=log.append)
+    lines = [ln for ln in log if ln.startswith("calibration: this run's windows contradict")]
+    assert len(lines) == 1 and str(path) in lines[0]
+    stored = json.loads(path.read_text())
+    assert stored["calibration"]["refit_from_run"] == summary["calibration_refit"]
+    # the measured step of the run, by hand: the median over steps 2-3 of the windows' walls
+    records = [json.loads(ln) for ln in (tmp_path / "run" / "windows.jsonl").read_text()
+               .splitlines()]
+    per_step = {}
+    for r in records:
+        if r["step"] > 1:
+            per_step[r["step"]] = per_step.get(r["step"], 0.0) + sum(w["wall_ms"]
+                                                                     for w in r["windows"])
+    measured = statistics.median(per_step.values())
+    plan = Plan.load(tmp_path / "run" / "plan.json")
+    replanned = problem_from_config(calibrate.config_for_plan(cfg, plan.provenance))
+    if stored["step_const_ms"] > 0:  # the constant took up the rest of the measured step
+        assert evaluate(replanned, plan).step_ms == pytest.approx(measured, rel=1e-6)
+    else:
+        assert evaluate(replanned, plan).step_ms >= measured
