@@ -12,7 +12,7 @@ import random
 import pytest
 
 from lazytrain.planner.duplex import duplex_ms, duplex_pieces
-from lazytrain.planner.evaluate import decisions_from_tiers, evaluate
+from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.sim.events import TaskSpec, run
 from test_milp import small_problem
 from test_milp_prices_plans import ENGINE_MATRIX, H, _assert_milp_prices_like_the_evaluator
@@ -105,4 +105,9 @@ def test_duplex_bound_seed_milp_equals_evaluator_equals_simulator(repo_root, sha
     assert milp.step_ms(res.values) >= ev.step_ms * (1 - 1e-9)  # the solver's t[o] only add
     assert disagreements(problem, plan, rel_tol=0.01) == []
     assert simulate(problem, plan).step_ms == pytest.approx(ev.step_ms, rel=0.01)
-    assert any(b == "duplex" for b in ev.binding_by_window)  # the cap does bind
+    # the cap binds where a weight load meets an offload: every boundary in DRAM
+    L = problem.num_blocks
+    offload = build_plan(problem, decisions_from_tiers(problem, ("dram",) * L + ("hbm",)),
+                         solver=SolveRecord(backend="manual"))
+    assert evaluate(problem, offload).binding_by_window.count("duplex") >= L // 2
+    assert disagreements(problem, offload, rel_tol=0.01) == []

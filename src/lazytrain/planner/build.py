@@ -118,6 +118,8 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         params_per_block=tuple(b.params for b in model.blocks),
         ends_params=model.ends_params,
         embed_ms=costs.embed_ms, head_ms=costs.head_ms, const_ms=costs.step_const_ms,
+        **({} if costs.q8_update_ms_per_gparam is None  # measured, else the problem's default
+           else {"q8_update_ms_per_gparam": costs.q8_update_ms_per_gparam}),
         window_overhead_ms=costs.window_overhead_ms,
         ends_grad_bytes=costs.ends_grad_bytes,
         h2d_bytes_per_s=hw.h2d_bytes_per_s, d2h_bytes_per_s=hw.d2h_bytes_per_s,

@@ -64,7 +64,7 @@ class Evaluation:
 
     windows: tuple[WindowRecord, ...]
     step_ms: float
-    """grad_accum * micro_step_ms + const_ms."""
+    """grad_accum * micro_step_ms + const_ms + q8_update_ms."""
     micro_step_ms: float
     """pre_ms + sum of window times + post_ms."""
     peak_hbm_bytes: float
@@ -92,6 +92,8 @@ class Evaluation:
     """Host time of each window (conversion + accumulation, `host_ms`), ms, in window order."""
     binding_by_window: tuple[str, ...] = ()
     """The term that sets each window's time (`binding_term`), in window order."""
+    q8_update_ms: float = 0.0
+    """The 8-bit updates' extra time on the optimizer tail, once per step, ms (`q8_update_ms`)."""
 
     @property
     def predicted(self) -> Predicted:
@@ -208,6 +210,16 @@ def binding_term(problem: PlanningProblem, comp: float, h2d: float, d2h: float, 
     if order_ms > best * (1 + 1e-9):
         return "order"
     return next(k for k, v in terms.items() if v >= best * (1 - 1e-9))
+
+
+def q8_update_ms(problem: PlanningProblem, q8_blocks) -> float:
+    """The 8-bit updates' extra time of one optimizer step, ms: sum over `q8_blocks` of
+    params[j] / 1e9 x `q8_update_ms_per_gparam`. The updates run one after another on the
+    optimizer worker, which the next step's forward waits for block by block, so a longer
+    update shifts every later one and the forward that waits: charged to the step in full (the
+    optimizer tail). Source: docs/execution_model.md, "Host work"."""
+    return sum(problem.params_per_block[j] for j in q8_blocks) / 1e9 \
+        * problem.q8_update_ms_per_gparam
 
 
 def pre_ms(problem: PlanningProblem) -> float:
@@ -385,9 +397,10 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
                                     nvme_write_bytes=nw[o], time_ms=t, exposed_ms=t - comp[o],
                                     hbm_checkpoint_bytes=held[o]))
     micro = pre_ms(p) + total + post_ms(p)
-    step = p.grad_accum * micro + p.const_ms
+    q8 = q8_update_ms(p, d.q8_blocks)
+    step = p.grad_accum * micro + p.const_ms + q8
     return _finish(p, d, tiers, windows, hbm, micro, step, host_ms_by_window=tuple(host),
-                   binding_by_window=tuple(binding))
+                   binding_by_window=tuple(binding), q8_update_ms=q8)
 
 
 def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,

@@ -28,6 +28,7 @@ Parameters (units inside the model: ms and GB; converted once in `scale_inputs`)
     embed, head            embedding (also re-embed) and head compute, ms
     M_hbm = hbm - fixed_hbm; M_dram = dram - staging - host states (all 16/12 B/param);
     M_nvme, GB;  Q[j] = params[j] * (bpp - bpp_q8) / 1e9 (8-bit saving), GB
+    U8[j]                  the 8-bit update's extra time of block j, ms per step
     H_d, H_p, H_n          drain / prefetch / NVMe-lead horizons (windows), `plan.legal_ords`
     R[s,e]                 recompute chain of segment (s, e): max_k (P[s..k]/bw_h2d + F[k..e-2]),
                            ms (`chains.recompute_chain_ms`)
@@ -67,8 +68,10 @@ Window loads (linear; seg-terms sum over segments (s, j+1) ending at b_j):
               and GD[o] = D2H[o] less its activation terms (every drained gradient is added
               into the host accumulator); a term whose rate is 0 is left out
 
-Objective (ms): min  ga * (pre + sum_o t[o] + post + (2L+1) o_w) + const
+Objective (ms): min  ga * (pre + sum_o t[o] + post + (2L+1) o_w) + const + sum_j U8[j] q8[j]
                                                                    = step_ms of the evaluator
+                   (U8[j] = params[j] / 1e9 x q8_update_ms_per_gparam: the 8-bit update's
+                   extra time on the optimizer tail, once per step)
                    (o_w = window_overhead_ms, the engine's fixed cost of every window; pre
                    and post carry theirs: a constant in the offset, no variable)
                    + sum_j q8_penalty[j] q8[j]  + tie-breakers       (hard budgets)
@@ -213,8 +216,11 @@ class Milp:
     v: MilpVars
 
     def step_ms(self, x: list[float]) -> float:
-        """The evaluator's step time of an assignment: ga * sum_o t[o] + `step_const_ms`."""
-        return self.p.step_const_ms + self.p.grad_accum * math.fsum(x[c] for c in self.v.t.values())
+        """The evaluator's step time of an assignment: ga * sum_o t[o] + `step_const_ms` +
+        sum_j U8[j] q8[j] (the 8-bit updates' time on the optimizer tail), ms."""
+        times = math.fsum(x[c] for c in self.v.t.values())
+        return (self.p.step_const_ms + self.p.grad_accum * times
+                + math.fsum(self.p.q8_update[j] * x[c] for j, c in self.v.q8.items()))
 
     def binaries(self) -> list[int]:
         return [c for c in range(self.model.num_vars) if self.model.var_integer[c]]
@@ -412,8 +418,9 @@ def dual_step_bound_ms(milp: Milp, dual_bound: float | None) -> float | None:
     if dual_bound is None or not math.isfinite(dual_bound):
         return None
     m, times = milp.model, set(milp.v.t.values())
-    extra = math.fsum(max(0.0, m.obj[c]) * m.var_ub[c] for c in range(m.num_vars)
-                      if c not in times and m.obj[c] != 0.0)
+    in_step = {c: milp.p.q8_update[j] for j, c in milp.v.q8.items()}  # U8[j]: part of the step
+    extra = math.fsum(max(0.0, m.obj[c] - in_step.get(c, 0.0)) * m.var_ub[c]
+                      for c in range(m.num_vars) if c not in times and m.obj[c] != 0.0)
     return dual_bound - extra
 
 

@@ -54,6 +54,9 @@ class Scaled:
     nvme_cap: float
     q8_saving: tuple[float, ...]
     q8_penalty: tuple[float, ...]
+    q8_update: tuple[float, ...]
+    """U8[j] = params[j] / 1e9 x q8_update_ms_per_gparam: the step time block j's 8-bit
+    update adds to the optimizer tail, ms (`evaluate.q8_update_ms`)."""
     horizons: dict
     k_max: int
     allow_keep: bool
@@ -91,6 +94,7 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
         q8_saving=tuple(n * (p.host_bytes_per_param - p.host_bytes_per_param_q8) / GB
                         for n in p.params_per_block),
         q8_penalty=tuple(n / 1e9 * p.q8_penalty_ms_per_gparam for n in p.params_per_block),
+        q8_update=tuple(n / 1e9 * p.q8_update_ms_per_gparam for n in p.params_per_block),
         horizons={"drain_windows": p.drain_windows, "prefetch_windows": p.prefetch_windows,
                   "nvme_lead_windows": p.nvme_lead_windows},
         k_max=p.k_max, allow_keep=p.allow_keep, allow_q8=p.allow_q8, has_nvme=p.nvme_bytes > 0,

@@ -82,8 +82,11 @@ def add_variables(m: LinearModel, p: Scaled, *, relax: bool = False,
     for j in range(L) if p.allow_keep else ():
         v.keep[j] = m.add_var(row_name("keep", j), ub=1, integer=binary)
         v.resident[j] = m.add_var(row_name("resident", j), ub=1, integer=binary, obj=p.tie_ms)
+    shortfall = capacity == "min_shortfall"
     for j in range(L) if p.allow_q8 else ():
-        v.q8[j] = m.add_var(row_name("q8", j), ub=1, integer=binary, obj=p.q8_penalty[j])
+        # the 8-bit update's time is part of the step (none in the feasibility phase)
+        v.q8[j] = m.add_var(row_name("q8", j), ub=1, integer=binary,
+                            obj=p.q8_penalty[j] + (0.0 if shortfall else p.q8_update[j]))
     families = ("d2h", "h2d", "nvw", "nvr") if p.has_nvme else ("d2h", "h2d")
     for fam in families:
         late = fam in ("h2d", "nvr")
@@ -105,7 +108,6 @@ def add_variables(m: LinearModel, p: Scaled, *, relax: bool = False,
         for q in range(max(shared[0] - 1, i), writes[-1]) if shared else ():
             v.wdone[i, q] = m.add_var(row_name("wdone", i, window_name(q, L)), ub=1,
                                       integer=binary)
-    shortfall = capacity == "min_shortfall"
     for o in range(2 * L + 1):
         v.t[o] = m.add_var(row_name("t", window_name(o, L)), obj=0.0 if shortfall else p.grad_accum)
     hbm_slack = m.add_var(row_name("slack_hbm", "all"), obj=1.0) if shortfall else None

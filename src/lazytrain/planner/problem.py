@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from lazytrain.contract import HOST_BYTES_PER_PARAM, HOST_BYTES_PER_PARAM_Q8
-from lazytrain.spec.hardware import HOST_RATE_FIELDS, Bandwidths
+from lazytrain.spec.hardware import HOST_RATE_FIELDS, Q8_UPDATE_EXTRA_MS_PER_GPARAM, Bandwidths
 
 LINK_FIELDS = tuple(f.name for f in dataclasses.fields(Bandwidths)
                     if f.name not in HOST_RATE_FIELDS)
@@ -90,9 +90,11 @@ class PlanningProblem(Bandwidths):
     landing buffers (planner/build.py puts all three here; the split is in provenance "memory").
     The name is kept for compatibility with saved problems and plans."""
     nvme_bounce_bytes: int = 0
-    """The NVMe bounce pool's share of `nvme_staging_bytes` (the DRAM row's constant). The
-    predicted pinned bytes replace it by the plan's exact NVMe staging peak when that is larger
-    (`planner/staging.py`), as the runtime holds one padded buffer per boundary in flight."""
+    """The NVMe bounce pool's share of `nvme_staging_bytes`, bytes. The DRAM rows, the
+    evaluator's DRAM and the predicted pinned bytes leave it out and count instead, per window,
+    one padded buffer per NVMe boundary any legal schedule may hold there
+    (`planner/staging.py` `bounce_bound_by_window`), as the runtime holds one per boundary in
+    flight."""
     host_scratch_bytes: int = 0
     """The pageable (not pinned) share of `nvme_staging_bytes`: the bf16 masters' fp32
     optimizer scratch."""
@@ -106,6 +108,12 @@ class PlanningProblem(Bandwidths):
     `lazytrain.contract.HOST_BYTES_PER_PARAM_Q8`."""
     q8_penalty_ms_per_gparam: float = 1.0
     """Objective penalty for 8-bit states, ms per 1e9 parameters (keeps q8 for when DRAM needs it)."""
+    q8_update_ms_per_gparam: float = Q8_UPDATE_EXTRA_MS_PER_GPARAM
+    """How much longer a block's AdamW update takes with 8-bit moments than with fp32 ones, ms
+    per 1e9 of its parameters, >= 0: charged to the step once per optimizer step for every
+    block in a plan's `q8_blocks` (docs/execution_model.md, "Host work"). A measured profile's
+    figure (`host.optimizer_q8_ms_per_mparam` - `host.optimizer_ms_per_mparam`) or the
+    reference server's (`spec.hardware.Q8_UPDATE_EXTRA_MS_PER_GPARAM`, 1093.75)."""
 
     drain_windows: int = 4
     """H_d: windows a D2H offload may spread over, starting at the boundary's production."""
@@ -154,6 +162,9 @@ class PlanningProblem(Bandwidths):
         for name in LINK_FIELDS:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0; got {getattr(self, name)}")
+        if not self.q8_update_ms_per_gparam >= 0:
+            raise ValueError(f"q8_update_ms_per_gparam must be >= 0 (the 8-bit update's extra "
+                             f"time; 0: not charged); got {self.q8_update_ms_per_gparam}")
         if not self.window_overhead_ms >= 0:
             raise ValueError(f"window_overhead_ms must be >= 0 (0: not modelled); "
                              f"got {self.window_overhead_ms}")

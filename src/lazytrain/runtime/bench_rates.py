@@ -3,9 +3,10 @@
 Owns `copy_rates` (H2D, D2H, duplex, as `runtime.streams` copies), `nvme_rates` (through
 `CheckpointStore` transfers up to the window barrier; with a compute function in flight, the
 effective rate under CPU contention), the optimizer's cost (`optimizer_running`,
-`optimizer_ms_per_param`, `optimizer_exposed_ms`: the engine's gated forward pattern), the host
-work rates (`host_rates`) and the gradient-norm pass (`grad_norm_ms`). Timed through
-`runtime/bench_blocks.py`; `runtime/profiler.measure_profile` assembles the profile.
+`optimizer_ms_per_param`, `optimizer_q8_ms_per_param`, `optimizer_exposed_ms`: the engine's
+gated forward pattern), the host work rates (`host_rates`) and the gradient-norm pass
+(`grad_norm_ms`). Timed through `runtime/bench_blocks.py`; `runtime/profiler.measure_profile`
+assembles the profile.
 """
 
 from __future__ import annotations
@@ -21,10 +22,15 @@ import torch
 
 from lazytrain.models.host_params import HostParams, ParamGroup
 from lazytrain.runtime.bench_blocks import BlockBench, sync, time_ms
+from lazytrain.runtime import optim8bit
 from lazytrain.runtime.device import as_device
 from lazytrain.runtime.optim import BlockOptimizer
 from lazytrain.units import GB
 
+Q8_BENCH_NUMEL = 1 << 22
+"""Parameters of the 8-bit AdamW benchmark group, at most (4.2e6: 16.8 MB of fp32 masters,
+beyond the caches; its kernel takes about 0.1 s per 1e6 parameters on a 2-core machine, so a
+whole block of a large model would add minutes to a profile for the same rate)."""
 MAX_HIDDEN_SPEEDUP = 100.0
 """Cap on an effective rate relative to the rate alone, when I/O hides entirely behind compute
 (the exposed time is then within timer noise)."""
@@ -178,6 +184,18 @@ def optimizer_ms_per_param(numel: int, *, repeats: int = 3) -> float:
     return time_ms(adam.step, device=torch.device("cpu"), repeats=repeats, warmup=1) / numel
 
 
+def optimizer_q8_ms_per_param(numel: int, *, repeats: int = 3) -> float | None:
+    """8-bit AdamW step time of a `numel`-parameter fp32 group, ms per parameter: the update
+    `BlockOptimizer` runs for a plan's `q8_blocks` (`optim8bit.adamw8bit`, bitsandbytes' CPU
+    kernel); None when bitsandbytes is not installed (8-bit states are then unavailable)."""
+    if not optim8bit.have_bitsandbytes():
+        return None
+    group = ParamGroup("bench", "", {"w": (numel,)})
+    group.grad.normal_()
+    adam = optim8bit.adamw8bit(group.master, group.grad, lr=1e-4)
+    return time_ms(adam.step, device=torch.device("cpu"), repeats=repeats, warmup=1) / numel
+
+
 def optimizer_exposed_ms(bench: BlockBench, *, repeats: int = 3) -> dict[str, float]:
     """What the optimizer worker and the ends' load add to a step, ms (the engine's pattern).
 
@@ -235,12 +253,16 @@ def host_rates(bench: BlockBench, *, repeats: int = 5, warmup: int = 1) -> dict[
       (`ParamGroup.accumulate_grad`);
     - staging copy: a boundary-sized copy into a 4 KiB-aligned bounce buffer
       (`runtime.nvme.aligned_empty`), on the calling thread;
-    - optimizer: the fused AdamW step of a block-sized fp32 group (`BlockOptimizer`'s update).
+    - optimizer: the fused AdamW step of a block-sized fp32 group (`BlockOptimizer`'s update)
+      and, with bitsandbytes installed, the 8-bit AdamW step of at most `Q8_BENCH_NUMEL`
+      parameters (the update of a `q8_blocks` block; the planner charges the difference,
+      `spec.costs.q8_update_ms_per_gparam`).
 
     Returns:
         {"master_dtype", "convert_gb_per_s" (compute-dtype GB written / s),
         "accumulate_gb_per_s", "accumulate_first_gb_per_s" (gradient GB / s),
-        "staging_copy_gb_per_s", "optimizer_ms_per_mparam"}.
+        "staging_copy_gb_per_s", "optimizer_ms_per_mparam" and, with bitsandbytes,
+        "optimizer_q8_ms_per_mparam"}.
     """
     from lazytrain.runtime.nvme import aligned_empty
 
@@ -265,6 +287,9 @@ def host_rates(bench: BlockBench, *, repeats: int = 5, warmup: int = 1) -> dict[
     ms = time_ms(lambda: bounce.copy_(boundary), device=cpu, repeats=repeats, warmup=warmup)
     out["staging_copy_gb_per_s"] = boundary.numel() / (ms / 1e3) / GB
     out["optimizer_ms_per_mparam"] = optimizer_ms_per_param(n, repeats=repeats) * 1e6
+    q8 = optimizer_q8_ms_per_param(min(n, Q8_BENCH_NUMEL), repeats=repeats)
+    if q8 is not None:
+        out["optimizer_q8_ms_per_mparam"] = q8 * 1e6
     return out
 
 

@@ -13,6 +13,7 @@ channel, how far that channel ran past the compute stream's end (`exposed_by_cha
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from lazytrain.contract import DEVICE_GRAD_BUFFERS, DEVICE_WEIGHT_SLOTS
@@ -104,13 +105,18 @@ class SimResult:
     """Event-simulated step of a plan: one micro-batch timeline, repeated `grad_accum` times."""
 
     step_ms: float
-    """grad_accum * micro_step_ms + const_ms."""
+    """grad_accum * micro_step_ms + const_ms + q8_tail_ms."""
     micro_step_ms: float
     """End of `post` for one micro-batch (pre + windows + post)."""
     windows: tuple[SimWindow, ...]
     """pre, f0..f{L-1}, turn, b{L-1}..b0, post."""
     events: tuple[SimEvent, ...]
     copies_overlap_compute: bool = True
+    q8_tail_ms: float = 0.0
+    """What the plan's 8-bit optimizer updates add to the optimizer tail, once per step, ms:
+    each block in `q8_blocks` updates `q8_update_ms_per_gparam` per 1e9 of its parameters
+    longer on the one optimizer worker, which the next step's forward waits for block by block
+    (docs/execution_model.md, "Host work")."""
 
     def window(self, name: str) -> SimWindow:
         """The window named `name`.
@@ -182,9 +188,11 @@ def simulate(problem: PlanningProblem, plan: Plan, *,
                    for t in graph.tasks)
     windows = _windows(graph.windows, events, barriers=opts.barriers)
     micro = max((w.end_ms for w in windows), default=0.0)
-    return SimResult(step_ms=problem.grad_accum * micro + problem.const_ms, micro_step_ms=micro,
-                     windows=windows, events=events,
-                     copies_overlap_compute=problem.copies_overlap_compute)
+    tail = math.fsum(problem.params_per_block[j] * problem.q8_update_ms_per_gparam / 1e9
+                     for j in plan.q8_blocks)
+    return SimResult(step_ms=problem.grad_accum * micro + problem.const_ms + tail,
+                     micro_step_ms=micro, windows=windows, events=events,
+                     copies_overlap_compute=problem.copies_overlap_compute, q8_tail_ms=tail)
 
 
 def _windows(names: tuple[str, ...], events: tuple[SimEvent, ...], *,

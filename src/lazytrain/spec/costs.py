@@ -42,15 +42,18 @@ Profile file (`profile_costs`; `lazytrain profile` writes it), JSON:
                                    # accumulator, gradient GB per s (the accumulation worker)
         "accumulate_first_gb_per_s": f,  # record: the first micro-batch's copy instead of add
         "staging_copy_gb_per_s": f,      # record: memcpy into a 4 KiB-aligned NVMe bounce buffer
-        "optimizer_ms_per_mparam": f}}   # record: fused AdamW update, ms per 1e6 parameters
+        "optimizer_ms_per_mparam": f,    # fused fp32 AdamW update, ms per 1e6 parameters
+        "optimizer_q8_ms_per_mparam": f}}  # optional: 8-bit AdamW update (bitsandbytes), the same
 
 `profile_costs` applies `convert_gb_per_s` / `accumulate_gb_per_s` to the HardwareSpec's
 `host_convert_bytes_per_s` / `host_accumulate_bytes_per_s`, expressed in the spec's reference
 dtypes (`reference_host_rates`: `planner/build.py` rescales them back to exactly the measured
-rates for the run's dtypes). The staging copy and the optimizer rate are records: the cost model
-charges no host time to NVMe staging (the d2h copy lands in the bounce buffer that O_DIRECT
-writes from) and the optimizer runs on its own thread outside the windows (its exposure is in
-`step_const_ms`).
+rates for the run's dtypes). The staging copy and the fp32 optimizer rate alone are records:
+the cost model charges no host time to NVMe staging (the d2h copy lands in the bounce buffer that
+O_DIRECT writes from) and the fp32 optimizer runs on its own thread outside the windows (its
+exposure is in `step_const_ms`). With both optimizer rates, their difference is the 8-bit
+update's extra time (`ModelCosts.q8_update_ms_per_gparam`), which the planner charges to the
+step for each block a plan gives 8-bit moments.
 
 Other keys (`measurements`, `cpu_contention`, `refit`, `device`) are records for the report.
 
@@ -159,6 +162,10 @@ class ModelCosts:
     window_overhead_ms: float = 0.0
     """The engine's fixed cost of every window (the profile's `window_overhead_ms`), ms;
     0: not modelled (analytic)."""
+    q8_update_ms_per_gparam: float | None = None
+    """How much longer an 8-bit AdamW update takes than the fused fp32 one, ms per 1e9
+    parameters (the profile's `host.optimizer_q8_ms_per_mparam - host.optimizer_ms_per_mparam`,
+    x 1000, at least 0); None: not measured (the planning problem keeps its default)."""
 
 
 def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_batch: int,
@@ -327,7 +334,19 @@ def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpe
         block_inputs_bytes=base.block_inputs_bytes,
         tokens=base.tokens, hardware=hw, source=f"profile:{path}",
         step_const_ms=float(prof.get("step_const_ms") or 0.0),
-        window_overhead_ms=float(prof.get("window_overhead_ms") or 0.0))
+        window_overhead_ms=float(prof.get("window_overhead_ms") or 0.0),
+        q8_update_ms_per_gparam=q8_update_ms_per_gparam(prof.get("host")))
+
+
+def q8_update_ms_per_gparam(host: dict | None) -> float | None:
+    """The 8-bit update's extra time over the fp32 one from a profile's `host` section, ms per
+    1e9 parameters: (optimizer_q8_ms_per_mparam - optimizer_ms_per_mparam) x 1000, at least 0;
+    None when either rate is missing."""
+    q8, fp32 = ((host or {}).get(k) for k in ("optimizer_q8_ms_per_mparam",
+                                              "optimizer_ms_per_mparam"))
+    if q8 is None or fp32 is None:
+        return None
+    return max(0.0, float(q8) - float(fp32)) * 1e3
 
 
 def reference_host_rates(convert_bytes_per_s: float, accumulate_bytes_per_s: float, *,

@@ -62,6 +62,21 @@ rates: `SERVER_STREAM_BYTES_PER_S` / the traffic per byte: 230.4 / 3 = 76.8 GB/s
 weights converted from fp32 masters, 230.4 / 5 = 46.08 GB/s of bf16 gradients added into fp32
 accumulators."""
 
+ADAMW_TRAFFIC_BYTES_PER_PARAM = 28
+"""DRAM bytes a fused fp32 AdamW update moves per parameter: it reads the master, the gradient
+and both moments (4 x 4 B) and writes the master and both moments (3 x 4 B)."""
+Q8_UPDATE_SLOWDOWN = 10.0
+"""The CPU 8-bit AdamW update (bitsandbytes' kernel: dequantize the moments, update,
+re-quantize, per 256 values) / the fused fp32 one: the config's `planner.allow_q8` figure for
+this machine kind (a 2-core machine under load measured 3.2 and 89 ms per 1e6 parameters, 27x;
+`lazytrain profile` measures both)."""
+Q8_UPDATE_EXTRA_MS_PER_GPARAM = ((Q8_UPDATE_SLOWDOWN - 1) * ADAMW_TRAFFIC_BYTES_PER_PARAM
+                                 / SERVER_STREAM_BYTES_PER_S * 1e12)
+"""The 8-bit update's extra time over the fp32 one on the reference server host, ms per 1e9
+parameters: the fp32 update is memory bound, 28 B / 230.4 GB/s = 0.1215 ms per 1e6 parameters,
+and the 8-bit one `Q8_UPDATE_SLOWDOWN` times that: 9 x 121.5 = 1093.75 ms per 1e9 parameters.
+The default of `PlanningProblem.q8_update_ms_per_gparam`; a measured profile replaces it."""
+
 H800_PAPER_MATMUL_EFFICIENCY = 0.2814
 """Matmul efficiency of the h800-paper preset, from one closed-form calibration; never tuned.
 
