@@ -18,7 +18,7 @@ import pytest
 
 from lazytrain.config import PlannerConfig, load_config
 from lazytrain.errors import ConfigError
-from lazytrain.planner.evaluate import evaluate
+from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.milp import build_milp, solve_milp
 from lazytrain.planner.policy import PlannerOptions, plan, planner_options
 from lazytrain.planner.problem import PlanningProblem
@@ -161,6 +161,24 @@ def test_single_boundary_moves_keep_the_plan_fitting_and_within_the_cap():
     assert not ev.violations and ev.step_ms <= cap * (1 + REL)
     assert nvme_bytes(problem, moved.tiers) <= nvme_bytes(problem, fastest.tiers)
     moved.validate()
+
+
+def test_moves_never_recompute_the_end_of_a_resident_block():
+    """HBM has room for the plan (peak 1370 u with block 0's weights resident, 1320 u without)
+    but not for NVMe boundary 1 (80 u) beside it, DRAM has none: with an unbounded cap the
+    only move left is to recompute boundary 1, which a resident block 0 forbids (it must end
+    its segment) and which is taken without one."""
+    problem = tiny_problem(**FAST_NVME, hbm_bytes=1390 * U, dram_bytes=502 * U)
+
+    def tier_of_boundary_1_after_moves(resident: tuple[int, ...]) -> str:
+        start = build_plan(problem, decisions_from_tiers(problem, ("hbm", "nvme", "hbm", "hbm"),
+                                                         resident_weights=resident),
+                           solver=SolveRecord(backend="manual"))
+        assert not start.provenance.get("violations")
+        return moved_plan(problem, start, cap_ms=math.inf).tiers[1]
+
+    assert tier_of_boundary_1_after_moves((0,)) == "nvme"
+    assert tier_of_boundary_1_after_moves(()) == "recompute"
 
 
 def test_the_policy_ships_the_least_wear_plan_and_its_gap_against_a_true_bound():

@@ -177,16 +177,20 @@ def moved_plan(problem: PlanningProblem, plan: Plan, *, cap_ms: float) -> Plan:
     only when the first moved a boundary out of DRAM, up to `MOVE_ROUNDS`): a move changes one
     boundary's tier, keeps its `KEPT_TRANSFERS` and every other decision, and stays when the
     plan still obeys the contract, fits every budget and its evaluated step is at most `cap_ms`
-    (ms). Boundary L and the end of a kept block stay put. Once DRAM overflows, no boundary at
-    least as large is tried in DRAM until a move frees some (DRAM holds for the whole step)."""
+    (ms). Boundary L stays put, and the end of a kept or resident block is never recomputed
+    (such a block must end its segment, as the MILP's rows say). Once DRAM overflows, no
+    boundary at least as large is tried in DRAM until a move frees some (DRAM holds for the
+    whole step)."""
     A = problem.boundary_bytes
     for _ in range(MOVE_ROUNDS):
         dram_freed, too_big = False, math.inf
         for tier, targets in MOVES:
             for i in range(problem.num_blocks):
-                if plan.tiers[i] != tier or (i - 1) in plan.keep_internals:
+                if plan.tiers[i] != tier:
                     continue
-                for to in (t for t in targets if t != "dram" or A[i] < too_big):
+                ends_block = (i - 1) in plan.keep_internals or (i - 1) in plan.resident_weights
+                for to in (t for t in targets if (t != "dram" or A[i] < too_big)
+                           and (t != "recompute" or not ends_block)):
                     moved, ev = _moved(problem, plan, i, to, cap_ms=cap_ms)
                     if moved is not None:
                         plan, dram_freed = moved, dram_freed or tier == "dram"
