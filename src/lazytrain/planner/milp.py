@@ -12,6 +12,7 @@ concern beside it:
     planner/milp_rows.py     the constraint families 1-10, one `add_*` function each
     planner/extract.py       warm starts (`start_from_plan`) and plans from solutions
     planner/feasibility.py   the feasibility phase (`capacity="min_shortfall"`)
+    planner/wear.py          the least-wear phase after the step-time solve (`least_wear_slack`)
 
 Index legend
     j      block 0..L-1 (maps boundary j to boundary j+1)
