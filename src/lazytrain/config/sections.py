@@ -36,8 +36,10 @@ class ModelConfig:
     name: str = ""
     """Label in reports and plan provenance; empty: derived from the config file name."""
     dtype: Dtype = "fp32"
-    """Dtype of the weights as loaded and saved (checkpoint files). fp32 by default: the default
-    job runs on CPU in fp32; real-scale configs use bf16, the released checkpoints' dtype."""
+    """Dtype of the HF weights a checkpoint exports (`model.safetensors`; the masters keep
+    `train.master_dtype`, and a narrower export also saves them as they are, for `--resume`).
+    fp32 by default: the default job runs on CPU in fp32; real-scale configs use bf16, the
+    released checkpoints' dtype."""
 
     def __post_init__(self) -> None:
         check(bool(self.config_path), "model.config_path", "a non-empty path or name",
@@ -235,6 +237,10 @@ class TrainConfig:
     or last saved, checked after every step, >= 0; 0: off. 30: a week-long job loses at most
     half an hour to a crash, while a 27B checkpoint (hundreds of GB) is written a few times an
     hour at most."""
+    keep_checkpoints: int = 1
+    """Valid checkpoints kept in `<run_dir>/checkpoints`, >= 1; older ones are deleted once a
+    newer one is complete. 1: a checkpoint of a large model is hundreds of GB; keep more to
+    go back to an earlier step (`--resume` continues from the newest)."""
     master_dtype: Dtype = "fp32"
     """Host master weights and gradients: fp32 (16 B/param with fp32 Adam moments) or bf16
     (MegaTrain-style, 12 B/param). fp32 by default: exact, and small models fit."""
@@ -249,7 +255,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_finite(self, "train")
-        for key in ("micro_batch", "grad_accum", "steps"):
+        for key in ("micro_batch", "grad_accum", "steps", "keep_checkpoints"):
             check(getattr(self, key) >= 1, f"train.{key}", ">= 1", getattr(self, key))
         for key in ("warmup_steps", "eval_every", "checkpoint_every_steps"):
             check(getattr(self, key) >= 0, f"train.{key}", ">= 0", getattr(self, key))
@@ -311,9 +317,11 @@ class PlannerConfig:
     resident weights (no backward weight load for a block whose weights stay in HBM)."""
     allow_q8: bool = False
     """Offer per-block 8-bit Adam moments (bitsandbytes AdamW8bit, runtime/optim8bit.py) to
-    relieve DRAM. Opt-in: the planner's penalty (PlanningProblem.q8_penalty_ms_per_gparam) is a
-    small tie-breaker, not a measured cost, and the CPU 8-bit update is ~10x slower than fused
-    fp32 AdamW on this machine kind, so enable it when DRAM, not time, is the limit."""
+    relieve DRAM. Opt-in: the CPU 8-bit update is ~10x slower than fused fp32 AdamW on this
+    machine kind; the planner charges that extra time to the step (the profile's measured
+    figure, else PlanningProblem.q8_update_ms_per_gparam's default) plus a small tie-breaker
+    penalty (PlanningProblem.q8_penalty_ms_per_gparam), so enable it when DRAM, not time, is
+    the limit."""
     threads: int = 1
     """Solver threads, >= 1 (1: deterministic plans)."""
     seed: int = 0
