@@ -31,16 +31,19 @@ from pathlib import Path
 from typing import Callable
 
 MAX_SPREAD = 1.5
-"""Slowest / fastest repeat of one series above which the series counts as disturbed (quiet
-repeats of a block's forward on the 2-core CPU machine agree within ~20%; a disturbed series
-on it spreads 2-10x)."""
+"""Slowest / fastest repeat of one series above which the series counts as disturbed: repeats
+of the same work on the same inputs differ by timer and cache noise only, while one repeat
+that shared its cores for part of its run takes longer by up to the slowdown of a loaded
+machine (block times 3-17x the idle ones at a load of 2-3 on the 2-core CI box, where the
+other processes also stall the intra-op threads' barriers)."""
 MAX_OTHERS_SHARE = 0.25
 """Share of all CPUs' time used by other processes while measuring above which the
-measurement counts as disturbed (one busy process on a 2-core machine: 0.5; a quiet machine's
-daemons: < 0.05)."""
+measurement counts as disturbed: half of one busy process on a 2-core machine (a whole one
+is 0.5, the acceptance case of one busy process per two cores)."""
 MAX_TRIES = 3
-"""Tries of one disturbed measurement before its least time is kept anyway (each try of a
-block kind costs ~0.5 s on the default job's model)."""
+"""Tries of one disturbed measurement before its least time is kept anyway: each try repeats
+the measurement's warm-up and timed runs, so a machine busy all along costs the block and end
+times of the calibration 3x, not an unbounded wait."""
 
 Samples = Callable[[], dict[str, list[float]]]
 """One try of a measurement: series name -> its timed repeats, ms."""
