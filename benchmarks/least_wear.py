@@ -8,10 +8,18 @@ must not double the planning time.
 
 Seed: configs/qwen3.6-27b-h800.yaml (Qwen3.5-27B config, h800-paper, seq 1024 x mb 72).
 
-Last run (2026-12-02, 2 cores shared with other jobs; wall times are 2-3x the CPU times):
-  least_wear=false: 55196.08 ms, 12 hbm / 14 dram / 39 nvme, 29.44 GB per step, CPU 2.3-2.5 s
-  least_wear=true:  55196.53 ms, 12 hbm / 14 dram / 38 nvme / boundary 0 re-embedded,
-                    28.69 GB per step, CPU 2.8-3.1 s
+Last run (2026-12-02 05:10 UTC, 2 cores shared with other jobs; wall times are 2-4x the CPU
+times):
+  least_wear=false: 55196.08 ms, 14 hbm / 14 dram / 37 nvme, 27.93 GB per step, CPU 2.0 s
+  least_wear=true:  55196.53 ms, 14 hbm / 14 dram / 36 nvme / boundary 0 re-embedded,
+                    27.18 GB per step, CPU 2.4 s
+(an hour earlier, before the 8-bit update time and the bounce-buffer rows: 12 / 14 / 39,
+29.44 GB -> 12 / 14 / 38 + re-embed, 28.69 GB, CPU 2.3-2.5 s -> 2.8-3.1 s). HBM and DRAM are
+full in these plans (peak HBM 75.65 of 76 GB; 14 boundaries fill the 10.8 GB of DRAM left
+beside the states and pools) and recomputing a block costs far more than the 0.1% slack, so
+the phase's only gain here is re-embedding boundary 0. At 128 half blocks (benchmarks/
+planner.py split-128) it found nothing within the slack and cost 1.4 s of CPU beside the
+step-time solve's 3.4 s.
 On the formulation of 2026-12-01 (before resident weights) the step-time solve answered the
 same step with 2 hbm / 14 dram / 49 nvme (36.99 GB per step, 370 TB per 10,000 steps); the
 phase moved it to 12 hbm / 14 dram / 39 nvme (29.44 GB) at the same 55196.08 ms.
