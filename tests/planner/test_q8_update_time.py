@@ -111,3 +111,21 @@ def test_profile_rates_become_the_problem_figure(tmp_path, repo_root):
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
         "vocab_size": 256}
+
+
+@pytest.mark.parametrize("update_ms", [1.0, 1e4], ids=["cheap_update", "costly_update"])
+def test_the_heuristic_weighs_the_update_time_like_the_evaluator(update_ms):
+    """DRAM holds the fp32 states exactly: a DRAM-tier checkpoint needs 8-bit blocks, NVMe at
+    25 GB/s holds every boundary and hides under the windows. With the penalty at 1 ms per 1e9
+    parameters, the update time alone decides: a cheap update frees DRAM (8-bit blocks), a
+    costly one (1e4 ms per 1e9 = 1 s per block of 1e8) takes none (NVMe or recompute instead)."""
+    from lazytrain.planner.heuristics import heuristic_plan
+    from test_q8_planning import offload_problem
+
+    problem = offload_problem(q8_ms_per_gparam=1.0, nvme_bytes_per_s=25e9,
+                              q8_update_ms_per_gparam=update_ms)
+    plan = heuristic_plan(problem, time_budget_s=2.0)
+    if update_ms > 1e3:
+        assert not plan.q8_blocks, (plan.tiers, plan.q8_blocks)
+    else:
+        assert plan.q8_blocks, (plan.tiers, plan.q8_blocks)
