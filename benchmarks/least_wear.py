@@ -15,7 +15,7 @@ times):
                     27.18 GB per step, CPU 2.4 s
 (an hour earlier, before the 8-bit update time and the bounce-buffer rows: 12 / 14 / 39,
 29.44 GB -> 12 / 14 / 38 + re-embed, 28.69 GB, CPU 2.3-2.5 s -> 2.8-3.1 s). HBM and DRAM are
-full in these plans (peak HBM 75.65 of 76 GB; 14 boundaries fill the 10.8 GB of DRAM left
+full in these plans (peak HBM 75.3-75.7 of 76 GB; 14 boundaries fill the 10.8 GB of DRAM left
 beside the states and pools) and recomputing a block costs far more than the 0.1% slack, so
 the phase's only gain here is re-embedding boundary 0. At 128 half blocks (benchmarks/
 planner.py split-128) it found nothing within the slack and cost 1.4 s of CPU beside the
