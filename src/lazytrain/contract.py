@@ -85,11 +85,12 @@ Runtime: `runtime/streams.py` `GradDrain(count=...)` default. Planner: `planner/
 `grad_landing_bytes`."""
 
 NVME_BOUNCE_BUFFERS = 2
-"""DRAM bounce buffers of the NVMe tier the planner's DRAM row reserves, in boundaries (one
-writing, one reading), each padded with `align_up`. The runtime's host pool
-(`runtime/activations.py`) holds one padded buffer per NVMe boundary in flight; the plan's
-pinned bytes take the exact peak of those (`planner/staging.py`) when it is larger.
-Planner: `planner/build.py` `nvme_bounce_bytes`."""
+"""The constant share of the DRAM staging record kept for the NVMe tier's bounce buffers, in
+boundaries, each padded with `align_up` (`planner/build.py` `nvme_bounce_bytes`). The runtime's
+host pool (`runtime/activations.py`) holds one padded buffer per NVMe boundary in flight, which
+is not a constant: the planner's DRAM rows, the evaluator and the plan's pinned bytes replace
+this share by the most any legal schedule of the plan's tiers holds in a window
+(`planner/staging.py` `bounce_bound_by_window`)."""
 
 ALIGN_BYTES = 4096
 """Alignment of the NVMe tier's buffers, file offsets and lengths, bytes: the 4 KiB logical

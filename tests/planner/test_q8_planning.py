@@ -12,6 +12,7 @@ import itertools
 
 import pytest
 
+from lazytrain.contract import align_up
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.planner.milp import solve_milp
 from lazytrain.planner.problem import PlanningProblem
@@ -91,9 +92,11 @@ P = 20 * MB
 
 def offload_problem(*, q8_ms_per_gparam: float, nvme_bytes_per_s: float, **kw
                     ) -> PlanningProblem:
-    """DRAM holds the fp32 states exactly (a DRAM-tier checkpoint needs 8-bit blocks), NVMe
-    holds every boundary; recompute is expensive (F = 50 ms)."""
-    L = 4
+    """Six blocks; DRAM holds the fp32 states and one boundary more (one DRAM-tier checkpoint,
+    or the bounce buffer of one NVMe boundary in flight: more checkpoints need 8-bit blocks or
+    NVMe); horizons of one window, so every other boundary can go to NVMe through that one
+    buffer; NVMe holds every boundary; recompute is expensive (F = 50 ms)."""
+    L = 6
     states = BPP * (L * P)
     base = dict(
         fwd_ms=(50.0,) * L, fwd_grad_ms=(55.0,) * L, bwd_ms=(100.0,) * L,
@@ -101,7 +104,8 @@ def offload_problem(*, q8_ms_per_gparam: float, nvme_bytes_per_s: float, **kw
         boundary_bytes=(A,) * (L + 1), params_per_block=(P,) * L,
         h2d_bytes_per_s=25e9, d2h_bytes_per_s=25e9, duplex_bytes_per_s=40e9,
         nvme_read_bytes_per_s=nvme_bytes_per_s, nvme_write_bytes_per_s=nvme_bytes_per_s,
-        hbm_bytes=int(2.5 * A), dram_bytes=int(states), nvme_bytes=10 * A,
+        hbm_bytes=int(2.5 * A), dram_bytes=int(states) + align_up(A), nvme_bytes=10 * A,
+        drain_windows=1, prefetch_windows=1, nvme_lead_windows=1,
         host_bytes_per_param=BPP, host_bytes_per_param_q8=BPP_Q8, allow_q8=True,
         q8_penalty_ms_per_gparam=q8_ms_per_gparam, allow_keep=False)
     base.update(kw)

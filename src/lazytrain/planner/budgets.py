@@ -16,10 +16,15 @@ def plan_budgets(plan: Plan) -> tuple[int | None, int | None]:
 
     HBM: the planner's HBM budget (`provenance.memory.hbm_budget_bytes`: the device's memory
     less its reserve); past it the allocator would fail, so the ledger refuses first, naming the
-    owner. Pinned: the DRAM left after the host states (DRAM-tier checkpoints and staging pools
-    live there). The plan's *predictions* (usually lower) are compared with the ledger's
-    measured peaks in `lazytrain report`. None where the plan carries no memory model (a
-    hand-made problem).
+    owner. Pinned: the DRAM budget less what this plan keeps in pageable host memory, its host
+    states (smaller where its blocks have 8-bit moments) and the optimizer's scratch, i.e.
+    `predicted.dram_bytes - predicted.pinned_bytes`; DRAM-tier checkpoints, the NVMe bounce
+    buffers and the staging pools live in the rest. So the plan's predicted pinned bytes are
+    within this limit exactly when its predicted DRAM is within the DRAM budget, which is the
+    MILP's DRAM row (`milp_rows.add_dram_capacity`). Plans without `predicted.pinned_bytes`:
+    the DRAM left after the full-precision states and the scratch. The plan's *predictions* are
+    compared with the ledger's measured peaks in `lazytrain report`. None where the plan
+    carries no memory model (a hand-made problem).
     """
     memory = (plan.provenance or {}).get("memory") or {}
     hbm = memory.get("hbm_budget_bytes")
@@ -27,7 +32,22 @@ def plan_budgets(plan: Plan) -> tuple[int | None, int | None]:
     if "dram_free_for_checkpoints_bytes" in memory and "staging_bytes" in memory:
         pinned = max(0, memory["dram_free_for_checkpoints_bytes"] + memory["staging_bytes"]
                      - memory.get("optimizer_scratch_bytes", 0))
+        pred = plan.predicted
+        if "states_bytes" in memory and pred is not None and pred.pinned_bytes:
+            dram = (memory["dram_free_for_checkpoints_bytes"] + memory["staging_bytes"]
+                    + memory["states_bytes"])
+            pinned = max(0, dram - (pred.dram_bytes - pred.pinned_bytes))
     return (None if hbm is None else int(hbm)), (None if pinned is None else int(pinned))
+
+
+def pinned_overrun_bytes(plan: Plan) -> int:
+    """Bytes by which the plan's predicted pinned host bytes pass the runtime's pinned limit
+    (`plan_budgets`), >= 0; 0 where either is unknown. A plan the planner returns as fitting
+    has 0: its DRAM row holds the same bytes."""
+    predicted, (_, limit) = predicted_pinned_bytes(plan), plan_budgets(plan)
+    if predicted is None or limit is None:
+        return 0
+    return max(0, predicted - limit)
 
 
 def predicted_pinned_bytes(plan: Plan) -> int | None:

@@ -24,7 +24,7 @@ from lazytrain.planner.plan import (
     WindowRecord, use_ord, window_names, window_ord,
 )
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.planner.staging import staging_by_window
+from lazytrain.planner.staging import bounce_bound_by_window
 from lazytrain.units import GB
 
 
@@ -87,7 +87,8 @@ class Evaluation:
     """Parameters with 8-bit Adam moments / all parameters (blocks + ends)."""
     pinned_bytes: float = 0.0
     """Page-locked host bytes: DRAM-tier checkpoints, the weight staging and gradient landing
-    pools and the NVMe staging peak (the DRAM row less host states and pageable scratch)."""
+    pools and the NVMe bounce buffers at their peak over every legal schedule
+    (`staging.bounce_bound_by_window`): the DRAM row less host states and pageable scratch."""
     host_ms_by_window: tuple[float, ...] = ()
     """Host time of each window (conversion + accumulation, `host_ms`), ms, in window order."""
     binding_by_window: tuple[str, ...] = ()
@@ -411,14 +412,16 @@ def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
     states = sum(n * (p.host_bytes_per_param_q8 if j in q8 else p.host_bytes_per_param)
                  for j, n in enumerate(p.params_per_block)) + p.ends_params * p.host_bytes_per_param
     dram_tier = sum(A[i] for i, t in enumerate(tiers) if t == "dram")
-    dram = dram_tier + p.nvme_staging_bytes + states  # the MILP's DRAM row (family 9)
-    # pinned: what the runtime page-locks, with the schedule's exact NVMe staging peak (one
-    # padded bounce buffer per boundary in flight) in place of the row's constant bounce pool.
-    # The DRAM row keeps the constant: where the schedule needs more, the ledger's pinned
-    # budget (the DRAM left for checkpoints and staging) still bounds the runtime.
-    staging = max(staging_by_window(A, tiers, d.transfers, p.num_blocks))
-    pinned = (dram_tier + p.nvme_staging_bytes - p.nvme_bounce_bytes - p.host_scratch_bytes
-              + max(p.nvme_bounce_bytes, staging))
+    # NVMe bounce buffers: the peak that no legal schedule of these tiers exceeds (one padded
+    # buffer per NVMe boundary whose transfer windows may cover the window; planner/staging.py)
+    # in place of the contract's constant pool. The MILP's DRAM rows (family 9) count the same
+    # bytes per window, so dram <= budget is the row, and pinned (what the runtime page-locks:
+    # everything but the states and the pageable optimizer scratch) stays within the ledger's
+    # pinned budget (`budgets.plan_budgets`: the DRAM left after the states and the scratch).
+    bounce = max(bounce_bound_by_window(A, tiers, p.num_blocks, horizons_of(p)))
+    pools = p.nvme_staging_bytes - p.nvme_bounce_bytes  # weight staging, grad landing, scratch
+    dram = dram_tier + pools + bounce + states
+    pinned = dram_tier + pools - p.host_scratch_bytes + bounce
     nvme = float(sum(A[i] for i, t in enumerate(tiers) if t == "nvme"))
     peak = max(hbm)
     violations = []

@@ -57,6 +57,8 @@ def start_from_plan(milp: Milp, plan: Plan) -> list[float] | None:
                 last_write[tr.boundary] = max(o, last_write.get(tr.boundary, o))
         for (i, q), c in v.wdone.items():  # every write of i has run by the end of window q
             x[c] = 1.0 if last_write.get(i, -1) <= q else 0.0
+        for (i, e), c in v.nvb.items():  # NVMe boundary i with segment end e
+            x[c] = 1.0 if plan.tiers[i] == "nvme" and plan.segment_end_of(i) == e else 0.0
     except KeyError:
         return None
     _complete_epigraph(milp, x)

@@ -25,14 +25,15 @@ import time
 
 from lazytrain.planner.chains import recompute_terms
 from lazytrain.planner.evaluate import (
-    Decisions, build_plan, check_tiers, decisions_from_tiers, holding_intervals, host_ms,
-    segment_ends, segments_of,
+    Decisions, build_plan, check_tiers, decisions_from_tiers, holding_intervals, horizons_of,
+    host_ms, segment_ends, segments_of,
 )
 from lazytrain.planner.schedule import Loads, schedule_loads, schedule_offload, schedule_prefetch
 from lazytrain.planner.plan import (
     OFFLOAD_TIERS, TIERS, Plan, SolveRecord, Transfer, window_name,
 )
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.staging import bounce_bound_by_window
 
 UNIFORM_KS = (1, 2, 3, 4, 6, 8, 12, 16)
 """Segment lengths tried as starts (capped by k_max and L)."""
@@ -232,7 +233,8 @@ class _Search:
         self.L = problem.num_blocks
         self.deadline = deadline
         self.states_base = (sum(n * p.host_bytes_per_param for n in p.params_per_block)
-                            + p.ends_params * p.host_bytes_per_param + p.nvme_staging_bytes)
+                            + p.ends_params * p.host_bytes_per_param + p.nvme_staging_bytes
+                            - p.nvme_bounce_bytes)  # bounce buffers: per plan, in `_dram`
 
     # --- scoring -----------------------------------------------------------------------------
 
@@ -240,16 +242,14 @@ class _Search:
         p = self.p
         short = (max(0.0, max(hbm) - p.hbm_bytes) + max(0.0, dram - p.dram_bytes)
                  + max(0.0, nvme - p.nvme_bytes))
-        # per step: the 8-bit updates' time on the optimizer tail (evaluate.q8_update_ms) and the
-        # penalty, over the grad_accum micro-batches whose window times `times` holds one of
-        q8_ms = sum(p.params_per_block[j] for j in q8) / 1e9 * (
-            p.q8_update_ms_per_gparam + p.q8_penalty_ms_per_gparam) / p.grad_accum
+        q8_ms = sum(p.params_per_block[j] for j in q8) / 1e9 * p.q8_penalty_ms_per_gparam
         return (short, sum(times) + q8_ms)
 
     def _dram(self, tiers, q8) -> float:
         p = self.p
         return (self.states_base + sum(p.boundary_bytes[i] for i, t in enumerate(tiers)
                                        if t == "dram")
+                + max(bounce_bound_by_window(p.boundary_bytes, tiers, self.L, horizons_of(p)))
                 - sum(p.params_per_block[j] for j in q8)
                 * (p.host_bytes_per_param - p.host_bytes_per_param_q8))
 

@@ -27,7 +27,8 @@ Parameters (units inside the model: ms and GB; converted once in `scale_inputs`)
     bw_h2d, bw_d2h, bw_x, bw_nr, bw_nw   bandwidths, GB/ms (bw_x: H2D + D2H duplex cap)
     host_conv, host_acc    host conversion / accumulation rates, GB/ms (0: not modelled)
     embed, head            embedding (also re-embed) and head compute, ms
-    M_hbm = hbm - fixed_hbm; M_dram = dram - staging - host states (all 16/12 B/param);
+    M_hbm = hbm - fixed_hbm; M_dram = dram - staging pools - host states (all 16/12 B/param;
+    the pools less the NVMe bounce buffers, counted per window: Ab[i] = align_up(A[i]), GB);
     M_nvme, GB;  Q[j] = params[j] * (bpp - bpp_q8) / 1e9 (8-bit saving), GB
     U8[j]                  the 8-bit update's extra time of block j, ms per step
     H_d, H_p, H_n          drain / prefetch / NVMe-lead horizons (windows), `plan.legal_ords`
@@ -52,6 +53,8 @@ Variables (`MilpVars`; code name = design symbol)
               boundary); NVMe transfers do not touch HBM and may split.
     wdone[i,o] in {0,1}  every NVMe write of A[i] has run by the end of window o; only where a
               read and a write of i may share a window (short-lived boundaries near the end)
+    nvb[i,e]  in [0,1]  boundary i is on NVMe with segment end e (>= nvme[i] + seg[i,e] - 1):
+              its bounce buffer counts in the DRAM rows over span(i,e) (`staging.bounce_spans`)
     t[o] >= 0                    window time, ms
     slack_hbm[o], slack_host["dram"|"nvme"] >= 0   capacity shortfall, GB: fixed to 0 in the
               step-time model; in the feasibility phase (capacity="min_shortfall") one HBM slack
@@ -100,7 +103,9 @@ Constraint families (function that adds them, all in `planner/milp_rows.py`)
     7b. recompute     GPU: t[b_j] >= X/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fg[j]) - Fg[j] keep[j]
                       (recompute waits for its weights behind X on H2D)     add_recompute_order
     8. HBM            held[o] - slack_hbm[o] <= M_hbm  for all o            add_hbm_capacity
-    9. DRAM           sum A[i] dram[i] - sum Q[j] q8[j] - slack <= M_dram  add_dram_capacity
+    9. DRAM           sum A[i] dram[i] + sum_{o in span(i,e)} Ab[i] nvb[i,e] - sum Q[j] q8[j]
+                      - slack <= M_dram for the step and each o;
+                      nvb[i,e] >= nvme[i] + seg[i,e] - 1                   add_dram_capacity
    10. NVMe           sum A[i] nvme[i] - slack <= M_nvme                    add_nvme_capacity
 
 held[o] is the contract's holding intervals (exact, since d2h/h2d are binary): hbm i for i <= o <= 2L-i

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lazytrain.contract import align_up
 from lazytrain.planner.chains import recompute_chain_ms
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.units import GB
@@ -33,6 +34,8 @@ class Scaled:
     G: tuple[float, ...]
     I: tuple[float, ...]  # noqa: E741
     A: tuple[float, ...]
+    A_padded: tuple[float, ...]
+    """Ab[i] = align_up(A[i]): boundary i's NVMe bounce buffer, GB."""
     bw_h2d: float
     bw_d2h: float
     bw_x: float
@@ -81,6 +84,7 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
     return Scaled(
         L=L, F=tuple(p.fwd_ms), Fg=tuple(p.fwd_grad_ms), B=tuple(p.bwd_ms),
         P=gb(p.weight_bytes), G=gb(p.grad_bytes), I=gb(p.internal_bytes), A=gb(p.boundary_bytes),
+        A_padded=gb(align_up(a) for a in p.boundary_bytes),
         bw_h2d=per_ms(p.h2d_bytes_per_s), bw_d2h=per_ms(p.d2h_bytes_per_s),
         bw_x=per_ms(p.duplex_bytes_per_s), bw_nr=per_ms(p.nvme_read_bytes_per_s),
         bw_nw=per_ms(p.nvme_write_bytes_per_s), host_conv=per_ms(p.host_convert_bytes_per_s),
@@ -89,7 +93,8 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
         step_const_ms=p.grad_accum * (pre + post + (2 * L + 1) * p.window_overhead_ms)
         + p.const_ms,
         hbm_cap=(p.hbm_bytes - p.fixed_hbm_bytes) / GB,
-        dram_cap=(p.dram_bytes - p.nvme_staging_bytes - states) / GB,
+        # the constant pools; the NVMe bounce buffers are counted per window instead
+        dram_cap=(p.dram_bytes - (p.nvme_staging_bytes - p.nvme_bounce_bytes) - states) / GB,
         nvme_cap=p.nvme_bytes / GB,
         q8_saving=tuple(n * (p.host_bytes_per_param - p.host_bytes_per_param_q8) / GB
                         for n in p.params_per_block),

@@ -15,6 +15,7 @@ from lazytrain.planner.milp_loads import hbm_held, lin_scale, lin_sum, window_ho
 from lazytrain.planner.milp_vars import MilpVars, row_name
 from lazytrain.planner.plan import window_name
 from lazytrain.planner.solvers import LinearModel
+from lazytrain.planner.staging import bounce_spans
 
 def add_path(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
     """sum_e seg[0,e] = 1;  sum_s seg[s,i] = mat[i] = sum_e seg[i,e] (0<i<L);  sum_s seg[s,L] = 1.
@@ -242,15 +243,32 @@ def add_hbm_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 
 def add_dram_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
-    """sum_i A[i] dram[i] - sum_j Q[j] q8[j] - slack_host[dram] <= M_dram.
+    """sum_i A[i] dram[i] + sum_{(i,e): o in span(i,e)} Ab[i] nvb[i,e] - sum_j Q[j] q8[j]
+    - slack_host[dram] <= M_dram  for the step and every o;  nvb[i,e] >= nvme[i] + seg[i,e] - 1.
 
-    DRAM checkpoints fit beside the host optimizer states (8-bit moments free Q[j]) and the NVMe
-    staging pool. GB. Source: docs/execution_model.md, "DRAM and NVMe capacity".
+    DRAM checkpoints and the NVMe tier's bounce buffers fit beside the host optimizer states
+    (8-bit moments free Q[j]) and the constant staging pools in every window. nvb[i,e]
+    (auxiliary, [0, 1]) is 1 when boundary i is on NVMe with segment end e; its padded buffer
+    Ab[i] counts in every window of span(i,e) = `staging.bounce_spans(i, e)`, the windows any
+    legal schedule may hold it, so the rows are the evaluator's DRAM and predicted pinned bytes
+    (`staging.bounce_bound_by_window`) window by window. A row per window some span covers,
+    plus the step row (the windows no NVMe boundary touches). GB. Source:
+    docs/execution_model.md, "DRAM and NVMe capacity".
     """
     coeffs = {x: p.A[i] for i, x in v.dram.items()}
     coeffs.update({x: -p.q8_saving[j] for j, x in v.q8.items()})
     coeffs[v.slack_host["dram"]] = -1.0
     m.add_row(row_name("dram_cap", "step"), coeffs, ub=p.dram_cap)
+    bounce: dict[int, dict[int, float]] = {}
+    for (i, e), x in v.nvb.items():
+        m.add_row(row_name("nvme_bounce", i, e), {x: 1.0, v.nvme[i]: -1.0, v.seg[i, e]: -1.0},
+                  lb=-1.0)
+        for first, last in bounce_spans(i, e, p.L, **p.horizons):
+            for o in range(first, last + 1):
+                bounce.setdefault(o, {})[x] = p.A_padded[i]
+    for o in sorted(bounce):
+        m.add_row(row_name("dram_cap", window_name(o, p.L)), {**coeffs, **bounce[o]},
+                  ub=p.dram_cap)
 
 
 def add_nvme_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from lazytrain.planner.milp_inputs import Scaled
 from lazytrain.planner.plan import legal_ords, window_name
 from lazytrain.planner.solvers import LinearModel
+from lazytrain.planner.staging import bounce_spans
 
 WHOLE_TRANSFERS = ("d2h", "h2d")
 """Transfer families moved in one window (binary), so the HBM holding intervals are exact."""
@@ -46,6 +47,7 @@ class MilpVars:
     slack_hbm: dict[int, int] = field(default_factory=dict)
     slack_host: dict[str, int] = field(default_factory=dict)
     wdone: dict[tuple[int, int], int] = field(default_factory=dict)
+    nvb: dict[tuple[int, int], int] = field(default_factory=dict)
     legal_ends: dict[tuple[str, int, int], tuple[int, ...]] = field(default_factory=dict)
     """(family, i, o) -> segment ends e for which window o is legal (not a variable)."""
 
@@ -108,6 +110,9 @@ def add_variables(m: LinearModel, p: Scaled, *, relax: bool = False,
         for q in range(max(shared[0] - 1, i), writes[-1]) if shared else ():
             v.wdone[i, q] = m.add_var(row_name("wdone", i, window_name(q, L)), ub=1,
                                       integer=binary)
+    for i, e in v.seg if p.has_nvme else ():  # (i, e) that can hold a bounce buffer
+        if bounce_spans(i, e, L, **p.horizons):
+            v.nvb[i, e] = m.add_var(row_name("nvb", i, e), ub=1)
     for o in range(2 * L + 1):
         v.t[o] = m.add_var(row_name("t", window_name(o, L)), obj=0.0 if shortfall else p.grad_accum)
     hbm_slack = m.add_var(row_name("slack_hbm", "all"), obj=1.0) if shortfall else None

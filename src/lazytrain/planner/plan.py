@@ -215,8 +215,9 @@ class Predicted:
     """Fraction of all trainable parameters (blocks and ends) whose Adam moments are 8-bit
     (the blocks in `q8_blocks`); 0 for plans written before this field."""
     pinned_bytes: float = 0.0
-    """Page-locked host bytes the runtime holds at the peak: DRAM-tier checkpoints, staging
-    pools, the NVMe staging peak; 0 for plans written before this field."""
+    """Page-locked host bytes the runtime holds at the peak, at most: DRAM-tier checkpoints,
+    staging pools, the NVMe bounce buffers any legal schedule of the tiers may hold at once;
+    0 for plans written before this field."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -127,7 +127,28 @@ def plan(problem: PlanningProblem, options: PlannerOptions | None = None,
     """
     opts = options or PlannerOptions()
     chosen = _plan(problem, opts, warm_start)
+    _refuse_pinned_overrun(problem, chosen)
     return _without_solve_times(chosen) if opts.deterministic else chosen
+
+
+def _refuse_pinned_overrun(problem: PlanningProblem, chosen: Plan) -> None:
+    """Raise PlanInfeasibleError (budget DRAM) when `chosen` claims to fit (no recorded
+    violation) but its predicted pinned host bytes pass the runtime's pinned limit
+    (`budgets.plan_budgets`): the ledger would stop that plan mid-step. The DRAM row and the
+    evaluator count the same NVMe bounce buffers (`planner/staging.py`), so this never fires
+    for a plan they passed; it guards the agreement."""
+    from lazytrain.planner.budgets import pinned_overrun_bytes, plan_budgets
+    from lazytrain.planner.feasibility import shortfall_fix
+    from lazytrain.planner.milp import PlanInfeasibleError, Shortfall
+
+    over = pinned_overrun_bytes(chosen)
+    if over <= 0 or chosen.provenance.get("violations"):
+        return
+    limit = plan_budgets(chosen)[1]
+    raise PlanInfeasibleError(
+        shortfalls=(Shortfall(budget="DRAM", window=None, short_bytes=over,
+                              need_bytes=limit + over, budget_bytes=limit),),
+        proven=False, plan=chosen, fixes={"DRAM": shortfall_fix("DRAM", problem)})
 
 
 def _plan(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | None) -> Plan:
