@@ -242,7 +242,10 @@ class _Search:
         p = self.p
         short = (max(0.0, max(hbm) - p.hbm_bytes) + max(0.0, dram - p.dram_bytes)
                  + max(0.0, nvme - p.nvme_bytes))
-        q8_ms = sum(p.params_per_block[j] for j in q8) / 1e9 * p.q8_penalty_ms_per_gparam
+        # per step: the 8-bit updates' time on the optimizer tail (evaluate.q8_update_ms) and the
+        # penalty, over the grad_accum micro-batches whose window times `times` holds one of
+        q8_ms = sum(p.params_per_block[j] for j in q8) / 1e9 * (
+            p.q8_update_ms_per_gparam + p.q8_penalty_ms_per_gparam) / p.grad_accum
         return (short, sum(times) + q8_ms)
 
     def _dram(self, tiers, q8) -> float:
