@@ -59,8 +59,9 @@ WEAR_TIME_SHARE = 0.05
 solve may use: 0.5 s at the default 10 s. On the seed scenario (Qwen3.5-27B, h800-paper, 64
 blocks; 2 shared cores, 2026-12-02) the moves took 0.33 s of CPU, the model 0.17 s, and HiGHS
 improved on the moves' plan neither in 1.5 s nor in 3 s (from the 39 NVMe boundaries of the
-step-time plan it reached and proved the moves' 38 in 29 s), so a short solve costs little and still finds the rearrangements
-of small problems, which it solves to the end; planning without the phase took 2.1 s of CPU."""
+step-time plan it reached and proved the moves' 38 in 29 s), so a short solve costs little
+and still finds the rearrangements of small problems, which it solves to the end; planning
+without the phase took 2.1 s of CPU."""
 WEAR_GAP = 1e-3
 """Relative gap of the least-wear solve (on its weighted GB objective): 3.8 of the seed's 3779,
 where one boundary on NVMe weighs 99, so the solver stops only once no boundary can leave."""
