@@ -399,7 +399,8 @@ def test_a_bf16_checkpoint_says_bfloat16_and_carries_a_generation_config(arithme
 
     run = tmp_path / "run"
     train(tiny_config(arithmetic_model_dir, run, "train.steps=1", "data.num_eval=0",
-                      "train.master_dtype=bf16"), plan=tiny_plan, progress=False)
+                      "train.master_dtype=bf16", "model.dtype=bf16"), plan=tiny_plan,
+          progress=False)
     path = ckpt.latest_checkpoint(run).path
     hf = json.loads((path / "config.json").read_text())
     assert hf.get("dtype", hf.get("torch_dtype")) == "bfloat16"

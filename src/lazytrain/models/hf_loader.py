@@ -116,15 +116,22 @@ def adapter_from_model(model: nn.Module, *, master_dtype: str = "fp32", masters=
     return ModelAdapter(model, store)
 
 
-def _weight_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
+def weight_files(model_dir: Path, *, prefix: str = "model") -> list[Path]:
+    """The safetensors files of `model_dir` named `<prefix>.safetensors`, or the shards its
+    `<prefix>.safetensors.index.json` lists (as `save_hf_dir` writes them).
+
+    Raises:
+        FileNotFoundError: neither file exists.
+    """
+    index = model_dir / f"{prefix}.safetensors.index.json"
     if index.exists():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         return [model_dir / n for n in names]
-    single = model_dir / "model.safetensors"
+    single = model_dir / f"{prefix}.safetensors"
     if single.exists():
         return [single]
-    raise FileNotFoundError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
+    raise FileNotFoundError(f"{model_dir}: no {prefix}.safetensors or "
+                            f"{prefix}.safetensors.index.json")
 
 
 def checkpoint_name(stored: str, layout) -> str | None:
@@ -144,7 +151,7 @@ def _needs_hf_conversion(model_dir: Path, model: nn.Module, layout) -> bool:
     from safetensors import safe_open
     from transformers.conversion_mapping import extract_weight_conversions_for_model
     params = {n for n, _ in model.named_parameters()} | {f"{layout.head}.weight"}
-    for path in _weight_files(model_dir):
+    for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             names = {checkpoint_name(k, layout) for k in f.keys()} - {None}
         if names - params:
@@ -194,7 +201,7 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
                        fills_masters=fills_masters)
     seen = set()
     tied_head = f"{layout.head}.weight"
-    for path in _weight_files(model_dir):
+    for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for stored in f.keys():
                 name = checkpoint_name(stored, layout)
@@ -213,7 +220,7 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
 
 
 def save_hf_dir(adapter_or_state_dict, model_dir: str | Path, *, dtype: torch.dtype | None = None,
-                shard_bytes: int = SHARD_BYTES) -> Path:
+                shard_bytes: int = SHARD_BYTES, prefix: str = "model") -> Path:
     """Write weights as HF sharded safetensors (+ index json, + config.json for an adapter).
 
     Each file is written to a temporary name and renamed (atomic per file).
@@ -224,6 +231,7 @@ def save_hf_dir(adapter_or_state_dict, model_dir: str | Path, *, dtype: torch.dt
         model_dir: target directory (created).
         dtype: save dtype (None: as stored).
         shard_bytes: largest shard, bytes.
+        prefix: file name stem (`model`: what HF loads; another stem writes files HF ignores).
 
     Returns:
         model_dir as a Path.
@@ -248,7 +256,8 @@ def save_hf_dir(adapter_or_state_dict, model_dir: str | Path, *, dtype: torch.dt
     n = len(shards)
     weight_map, total = {}, 0
     for k, shard in enumerate(shards):
-        fname = "model.safetensors" if n == 1 else f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        fname = (f"{prefix}.safetensors" if n == 1 else
+                 f"{prefix}-{k + 1:05d}-of-{n:05d}.safetensors")
         # clone: views of one flat buffer share storage, which safetensors refuses
         out = {name: (t if dtype is None else t.to(dtype)).detach().clone().contiguous()
                for name, t in shard.items()}
@@ -259,7 +268,7 @@ def save_hf_dir(adapter_or_state_dict, model_dir: str | Path, *, dtype: torch.dt
             total += t.numel() * t.element_size()
     if n > 1:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        _atomic(model_dir / "model.safetensors.index.json",
+        _atomic(model_dir / f"{prefix}.safetensors.index.json",
                 lambda p: p.write_text(json.dumps(index, indent=2)))
     return model_dir
 

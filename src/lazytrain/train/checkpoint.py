@@ -2,9 +2,13 @@
 
 Layout of `RUN_DIR/checkpoints/step-000012/`:
 
-    config.json, model.safetensors (or shards + index)   HF-loadable weights in the master
-                                                          dtype (config.json's dtype says
-                                                          which: float32 or bfloat16)
+    config.json, model.safetensors (or shards + index)   HF-loadable weights in `model.dtype`
+                                                          (config.json's dtype says which:
+                                                          float32 or bfloat16)
+    masters.safetensors (or shards + index)              only when `model.dtype` is narrower
+                                                          than the masters (bf16 export of
+                                                          fp32 masters): the masters as they
+                                                          are, so a resume continues bit-exact
     generation_config.json                                generation defaults of the config
     tokenizer.json, tokenizer_config.json, ...           the tokenizer, so the dir is a model
     trainer_state.pt                                      optimizer + RNG (engine; one
@@ -22,9 +26,9 @@ the directory are fsynced, the `COMPLETE` marker is written and fsynced last, th
 directory is renamed to its final name and the parent fsynced. A directory is valid only when
 its marker exists, parses, and every listed file has the listed size; temp directories and
 directories without a marker (a crash, a kill, a full disk, a rank that died) are never picked
-up, and are removed by the next successful save. The newest `KEEP_LAST` valid checkpoints are
-kept (a checkpoint of SmolLM2-135M is about 1.6 GB: 4 B/param weights + 8 B/param Adam
-moments).
+up, and are removed by the next successful save. The newest `train.keep_checkpoints` valid
+checkpoints are kept (default `KEEP_LAST`; a checkpoint of SmolLM2-135M is about 1.6 GB: 4
+B/param weights + 8 B/param Adam moments).
 
 Loading never runs code from a file: `trainer_state.pt` (and a data-parallel rank shard) is
 read with `torch.load(weights_only=True)`, which accepts tensors, numbers, strings and plain
@@ -53,6 +57,7 @@ import torch
 import xxhash
 
 from lazytrain.errors import UserError
+from lazytrain.models.hf_loader import save_hf_dir, weight_files
 from lazytrain.train.rank import ONE_PROCESS, RankContext
 
 MARKER = "COMPLETE"
@@ -60,7 +65,11 @@ MARKER = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
 """torch.save'd dict: engine (optimizer, RNG), data, step, schedule."""
 KEEP_LAST = 1
-"""Valid checkpoints kept per run (older ones are deleted after a newer one is complete)."""
+"""Valid checkpoints kept per run by default (`train.keep_checkpoints`; older ones are deleted
+after a newer one is complete)."""
+MASTERS_PREFIX = "masters"
+"""Stem of `masters.safetensors` (or its shards + index): the master weights in their own dtype,
+written beside a narrower `model.dtype` export; HF's loaders ignore them."""
 _NAME_RE = re.compile(r"^step-(\d{6,})$")
 
 
@@ -249,6 +258,7 @@ def shard_name(rank: int) -> str:
 def save_checkpoint(run_dir: str | Path, *, step: int, weights: dict[str, torch.Tensor],
                     hf_config: Any, tokenizer: Any, state: dict[str, Any],
                     shard: dict[str, Any] | None = None, ranks: RankContext = ONE_PROCESS,
+                    export_dtype: torch.dtype | None = None, keep: int = KEEP_LAST,
                     before_marker: Callable[[Path], None] | None = None) -> Checkpoint:
     """Write checkpoint `step` atomically (module docstring) and prune older ones. With several
     ranks a collective: call it on every rank.
@@ -271,6 +281,9 @@ def save_checkpoint(run_dir: str | Path, *, step: int, weights: dict[str, torch.
         state: the main rank's trainer state (data, step, config), written with torch.save.
         shard: this rank's own state (engine: optimizer shard, RNG); None: nothing per rank.
         ranks: the rank context (`lazytrain.train.rank`); default one process.
+        export_dtype: dtype of the HF weights (`model.dtype`); None: the masters' own. Narrower
+            than a master: the masters also go into `MASTERS_FILE` (`--resume` reads them).
+        keep: valid checkpoints kept, >= 1 (`train.keep_checkpoints`); older ones are deleted.
         before_marker: test hook, main rank, called with the temp directory after every file
             but the marker is written (raise there to simulate a crash mid-save).
 
@@ -296,11 +309,14 @@ def save_checkpoint(run_dir: str | Path, *, step: int, weights: dict[str, torch.
             _torch_save(shard, tmp / shard_name(ranks.rank))
             _fsync(tmp / shard_name(ranks.rank))
         if ranks.is_main:
-            write_model_files(tmp, weights=weights, hf_config=hf_config, tokenizer=tokenizer)
+            write_model_files(tmp, weights=weights, hf_config=hf_config, tokenizer=tokenizer,
+                              dtype=export_dtype)
+            if _narrows(weights, export_dtype):
+                save_hf_dir(weights, tmp, prefix=MASTERS_PREFIX)
             _torch_save({**state, "world_size": ranks.world_size}, tmp / STATE_FILE)
         ranks.barrier()  # every shard is on disk
         if ranks.is_main:
-            _commit(tmp, final, step=step, world_size=ranks.world_size,
+            _commit(tmp, final, step=step, world_size=ranks.world_size, keep=keep,
                     before_marker=before_marker)
     except BaseException:
         if ranks.is_main:
@@ -322,7 +338,37 @@ def _torch_save(obj: Any, path: Path) -> None:
         raise
 
 
-def _commit(tmp: Path, final: Path, *, step: int, world_size: int, before_marker) -> None:
+def _narrows(weights: dict[str, torch.Tensor], dtype: torch.dtype | None) -> bool:
+    """True when exporting `weights` in `dtype` loses bits of some floating-point master."""
+    return dtype is not None and any(t.is_floating_point() and t.element_size() > dtype.itemsize
+                                     for t in weights.values())
+
+
+def load_masters(checkpoint: Checkpoint, params) -> bool:
+    """Copy the checkpoint's masters files (`MASTERS_PREFIX`, if any) into the host store
+    `params` (`models.host_params.HostParams`), over the narrower `model.dtype` weights the
+    adapter was loaded from, so a resume continues from the exact masters (one tensor in
+    memory at a time). True when the checkpoint had them.
+
+    Raises:
+        KeyError: the files name a parameter the model does not have.
+    """
+    from safetensors import safe_open
+
+    try:
+        files = weight_files(checkpoint.path, prefix=MASTERS_PREFIX)
+    except FileNotFoundError:
+        return False
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                group, local = params.locate(name)
+                group.master_views[local].copy_(f.get_tensor(name))
+    return True
+
+
+def _commit(tmp: Path, final: Path, *, step: int, world_size: int, keep: int,
+            before_marker) -> None:
     """The main rank: fsync every file, digest it, write the marker last, rename, prune."""
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
     for name in files:
@@ -338,7 +384,7 @@ def _commit(tmp: Path, final: Path, *, step: int, world_size: int, before_marker
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync(final.parent)
-    _prune(final.parent, keep=final)
+    _prune(final.parent, newest=final, keep=keep)
 
 
 def load_shard(checkpoint: Checkpoint, ranks: RankContext, *,
@@ -372,9 +418,10 @@ def check_world_size(checkpoint: Checkpoint, *, world_size: int) -> None:
 
 
 def write_model_files(directory: Path, *, weights: dict[str, torch.Tensor], hf_config: Any,
-                      tokenizer: Any) -> None:
-    """The HF model part of a checkpoint: safetensors, config.json (its `dtype` that of the
-    written weights, bfloat16 for bf16 masters), generation_config.json and the tokenizer.
+                      tokenizer: Any, dtype: torch.dtype | None = None) -> None:
+    """The HF model part of a checkpoint: safetensors in `dtype` (`model.dtype`; None: as the
+    masters are), config.json (its `dtype` that of the written weights), generation_config.json
+    and the tokenizer.
 
     Raises:
         OSError, SafetensorError: a write failed (the caller removes the directory).
@@ -383,10 +430,9 @@ def write_model_files(directory: Path, *, weights: dict[str, torch.Tensor], hf_c
 
     from transformers import GenerationConfig
 
-    from lazytrain.models.hf_loader import save_hf_dir
-
-    save_hf_dir(weights, directory)
-    dtypes = {t.dtype for t in weights.values() if t.is_floating_point()}
+    save_hf_dir(weights, directory, dtype=dtype)
+    dtypes = ({dtype} if dtype is not None else
+              {t.dtype for t in weights.values() if t.is_floating_point()})
     config = copy.deepcopy(hf_config)
     if len(dtypes) == 1:
         config.dtype = dtypes.pop()  # what from_pretrained(dtype="auto") should load
@@ -396,10 +442,10 @@ def write_model_files(directory: Path, *, weights: dict[str, torch.Tensor], hf_c
     tokenizer.save_pretrained(directory)
 
 
-def _prune(root: Path, *, keep: Path) -> None:
-    """Delete temp leftovers, invalid step directories and all but the newest KEEP_LAST."""
+def _prune(root: Path, *, newest: Path, keep: int) -> None:
+    """Delete temp leftovers, invalid step directories and all but the newest `keep` valid."""
     valid = list_checkpoints(root.parent)
-    keep_names = {c.path.name for c in valid[-KEEP_LAST:]} | {keep.name}
+    keep_names = {c.path.name for c in valid[-keep:]} | {newest.name}
     for child in root.iterdir():
         stale_tmp = child.name.startswith(".tmp-")  # the new one is renamed already
         if child.is_dir() and (stale_tmp or (_NAME_RE.match(child.name)

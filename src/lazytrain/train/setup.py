@@ -313,10 +313,18 @@ def check_data_paths(data_cfg: Any, *, base_dir: str | Path | None = None) -> No
                                 f"one of those")
 
 
-RESUME_FIXED_KEYS = (("data", "seq_len"), ("train", "micro_batch"))
-"""Keys a resumed run must keep: the batch shape its data state and plan were made for. (Where
+RESUME_FIXED_KEYS = (("data", "seq_len"), ("train", "micro_batch"), ("train", "grad_accum"),
+                     ("train", "master_dtype"), ("train", "compute_dtype"), ("model", "dtype"),
+                     ("model", "name"))
+"""Keys a resumed run must keep: the batch shape its data state and plan were made for, the
+global batch (grad_accum), the dtypes of its masters, compute and exported weights, and the
+model's label. (Another data.path or train.seed is refused by the data state; where
 data.num_eval moves examples between the held-out and the training set, the data state's size
 and fingerprint refuse the resume; elsewhere it only changes the held-out set.)"""
+RESUME_MAY_CHANGE = ("train.steps/epochs, the LR schedule (train.lr, warmup_steps, schedule, "
+                     "min_lr_ratio), the checkpoint and eval cadence, train.keep_checkpoints, "
+                     "train.report_to, planner.*, runtime.*, hardware.*")
+"""What a resume may change, said in the refusal of a `RESUME_FIXED_KEYS` change."""
 
 
 def check_same_shape(cfg: Any, saved: dict | None, checkpoint: Path) -> None:
@@ -324,15 +332,17 @@ def check_same_shape(cfg: Any, saved: dict | None, checkpoint: Path) -> None:
     with a matching `--plan`.
 
     Raises:
-        ValueError: names the key, both values and the fix.
+        ValueError: names the key, both values, the fix and what a resume may change
+            (`RESUME_MAY_CHANGE`), in one line.
     """
     for section, key in RESUME_FIXED_KEYS:
         had = ((saved or {}).get(section) or {}).get(key)
         want = getattr(getattr(cfg, section), key)
         if had is not None and had != want:
-            raise ValueError(f"{section}.{key}: {want} differs from {had}, the value checkpoint "
-                             f"{checkpoint} was trained with; resume with {section}.{key}="
-                             f"{had}, or start a new run with --overwrite or another --run-dir")
+            raise ValueError(f"{section}.{key}: {want!r} differs from {had!r}, the value "
+                             f"checkpoint {checkpoint} was trained with; resume with "
+                             f"{section}.{key}={had}, or start a new run with --overwrite or "
+                             f"another --run-dir (a resume may change {RESUME_MAY_CHANGE})")
 
 
 def check_same_model(cfg: Any, saved: dict | None, checkpoint: Path) -> None:

@@ -25,6 +25,7 @@ import torch
 from lazytrain.atomic import append_jsonl, read_jsonl, write_text_atomic
 from lazytrain.config import RunConfig, apply_overrides, save_config
 from lazytrain.contract import HOST_BYTES_PER_PARAM
+from lazytrain.models.host_params import MASTER_DTYPES
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.build import device_type, engine_from_config, resolve_device
 from lazytrain.spec.model import ModelSpec
@@ -291,13 +292,16 @@ class Trainer:
             self.plan.save(path)
 
     def _load_adapter(self, source):
-        """The model with its weights in the host store (`setup.load_adapter`); with
+        """The model with its weights in the host store (`setup.load_adapter`; on resume the
+        checkpoint's exact masters when it exported a narrower `model.dtype`); with
         `dist.shared_masters` and several ranks on the node the masters live in the node's
         shared mapping: local rank 0 writes them and the others wait for it."""
         tc, dc = self.cfg.train, self.cfg.dist
         store = self.ctx.master_store(shared=dc.shared_masters, shm_dir=dc.shm_dir)
         adapter = setup.load_adapter(source, compute_dtype=tc.compute_dtype,
                                      master_dtype=tc.master_dtype, seed=tc.seed, **store)
+        if self.resumed_from is not None and store.get("fills_masters", True):
+            ckpt.load_masters(self.resumed_from, adapter.params)  # under a narrower model.dtype
         self.masters_shared = bool(store)
         if self.masters_shared:
             self.ctx.barrier()  # local rank 0 has written the node's masters
@@ -390,7 +394,8 @@ class Trainer:
                 self.run_dir, step=self.step, weights=self.engine.named_masters(),
                 hf_config=self.adapter.config, tokenizer=self.tokenizer, state=state,
                 shard={"engine": self.engine.state_dict()}, ranks=self.ctx,
-                before_marker=self.hooks.before_marker)
+                export_dtype=MASTER_DTYPES[self.cfg.model.dtype],
+                keep=self.cfg.train.keep_checkpoints, before_marker=self.hooks.before_marker)
         self.log(f"saved checkpoint {saved.path}")
         return saved
 
