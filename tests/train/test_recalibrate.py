@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,7 +22,7 @@ from lazytrain.planner.plan import Plan
 from lazytrain.runtime import calibrate
 from lazytrain.spec.model import ModelSpec
 from lazytrain.train import setup
-from lazytrain.train.loop import train
+from lazytrain.train.loop import _recalibrate, train
 from lazytrain.train.recalibrate import recalibrate_from_run
 from train_helpers import tiny_config
 
@@ -152,3 +153,15 @@ def test_a_run_planned_with_a_calibration_4x_too_slow_replaces_it(cached, tmp_pa
         assert evaluate(replanned, plan).step_ms == pytest.approx(measured, rel=1e-6)
     else:
         assert evaluate(replanned, plan).step_ms >= measured
+
+
+def test_a_damaged_windows_file_is_a_warning_not_a_failed_run(cached, tmp_path):
+    cfg, _path = cached
+    plan, _problem = calibrated_plan(cfg)
+    windows = tmp_path / "windows.jsonl"
+    windows.write_text('{"step": 1, "wind\n{"step": 2, "windows": []}\n')  # line 1 torn
+    log = []
+    trainer = SimpleNamespace(windows_path=windows, plan=plan)
+    assert _recalibrate(cfg, trainer, run_dir=tmp_path, log=log.append) is None
+    [line] = log
+    assert line.startswith("warning: the calibration cache could not be refit from this run")

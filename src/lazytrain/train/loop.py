@@ -312,14 +312,14 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
 
 def _recalibrate(cfg: RunConfig, trainer: Trainer, *, run_dir: Path, log) -> dict | None:
     """This run's windows replace the cached calibration they contradict
-    (`recalibrate.recalibrate_from_run`); a cache that cannot be rewritten is a warning, never
-    a failed run."""
+    (`recalibrate.recalibrate_from_run`); a cache that cannot be rewritten or a damaged
+    windows.jsonl is a warning, never a failed run."""
     if not trainer.windows_path.is_file():
         return None
     try:
         return recalibrate_from_run(cfg, trainer.plan, load_windows(trainer.windows_path),
                                     run_dir=run_dir, log=log)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         log(f"warning: the calibration cache could not be refit from this run ({exc})")
         return None
 
