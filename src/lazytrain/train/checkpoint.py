@@ -93,16 +93,25 @@ def load_torch_file(path: Path) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing; the checkpoint is incomplete") from None
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
-            f"{path}: refused to load ({first[:200]}): a checkpoint state file may hold only "
-            f"tensors and plain containers; this one was not written by lazytrain or was "
+            f"{path}: refused to load ({_refusal_reason(exc)}): a checkpoint state file may "
+            f"hold only tensors and plain containers; this one was not written by lazytrain or was "
             f"altered, do not resume from it") from None
     except (RuntimeError, EOFError, OSError) as exc:
         raise CheckpointError(f"{path} is damaged ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); resume "
                               f"from an older checkpoint or start again with --overwrite"
                               ) from None
+
+
+def _refusal_reason(exc: Exception) -> str:
+    """What torch's weights-only unpickler refused ("Trying to load unsupported GLOBAL
+    posix.system ..."), without its advice to load the file with weights_only=False, which
+    would run the code a crafted file carries."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    reasons = [ln for ln in lines if "weights_only" not in ln and "Weights only load" not in ln
+               and not ln.startswith("Check the documentation")]
+    return reasons[0][:200] if reasons else "an object other than tensors and plain containers"
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

@@ -209,7 +209,30 @@ class Trainer:
         state = self.resumed_from.load_state()  # weights_only: refuses code objects
         setup.check_same_model(self.cfg, state.get("config"), self.resumed_from.path)
         setup.check_same_shape(self.cfg, state.get("config"), self.resumed_from.path)
+        self._own_state = self._agreed_shard(state)
         return state
+
+    def _agreed_shard(self, state: dict) -> dict:
+        """This rank's own state of the resumed checkpoint (`checkpoint.load_shard`), loaded
+        before any work; every rank learns (one collective) whether another rank's shard was
+        refused, so no rank evaluates or trains for a job that cannot resume.
+
+        Raises:
+            CheckpointError: this rank's shard is missing, damaged or holds code objects, or
+                another rank's is (its own error names the file).
+        """
+        try:
+            own, error = ckpt.load_shard(self.resumed_from, self.ctx, state=state), None
+        except ckpt.CheckpointError as exc:
+            own, error = None, exc
+        refused = int(self.ctx.all_sum(0.0 if error is None else 1.0))
+        if error is not None:
+            raise error
+        if refused:
+            raise ckpt.CheckpointError(
+                f"--resume: {refused} other rank(s) refused their shard of checkpoint "
+                f"{self.resumed_from.path} (their error names the file); no rank trains")
+        return own
 
     def _preflight_host_floor(self) -> None:
         """`preflight.preflight_host_floor` on the model's parameter count (the resumed
@@ -320,7 +343,7 @@ class Trainer:
             model_config_sha256=setup.model_config_sha256(self.adapter.config), **parts)
 
     def _restore(self, state: dict) -> None:
-        own = ckpt.load_shard(self.resumed_from, self.ctx, state=state)
+        own, self._own_state = self._own_state, None  # loaded and agreed on by `_check_resume`
         self.engine.load_state_dict(own["engine"])  # the data's position: `_load_data`
         self.step = int(state["step"])
         if self.is_main:
