@@ -29,6 +29,7 @@ from lazytrain.models.families import (LAYOUTS, DecoderLayout, _get, layer_atten
                                        layer_mask_key, mask_builder, resolve_layout)
 from lazytrain.models.host_params import HostParams
 from lazytrain.models.router_aux import RouterAux, router_class
+from lazytrain.models.truncate import stand_in_tails, tail_stand_ins
 
 __all__ = ["IGNORE_INDEX", "LAYOUTS", "DecoderLayout", "ModelAdapter", "hf_config_sha256",
            "layer_attention_type", "shift_labels"]
@@ -119,6 +120,10 @@ class ModelAdapter:
         self.params = params
         self.hf_config_sha256 = hf_config_sha256(model.config)
         self.router_cls = router_class(model)
+        # the re-forward skips each block's last projection (models/truncate.py) where the
+        # family allows it; benchmarks turn it off to measure the full re-forward beside it
+        self.truncated_reforward = layout.full_reforward_reason is None
+        self._tails = [tail_stand_ins(b) for b in self.blocks]
         model.train()  # dropout active: the engine trains
 
     # --- names ---------------------------------------------------------------------------------
@@ -259,19 +264,26 @@ class ModelAdapter:
         return out * torch.tensor(self.embed_scale, dtype=weight.dtype, device=weight.device)
 
     def forward_block(self, j: int, hidden: torch.Tensor, weights: dict[str, torch.Tensor],
-                      kwargs: dict, *, router_logits: list | None = None) -> torch.Tensor:
+                      kwargs: dict, *, router_logits: list | None = None,
+                      truncated: bool = False) -> torch.Tensor:
         """Block j on `weights` (local names, e.g. "mlp.up_proj.weight"): [B,S,H] -> [B,S,H].
 
         Args:
             router_logits: when a list, the [B*S, E] logits of each router in the block are
                 appended to it (forward hooks on HF's recorded router class, output 0).
+            truncated: the re-forward of block j's own backward: when `truncated_reforward`
+                is on, the block's last projection is not run and the output *value* is wrong
+                (not to be read); its autograd gradients, given the output's gradient, are
+                exact (models/truncate.py).
         """
         hooks = []
         if router_logits is not None and self.router_cls is not None:
             hooks = [m.register_forward_hook(lambda _m, _i, out: router_logits.append(out[0]))
                      for m in self.blocks[j].modules() if isinstance(m, self.router_cls)]
+        tails = self._tails[j] if truncated and self.truncated_reforward else ()
         try:
-            out = functional_call(self.blocks[j], weights, (hidden,), kwargs, strict=True)
+            with stand_in_tails(tails):
+                out = functional_call(self.blocks[j], weights, (hidden,), kwargs, strict=True)
         finally:
             for h in hooks:
                 h.remove()

@@ -43,9 +43,14 @@ class DecoderLayout:
     """The rotary module takes the layer kind (`rotary(x, position_ids, layer_type)`) and
     returns other frequencies per kind: Gemma3's local (sliding, theta 1e4) and global (full,
     theta 1e6) rotary embeddings."""
+    full_reforward_reason: str | None = None
+    """Why the family's re-forward cannot skip the MLP's last projection (its layer reads that
+    projection's output: models/truncate.py), or None: truncated re-forward."""
 
 
 _STANDARD = DecoderLayout()
+_POST_FFN_NORM = ("post_feedforward_layernorm normalizes the MLP output, so its backward reads "
+                  "the down projection's output; only the residual add (elementwise) is unread")
 _VLM_TEXT = DecoderLayout(checkpoint_renames=(("model.language_model.", "model."),),
                           checkpoint_skips=("model.visual.", "mtp."))
 """Qwen3.5 / Qwen3.6 checkpoints are vision-language: the text model sits under
@@ -53,7 +58,7 @@ _VLM_TEXT = DecoderLayout(checkpoint_renames=(("model.language_model.", "model."
 `mtp`. `AutoModelForCausalLM` on the nested config builds the text-only `*ForCausalLM`."""
 
 _GEMMA3_TEXT = DecoderLayout(
-    rotary_per_layer_type=True,
+    rotary_per_layer_type=True, full_reforward_reason=_POST_FFN_NORM,
     checkpoint_renames=(("model.language_model.", "model."), ("language_model.model.", "model."),
                         ("language_model.lm_head.", "lm_head.")),
     checkpoint_skips=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
@@ -62,6 +67,8 @@ _GEMMA3_TEXT = DecoderLayout(
 `model.language_model` (transformers 5) or `language_model.model` (older saves)."""
 
 _MODEL_WIDE_WINDOW = DecoderLayout(config_sliding_window=True)
+_GENERIC = DecoderLayout(full_reforward_reason="not a listed family: whether its layer reads the "
+                                               "MLP output (a post-feedforward norm) is unknown")
 
 LAYOUTS: dict[str, DecoderLayout] = {
     "llama": _STANDARD,
@@ -70,10 +77,12 @@ LAYOUTS: dict[str, DecoderLayout] = {
     "qwen3": _STANDARD,
     "qwen3_moe": _STANDARD,
     "mixtral": _MODEL_WIDE_WINDOW,
-    "gpt_oss": _STANDARD,
+    "gpt_oss": DecoderLayout(full_reforward_reason=(
+        "experts are stored transposed with biases and a clamped SwiGLU; the deferred combine "
+        "implements Qwen-style experts (gate_up_proj [E, 2I, H], down_proj [E, H, I]) only")),
     "deepseek_v2": _STANDARD,
     "phi3": _MODEL_WIDE_WINDOW,
-    "gemma2": _STANDARD,
+    "gemma2": DecoderLayout(full_reforward_reason=_POST_FFN_NORM),
     "gemma3_text": _GEMMA3_TEXT,
     "qwen3_next": DecoderLayout(checkpoint_skips=("mtp.",)),
     "qwen3_5_text": _VLM_TEXT,
@@ -136,7 +145,7 @@ def resolve_layout(model: nn.Module) -> DecoderLayout:
     standard = all(_has(model, getattr(_STANDARD, p)) for p in parts)
     if (registered == type(model).__name__ and standard
             and isinstance(_get(model, _STANDARD.layers), nn.ModuleList)):
-        return _STANDARD
+        return _GENERIC
     raise ValueError(f"model_type {mtype!r} has no adapter layout and is not a standard "
                      f"decoder-only model (model.embed_tokens/layers/norm/rotary_emb + lm_head); "
                      f"supported: {sorted(LAYOUTS)}")

@@ -428,7 +428,7 @@ class Engine:
             with torch.enable_grad(), replay_rng(mb.rng[j], self.device,
                                                  is_cuda=self.dev.is_cuda):
                 out = self.adapter.forward_block(j, x, leaves, mb.kwargs[j],
-                                                 router_logits=logits)
+                                                 router_logits=logits, truncated=True)
         outs, grads = [out], [grad]
         aux = None if mb.aux is None else mb.aux.block_term(logits)
         if aux is not None:  # block j's exact share of d(coef * aux) (models/router_aux.py)
