@@ -20,13 +20,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine_helpers import micro_batches, model_pair, tiny_config
+from torch.utils._pytree import tree_flatten
+
+from engine_helpers import BATCH, SEQ, micro_batches, model_pair, tiny_config
 from ledger_helpers import real_problem
 from lazytrain.models import adapter_from_model
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.plan import SolveRecord
+from lazytrain.runtime.block_autograd import grad_leaves
 from lazytrain.runtime.device import make_device
 from lazytrain.runtime.engine import Engine
+from lazytrain.spec.costs import analytic_costs
+from lazytrain.spec.hardware import get_hardware
+from lazytrain.spec.model import ModelSpec
 
 R, H, D, N = "recompute", "hbm", "dram", "nvme"
 MIXED = [R, D, H, N, H]
@@ -40,10 +46,11 @@ def _adapter(vocab: int):
     return adapter_from_model(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
 
 
-def _predicted_and_measured(adapter, tiers, tmp_path, *, device: str, seed: int = 0):
-    """({window: the plan's HBM bytes}, {window: the ledger's peak bytes over micro-batches})."""
+def _predicted_and_measured(adapter, tiers, tmp_path, *, device: str, seed: int = 0, keep=()):
+    """({window: the plan's HBM bytes}, {window: the ledger's peak bytes over micro-batches},
+    the largest block gradient in bytes)."""
     problem = real_problem(adapter)
-    decisions = decisions_from_tiers(problem, tuple(tiers), ())
+    decisions = decisions_from_tiers(problem, tuple(tiers), tuple(keep))
     plan = build_plan(problem, decisions, solver=SolveRecord(backend="manual"))
     predicted = dict(zip((w.name for w in plan.windows), evaluate(problem, plan).hbm_by_window))
     dev = make_device(device, seed=seed)
@@ -85,3 +92,51 @@ def test_the_plan_counts_the_heads_workspace_on_the_backend(device, tmp_path):
 def test_a_lagging_gradient_drain_stays_within_the_plan(tiers, seed, tmp_path):
     _, adapter = model_pair(tiny_config("llama"))
     _check(*_predicted_and_measured(adapter, tiers, tmp_path, device="cpu-threaded", seed=seed))
+
+
+def _saved_bytes(adapter, *, padded: bool, dtype: torch.dtype) -> int:
+    """Bytes autograd saves in block 0's forward as the engine runs it for a kept graph
+    (`ModelAdapter.forward_block` on the block's flat weights, the micro-batch's block inputs),
+    less its input, its weights and the block inputs (counted elsewhere in the plan)."""
+    mb = micro_batches(1, pad_last=padded)[0]
+    ends = adapter.params.ends
+    h = adapter.embed(mb["input_ids"], ends.views(ends.master)[adapter.embed_name]).to(dtype)
+    kwargs = adapter.block_kwargs(mb["input_ids"], h,
+                                  attention_mask=mb["attention_mask"] if padded else None)[0]
+    x = h.detach().requires_grad_()
+    leaves = grad_leaves(adapter.params.blocks[0], adapter.params.blocks[0].master.to(dtype))
+    counted = {t.untyped_storage().data_ptr() for t in (x, *leaves.values(),
+                                                         *tree_flatten(kwargs)[0])
+               if isinstance(t, torch.Tensor)}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in counted:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        adapter.forward_block(0, x, leaves, kwargs)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+@pytest.mark.parametrize(("family", "heads", "kv_heads"), [
+    ("llama", 4, 2), ("llama", 9, 3), ("llama", 4, 4), ("qwen3", 4, 2)],
+    ids=["llama_gqa", "smollm2_heads", "llama_mha", "qwen3_gqa"])
+def test_the_kept_graph_bytes_bound_what_autograd_saves(family, heads, kv_heads, padded, dtype):
+    config = tiny_config(family)
+    config.num_attention_heads, config.num_key_value_heads = heads, kv_heads
+    if family == "llama":
+        config.head_dim = 16  # 9 heads x 16 = 144 != hidden: the q/o widths follow the heads
+    torch.manual_seed(0)
+    adapter = adapter_from_model(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+    spec = ModelSpec.from_hf_config(adapter.config.to_dict(), name="tiny")
+    costs = analytic_costs(spec, get_hardware("cpu"), seq_len=SEQ, micro_batch=BATCH,
+                           compute_dtype="fp32" if dtype == torch.float32 else "bf16")
+    measured = _saved_bytes(adapter, padded=padded, dtype=dtype)
+    planned = costs.blocks[0].internal_bytes
+    assert measured <= planned
+    assert planned <= 1.3 * measured, (planned, measured)

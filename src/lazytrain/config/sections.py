@@ -380,8 +380,9 @@ class RuntimeConfig:
     threads: int = 0
     """torch intra-op threads, >= 0; 0: torch's default (all cores)."""
     head_chunk_tokens: int = HEAD_CHUNK_TOKENS
-    """Tokens per chunk of the LM head + loss, >= 1: the [chunk, vocab] logits are the head's
-    HBM workspace (1024 x 248320 x 8 B = 2 GB for Qwen3.5-27B)."""
+    """Tokens per chunk of the LM head + loss, >= 1: one chunk's logits, fp32 log-softmax and
+    their gradients (12 B per logit) are the head's HBM workspace, beside the head weight's
+    [vocab, hidden] gradient (1024 x 248320 x 12 B = 3.05 GB for Qwen3.5-27B)."""
     calibrate: Literal["auto", "off"] = "auto"
     """Where an unprofiled plan for this machine gets its costs. auto: with
     `hardware.profile_path` empty and the plan for this machine (preset cpu on the CPU, or this

@@ -14,8 +14,10 @@ Analytic model (`analytic_costs`), per block j and micro-batch of T = micro_batc
 - time = FLOPs / (peak_flops * matmul_efficiency).
 - P = params x compute-dtype bytes; G = params x grad-dtype bytes (grads drain in the compute
   dtype: bf16 with bf16 compute, fp32 with fp32); A = T x hidden x compute-dtype bytes;
-  I = T x (saved_elems_per_token x dtype bytes + saved_fp32_per_token x 4)
-  (`lazytrain.spec.model`: the tensors autograd saves in the HF implementation, roughly +-25%).
+  I = T x (saved_elems_per_token x dtype bytes + saved_fp32_per_token x 4) + the SDPA mask
+  B x S^2 x dtype bytes of a softmax-attention block (`attention_mask_bytes`)
+  (`lazytrain.spec.families`: the tensors autograd saves in the HF implementation, an upper
+  bound checked against the runtime's ledger).
 - Head (the `turn` window): final norm + LM head + loss forward and backward in token chunks,
   6 x T x vocab x hidden FLOPs. Embedding: a gather, 2 x A bytes at HBM bandwidth.
 
@@ -72,6 +74,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lazytrain.contract import HEAD_CHUNK_TOKENS
+from lazytrain.spec.block import BlockSpec
 from lazytrain.spec.hardware import (
     ACCUMULATE_TRAFFIC_PER_BYTE, CONVERT_TRAFFIC_PER_BYTE, HardwareSpec, apply_overrides,
 )
@@ -203,7 +206,8 @@ def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_ba
             fwd_ms=fwd * ms_per_flop, fwd_grad_ms=FWD_GRAD_FACTOR * fwd * ms_per_flop,
             bwd_ms=bwd * ms_per_flop, weight_bytes=blk.params * b, grad_bytes=blk.params * b,
             boundary_bytes=A,
-            internal_bytes=T * (blk.saved_elems_per_token * b + blk.saved_fp32_per_token * 4),
+            internal_bytes=T * (blk.saved_elems_per_token * b + blk.saved_fp32_per_token * 4)
+            + attention_mask_bytes(blk, micro_batch=micro_batch, seq_len=seq_len, dtype_bytes=b),
             fwd_flops=fwd, bwd_flops=bwd))
     head_flops = 6.0 * T * model.head_matmul_params
     return ModelCosts(
@@ -233,24 +237,35 @@ def block_workspace_bytes(blocks: tuple[BlockCosts, ...] | list[BlockCosts], A: 
     return max(max(c.internal_bytes for c in blocks), max(c.grad_bytes for c in blocks)) + 3 * A
 
 
+def attention_mask_bytes(blk: BlockSpec, *, micro_batch: int, seq_len: int,
+                         dtype_bytes: int) -> int:
+    """The additive mask [B, 1, S, S] a softmax-attention block's SDPA call makes from the
+    boolean one and autograd saves with the graph (the `where` in HF's SDPA path, compute
+    dtype), bytes: B S^2 b; 0 for linear attention. Made only where a mask is passed (a padded
+    batch): counted always, as the bound."""
+    if blk.attention == "linear_attention":
+        return 0
+    return micro_batch * seq_len * seq_len * dtype_bytes
+
+
 def block_inputs_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int,
                        dtype_bytes: int) -> int:
     """One micro-batch's block inputs besides the hidden state (`ModelAdapter.block_kwargs`:
     built in pre, read by every forward and re-forward, dropped after post), bytes:
 
-        n_rope 2 B S d b + n_mask B S^2 + 8 B S
+        (n_rope 2 B S d + n_mask B S^2) b + 8 B S
 
     the rotary tables (cos, sin) [B, S, d] in the compute dtype (b bytes) per rotary kind, a
-    4D boolean attention mask [B, 1, S, S] per softmax-attention kind and window (HF builds one
-    where the batch is padded; counted always), and the int64 positions. n_rope = n_mask = the
-    distinct (attention kind, window) pairs of the softmax-attention blocks, d their largest
-    q/k head dim.
+    4D attention mask [B, 1, S, S] per softmax-attention kind and window (HF builds one where
+    the batch is padded; counted always, at b bytes per element), and the int64 positions.
+    n_rope = n_mask = the distinct (attention kind, window) pairs of the softmax-attention
+    blocks, d their largest q/k head dim.
     """
     kinds = {(blk.attention, blk.sliding_window) for blk in model.blocks
              if blk.attention != "linear_attention"}
     d = max((blk.qk_head_dim for blk in model.blocks), default=0)
     B, S = micro_batch, seq_len
-    return len(kinds) * (2 * B * S * d * dtype_bytes + B * S * S) + 8 * B * S
+    return len(kinds) * (2 * B * S * d + B * S * S) * dtype_bytes + 8 * B * S
 
 
 def head_workspace_bytes(model: ModelSpec, *, micro_batch: int, seq_len: int, dtype_bytes: int,

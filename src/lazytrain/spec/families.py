@@ -34,9 +34,13 @@ def _softmax_attention(c: dict, *, bias_qkv: bool, bias_o: bool, qk_norm: bool, 
                        sinks: bool, window: int) -> tuple[int, dict, int, int]:
     """GQA attention (Llama/Qwen3/Mixtral/GPT-OSS; Qwen3.5/Next with the output gate).
 
-    Saved per token: norm output H; q (x2 with gate), k, v projections; q/k norm outputs; rope
-    outputs q, k; attention output O; with the gate its sigmoid and the gated O; fp32 softmax
-    log-sum-exp per head.
+    Saved per token: norm output H; the rope output q (x2 with gate); k and v as SDPA saves
+    them, at the query heads' count: HF's `repeat_kv` expands them to every query head whenever
+    an attention mask is passed (a padded batch, on every device) and the kernel keeps the
+    expanded copies (without a mask they are smaller: this is the bound); with q/k norms their
+    fp32 normalized inputs and reciprocal RMS and the compute-dtype casts; attention output O;
+    with the gate its sigmoid and the gated O; fp32 softmax log-sum-exp per head. (The q/k
+    projections and rope's inputs are not saved: rope multiplies by constant tables.)
     """
     H, nh = c["hidden_size"], c["num_attention_heads"]
     nkv = c.get("num_key_value_heads") or nh
@@ -44,10 +48,11 @@ def _softmax_attention(c: dict, *, bias_qkv: bool, bias_o: bool, qk_norm: bool, 
     q_out = nh * d * (2 if gate else 1)
     params = H * q_out + 2 * H * nkv * d + nh * d * H
     params += (q_out + 2 * nkv * d) * bias_qkv + H * bias_o + 2 * d * qk_norm + nh * sinks
-    saved = H + q_out + 2 * nkv * d + (nh * d + nkv * d) * (1 + qk_norm) + nh * d
+    saved = H + q_out + 2 * nh * d + (nh * d + nkv * d) * qk_norm + nh * d
     saved += 2 * nh * d * gate
+    fp32 = nh + (nh * d + nkv * d + nh + nkv) * qk_norm
     fields = dict(num_heads=nh, qk_head_dim=d, v_head_dim=d, sliding_window=window)
-    return params, fields, saved, nh
+    return params, fields, saved, fp32
 
 
 def _mla_attention(c: dict) -> tuple[int, dict, int, int]:
@@ -128,7 +133,10 @@ def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: in
     post-attention; Gemma2/3: 4, adding pre- and post-feedforward).
 
     Saved per token besides the parts: the post-attention residual sum and the output of each
-    norm after the first (which the attention part counts)."""
+    norm after the first (which the attention part counts); per norm (HF's RMSNorm computes in
+    fp32) its fp32 normalized input and fp32 reciprocal RMS, and that input cast back to the
+    compute dtype for the weight's multiply (with fp32 compute the cast is the fp32 tensor
+    itself, counted twice)."""
     a_params, a_fields, a_saved, a_fp32 = attn
     m_params, m_active, m_saved, m_fp32 = mlp
     base = {"full_attention": "", "sliding_attention": "sliding_attention",
@@ -137,8 +145,8 @@ def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: in
     return BlockSpec(index=j, kind=kind, attention=attention, mlp=mlp_kind,
                      params=a_params + m_params + norms * H,
                      active_params=a_params + m_active + norms * H,
-                     saved_elems_per_token=a_saved + m_saved + norms * H,
-                     saved_fp32_per_token=a_fp32 + m_fp32, **a_fields)
+                     saved_elems_per_token=a_saved + m_saved + 2 * norms * H,
+                     saved_fp32_per_token=a_fp32 + m_fp32 + norms * (H + 1), **a_fields)
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "mla")
