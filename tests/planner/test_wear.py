@@ -17,6 +17,7 @@ import math
 import pytest
 
 from lazytrain.config import PlannerConfig, load_config
+from lazytrain.contract import align_up
 from lazytrain.errors import ConfigError
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.milp import build_milp, solve_milp
@@ -111,8 +112,10 @@ def test_least_wear_plan_writes_the_enumerated_minimum_within_the_slack(case):
 FAST_NVME = dict(L=3, nvme_read_bytes_per_s=2e4 * U, nvme_write_bytes_per_s=2e4 * U,
                  nvme_lead_windows=2)
 TIES = {
-    # boundary 0 in DRAM or on NVMe: every copy hides behind compute, the steps tie (351 ms)
-    "dram_or_nvme": tiny_problem(**FAST_NVME, hbm_bytes=1200 * U, dram_bytes=602 * U),
+    # boundary 0 in DRAM or on NVMe: every copy hides behind compute, the steps tie (351 ms);
+    # DRAM room for one 100 u boundary padded to 4 KiB (an NVMe boundary's bounce buffer)
+    "dram_or_nvme": tiny_problem(**FAST_NVME, hbm_bytes=1200 * U,
+                                 dram_bytes=502 * U + align_up(100 * U)),
     # more HBM: four plans tie (299 ms), two write nothing; of those the one with boundary 1 in
     # HBM moves 320 u less over the host link
     "then_host_traffic": tiny_problem(**FAST_NVME, hbm_bytes=1300 * U, dram_bytes=702 * U),
@@ -165,19 +168,19 @@ def test_single_boundary_moves_keep_the_plan_fitting_and_within_the_cap():
 
 def test_moves_never_recompute_the_end_of_a_resident_block():
     """HBM has room for the plan (peak 1370 u with block 0's weights resident, 1320 u without)
-    but not for NVMe boundary 1 (80 u) beside it, DRAM has none: with an unbounded cap the
-    only move left is to recompute boundary 1, which a resident block 0 forbids (it must end
-    its segment) and which is taken without one."""
-    problem = tiny_problem(**FAST_NVME, hbm_bytes=1390 * U, dram_bytes=502 * U)
+    but not for DRAM boundary 1 (80 u) beside it, DRAM has room for it alone: with an unbounded
+    cap the only move left (less host traffic) is to recompute boundary 1, which a resident
+    block 0 forbids (it must end its segment) and which is taken without one."""
+    problem = tiny_problem(**FAST_NVME, hbm_bytes=1390 * U, dram_bytes=582 * U)
 
     def tier_of_boundary_1_after_moves(resident: tuple[int, ...]) -> str:
-        start = build_plan(problem, decisions_from_tiers(problem, ("hbm", "nvme", "hbm", "hbm"),
+        start = build_plan(problem, decisions_from_tiers(problem, ("hbm", "dram", "hbm", "hbm"),
                                                          resident_weights=resident),
                            solver=SolveRecord(backend="manual"))
         assert not start.provenance.get("violations")
         return moved_plan(problem, start, cap_ms=math.inf).tiers[1]
 
-    assert tier_of_boundary_1_after_moves((0,)) == "nvme"
+    assert tier_of_boundary_1_after_moves((0,)) == "dram"
     assert tier_of_boundary_1_after_moves(()) == "recompute"
 
 
