@@ -195,7 +195,7 @@ def _convert_model(flat: dict, out: Conversion) -> None:
     out.model_id = model_id_of(str(name))
     local = str(name).startswith(("/", ".", "~"))
     note = ("a path on the MegaTrain machine" if local else "hub id") + (
-        "; planning reads no network: pass the model's config.json with --model PATH")
+        "; planning reads no network: set model.config_path to the model's config.json")
     if out.model_id != name:
         note = f"HF cache snapshot of {out.model_id}, " + note
     out.set("model.config_path", str(name), source="model.name", note=note)

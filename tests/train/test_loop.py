@@ -134,7 +134,9 @@ def test_preflight_refuses_with_the_numbers(tmp_path):
                         meminfo=meminfo)
     assert [c.ok for c in checks] == [False, True]
     from lazytrain.train.preflight import preflight
-    with pytest.raises(PreflightError, match=r"host memory: need 0\.00 GB, have 0\.00 GB"):
+    # under 10 MB in bytes, not "need 0.00 GB, have 0.00 GB" (meminfo's kB are 1024 bytes)
+    with pytest.raises(PreflightError, match=r"host memory: need 2000000 bytes, have 1024000 "
+                                             r"bytes \(MemAvailable\)"):
         preflight(device="cpu", host_bytes=2_000_000, hbm_bytes=0, pinned_bytes=0,
                   nvme_bytes=0, nvme_dir=tmp_path, checkpoint_bytes=1, run_dir=tmp_path,
                   meminfo=meminfo)

@@ -51,7 +51,7 @@ def _error(repo_id: str, what: str, exc: Exception) -> Exception:
     from huggingface_hub import errors
 
     get = f"hf download {repo_id}" + (" config.json" if what == "config.json" else "")
-    local = ("pass the downloaded config.json with --model PATH (model.config_path)"
+    local = ("set model.config_path to the downloaded config.json"
              if what == "config.json" else "set model.config_path to the downloaded directory")
     where = _cache_dir() or "the HF cache (~/.cache/huggingface/hub, HF_HUB_CACHE)"
     if offline():

@@ -166,8 +166,8 @@ def _read_config(path_or_dict: str | Path | dict) -> tuple[dict, str]:
     if not path.is_file():
         raise FileNotFoundError(
             f"model config not found: {path_or_dict} (a config.json, a model directory, or one "
-            f"of the built-in names {sorted(BUILTIN_CONFIGS)}); pass one with --model PATH "
-            f"(model.config_path)")
+            f"of the built-in names {sorted(BUILTIN_CONFIGS)}); set model.config_path to one "
+            f"(--set model.config_path=PATH)")
     try:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

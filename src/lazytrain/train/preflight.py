@@ -53,9 +53,19 @@ class Check:
         return self.have_bytes is None or self.need_bytes <= self.have_bytes
 
     def describe(self) -> str:
-        have = "unknown" if self.have_bytes is None else f"{self.have_bytes / GB:.2f} GB"
-        return (f"{self.name}: need {self.need_bytes / GB:.2f} GB, have {have}"
+        have = "unknown" if self.have_bytes is None else amount(self.have_bytes)
+        return (f"{self.name}: need {amount(self.need_bytes)}, have {have}"
                 + (f" ({self.where})" if self.where else ""))
+
+
+BYTES_BELOW = 10_000_000
+"""Amounts under 10 MB are said in bytes: 0.01 GB, the last digit `.2f` GB shows, is 10 MB, so
+a nearly full disk would read "need 0.00 GB, have 0.00 GB"."""
+
+
+def amount(nbytes: int) -> str:
+    """`nbytes` in words: "12.34 GB", or "1048576 bytes" under `BYTES_BELOW`."""
+    return f"{nbytes:.0f} bytes" if abs(nbytes) < BYTES_BELOW else f"{nbytes / GB:.2f} GB"
 
 
 def mem_available_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -387,6 +388,29 @@ class NvmeDirInUseError(JobFailure, RuntimeError):
 NVME_LOCK_SUFFIX = ".lock"
 """A job's NVMe directory `D` is locked through the file `D.lock` beside it (flock'ed by the
 job, holding the owner's pid; beside, so the directory holds only checkpoint files)."""
+
+
+def check_nvme_dir(nvme_dir: str) -> None:
+    """Check, before planning (a calibration times NVMe there), that `runtime.nvme_dir` can be
+    created and written: a unique probe file is created and removed. Empty: the run
+    directory is used, which `loop.make_run_dir` checks.
+
+    Raises:
+        OSError: one line naming runtime.nvme_dir, the path, the cause (a read-only mount, a
+            file in the way, permissions) and the fix.
+    """
+    if not nvme_dir:
+        return
+    path = Path(nvme_dir).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".lazytrain-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OSError(f"runtime.nvme_dir: cannot write to {path} ({exc.strerror or exc}); "
+                      f"set runtime.nvme_dir to a writable directory, or leave it empty to use "
+                      f"the run directory") from None
 
 
 def job_nvme_dir(nvme_dir: str, *, run_dir: Path) -> Path:

@@ -153,6 +153,7 @@ class Trainer:
         # Everything that can reject the job runs before a file is written or a weight loaded.
         saved_state = self._check_resume(resume, verify=verify_checkpoint)
         setup.check_data_paths(cfg.data)
+        setup.check_nvme_dir(cfg.runtime.nvme_dir)  # before a calibration times NVMe there
         self._preflight_host_floor()  # before a calibration builds the model
         self.plan = self._agreed_plan(plan)
         if self.resumed_from is not None:
