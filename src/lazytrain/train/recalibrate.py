@@ -75,8 +75,9 @@ def recalibrate_from_run(cfg: RunConfig, plan: Plan, records: list[dict], *,
         log: the one line saying the cache was replaced.
 
     Returns:
-        The `refit_from_run` record written to the cache entry (drifts as `Drift.to_dict`,
-        steps used, the file), or None when nothing was replaced.
+        The `refit_from_run` record written to the cache entry (when, the run directory, the
+        first and last step used, the threshold, every drift as `Drift.to_dict`), or None
+        when nothing was replaced.
 
     Raises:
         OSError: the cache entry cannot be rewritten.
