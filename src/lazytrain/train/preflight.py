@@ -118,7 +118,7 @@ def free_bytes(path: str | Path) -> int:
 def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: int,
                nvme_bytes: int, nvme_dir: str | Path, checkpoint_bytes: int,
                run_dir: str | Path, meminfo: str | Path = "/proc/meminfo",
-               cgroup_dir: str | Path = "/sys/fs/cgroup") -> list[Check]:
+               cgroup_dir: str | Path = "/sys/fs/cgroup", freed_bytes: int = 0) -> list[Check]:
     """All preflight comparisons (none raises).
 
     Args:
@@ -132,6 +132,8 @@ def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: in
         run_dir: where checkpoints are written.
         meminfo: the meminfo file (tests pass a fake one).
         cgroup_dir: the cgroup v2 directory holding memory.max / memory.current (tests: fake).
+        freed_bytes: bytes in `run_dir` that `--overwrite` deletes before the first save (the
+            previous run's files, `rundir.run_state_bytes`), counted as free there.
     """
     host_need = host_bytes + (hbm_bytes if device == "cpu" else 0)
     checks = [Check(name="host memory", need_bytes=host_need,
@@ -144,7 +146,9 @@ def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: in
         checks.append(Check(name="nvme space", need_bytes=nvme_bytes,
                             have_bytes=free_bytes(nvme_dir), where=str(nvme_dir)))
     checks.append(Check(name="checkpoint space", need_bytes=2 * checkpoint_bytes,
-                        have_bytes=free_bytes(run_dir), where=str(run_dir)))
+                        have_bytes=free_bytes(run_dir) + freed_bytes,
+                        where=str(run_dir) + (f", with the {freed_bytes} bytes of the previous "
+                                              f"run --overwrite deletes" if freed_bytes else "")))
     return checks
 
 

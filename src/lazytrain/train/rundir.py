@@ -9,6 +9,7 @@ run is about to write its first file, so a refused job leaves the old run byte f
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -59,3 +60,17 @@ def clear_run_dir(run_dir: Path) -> None:
             shutil.rmtree(target)
         elif target.exists() or target.is_symlink():
             target.unlink()
+
+
+def run_state_bytes(run_dir: Path) -> int:
+    """Bytes of the files `clear_run_dir` would delete (sizes as `lstat` reports them; links
+    are not followed): what `--overwrite` frees in the run directory before the first save."""
+    total = 0
+    for name in (*RUN_STATE, *RUN_FILES):
+        target = run_dir / name
+        if target.is_dir() and not target.is_symlink():
+            total += sum(os.lstat(os.path.join(root, f)).st_size
+                         for root, _dirs, files in os.walk(target) for f in files)
+        elif target.is_file() and not target.is_symlink():
+            total += target.stat().st_size
+    return total
