@@ -25,6 +25,7 @@ import torch
 from lazytrain.atomic import append_jsonl, read_jsonl, write_text_atomic
 from lazytrain.config import RunConfig, apply_overrides, save_config
 from lazytrain.contract import HOST_BYTES_PER_PARAM
+from lazytrain.models.families import text_model_config
 from lazytrain.models.host_params import MASTER_DTYPES
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.build import device_type, engine_from_config, resolve_device
@@ -273,7 +274,7 @@ class Trainer:
         from lazytrain.data import build_data, corpus_texts
 
         cfg, tc = self.cfg, self.cfg.train
-        hf_config = setup.load_hf_config(source)
+        hf_config = text_model_config(setup.load_hf_config(source))  # a VLM trains its text
         spec = ModelSpec.from_hf_config(hf_config.to_dict())
         self.flops_params = spec.model_flops_params  # N of 6 * N * tokens
         _run_preflight(cfg, self.plan, device=self.device, nvme_dir=self.nvme_dir,
