@@ -140,3 +140,24 @@ def test_the_kept_graph_bytes_bound_what_autograd_saves(family, heads, kv_heads,
     planned = costs.blocks[0].internal_bytes
     assert measured <= planned
     assert planned <= 1.3 * measured, (planned, measured)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu-threaded"])
+def test_a_budget_of_exactly_the_plans_peak_runs_with_a_16k_vocabulary(device, tmp_path):
+    # the HBM the planner's budget leaves (hbm_gb x 0.95, the default reserve) set to the plan's
+    # own predicted peak: a plan accepted there must run with the ledger's hard limits on
+    adapter = _adapter(16384)
+    peak = evaluate(real_problem(adapter), decisions_from_tiers(
+        real_problem(adapter), tuple(MIXED), ())).peak_hbm_bytes
+    problem = real_problem(adapter, hbm_gb=(peak + 64) / 0.95 / 1e9)  # 64 B: int rounding
+    plan = build_plan(problem, decisions_from_tiers(problem, tuple(MIXED), ()),
+                      solver=SolveRecord(backend="manual"))
+    assert problem.hbm_bytes >= plan.predicted.peak_hbm_bytes
+    dev = make_device(device, seed=0)
+    engine = Engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2,
+                    budgets=True, model_config_sha256=plan.provenance["model_config_sha256"])
+    try:
+        engine.step(micro_batches(2), lr=1e-3)  # HbmBudgetExceeded at turn before
+    finally:
+        engine.close()
+        dev.close()
