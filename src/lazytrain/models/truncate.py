@@ -77,10 +77,10 @@ class _DeferredCombine(torch.autograd.Function):
         grad_hs = []
         for (e, slot, token), h in zip(ctx.routes, hs):
             g_t = g[token]  # [n, H]
-            w = weights[token, slot].unsqueeze(-1)  # [n, 1]
+            w = weights[token, slot].unsqueeze(-1)  # [n, 1]; fp32 beside bf16 experts in HF
             u = g_t @ down[e]  # [n, I]
-            grad_hs.append(w * u)
-            grad_down[e] = (g_t * w).t() @ h
+            grad_hs.append((w * u).to(h.dtype))
+            grad_down[e] = (g_t * w).to(h.dtype).t() @ h
             grad_w[token, slot] = (u * h).sum(-1).to(weights.dtype)
         return (None, None, grad_w, grad_down, *grad_hs)
 

@@ -409,7 +409,8 @@ class Engine:
 
     def backward_block(self, mb: MicroBatch, j: int, grad: torch.Tensor, *,
                        step_lr: float | None) -> torch.Tensor:
-        """Re-forward block j with autograd (or use its kept graph), backward, drain its grads.
+        """Re-forward block j with autograd, truncated (models/truncate.py), or use its kept
+        graph; backward; drain its grads.
 
         Returns:
             d loss / d boundary j [B, S, H].
