@@ -56,3 +56,53 @@ def test_an_unwritable_nvme_dir_is_one_line_naming_runtime_nvme_dir(arithmetic_m
     errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
     assert code == 1 and len(errors) == 1
     assert errors[0].startswith(f"error: runtime.nvme_dir: cannot write to {blocker}/nvme")
+
+
+def test_resume_with_more_steps_says_the_cosine_schedule_is_refitted(arithmetic_model_dir,
+                                                                     tiny_plan, tmp_path):
+    from lazytrain.train.loop import train
+    from train_helpers import tiny_config
+
+    run = tmp_path / "run"
+    train(tiny_config(arithmetic_model_dir, run, "train.steps=2", "data.num_eval=0"),
+          plan=tiny_plan, progress=False)
+    lines = []
+    train(tiny_config(arithmetic_model_dir, run, "train.steps=4", "data.num_eval=0"),
+          resume=True, progress=False, log=lines.append)
+    # lr 3e-3, 1 warmup step, min_lr_ratio 0.1 (min lr 3e-4), 0-based step 2:
+    # 2 steps: p = (2 - 1) / 1 = 1 -> 3e-4;  4 steps: p = 1/3 -> 3e-4 + 2.7e-3 * 0.5 *
+    # (1 + cos(pi / 3)) = 3e-4 + 2.7e-3 * 0.75 = 2.325e-3
+    notes = [ln for ln in lines if ln.startswith("train.steps: 4")]
+    assert notes == ["train.steps: 4, the checkpoint's run had 2: the cosine LR schedule is "
+                     "re-fitted to 4 steps, so step 3 trains at lr 0.002325 instead of 0.0003 "
+                     "(resume with train.steps=2 to keep the original schedule)"]
+
+
+def test_an_unreachable_hub_is_asked_from_the_cache_only(tmp_path, monkeypatch):
+    """huggingface_hub retries a failed request for about 23 s; with no connection to the hub
+    the look-up goes to the cache at once and ends in the one-line "cannot be reached"."""
+    import socket
+
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from lazytrain.spec import hub
+
+    with socket.socket() as s:  # a port nothing listens on: the connection is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for var in hub.PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def fake_download(repo_id, filename, *, cache_dir=None, local_files_only=False):
+        calls.append(local_files_only)
+        raise LocalEntryNotFoundError("not cached")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    with pytest.raises(OSError, match="the hub cannot be reached") as info:
+        hub.hub_config_file("org/model")
+    assert calls == [True] and "\n" not in str(info.value)

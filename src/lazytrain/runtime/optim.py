@@ -77,6 +77,27 @@ def lr_at(step: int, *, base_lr: float, warmup_steps: int, total_steps: int,
     return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
 
 
+def refit_note(*, step: int, old_total: int, new_total: int, base_lr: float,
+               warmup_steps: int, schedule: str, min_lr_ratio: float) -> str | None:
+    """The line saying that a resume with another `train.steps` re-fits the schedule to the
+    new total (`lr_at`), with the LR of the next step under both totals; None when that LR is
+    unchanged (same total, constant schedule, still in warmup).
+
+    Args:
+        step: steps completed at the checkpoint (the next step's 0-based index).
+        old_total, new_total: `train.steps` of the checkpoint's run and of the resumed one.
+        base_lr, warmup_steps, schedule, min_lr_ratio: as `lr_at`.
+    """
+    lrs = [lr_at(step, base_lr=base_lr, warmup_steps=warmup_steps, total_steps=total,
+                 schedule=schedule, min_lr_ratio=min_lr_ratio) for total in (old_total, new_total)]
+    if lrs[0] == lrs[1]:
+        return None
+    return (f"train.steps: {new_total}, the checkpoint's run had {old_total}: the {schedule} LR "
+            f"schedule is re-fitted to {new_total} steps, so step {step + 1} trains at lr "
+            f"{lrs[1]:.4g} instead of {lrs[0]:.4g} (resume with train.steps={old_total} to keep "
+            f"the original schedule)")
+
+
 class BlockOptimizer:
     """AdamW per group, stepped in submission order by a worker thread.
 

@@ -4,7 +4,9 @@ Files land in the standard HF cache (`HF_HUB_CACHE`, default `~/.cache/huggingfa
 model downloaded by any HF tool is reused and nothing is copied. Planning fetches only
 `config.json` (`hub_config_file`); training fetches the weights and tokenizer
 (`hub_model_dir`). `HF_HUB_OFFLINE=1` is honoured, read when the call is made: only the cache
-is looked at, and a model not in it is a one-line error naming the download command.
+is looked at, and a model not in it is a one-line error naming the download command. A hub
+that cannot be reached (`reachable`: no TCP connection within 3 s) is treated the same way, at
+once, instead of after huggingface_hub's retries.
 
 A local path always wins over a hub id of the same spelling (`is_hub_id`). Knows nothing of
 torch (the planner calls it).
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from lazytrain.errors import UserError
 
@@ -40,6 +44,37 @@ def is_hub_id(config_path: str) -> bool:
 def offline() -> bool:
     """`HF_HUB_OFFLINE` as set now (1/true/yes/on), not when huggingface_hub was imported."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+REACH_TIMEOUT_S = 3.0
+"""How long `reachable` waits for a TCP connection to the hub, s. huggingface_hub itself retries
+a failed request five times with back-off (about 23 s) before giving up; a connection to a
+reachable host takes well under a second."""
+PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+"""With one of these set the hub is reached through a proxy, which `reachable` does not probe."""
+
+
+def reachable() -> bool:
+    """Whether a TCP connection to the hub's endpoint (`HF_ENDPOINT`, default huggingface.co,
+    port 443 or the URL's) opens within `REACH_TIMEOUT_S`. True when a proxy is configured
+    (`PROXY_VARS`): the proxy decides. A False makes the look-ups read the cache only, so a
+    machine without network gets its one-line error at once."""
+    from huggingface_hub import constants
+
+    if any(os.environ.get(var) for var in PROXY_VARS):
+        return True
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=REACH_TIMEOUT_S).close()
+    except OSError:
+        return False
+    return True
+
+
+def _cache_only() -> bool:
+    """Look in the cache only: `HF_HUB_OFFLINE` is set, or the hub cannot be reached."""
+    return offline() or not reachable()
 
 
 def _cache_dir() -> str | None:
@@ -83,7 +118,7 @@ def hub_config_file(repo_id: str) -> Path:
 
     try:
         return Path(hf_hub_download(repo_id, "config.json", cache_dir=_cache_dir(),
-                                    local_files_only=offline()))
+                                    local_files_only=_cache_only()))
     except Exception as exc:  # huggingface_hub raises its own classes and requests' errors
         raise _error(repo_id, "config.json", exc) from None
 
@@ -100,7 +135,7 @@ def hub_model_dir(repo_id: str) -> Path:
 
     try:
         return Path(snapshot_download(repo_id, cache_dir=_cache_dir(),
-                                      local_files_only=offline(),
+                                      local_files_only=_cache_only(),
                                       allow_patterns=MODEL_PATTERNS))
     except Exception as exc:
         raise _error(repo_id, "weights", exc) from None

@@ -29,6 +29,7 @@ from lazytrain.models.families import text_model_config
 from lazytrain.models.host_params import MASTER_DTYPES
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.build import device_type, engine_from_config, resolve_device
+from lazytrain.runtime.optim import refit_note
 from lazytrain.spec.model import ModelSpec
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
@@ -352,6 +353,13 @@ class Trainer:
             _truncate_metrics(self.run_dir / "metrics.jsonl", last_step=self.step)
         _truncate_metrics(self.windows_path, last_step=self.step)
         self.log(f"resumed from {self.resumed_from.path} at step {self.step}")
+        tc = self.cfg.train
+        note = refit_note(step=self.step, old_total=((state.get("config") or {}).get("train")
+                                                     or {}).get("steps", tc.steps),
+                          new_total=tc.steps, base_lr=tc.lr, warmup_steps=tc.warmup_steps,
+                          schedule=tc.schedule, min_lr_ratio=tc.min_lr_ratio)
+        if note:  # --resume --steps N: the schedule follows the new total
+            self.log(note)
 
     @contextmanager
     def _collective(self):
