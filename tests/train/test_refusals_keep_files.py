@@ -127,3 +127,24 @@ def test_a_refused_resume_leaves_config_yaml_and_the_plain_resume_goes_on(
     assert (run / "config.yaml").read_bytes() == before
     assert main(["train", "--resume", str(run), "--steps", "2", "--no-progress"]) == 0
     assert "done: 2 steps (this run 1)" in capsys.readouterr().out
+
+
+def test_overwrite_counts_the_space_of_the_run_it_replaces(arithmetic_model_dir, tiny_plan,
+                                                           tmp_path, monkeypatch):
+    from lazytrain.spec.model import ModelSpec
+    from lazytrain.train import preflight
+    from lazytrain.train.loop import train
+    from train_helpers import tiny_config
+
+    run = tmp_path / "run"
+    cfg = tiny_config(arithmetic_model_dir, run, "train.steps=1", "data.num_eval=0")
+    train(cfg, plan=tiny_plan, progress=False)
+    params = ModelSpec.from_hf_config(arithmetic_model_dir / "config.json").total_params
+    need = 2 * 12 * params  # two checkpoints of fp32 weights and two fp32 moments
+    old_run = sum(p.stat().st_size for p in run.rglob("*")
+                  if p.is_file() and p.name not in LOCKS)
+    assert 0 < old_run < need
+    # the disk has room for the new checkpoints only once the old run's files are gone
+    monkeypatch.setattr(preflight, "free_bytes", lambda path: need - old_run // 2)
+    summary = train(cfg, plan=tiny_plan, progress=False, overwrite=True)
+    assert summary["steps_completed"] == 1

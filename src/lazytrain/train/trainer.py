@@ -36,7 +36,7 @@ from lazytrain.train import setup
 from lazytrain.train.evaluate import build_eval_model, evaluate_heldout, load_weights
 from lazytrain.train.preflight import preflight, preflight_host_floor
 from lazytrain.train.rank import RankContext
-from lazytrain.train.rundir import clear_run_dir
+from lazytrain.train.rundir import clear_run_dir, run_state_bytes
 from lazytrain.train.tracking import Trackers, check_trackers, step_scalars
 
 CHECKPOINT_BYTES_PER_PARAM = 12
@@ -99,7 +99,9 @@ def _get_plan(cfg: RunConfig, run_dir: Path, *, plan: Plan | None, resuming: boo
 
 
 def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, run_dir: Path,
-                   num_params: int) -> None:
+                   num_params: int, freed_bytes: int = 0) -> None:
+    """`preflight.preflight` on the plan's figures; `freed_bytes`: what `--overwrite` deletes
+    in the run directory before the first save (counted as free there)."""
     pred = plan.predicted
     dram = int(pred.dram_bytes) if pred else 16 * num_params
     eval_copy = EVAL_BYTES_PER_PARAM * num_params if cfg.data.num_eval else 0
@@ -111,7 +113,8 @@ def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, r
     preflight(device=device, host_bytes=dram + eval_copy,
               hbm_bytes=int(pred.peak_hbm_bytes) if pred else 0, pinned_bytes=pinned,
               nvme_bytes=int(pred.nvme_bytes) if pred else 0, nvme_dir=nvme_dir,
-              checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * num_params, run_dir=run_dir)
+              checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * num_params, run_dir=run_dir,
+              freed_bytes=freed_bytes)
 
 
 def _truncate_metrics(path: Path, *, last_step: int) -> None:
@@ -164,7 +167,7 @@ class Trainer:
             source = setup.resolve_model_source(cfg.model.config_path, weights=True)
         print(setup.plan_summary(self.plan, source=str(cfg.model.config_path)), flush=True)
         self.nvme_dir = setup.job_nvme_dir(cfg.runtime.nvme_dir, run_dir=run_dir)
-        self._load_data(source, saved_state)
+        self._load_data(source, saved_state, overwrite=overwrite)
         # every check passed: the old run goes (--overwrite) and the new one's files come
         if ctx.is_main:
             if overwrite:
@@ -268,8 +271,9 @@ class Trainer:
         self.ctx.barrier()
         return agreed
 
-    def _load_data(self, source, saved_state: dict | None) -> None:
-        """Preflight, then the tokenizer and the data (read, templated; on resume its saved
+    def _load_data(self, source, saved_state: dict | None, *, overwrite: bool) -> None:
+        """Preflight (with `overwrite`, the previous run's bytes count as free in the run
+        directory), then the tokenizer and the data (read, templated; on resume its saved
         position, which refuses other data or another seed); `train.epochs` becomes
         `train.steps` here (the same on every resume). Writes nothing and loads no weight."""
         from lazytrain.data import build_data, corpus_texts
@@ -279,7 +283,8 @@ class Trainer:
         spec = ModelSpec.from_hf_config(hf_config.to_dict())
         self.flops_params = spec.model_flops_params  # N of 6 * N * tokens
         _run_preflight(cfg, self.plan, device=self.device, nvme_dir=self.nvme_dir,
-                       run_dir=self.run_dir, num_params=spec.total_params)
+                       run_dir=self.run_dir, num_params=spec.total_params,
+                       freed_bytes=run_state_bytes(self.run_dir) if overwrite else 0)
         self.tokenizer = setup.load_tokenizer(
             source, vocab_size=hf_config.vocab_size,
             corpus=lambda: corpus_texts(cfg.data, seed=tc.seed))
