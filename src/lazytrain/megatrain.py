@@ -67,8 +67,10 @@ DROPPED: dict[str, str] = {
 DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float32": "fp32", "fp32": "fp32"}
 """MegaTrain / torch dtype names -> ours."""
 
-HUB_DATASETS = {"gsm8k": ("openai/gsm8k", "gsm8k")}
-"""MegaTrain's built-in dataset names (not in its dataset_info.json) -> (hub id, data.format)."""
+HUB_DATASETS = {"gsm8k": ("openai/gsm8k", "gsm8k", "main")}
+"""MegaTrain's built-in dataset names (not in its dataset_info.json) -> (hub id, data.format,
+data.subset: openai/gsm8k has the configurations main and socratic and loads neither unnamed;
+MegaTrain's loader reads main)."""
 
 _HF_CACHE_SNAPSHOT = re.compile(r"models--([^/]+)--([^/]+)/snapshots/")
 """An HF cache snapshot path names its hub id: `models--Qwen--Qwen3.5-27B/snapshots/<sha>`."""
@@ -236,10 +238,12 @@ def _convert_dataset(flat: dict, out: Conversion) -> None:
     if path is not None:
         out.set("data.path", str(path), source="dataset.path")
     elif name in HUB_DATASETS:
-        hub_id, fmt = HUB_DATASETS[name]
+        hub_id, fmt, subset = HUB_DATASETS[name]
         out.set("data.path", hub_id, source="dataset.name",
                 note=f"MegaTrain's built-in {name} loader reads this hub dataset")
         out.set("data.format", fmt, source="dataset.name")
+        out.set("data.subset", subset, source="dataset.name",
+                note=f"the configuration of {hub_id} MegaTrain's loader reads")
         if dataset_dir is not None:
             out.dropped.append(("dataset.dataset_dir", f"{name} is not a registry entry"))
     elif name is not None:

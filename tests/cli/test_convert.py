@@ -75,6 +75,7 @@ def test_gpu_list_becomes_ranks_on_one_node(shared_dir, tmp_path, capsys):
     cfg = load_config(out)
     assert cfg.dist.nproc_per_node == 4 and cfg.hardware.gpus_per_node == 4
     assert cfg.data.path == "openai/gsm8k" and cfg.data.format == "gsm8k"
+    assert cfg.data.subset == "main"  # openai/gsm8k loads no configuration unnamed
 
 
 def test_query_response_fields_select_the_metamathqa_schema(shared_dir, tmp_path, capsys):
@@ -113,7 +114,8 @@ def test_plan_without_the_model_config_is_refused_in_one_line_naming_it(shared_d
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(("error: model config not found",  # path
                                                       "error: model.config_path: "))  # hub id
-    assert NO_MODEL_CONFIG[stem] in err and "--model" in err
+    # the fix names the key (plan has --model, train does not; both take --set)
+    assert NO_MODEL_CONFIG[stem] in err and "set model.config_path to" in err
 
 
 @pytest.mark.parametrize("verb", ["plan", "train"])
