@@ -12,9 +12,9 @@ it (Gemma2: its post-feedforward norm reads the projection) adds exactly the tai
 re-forwarded block, which we count in a plain HF forward.
 
 Gradient equivalence with HF runs for a dense (Llama, also with MLP biases), a hybrid
-linear-attention (Qwen3.5), a MoE (Qwen3-MoE, Mixtral, Qwen3-Next with its gated shared expert)
-and sliding-window (Mistral, Gemma2) model under the `cpu-checked` and `cpu-threaded` ordering
-checkers (tests/models/test_families.py runs every family on `cpu`).
+linear-attention (Qwen3.5), a MoE (Qwen3-MoE, GPT-OSS's biased experts, Qwen3-Next with its
+gated shared expert) and sliding-window (Mistral, Gemma2) model under the `cpu-checked` and
+`cpu-threaded` ordering checkers (tests/models/test_families.py runs every family on `cpu`).
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ CASES = {  # family -> (config, intermediate size of its tails)
     "qwen3_5_text": (family_config("qwen3_5_text"), 128),
     "qwen3_moe": (family_config("qwen3_moe"), 32),
     "mixtral": (family_config("mixtral"), 32),
+    "gpt_oss": (family_config("gpt_oss"), 32),
     "mistral": (family_config("mistral"), 128),
 }
 
@@ -134,7 +135,8 @@ def test_every_listed_family_truncates_or_says_why():
         assert reason is None or len(reason) > 20, name
 
 
-CHECKED = ["llama_mlp_bias", "qwen3_5_text", "qwen3_moe", "qwen3_next", "mistral", "gemma2"]
+CHECKED = ["llama_mlp_bias", "qwen3_5_text", "qwen3_moe", "gpt_oss", "qwen3_next", "mistral",
+           "gemma2"]
 
 
 @pytest.mark.parametrize("backend", ["cpu-checked", "cpu-threaded"])

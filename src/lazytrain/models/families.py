@@ -77,9 +77,7 @@ LAYOUTS: dict[str, DecoderLayout] = {
     "qwen3": _STANDARD,
     "qwen3_moe": _STANDARD,
     "mixtral": _MODEL_WIDE_WINDOW,
-    "gpt_oss": DecoderLayout(full_reforward_reason=(
-        "experts are stored transposed with biases and a clamped SwiGLU; the deferred combine "
-        "implements Qwen-style experts (gate_up_proj [E, 2I, H], down_proj [E, H, I]) only")),
+    "gpt_oss": _STANDARD,
     "deepseek_v2": _STANDARD,
     "phi3": _MODEL_WIDE_WINDOW,
     "gemma2": DecoderLayout(full_reforward_reason=_POST_FFN_NORM),
