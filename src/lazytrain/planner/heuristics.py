@@ -147,14 +147,15 @@ def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0,
 
     Args:
         problem: the planning problem.
-        time_budget_s: wall-clock cap on the search, s (the result is deterministic whenever
-            the search converges within it).
+        time_budget_s: wall-clock cap on the local search after the starts, s (the starts and
+            their repairs always run; the result is deterministic whenever the search converges
+            within the cap).
         max_steps: a step budget instead of `time_budget_s` (one step: one repair round or
             one local-search move looked at), so the plan does not depend on how busy the
             machine is (`planner.deterministic`). None: the wall-clock cap.
     """
     t0 = time.perf_counter()
-    search = (_Search(problem, deadline=t0 + time_budget_s) if max_steps is None
+    search = (_Search(problem, deadline=float("inf")) if max_steps is None
               else _Search(problem, deadline=max_steps, clock=itertools.count(1).__next__))
     L = problem.num_blocks
     every = megatrain_tiers(L, 1)
@@ -164,17 +165,18 @@ def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0,
             tiers = list(megatrain_tiers(L, k))
             tiers[0] = "recompute"  # re-embedding boundary 0 is nearly free
             starts.append(search.repair(search.lifetime(tuple(tiers))))
-    bases = {every, min(starts, key=lambda s: s.score).tiers}
     q8s = [(), tuple(range(L))] if problem.allow_q8 else [()]
     for q8 in q8s[1:]:  # 8-bit states everywhere free DRAM for every boundary
         starts.append(search.repair(search.q8_trim(search.lifetime(every, (), q8))))
-    if problem.allow_keep:  # keep-internals, then resident weights on the blocks not kept
-        kept = [search.q8_trim(search.keep_suffix(base, q8))
-                for q8, base in itertools.product(q8s, sorted(bases))]
-        starts += [search.repair(search.resident_suffix(min(states, key=lambda s: s.score)))
-                   for states in (starts, kept)]
-    best = min(starts, key=lambda s: s.score)
-    best = search.q8_trim(search.local_search(best))
+    if problem.allow_keep:  # keep, then resident weights on the rest; resident, then keep
+        kept = min((search.q8_trim(search.keep_suffix(every, q8)) for q8 in q8s),
+                   key=lambda s: s.score)
+        res = search.resident_suffix(min(starts, key=lambda s: s.score))
+        for st in (search.resident_suffix(kept), res, search.keep_suffix(every, res.q8, res.res)):
+            starts.append(search.repair(st))
+    if max_steps is None:  # the wall clock caps the local search, never the starts' repairs
+        search.deadline = time.perf_counter() + time_budget_s
+    best = search.q8_trim(search.local_search(min(starts, key=lambda s: s.score)))
     d = Decisions(tiers=best.tiers, keep_internals=best.keep, resident_weights=best.res,
                   q8_blocks=best.q8, transfers=best.transfers())
     plan = _finish(problem, d, "heuristic", t0)
@@ -186,14 +188,12 @@ def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0,
 
 
 def _ladder(c: int) -> list[int]:
-    """c and a few smaller counts (c - 1, 3c/4, c/2), largest first: the greedy's largest
-    count may leave too little HBM for boundaries."""
-    return sorted({x for x in (c, c - 1, 3 * c // 4, c // 2) if x >= 0}, reverse=True)
+    """c, c - 1 and 3c/4, largest first: the largest count may leave boundaries no HBM."""
+    return sorted({x for x in (c, c - 1, 3 * c // 4) if x >= 0}, reverse=True)
 
 
 def _materialize(tiers, blocks) -> tuple[str, ...]:
-    """`tiers` with the output boundary of each block in `blocks` materialized where it was
-    recomputed ("dram": `lifetime` places it), as keeping a block or its weights needs."""
+    """`tiers` with each block's output boundary materialized ("dram"; `lifetime` places it)."""
     after = {j + 1 for j in blocks}
     return tuple("dram" if t == "recompute" and i in after else t for i, t in enumerate(tiers))
 
@@ -475,15 +475,16 @@ class _Search:
                     out[i] = "dram"
         return tuple(out)
 
-    def keep_suffix(self, tiers, q8=()) -> _State:
+    def keep_suffix(self, tiers, q8=(), res=()) -> _State:
         """Greedy keep from the last block down: keep-internals on blocks L-c..L-1 (their
         output boundaries materialized), c the largest count that fits HBM with every boundary
         offloaded, then `lifetime` tiers around that keep (the best of `_ladder(c)`). A kept
         block saves its re-forward and weight reload in backward for I[j] + P[j] bytes of HBM
-        from f{j} to b{j}: a roomy GPU keeps most blocks, out of the local search's reach."""
+        (I[j] if in `res`, already resident) from f{j} to b{j}: a roomy GPU keeps most blocks,
+        out of the local search's reach."""
         def with_keep(c: int):
             keep = tuple(range(self.L - c, self.L))
-            return _materialize(tiers, keep), keep, q8, ()
+            return _materialize(tiers, keep), keep, q8, res
 
         c = self._largest_fit(self.L, with_keep)
         return min((self.lifetime(*with_keep(c)) for c in _ladder(c)), key=lambda st: st.score)
@@ -524,9 +525,7 @@ class _Search:
             if extra <= room:
                 q8.remove(j)
                 room -= extra
-        if len(q8) == len(cur.q8):
-            return cur
-        nxt = self.build(cur.tiers, cur.keep, tuple(q8), cur.res)
+        nxt = cur if q8 == list(cur.q8) else self.build(cur.tiers, cur.keep, tuple(q8), cur.res)
         return nxt if nxt.score <= cur.score else cur
 
     def repair(self, cur: _State) -> _State:
