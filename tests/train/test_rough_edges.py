@@ -106,3 +106,36 @@ def test_an_unreachable_hub_is_asked_from_the_cache_only(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="the hub cannot be reached") as info:
         hub.hub_config_file("org/model")
     assert calls == [True] and "\n" not in str(info.value)
+
+
+def test_the_run_log_says_how_many_samples_were_truncated(arithmetic_model_dir, tmp_path):
+    """seq_len 64 is below every rendered arithmetic sample (the shipped tiny config's length):
+    the one 2-row step trains on 2 cut samples; a sample whose prompt fills the 64 tokens keeps
+    no answer token and is skipped (drawn again). The log says both counts, with the fix."""
+    import re
+
+    from transformers import AutoTokenizer
+
+    from lazytrain.data import render
+    from lazytrain.data.synthetic import arithmetic_dataset
+    from lazytrain.data.templates import use_template
+    from lazytrain.train.loop import train
+    from train_helpers import tiny_config
+
+    tokenizer = AutoTokenizer.from_pretrained(arithmetic_model_dir)
+    use_template(tokenizer, "")
+    examples, _ = arithmetic_dataset(num_train=2048, num_eval=4, seed=0)
+    shortest = min(len(tokenizer(render(tokenizer, ex.messages, add_generation_prompt=False),
+                                 add_special_tokens=False)["input_ids"]) for ex in examples)
+    assert shortest > 64  # no sample fits uncut
+    lines = []
+    train(tiny_config(arithmetic_model_dir, tmp_path / "run", "train.steps=1",
+                      "data.num_eval=0", "data.seq_len=64"),
+          progress=False, log=lines.append)
+    counts = [re.fullmatch(r"data: (\d+) samples drawn, (\d+) truncated to data.seq_len=64, "
+                           r"(\d+) skipped; the truncated samples lost their tail: raise "
+                           r"data.seq_len, or set data.overlong=skip to drop them", ln)
+              for ln in lines if ln.startswith("data: ") and "drawn" in ln]
+    assert len(counts) == 1 and counts[0] is not None
+    drawn, truncated, skipped = map(int, counts[0].groups())
+    assert truncated == 2 and drawn == truncated + skipped

@@ -39,6 +39,18 @@ class DataCounts:
     def to_dict(self) -> dict[str, int]:
         return {"drawn": self.drawn, "truncated": self.truncated, "skipped": self.skipped}
 
+    def line(self, *, seq_len: int, overlong: str) -> str:
+        """The run log's line: "data: 24 samples drawn, 24 truncated to data.seq_len=64 (...)
+        , 0 skipped", with the fix when a sample was cut or dropped."""
+        text = (f"data: {self.drawn} samples drawn, {self.truncated} truncated to "
+                f"data.seq_len={seq_len}, {self.skipped} skipped")
+        if self.truncated:
+            text += ("; the truncated samples lost their tail: raise data.seq_len, or set "
+                     "data.overlong=skip to drop them")
+        elif self.skipped and overlong == "skip":
+            text += "; raise data.seq_len to train on the skipped samples"
+        return text
+
 
 def pad_batch(samples: list[Encoded], *, seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
     """Stack encodings into one right-padded micro-batch.

@@ -291,6 +291,9 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
             with save_errors(run_dir, step=trainer.step):
                 saved = trainer.save()  # still under stop_flag: a Ctrl-C now does not cut it
         timings["save_s"] = time.perf_counter() - mark
+        if trainer.is_main:  # what the stream cut or dropped, which the loss curve hides
+            log(trainer.data.train.counts.line(seq_len=cfg.data.seq_len,
+                                               overlong=cfg.data.overlong))
         mark = time.perf_counter()
         after = trainer.evaluate() if stopped_by is None else None
         timings["eval_after_s"] = time.perf_counter() - mark
