@@ -102,6 +102,7 @@ CASES = {  # family -> (config, intermediate size of its tails)
     "qwen3_moe": (family_config("qwen3_moe"), 32),
     "mixtral": (family_config("mixtral"), 32),
     "gpt_oss": (family_config("gpt_oss"), 32),
+    "deepseek_v2": (family_config("deepseek_v2"), 32),  # routed and shared experts: I = 32
     "mistral": (family_config("mistral"), 128),
 }
 

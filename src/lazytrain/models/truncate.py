@@ -159,15 +159,19 @@ EXPERT_STAND_INS = {"qwen": _deferred_experts, "transposed": _deferred_transpose
 
 
 def tail_stand_ins(layer: nn.Module) -> tuple[tuple[nn.Module, object], ...]:
-    """(module, stand-in forward) for the tail of one decoder layer of a family whose entry
-    allows truncation: `mlp.experts` when they are routed experts of a known layout (a shared expert
-    keeps its full forward: Qwen3-Next gates its output, so its backward reads it), else
-    `mlp.down_proj` when it is an nn.Linear; () when the layer has neither (nothing skipped)."""
+    """(module, stand-in forward) for the tails of one decoder layer of a family whose entry
+    allows truncation: `mlp.experts` when they are routed experts of a known layout, plus
+    DeepSeek's `mlp.shared_experts.down_proj` (added to them as it is); else `mlp.down_proj`
+    when it is an nn.Linear; () when the layer has neither (nothing skipped). Qwen3-Next's and
+    Qwen3.5-MoE's `shared_expert` keeps its full forward: a sigmoid gate multiplies its output,
+    so the gate's backward reads it."""
     mlp = getattr(layer, "mlp", None)
     experts = getattr(mlp, "experts", None)
     kind = _experts_kind(experts) if isinstance(experts, nn.Module) else None
     if kind is not None:
-        return ((experts, EXPERT_STAND_INS[kind]),)
+        shared = getattr(getattr(mlp, "shared_experts", None), "down_proj", None)
+        extra = ((shared, _deferred_down_proj),) if isinstance(shared, nn.Linear) else ()
+        return ((experts, EXPERT_STAND_INS[kind]), *extra)
     down = getattr(mlp, "down_proj", None)
     if isinstance(down, nn.Linear):
         return ((down, _deferred_down_proj),)
