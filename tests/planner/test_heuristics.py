@@ -8,9 +8,10 @@ import pytest
 
 from lazytrain.planner.evaluate import Decisions, decisions_from_tiers, evaluate
 from lazytrain.planner.heuristics import (
-    _Search, heuristic_plan, ideal_plan, megatrain_plan, uniform_plan,
+    heuristic_plan, ideal_plan, megatrain_plan, uniform_plan,
 )
 from lazytrain.planner.plan import TIERS
+from lazytrain.planner.search import Search
 
 GB = 10**9
 
@@ -123,7 +124,7 @@ def test_incremental_scoring_equals_full_evaluation(gpu):
     # On a CPU the schedule does not depend on other boundaries' loads, so the incremental
     # score of every neighbour must equal its full evaluation exactly.
     p = _problem(L=6, hbm_gb=26.0, gpu=gpu)
-    search = _Search(p, deadline=float("inf"))
+    search = Search(p, deadline=float("inf"))
     for tiers in [("hbm", "dram", "recompute", "nvme", "recompute", "dram", "hbm"),
                   ("recompute", "nvme", "nvme", "hbm", "recompute", "hbm", "hbm")]:
         cur = search.build(tiers, (5,))
@@ -140,7 +141,7 @@ def test_incremental_scoring_tracks_the_host_term_of_segments_and_keeps():
     p = _problem(L=6, hbm_gb=26.0, gpu=False)
     p = p.replace(host_convert_bytes_per_s=p.h2d_bytes_per_s / 3,
                   host_accumulate_bytes_per_s=p.d2h_bytes_per_s / 2)
-    search = _Search(p, deadline=float("inf"))
+    search = Search(p, deadline=float("inf"))
     cur = search.build(("hbm", "dram", "recompute", "nvme", "recompute", "dram", "hbm"), (5,))
     assert sum(cur.loads.host) > 0
     for edit in search.edits():
