@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lazytrain.config import SECTIONS, field_docs
-from lazytrain.data.formats import FORMATS
+from lazytrain.data.formats import FORMATS, TEXT_ROLE
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "config.md"
@@ -65,7 +65,8 @@ def test_the_script_runs_as_a_one_liner_in_check_mode():
 def test_each_format_example_in_the_doc_parses_as_that_format(name, gen):
     gen.check_examples()  # detected as its own format, accepted by its converter
     example = FORMATS[name].convert(gen.FORMAT_EXAMPLES[name])
-    assert any(m.role == "assistant" and m.train for m in example.messages)
+    # a trained assistant turn, or the whole text of a plain-text example
+    assert any(m.role in ("assistant", TEXT_ROLE) and m.train for m in example.messages)
     assert json.dumps(gen.FORMAT_EXAMPLES[name]) in DOC.read_text()
 
 

@@ -53,6 +53,8 @@ FORMAT_EXAMPLES: dict[str, dict] = {
                               {"role": "assistant", "content": "4"}]},
     "sharegpt": {"conversations": [{"from": "human", "value": "What is 2 + 2?"},
                                    {"from": "gpt", "value": "4"}]},
+    "prompt_completion": {"prompt": "What is 2 + 2?", "completion": "2 + 2 = 4.\n#### 4"},
+    "text": {"text": "The quick brown fox jumps over the lazy dog."},
 }
 """One record per format in `lazytrain.data.FORMATS` (the test parses each one with it)."""
 

@@ -98,7 +98,7 @@ def test_a_bad_jsonl_line_is_named(tmp_path):
 
 def test_unknown_columns_cannot_be_detected(tmp_path):
     with pytest.raises(ValueError, match="cannot detect the format"):
-        load_examples(_write_jsonl(tmp_path / "u.jsonl", [{"text": "t"}]))
+        load_examples(_write_jsonl(tmp_path / "u.jsonl", [{"body": "t"}]))  # text: TRL's
 
 
 def test_arithmetic_dataset_is_deterministic_and_eval_is_held_out():

@@ -152,8 +152,9 @@ class DataConfig:
     when `eval_path` is empty; empty: the last `num_eval` training samples (or `eval_path`'s
     train split)."""
     format: Literal["auto", "alpaca", "sharegpt", "messages", "gsm8k", "metamathqa",
-                    "arithmetic"] = "auto"
-    """Sample schema; `auto` detects it from the dataset's column names."""
+                    "prompt_completion", "text", "arithmetic"] = "auto"
+    """Sample schema; `auto` detects it from the dataset's column names (`lazytrain.data.formats`:
+    prompt_completion and text are TRL's; text is plain text, trained whole, no template)."""
     chat_template: str = ""
     """Chat template the conversations are rendered with: `chatml`, `llama3`, `qwen`, or a path
     to a Jinja file; empty: the tokenizer's own, and chatml when it has none (said in one line).

@@ -13,11 +13,17 @@ Formats (plain dict registry `FORMATS`, read top to bottom):
 | `metamathqa` | `query`, `response`      |                   | meta-math/MetaMathQA            |
 | `messages`   | `messages` (role/content)|                   | OpenAI chat format              |
 | `sharegpt`   | `conversations` (from/value) |               | ShareGPT / LlamaFactory         |
+| `prompt_completion` | `prompt`, `completion` | `system`     | TRL prompt-completion datasets  |
+| `text`       | `text`                   |                   | TRL language-modeling datasets  |
 
 `auto` picks the first format whose required columns are all among the dataset's columns
 (its `datasets` features; a column absent from a record reads as null there).
 Every format becomes a list of `Message`s (user prompt, assistant response with `train=True`),
-and multi-turn formats train every assistant turn, not only the last.
+and multi-turn formats train every assistant turn, not only the last. `prompt_completion` takes
+TRL's two kinds: strings (a user prompt and an assistant completion, rendered with the chat
+template like alpaca) or lists of role/content messages (conversational; the completion's
+turns are trained). `text` is plain text: no chat template, every token trained, the
+tokenizer's eos appended (as TRL does); one `Message` of role `TEXT_ROLE` holds it.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ class Message:
     """True when this turn's tokens count in the loss (assistant turns); prompt turns are masked."""
 
 
+TEXT_ROLE = "text"
+"""Role of the one message of a plain-text example (format `text`): no template, all trained."""
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class Example:
     """One training or evaluation sample, format-independent."""
@@ -49,6 +59,11 @@ class Example:
     answer: str | None = None
     """Normalized final answer for exact match (GSM8K `#### n`, MetaMathQA `The answer is:`),
     or None when the format has no checkable answer (alpaca)."""
+
+    @property
+    def is_text(self) -> bool:
+        """True for a plain-text example (format `text`: rendered without a template)."""
+        return len(self.messages) == 1 and self.messages[0].role == TEXT_ROLE
 
     @property
     def prompt_messages(self) -> tuple[Message, ...]:
@@ -137,6 +152,28 @@ def _sharegpt(row: Mapping) -> Example:
                    for t in row["conversations"]])
 
 
+def _prompt_completion(row: Mapping) -> Example:
+    prompt, completion = row["prompt"], row["completion"]
+    if isinstance(prompt, str) and isinstance(completion, str):
+        return _single_turn(prompt.strip(), completion.strip(), system=row.get("system") or None,
+                            answer=extract_final_answer(completion) if "####" in completion
+                            else None)
+    if isinstance(prompt, str) or isinstance(completion, str):
+        raise ValueError("prompt and completion must both be strings or both message lists")
+    turns = [(str(t["role"]), str(t["content"]), False) for t in prompt]
+    turns += [(str(t["role"]), str(t["content"]), t["role"] == "assistant") for t in completion]
+    if not any(train for _, _, train in turns):
+        raise ValueError("the completion has no assistant turn to train on")
+    return Example(messages=tuple(Message(role=r, content=c, train=t) for r, c, t in turns))
+
+
+def _text(row: Mapping) -> Example:
+    text = str(row["text"])
+    if not text.strip():
+        raise ValueError("the text is empty")
+    return Example(messages=(Message(role=TEXT_ROLE, content=text, train=True),))
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class FormatSpec:
     """How one file format maps to `Example`s."""
@@ -153,6 +190,9 @@ FORMATS: dict[str, FormatSpec] = {
     "metamathqa": FormatSpec(required=("query", "response"), convert=_metamathqa),
     "messages": FormatSpec(required=("messages",), convert=_messages),
     "sharegpt": FormatSpec(required=("conversations",), convert=_sharegpt),
+    "prompt_completion": FormatSpec(required=("prompt", "completion"),
+                                    convert=_prompt_completion),
+    "text": FormatSpec(required=("text",), convert=_text),
 }
 
 

@@ -6,6 +6,7 @@ configured one, or chatml when the tokenizer has none), through the tokenizer's
 
 - a template that marks assistant text with `{% generation %}` (the named templates): the
   `assistant_masks` of `apply_chat_template(..., return_assistant_tokens_mask=True)`;
+- a plain-text example (format `text`): no template; every token is trained;
 - any other template (e.g. a model's own): decided on the rendered text. For every trained turn
   i, the template renders `messages[:i]` with the generation prompt (the prompt prefix) and
   `messages[:i+1]` (the prefix through the end of that turn); the characters between the two
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lazytrain.data.formats import Example, Message
+from lazytrain.data.formats import TEXT_ROLE, Example, Message
 from lazytrain.data.templates import has_generation_marker, template_of
 
 IGNORE_INDEX = -100
@@ -48,7 +49,10 @@ def _as_dicts(messages: tuple[Message, ...]) -> list[dict[str, str]]:
 
 def render(tokenizer: Any, messages: tuple[Message, ...], *, add_generation_prompt: bool) -> str:
     """The text of `messages` as the model sees it: `apply_chat_template(..., tokenize=False)`
-    with `templates.template_of(tokenizer)` (the tokenizer's template, else chatml)."""
+    with `templates.template_of(tokenizer)` (the tokenizer's template, else chatml); a
+    plain-text example (one `TEXT_ROLE` message) is its text and the eos token."""
+    if len(messages) == 1 and messages[0].role == TEXT_ROLE:
+        return messages[0].content + (tokenizer.eos_token or "")
     return tokenizer.apply_chat_template(_as_dicts(messages), chat_template=template_of(tokenizer),
                                          tokenize=False,
                                          add_generation_prompt=add_generation_prompt)
@@ -95,6 +99,10 @@ def _trains_assistant_turns(example: Example) -> bool:
 def _ids_and_labels(tokenizer: Any, example: Example) -> tuple[list[int], list[int]]:
     """Full-length ids and labels: from the template's assistant mask when it has
     `{% generation %}` markers, else from the rendered prefixes (module docstring)."""
+    if example.is_text:  # no template: every token, the appended eos included, is trained
+        ids = list(tokenizer(render(tokenizer, example.messages, add_generation_prompt=False),
+                             add_special_tokens=False)["input_ids"])
+        return ids, list(ids)
     template = template_of(tokenizer)
     if has_generation_marker(template) and _trains_assistant_turns(example):
         out = tokenizer.apply_chat_template(_as_dicts(example.messages), chat_template=template,
