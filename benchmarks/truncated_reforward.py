@@ -18,8 +18,9 @@ A run on the 2-core shared development machine (load average ~8, torch CPU build
 step 0.921 wall / 0.959 CPU (718.3 vs 748.7 ms CPU), backward windows 0.845, block 0 alone
 0.922 (63.5 vs 68.8 ms CPU); the FLOP model gives 1 - 0.213 / 3 = 0.929 for one block's
 `Fg + B` (backward = 2 forwards), and about 0.95 for the whole step (~4.3 forward-equivalents
-per block with the head). Wall ratios swing by +-0.1 between runs under that load (0.79 and
-1.02 seen); the CPU-time ratios repeat within ~0.01.
+per block with the head). A second run: step 0.903 wall / 0.941 CPU, block 0 alone 0.947.
+Wall ratios swing by +-0.1 between runs under that load (0.79 and 1.02 seen in earlier
+wall-only runs); the CPU-time ratios within ~0.02.
 """
 
 from __future__ import annotations
