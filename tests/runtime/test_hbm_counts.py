@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from transformers import AutoModelForCausalLM
 
 from torch.utils._pytree import tree_flatten
@@ -121,25 +122,43 @@ def _saved_bytes(adapter, *, padded: bool, dtype: torch.dtype) -> int:
     return sum(saved.values())
 
 
+def _attention_config(name: str):
+    """A 4-layer fp32 config (head dim 16, hidden 16 x heads) whose block 0 is softmax attention
+    of `name`'s kind."""
+    heads, kv_heads = {"llama_gqa": (4, 2), "smollm2_heads": (9, 3), "llama_mha": (4, 4)}.get(
+        name, (4, 2))
+    common = dict(vocab_size=96, hidden_size=16 * heads, intermediate_size=128, num_hidden_layers=4,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=16,
+                  max_position_embeddings=64, tie_word_embeddings=False, pad_token_id=0)
+    if name == "qwen3_gqa":
+        return tiny_config("qwen3")
+    if name == "gemma3_gqa":  # four (1 + weight) fp32 norms, q/k norms, sliding block 0
+        return transformers.Gemma3TextConfig(sliding_window=4, query_pre_attn_scalar=16,
+                                             **common)
+    if name == "qwen3_5_gated":  # full attention with the output gate, (1 + weight) norms
+        return transformers.Qwen3_5TextConfig(
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, layer_types=["full_attention"] * 4, **common)
+    return transformers.LlamaConfig(**common)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
-@pytest.mark.parametrize(("family", "heads", "kv_heads"), [
-    ("llama", 4, 2), ("llama", 9, 3), ("llama", 4, 4), ("qwen3", 4, 2)],
-    ids=["llama_gqa", "smollm2_heads", "llama_mha", "qwen3_gqa"])
-def test_the_kept_graph_bytes_bound_what_autograd_saves(family, heads, kv_heads, padded, dtype):
-    config = tiny_config(family)
-    config.num_attention_heads, config.num_key_value_heads = heads, kv_heads
-    if family == "llama":
-        config.head_dim = 16  # 9 heads x 16 = 144 != hidden: the q/o widths follow the heads
+@pytest.mark.parametrize("name", ["llama_gqa", "smollm2_heads", "llama_mha", "qwen3_gqa",
+                                  "gemma3_gqa", "qwen3_5_gated"])
+def test_the_kept_graph_bytes_bound_what_autograd_saves(name, padded, dtype):
     torch.manual_seed(0)
-    adapter = adapter_from_model(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+    adapter = adapter_from_model(AutoModelForCausalLM.from_config(_attention_config(name),
+                                                                  dtype=torch.float32))
     spec = ModelSpec.from_hf_config(adapter.config.to_dict(), name="tiny")
     costs = analytic_costs(spec, get_hardware("cpu"), seq_len=SEQ, micro_batch=BATCH,
                            compute_dtype="fp32" if dtype == torch.float32 else "bf16")
     measured = _saved_bytes(adapter, padded=padded, dtype=dtype)
     planned = costs.blocks[0].internal_bytes
     assert measured <= planned
-    assert planned <= 1.3 * measured, (planned, measured)
+    # above it by what the bound counts for every case: k/v expanded (only with a mask) and
+    # the norm's compute-dtype cast (the fp32 tensor itself with fp32 compute)
+    assert planned <= 1.35 * measured, (planned, measured)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cpu-threaded"])

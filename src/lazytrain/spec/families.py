@@ -31,14 +31,17 @@ def _head_dim(c: dict) -> int:
 
 
 def _softmax_attention(c: dict, *, bias_qkv: bool, bias_o: bool, qk_norm: bool, gate: bool,
-                       sinks: bool, window: int) -> tuple[int, dict, int, int]:
+                       sinks: bool, window: int, fp32_norms: bool = False
+                       ) -> tuple[int, dict, int, int]:
     """GQA attention (Llama/Qwen3/Mixtral/GPT-OSS; Qwen3.5/Next with the output gate).
 
     Saved per token: norm output H; the rope output q (x2 with gate); k and v as SDPA saves
     them, at the query heads' count: HF's `repeat_kv` expands them to every query head whenever
     an attention mask is passed (a padded batch, on every device) and the kernel keeps the
     expanded copies (without a mask they are smaller: this is the bound); with q/k norms their
-    fp32 normalized inputs and reciprocal RMS and the compute-dtype casts; attention output O;
+    fp32 normalized inputs and reciprocal RMS and the compute-dtype casts (`fp32_norms`: the
+    weight's multiply in fp32, Gemma / Qwen3.5 style, saves a second fp32 tensor instead of
+    the cast); attention output O;
     with the gate its sigmoid and the gated O; fp32 softmax log-sum-exp per head. (The q/k
     projections and rope's inputs are not saved: rope multiplies by constant tables.)
     """
@@ -48,9 +51,9 @@ def _softmax_attention(c: dict, *, bias_qkv: bool, bias_o: bool, qk_norm: bool, 
     q_out = nh * d * (2 if gate else 1)
     params = H * q_out + 2 * H * nkv * d + nh * d * H
     params += (q_out + 2 * nkv * d) * bias_qkv + H * bias_o + 2 * d * qk_norm + nh * sinks
-    saved = H + q_out + 2 * nh * d + (nh * d + nkv * d) * qk_norm + nh * d
+    saved = H + q_out + 2 * nh * d + (nh * d + nkv * d) * qk_norm * (not fp32_norms) + nh * d
     saved += 2 * nh * d * gate
-    fp32 = nh + (nh * d + nkv * d + nh + nkv) * qk_norm
+    fp32 = nh + ((nh * d + nkv * d) * (1 + fp32_norms) + nh + nkv) * qk_norm
     fields = dict(num_heads=nh, qk_head_dim=d, v_head_dim=d, sliding_window=window)
     return params, fields, saved, fp32
 
@@ -128,7 +131,7 @@ def _moe_mlp(H: int, *, experts: int, top_k: int, inter: int, router_bias: bool 
 
 
 def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: int, *,
-           norms: int = 2) -> BlockSpec:
+           norms: int = 2, fp32_norms: bool = False) -> BlockSpec:
     """Assemble a block: attention + MLP + `norms` RMSNorms of width H (2: input and
     post-attention; Gemma2/3: 4, adding pre- and post-feedforward).
 
@@ -136,7 +139,8 @@ def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: in
     norm after the first (which the attention part counts); per norm (HF's RMSNorm computes in
     fp32) its fp32 normalized input and fp32 reciprocal RMS, and that input cast back to the
     compute dtype for the weight's multiply (with fp32 compute the cast is the fp32 tensor
-    itself, counted twice)."""
+    itself, counted twice); `fp32_norms` (Gemma / Qwen3.5 style, `x * (1 + weight)` in fp32):
+    a second fp32 tensor instead of that cast."""
     a_params, a_fields, a_saved, a_fp32 = attn
     m_params, m_active, m_saved, m_fp32 = mlp
     base = {"full_attention": "", "sliding_attention": "sliding_attention",
@@ -145,8 +149,9 @@ def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: in
     return BlockSpec(index=j, kind=kind, attention=attention, mlp=mlp_kind,
                      params=a_params + m_params + norms * H,
                      active_params=a_params + m_active + norms * H,
-                     saved_elems_per_token=a_saved + m_saved + 2 * norms * H,
-                     saved_fp32_per_token=a_fp32 + m_fp32 + norms * (H + 1), **a_fields)
+                     saved_elems_per_token=a_saved + m_saved + norms * H * (2 - fp32_norms),
+                     saved_fp32_per_token=a_fp32 + m_fp32 + norms * (H * (1 + fp32_norms) + 1),
+                     **a_fields)
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "mla")
@@ -244,12 +249,12 @@ def _qwen_hybrid(c: dict, j: int) -> BlockSpec:
     else:
         bias = bool(c.get("attention_bias"))
         attn = _softmax_attention(c, bias_qkv=bias, bias_o=bias, qk_norm=True, gate=True,
-                                  sinks=False, window=0)
+                                  sinks=False, window=0, fp32_norms=True)
     if c.get("model_type") in ("qwen3_5", "qwen3_5_text"):
         mlp_kind, mlp = "dense", _dense_mlp(c["hidden_size"], c["intermediate_size"])
     else:
         mlp_kind, mlp = _qwen_mlp(c, j, shared=True)
-    return _block(j, attention, attn, mlp_kind, mlp, c["hidden_size"])
+    return _block(j, attention, attn, mlp_kind, mlp, c["hidden_size"], fp32_norms=True)
 
 
 def _mixtral(c: dict, j: int) -> BlockSpec:
@@ -297,9 +302,10 @@ def _gemma(c: dict, j: int) -> BlockSpec:
     bias = bool(c.get("attention_bias"))
     attn = _softmax_attention(c, bias_qkv=bias, bias_o=bias, qk_norm=mt == "gemma3_text",
                               gate=False, sinks=False,
-                              window=window if attention == "sliding_attention" else 0)
+                              window=window if attention == "sliding_attention" else 0,
+                              fp32_norms=True)
     mlp = _dense_mlp(c["hidden_size"], c["intermediate_size"])
-    return _block(j, attention, attn, "dense", mlp, c["hidden_size"], norms=4)
+    return _block(j, attention, attn, "dense", mlp, c["hidden_size"], norms=4, fp32_norms=True)
 
 
 def _deepseek_v2(c: dict, j: int) -> BlockSpec:
