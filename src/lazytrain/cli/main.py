@@ -33,6 +33,7 @@ COMMANDS = {
     "report": "lazytrain.cli.report",
     "profile": "lazytrain.cli.profile",
     "convert": "lazytrain.cli.convert",
+    "data": "lazytrain.cli.data",
 }
 
 
