@@ -134,4 +134,10 @@ def coerce(key: str, tp: Any, value: Any) -> Any:
             raise ConfigTypeError(f"{key} must be a string; got {value!r} "
                                   f"({type(value).__name__})")
         return value
+    if dataclasses.is_dataclass(tp):  # one mapping of a list of them, such as data.mix
+        if not isinstance(value, dict):
+            keys = ", ".join(f.name for f in dataclasses.fields(tp))
+            raise ConfigTypeError(f"{key} must be a list of mappings with keys {keys}; got "
+                                  f"{value!r}")
+        return build_section(key, tp, value)
     raise TypeError(f"{key}: unsupported annotation {tp!r}")  # internal: a new field type

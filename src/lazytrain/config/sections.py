@@ -131,6 +131,32 @@ class HardwareConfig:
             check(value is None or value >= 1, f"hardware.{key}", ">= 1 (or null)", value)
 
 
+DataFormat = Literal["auto", "alpaca", "sharegpt", "messages", "gsm8k", "metamathqa",
+                     "prompt_completion", "text", "arithmetic"]
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class MixSource:
+    """One entry of `data.mix`: a dataset and its share of the training samples."""
+
+    path: str = ""
+    """As `data.path`: a file, folder, Hub id or `embedded:arithmetic` (no registry entry)."""
+    weight: float = 1.0
+    """Share of the mixed training samples, > 0 (normalized over the entries)."""
+    format: DataFormat = "auto"
+    """As `data.format`, for this entry."""
+    subset: str = ""
+    """As `data.subset`, for this entry."""
+    split: str = "train"
+    """As `data.split`, for this entry."""
+
+    def __post_init__(self) -> None:
+        check(bool(self.path), "data.mix.path", "a file, folder, Hub id or embedded:<name>",
+              self.path)
+        check(math.isfinite(self.weight) and self.weight > 0, "data.mix.weight",
+              "a finite number > 0", self.weight)
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class DataConfig:
     """`data:` what is trained on and how samples become fixed-length sequences."""
@@ -151,8 +177,7 @@ class DataConfig:
     """Split to hold out for evaluation (e.g. `test`): read from `eval_path`, or from `path`
     when `eval_path` is empty; empty: the last `num_eval` training samples (or `eval_path`'s
     train split)."""
-    format: Literal["auto", "alpaca", "sharegpt", "messages", "gsm8k", "metamathqa",
-                    "prompt_completion", "text", "arithmetic"] = "auto"
+    format: DataFormat = "auto"
     """Sample schema; `auto` detects it from the dataset's column names (`lazytrain.data.formats`:
     prompt_completion and text are TRL's; text is plain text, trained whole, no template)."""
     chat_template: str = ""
@@ -180,6 +205,14 @@ class DataConfig:
     """Held-out prompts evaluated before and after training, >= 0 (16: fits the 5-minute job)."""
     overlong: Literal["truncate", "skip"] = "truncate"
     """What to do with a sample longer than `seq_len` (counted in the run summary)."""
+    mix: tuple[MixSource, ...] = ()
+    """Datasets mixed by weight, in place of `path` (and its format, subset, split): a list of
+    mappings {path, weight, format, subset, split}. The mixed training set holds as many
+    samples as the entries together; entry i gives round(weight_i / sum of weights x that
+    total) of them, in an order shuffled by `train.seed`, repeating its samples when it has
+    fewer and taking a subset when it has more (`lazytrain.data.sources.mix_examples`).
+    Held-out examples: `eval_path` if set, else the last `num_eval` of the first entry (taken
+    before mixing). Empty: train on `path` alone."""
 
     def __post_init__(self) -> None:
         check(bool(self.path), "data.path", "a file, registry name or embedded:<name>",

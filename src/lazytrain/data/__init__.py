@@ -20,6 +20,7 @@ from lazytrain.data.formats import (FORMATS, Example, Message, extract_final_ans
                                     load_examples, normalize_answer, read_dataset)
 from lazytrain.data.packing import check_packing_supported, packed_batch, real_token_count
 from lazytrain.data.registry import read_registry_dataset
+from lazytrain.data.sources import mix_examples
 from lazytrain.data.synthetic import arithmetic_dataset
 from lazytrain.data.templates import TEMPLATES, stop_token_ids, use_template
 from lazytrain.data.tokenize import IGNORE_INDEX, Encoded, encode, encode_prompt, render
@@ -97,8 +98,37 @@ def corpus_texts(cfg: Any, *, seed: int, base_dir: str | Path | None = None) -> 
     return [m.content for ex in [*train, *held] for m in ex.messages]
 
 
+def _load_mix(cfg: Any, resolve, *, seed: int):
+    """(train, held, format) of `data.mix`: every entry read, held-out examples from the first
+    entry's own held-out set or tail (unless `eval_path` / `eval_split` supply them), the
+    rest mixed by weight (`sources.mix_examples`)."""
+    parts, formats, held = [], [], []
+    for k, entry in enumerate(cfg.mix):
+        train, own_held, fmt = _load_source(resolve(entry.path), entry.format, seed=seed,
+                                            num_eval=cfg.num_eval, subset=entry.subset,
+                                            split=entry.split)
+        if k == 0 and not (cfg.eval_path or cfg.eval_split):
+            held = own_held
+            if not held and cfg.num_eval:
+                if len(train) <= cfg.num_eval:
+                    raise ValueError(f"data.num_eval: {entry.path} (the first data.mix entry, "
+                                     f"which the held-out examples come from) has "
+                                     f"{len(train)} examples, not more than num_eval="
+                                     f"{cfg.num_eval}; lower data.num_eval or set "
+                                     f"data.eval_path")
+                train, held = train[: -cfg.num_eval], train[-cfg.num_eval:]
+        parts.append(train)
+        formats.append(fmt)
+    mixed = mix_examples(parts, [e.weight for e in cfg.mix], seed=seed,
+                         names=[e.path for e in cfg.mix])
+    return mixed, held, "+".join(formats)
+
+
 def _load_configured(cfg: Any, resolve, *, seed: int):
-    """(train, held, format, registry path) of the `DataConfig`'s source, paths resolved."""
+    """(train, held, format, registry path) of the `DataConfig`'s source (`data.mix` when set),
+    paths resolved."""
+    if cfg.mix:
+        return (*_load_mix(cfg, resolve, seed=seed), "")
     registry = resolve(cfg.registry_path) if cfg.registry_path else ""
     dataset_dir = resolve(cfg.dataset_dir) if cfg.dataset_dir else ""
     train, held, fmt = _load_source(cfg.path if registry else resolve(cfg.path), cfg.format,

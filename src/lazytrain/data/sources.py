@@ -20,9 +20,13 @@ it returns a `datasets.Dataset` of raw records (`formats.py` turns them into exa
 from __future__ import annotations
 
 import os
+import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow",
                  ".csv": "csv"}
@@ -156,3 +160,31 @@ def _explain(exc: ValueError, path: str, *, subset: str, split: str, what: str) 
         return ValueError(f"data.subset: {subset or '(none)'!r} does not select a configuration "
                           f"of {path} ({msg}); set data.subset")
     return ValueError(f"{what}: {path}: {msg}")
+
+
+def mix_examples(parts: Sequence[Sequence[T]], weights: Sequence[float], *, seed: int,
+                 names: Sequence[str]) -> list[T]:
+    """The samples of `data.mix`: as many as `parts` hold together, part i giving
+    round(weights[i] / sum(weights) x that total) of them, in an order shuffled by `seed`
+    (one `random.Random(seed)` over the parts in turn), its samples repeated when it has
+    fewer and a subset when it has more. The training stream shuffles the result again.
+
+    Args:
+        parts: the samples of each entry; weights: > 0, one per part; seed: `train.seed`;
+        names: each entry's path, for errors.
+
+    Raises:
+        ValueError: an entry without samples (naming it).
+    """
+    total, weight_sum = sum(len(p) for p in parts), sum(weights)
+    rng = random.Random(seed)
+    mixed: list[T] = []
+    for part, weight, name in zip(parts, weights, names):
+        if not part:
+            raise ValueError(f"data.mix: {name} has no training samples; remove the entry or "
+                             f"fix its path, split or subset")
+        order = list(range(len(part)))
+        rng.shuffle(order)
+        mixed += [part[order[k % len(part)]] for k in range(round(weight / weight_sum * total))]
+    return mixed
+

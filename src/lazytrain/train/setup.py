@@ -281,7 +281,8 @@ def _is_local_path(path: str) -> bool:
 def check_data_paths(data_cfg: Any, *, base_dir: str | Path | None = None) -> None:
     """Refuse a data file that does not exist, before planning and before loading weights.
 
-    Checks `data.path` (unless embedded or a registry entry), `data.registry_path`,
+    Checks `data.path` (unless embedded or a registry entry; with `data.mix` its entries'
+    paths instead), `data.registry_path`,
     `data.dataset_dir`, `data.eval_path` and a `data.chat_template` that is not a named
     template (a Jinja file), each relative to `base_dir` (default: the cwd) as
     `lazytrain.data.build_data` resolves them. A data or eval path that may be a hub dataset
@@ -296,13 +297,16 @@ def check_data_paths(data_cfg: Any, *, base_dir: str | Path | None = None) -> No
     checks = [("data.registry_path", data_cfg.registry_path),
               ("data.dataset_dir", data_cfg.dataset_dir),
               ("data.eval_path", data_cfg.eval_path)]
-    if not data_cfg.registry_path and not data_cfg.path.startswith(EMBEDDED_PREFIX):
+    if data_cfg.mix:  # the entries replace data.path
+        checks += [("data.mix.path", m.path) for m in data_cfg.mix
+                   if not m.path.startswith(EMBEDDED_PREFIX)]
+    elif not data_cfg.registry_path and not data_cfg.path.startswith(EMBEDDED_PREFIX):
         checks.insert(0, ("data.path", data_cfg.path))
     for key, value in checks:
         if not value:
             continue
         path = base / Path(value).expanduser()
-        may_be_hub_id = key in ("data.path", "data.eval_path")
+        may_be_hub_id = key in ("data.path", "data.eval_path", "data.mix.path")
         if not path.exists() and (_is_local_path(value) or not may_be_hub_id):
             raise FileNotFoundError(f"{key}: {path} does not exist; fix the path (relative "
                                     f"paths resolve against {base})")
