@@ -139,3 +139,22 @@ def test_the_run_log_says_how_many_samples_were_truncated(arithmetic_model_dir, 
     assert len(counts) == 1 and counts[0] is not None
     drawn, truncated, skipped = map(int, counts[0].groups())
     assert truncated == 2 and drawn == truncated + skipped
+
+
+@pytest.mark.parametrize("export, master, want", [(4, 4, 12), (2, 4, 14), (2, 2, 10), (4, 2, 12)])
+def test_checkpoint_size_counts_the_masters_a_narrower_export_adds(export, master, want):
+    # weights as exported + the masters when wider than the export + two fp32 Adam moments
+    assert ckpt.checkpoint_bytes_per_param(export_bytes=export, master_bytes=master) == want
+
+
+def test_checkpoint_space_makes_room_for_the_kept_checkpoints_and_the_next(tmp_path):
+    from lazytrain.train.preflight import free_bytes, run_checks
+
+    one = int(free_bytes(tmp_path) * 0.4)  # 2 fit the disk, 3 do not (20% margins)
+    space = {keep: [c for c in run_checks(device="cpu", host_bytes=0, hbm_bytes=0,
+                                          pinned_bytes=0, nvme_bytes=0, nvme_dir=tmp_path,
+                                          checkpoint_bytes=one, checkpoints_kept=keep,
+                                          run_dir=tmp_path)
+                    if c.name == "checkpoint space"][0] for keep in (1, 2)}
+    assert space[1].need_bytes == 2 * one and space[1].ok  # the kept one + the one being saved
+    assert space[2].need_bytes == 3 * one and not space[2].ok

@@ -70,6 +70,8 @@ after a newer one is complete)."""
 MASTERS_PREFIX = "masters"
 """Stem of `masters.safetensors` (or its shards + index): the master weights in their own dtype,
 written beside a narrower `model.dtype` export; HF's loaders ignore them."""
+ADAM_MOMENT_BYTES_PER_PARAM = 8
+"""The two fp32 AdamW moments a checkpoint holds per parameter, bytes."""
 _NAME_RE = re.compile(r"^step-(\d{6,})$")
 
 
@@ -345,6 +347,15 @@ def _torch_save(obj: Any, path: Path) -> None:
     except OSError as exc:
         exc.filename = exc.filename or str(path)
         raise
+
+
+def checkpoint_bytes_per_param(*, export_bytes: int, master_bytes: int) -> int:
+    """Bytes one checkpoint takes per parameter: the exported weights (`export_bytes`, of
+    `model.dtype`), the masters again when the export is narrower (`master_bytes`, written
+    under `MASTERS_PREFIX`) and the AdamW moments (`ADAM_MOMENT_BYTES_PER_PARAM`). fp32
+    throughout: 4 + 8 = 12; bf16 export of fp32 masters: 2 + 4 + 8 = 14."""
+    return (export_bytes + (master_bytes if master_bytes > export_bytes else 0)
+            + ADAM_MOMENT_BYTES_PER_PARAM)
 
 
 def _narrows(weights: dict[str, torch.Tensor], dtype: torch.dtype | None) -> bool:

@@ -117,6 +117,7 @@ def free_bytes(path: str | Path) -> int:
 
 def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: int,
                nvme_bytes: int, nvme_dir: str | Path, checkpoint_bytes: int,
+               checkpoints_kept: int = 1,
                run_dir: str | Path, meminfo: str | Path = "/proc/meminfo",
                cgroup_dir: str | Path = "/sys/fs/cgroup", freed_bytes: int = 0) -> list[Check]:
     """All preflight comparisons (none raises).
@@ -129,6 +130,8 @@ def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: in
         nvme_bytes: the plan's NVMe checkpoint bytes, bytes.
         nvme_dir: where the NVMe tier writes.
         checkpoint_bytes: size of one training checkpoint, bytes.
+        checkpoints_kept: `train.keep_checkpoints`; a save writes one more before the oldest
+            goes, so the run directory needs room for that many plus one.
         run_dir: where checkpoints are written.
         meminfo: the meminfo file (tests pass a fake one).
         cgroup_dir: the cgroup v2 directory holding memory.max / memory.current (tests: fake).
@@ -145,7 +148,8 @@ def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: in
     if nvme_bytes > 0:
         checks.append(Check(name="nvme space", need_bytes=nvme_bytes,
                             have_bytes=free_bytes(nvme_dir), where=str(nvme_dir)))
-    checks.append(Check(name="checkpoint space", need_bytes=2 * checkpoint_bytes,
+    checks.append(Check(name="checkpoint space",
+                        need_bytes=(checkpoints_kept + 1) * checkpoint_bytes,
                         have_bytes=free_bytes(run_dir) + freed_bytes,
                         where=str(run_dir) + (f", with the {freed_bytes} bytes of the previous "
                                               f"run --overwrite deletes" if freed_bytes else "")))

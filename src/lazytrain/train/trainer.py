@@ -39,8 +39,6 @@ from lazytrain.train.rank import RankContext
 from lazytrain.train.rundir import clear_run_dir, run_state_bytes
 from lazytrain.train.tracking import Trackers, check_trackers, step_scalars
 
-CHECKPOINT_BYTES_PER_PARAM = 12
-"""fp32 weights (4 B) + fp32 Adam moments (8 B) per parameter: one checkpoint's size."""
 EVAL_BYTES_PER_PARAM = 4
 """The fp32 evaluation copy of the weights (`evaluate.py`)."""
 
@@ -113,7 +111,10 @@ def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, r
     preflight(device=device, host_bytes=dram + eval_copy,
               hbm_bytes=int(pred.peak_hbm_bytes) if pred else 0, pinned_bytes=pinned,
               nvme_bytes=int(pred.nvme_bytes) if pred else 0, nvme_dir=nvme_dir,
-              checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * num_params, run_dir=run_dir,
+              checkpoint_bytes=num_params * ckpt.checkpoint_bytes_per_param(
+                  export_bytes=MASTER_DTYPES[cfg.model.dtype].itemsize,
+                  master_bytes=MASTER_DTYPES[cfg.train.master_dtype].itemsize),
+              checkpoints_kept=cfg.train.keep_checkpoints, run_dir=run_dir,
               freed_bytes=freed_bytes)
 
 
