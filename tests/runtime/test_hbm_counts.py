@@ -4,14 +4,14 @@ The reference is the runtime's allocation ledger (`runtime/ledger.py`: every dev
 compute outputs included, booked per window) on one instrumented step; the prediction is the
 evaluator's HBM of each window (the planner's fixed working set from `planner/build.py`, plus
 the window's checkpoints and kept graphs). Each window's measured peak must stay within its
-prediction, and the plan's peak must not be grossly above the measured one (10% plus one
-block gradient: a drain that lags behind compute holds one more, which the synchronous `cpu`
-backend never shows).
+prediction, and the plan's peak must not be grossly above the measured one (10% plus two
+block gradients: the drain's copies that lag behind compute hold up to two more, which the
+synchronous `cpu` backend never shows).
 
 Cases: LM-head vocabularies from 512 to 128k at hidden 64 (the head's chunk workspace: logits,
 fp32 softmax, their gradients and the head weight's [V, H] gradient), and `cpu-threaded`
 copy delays under which block j+1's gradient is still draining while block j's backward
-allocates its own.
+allocates its own (and block j+2's, the drain keeping two copies in flight).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _check(predicted, measured, block_grad_bytes) -> None:
     over = {w: (measured[w], int(predicted[w])) for w in predicted if measured[w] > predicted[w]}
     assert not over, f"measured > planned HBM bytes in {over}"
     peak_measured, peak_predicted = max(measured.values()), max(predicted.values())
-    assert peak_predicted <= 1.10 * peak_measured + block_grad_bytes, (
+    assert peak_predicted <= 1.10 * peak_measured + 2 * block_grad_bytes, (
         peak_predicted, peak_measured)
 
 

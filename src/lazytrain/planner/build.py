@@ -12,14 +12,15 @@ HBM (`fixed_hbm_bytes`, docs/execution_model.md "HBM capacity"):
     DEVICE_WEIGHT_SLOTS x max P    the engine's weight ring (4: two for double buffering, block
                                    j+1 loads while j runs; two so segment recompute loads are
                                    double-buffered too)
-  + DEVICE_GRAD_BUFFERS x max G    two gradient buffers (block j+1 drains while j's backward
-                                   writes)
+  + DEVICE_GRAD_BUFFERS x max G    two gradient buffers: the drain's copies in flight (blocks
+                                   j+1 and j+2 while j's backward runs, GRAD_DRAIN_BUFFERS)
   + ends weights + grads           embedding, final norm, untied head resident, with their fp32
                                    gradient accumulator (ENDS_GRAD_BYTES_PER_PARAM, 4 B/param)
   + max(block workspace,           the larger of the two compute working sets: a block's in its
-        head workspace)            backward window (max(max I, max G) + 3A: saved activations,
-                                   then autograd's per-parameter gradients beside their flat
-                                   pack; boundary grads) and the head's in `turn` (one chunk's
+        head workspace)            backward window (max(max I, max G) + max G + 3A: saved
+                                   activations, then autograd's per-parameter gradients, beside
+                                   the gradients produced so far or their flat pack; boundary
+                                   grads) and the head's in `turn` (one chunk's
                                    logits, softmax, their gradients and the [V, H] head weight
                                    gradient: `spec.costs.head_workspace_bytes`). The head runs
                                    only in `turn`, where no block computes, so they never add up.

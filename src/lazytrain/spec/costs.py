@@ -147,8 +147,8 @@ class ModelCosts:
     """Their gradients, bytes."""
     block_workspace_bytes: int
     """One block's working set during its backward beside the gradient buffers:
-    max(max I, max G) + 3 x A (`block_workspace_bytes`), or the profile's measured workspace,
-    bytes."""
+    max(max I, max G) + max G + 3 x A (`block_workspace_bytes`), or the profile's measured
+    workspace, bytes."""
     head_workspace_bytes: int
     """The head's device workspace in `turn` (`head_workspace_bytes`), bytes."""
     block_inputs_bytes: int
@@ -226,15 +226,18 @@ def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_ba
 
 def block_workspace_bytes(blocks: tuple[BlockCosts, ...] | list[BlockCosts], A: int) -> int:
     """One block's device working set in its backward window, beyond the two gradient buffers
-    `planner/build.py` counts (block j+1's gradient draining, block j's flat gradient), bytes:
-    `max(max_j I[j], max_j G[j]) + 3 A`.
+    `planner/build.py` counts, bytes: `max(max_j I[j], max_j G[j]) + max_j G[j] + 3 A`.
 
-    While autograd runs, block j's saved activations (I) are live; once it returns they are
-    freed, and autograd's per-parameter gradients (G) are live beside the flat gradient they
-    are packed into (`runtime/block_autograd.flat_grad`), so the larger of I and G. The 3 A:
-    the incoming boundary gradient, the outgoing one and the block's output.
+    While autograd runs, block j's saved activations (I) are live beside the gradients it has
+    produced so far; once it returns they are freed, and autograd's per-parameter gradients
+    (G) are live beside the flat gradient they are packed into
+    (`runtime/block_autograd.flat_grad`): the larger of I and G, plus one G. The two buffers
+    are the gradients the drain may still be copying (`runtime/streams.GradDrain` keeps
+    GRAD_DRAIN_BUFFERS copies in flight: blocks j+1 and j+2, each held until its copy ran).
+    The 3 A: the incoming boundary gradient, the outgoing one and the block's output.
     """
-    return max(max(c.internal_bytes for c in blocks), max(c.grad_bytes for c in blocks)) + 3 * A
+    max_g = max(c.grad_bytes for c in blocks)
+    return max(max(c.internal_bytes for c in blocks), max_g) + max_g + 3 * A
 
 
 def attention_mask_bytes(blk: BlockSpec, *, micro_batch: int, seq_len: int,
