@@ -26,10 +26,12 @@ Planner: `planner/build.py` counts this many x max P in `fixed_hbm_bytes`; the s
 `SimOptions.weight_buffers` default."""
 
 DEVICE_GRAD_BUFFERS = 2
-"""Block gradients alive on the device at once: in window b{j} the engine drains block j+1's
-gradient while block j's backward writes its own (`runtime/engine.py`, backward loop).
-Planner: `planner/build.py` counts this many x max G in `fixed_hbm_bytes`; the simulator's
-`SimOptions.grad_buffers` default."""
+"""Block gradients the drain may still be copying while a block's backward runs: in window
+b{j} the engine drains block j+1's gradient, and block j+2's copy may not have run yet (the
+drain keeps GRAD_DRAIN_BUFFERS copies in flight; `runtime/engine.py`, backward loop). Block
+j's own per-parameter gradients and their flat pack are in the block workspace
+(`spec/costs.block_workspace_bytes`). Planner: `planner/build.py` counts this many x max G in
+`fixed_hbm_bytes`; the simulator's `SimOptions.grad_buffers` default."""
 
 HEAD_CHUNK_TOKENS = 1024
 """Default flattened tokens (micro-batch x positions) per LM-head/loss chunk: the logits exist
