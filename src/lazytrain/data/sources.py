@@ -75,7 +75,7 @@ def _local(path: Path, *, subset: str, split: str, what: str) -> Any:
         return datasets.load_dataset(str(path), subset or None, split=split)
     builder = FILE_BUILDERS.get(path.suffix.lower())
     if builder is not None and not path.read_bytes()[:4096].strip():  # datasets: StopIteration
-        raise ValueError(f"{what}: {path} is empty; it needs at least one record")
+        raise ValueError(f"{what}: {path} has no records; it needs at least one")
     if builder is None:
         raise ValueError(f"{what}: {path} is not a data file datasets can read; give a "
                          f"{'/'.join(FILE_BUILDERS)} file, a folder of them, or a Hub id")
@@ -142,6 +142,8 @@ def load_table(path: str | Path, *, subset: str = "", split: str = "train", data
         raise ValueError(f"{what}: {text} cannot be read ({type(cause).__name__}: "
                          f"{cause}; rows count from 0)") from None
     except ValueError as exc:
+        if str(exc).startswith(f"{what}: "):  # ours, already one line naming the key
+            raise
         raise _explain(exc, text, subset=subset, split=split, what=what) from None
     if len(table) == 0:
         raise ValueError(f"{what}: {text} has no records; it needs at least one")
