@@ -202,3 +202,19 @@ def test_heuristic_makes_weights_resident_without_kept_graphs_on_a_slow_h2d_link
     got = evaluate(p, heuristic_plan(p, time_budget_s=30.0))
     assert got.feasible, got.violations
     assert got.step_ms <= best * (1 + 1e-9)
+
+
+def test_heuristic_makes_weights_resident_where_the_reload_is_exposed():
+    # 8 blocks at 2 GB/s H2D: block j's 0.8 GB weight reload in backward (400 ms) runs in
+    # b{j+1} (the turn for the last block), where B = 400 ms hides it except in b2 and b5
+    # (B = 50 ms) and the turn (head 30 ms): resident weights pay on blocks 1, 4 and 7 only,
+    # not on a suffix. 29.2 GB holds three resident blocks (0.8 GB each) beside 20 GB fixed
+    # and nine 0.75 GB boundaries in HBM. Reference: every resident set (2^8), all-hbm tiers.
+    bwd = tuple(50.0 if j in (2, 5) else 400.0 for j in range(8))
+    p = _problem(L=8, hbm_gb=29.2, h2d_bytes_per_s=2e9, bwd_ms=bwd)
+    best = min(ev.step_ms for r in range(9) for res in itertools.combinations(range(8), r)
+               if (ev := evaluate(p, decisions_from_tiers(p, ("hbm",) * 9, (),
+                                                          resident_weights=res))).feasible)
+    got = evaluate(p, heuristic_plan(p, time_budget_s=30.0))
+    assert got.feasible, got.violations
+    assert got.step_ms <= best * (1 + 1e-9)

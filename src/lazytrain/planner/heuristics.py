@@ -5,12 +5,12 @@ the baseline the MILP's gain is quoted against, so it must not leave easy gains 
 uniform-K starts with lifetime-ordered tiers (latest boundaries hbm while HBM fits, earlier
 ones dram while DRAM fits, the earliest nvme), the transfer schedule of
 `schedule.schedule_transfers`; rule-based starts: keep-internals greedily from the last block
-down (`keep_suffix`), resident weights likewise (`resident_suffix`) and, when 8-bit states are
-offered, every block 8-bit so that DRAM holds every boundary (then the 8-bit states DRAM does
-not need are dropped, `q8_trim`); a greedy repair when a capacity is violated and a
-first-improvement local search (`planner/search.py`, which evaluates candidates). Deterministic:
-no randomness; the wall-clock budget only truncates the local search (the tests' problems
-converge well before it).
+down (`keep_suffix`), resident weights where they save most (`resident_fill`) and, when 8-bit
+states are offered, every block 8-bit so that DRAM holds every boundary (then the 8-bit states
+DRAM does not need are dropped, `q8_trim`); a greedy repair when a capacity is violated and a
+first-improvement local search (`planner/search.py`, which evaluates candidates).
+Deterministic: no randomness; the wall-clock budget only truncates the local search (the tests'
+problems converge well before it).
 
 Knows no solver and no torch. Source: MegaTrain (arXiv 2604.05091) for the every-K rule.
 """
@@ -158,8 +158,8 @@ def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0,
     if problem.allow_keep:  # keep, then resident weights on the rest; resident, then keep
         kept = min((search.q8_trim(search.keep_suffix(every, q8)) for q8 in q8s),
                    key=lambda s: s.score)
-        res = search.resident_suffix(min(starts, key=lambda s: s.score))
-        for st in (search.resident_suffix(kept), res, search.keep_suffix(every, res.q8, res.res)):
+        res = search.resident_fill(min(starts, key=lambda s: s.score))
+        for st in (search.resident_fill(kept), res, search.keep_suffix(every, res.q8, res.res)):
             starts.append(search.repair(st))
     if max_steps is None:  # the wall clock caps the local search, never the starts' repairs
         search.deadline = time.perf_counter() + time_budget_s

@@ -5,7 +5,7 @@ step time of the fluid model (`evaluate`) and its capacity shortfall: `build` ru
 transfer scheduler (`schedule.schedule_loads`, the same numbers as `evaluate`), `delta` rescores
 a neighbour by recomputing only the windows and holding intervals a move touches. The phases
 `heuristics.heuristic_plan` composes: lifetime-ordered tiers (`lifetime`), greedy keep and
-resident suffixes (`keep_suffix`, `resident_suffix`), 8-bit trims (`q8_top_up`, `q8_trim`), a
+resident weights (`keep_suffix`, `resident_fill`), 8-bit trims (`q8_top_up`, `q8_trim`), a
 greedy repair (best ratio of shortfall removed to step time added) and a first-improvement
 local search (tier moves, +-1 shifts, (un)materialize, keep and resident toggles on every
 block). Deterministic: no randomness; a deadline (wall clock or step count) truncates repair
@@ -357,28 +357,40 @@ class Search:
         c = self._largest_fit(self.L, with_keep)
         return min((self.lifetime(*with_keep(c)) for c in _ladder(c)), key=lambda st: st.score)
 
-    def resident_suffix(self, cur: State) -> State:
-        """Greedy resident weights from the last block down, as `keep_suffix` does with keep,
-        on the blocks `cur` does not keep (or `cur` if no better): a resident block skips its
-        backward reload of P[j] bytes for P[j] bytes of HBM, the best use of HBM on slow H2D."""
+    def resident_fill(self, cur: State) -> State:
+        """Greedy resident weights, as `keep_suffix` does with keep, on the blocks `cur` does
+        not keep (or `cur` if no better): a resident block skips its backward reload of P[j]
+        bytes for P[j] bytes of HBM, the best use of HBM on slow H2D. Blocks go in order of
+        step time saved per byte, each alone on `cur` (ties: the last block first), as the
+        reload only costs where it lengthens its window; as many as fit with every boundary
+        offloaded (then `lifetime` tiers) or with `cur`'s tiers as they are."""
         free = [j for j in range(self.L - 1, -1, -1) if j not in cur.res]
+        saved = {j: (cur.score[1] - self.delta(cur, _materialize(cur.tiers, (j,)), cur.keep,
+                                               cur.q8, cur.res + (j,))[1]) / self.p.weight_bytes[j]
+                 for j in free}
+        free.sort(key=lambda j: -saved[j])
 
         def with_res(r: int):
             res = cur.res + tuple(free[:r])
             return _materialize(cur.tiers, res), cur.keep, cur.q8, res
 
         r = self._largest_fit(len(free), with_res)
-        return min([cur] + [self.lifetime(*with_res(r)) for r in _ladder(r) if r > 0],
+        as_is = self._largest_fit(len(free), with_res, offloaded=False)  # `cur`'s tiers kept
+        return min([cur, self.build(*with_res(as_is))]
+                   + [self.lifetime(*with_res(r)) for r in _ladder(r) if r > 0],
                    key=lambda st: st.score)
 
-    def _largest_fit(self, hi: int, args) -> int:
+    def _largest_fit(self, hi: int, args, *, offloaded: bool = True) -> int:
         """The largest c in 0..hi whose decisions `args(c)` = (tiers, keep, q8, res) fit HBM
-        with every boundary offloaded (HBM grows with c: binary search)."""
+        with every boundary offloaded (or with its tiers as they are: `offloaded=False`) (HBM
+        grows with c: binary search)."""
         lo = 0
         while lo < hi:
             mid = (lo + hi + 1) // 2
             tiers, keep, q8, res = args(mid)
-            st = self.build(self._assign(tiers, 0, set(keep) | set(res), q8), keep, q8, res)
+            if offloaded:
+                tiers = self._assign(tiers, 0, set(keep) | set(res), q8)
+            st = self.build(tiers, keep, q8, res)
             lo, hi = (mid, hi) if max(st.hbm) <= self.p.hbm_bytes else (lo, mid - 1)
         return lo
 
