@@ -124,8 +124,8 @@ def uniform_plan(problem: PlanningProblem, k: int, *, lifetime_tiers: bool = Tru
 
 def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0,
                    max_steps: int | None = None) -> Plan:
-    """Best plan found by uniform-K, keep-suffix and all-8-bit starts, lifetime tiers, repair
-    and local search.
+    """Best plan found by uniform-K, keep, resident-weight and all-8-bit starts, lifetime
+    tiers, repair and local search.
 
     Always returns a plan, never slower than the best fixed-K rule that fits
     (`best_fixed_k_plan`). If no candidate fits every capacity, the one with the smallest
