@@ -270,13 +270,14 @@ def test_lazytrain_train_with_bf16_masters_runs_the_tiny_config(repo_root, tmp_p
     run_dir = tmp_path / "run"
     assert main(["train", "--config", str(repo_root / "configs" / "tiny-llama-cpu.yaml"),
                  "--run-dir", str(run_dir), "--set", "train.master_dtype=bf16",
-                 "--set", "data.num_eval=0", "--no-progress"]) == 0
+                 "--set", "model.dtype=bf16", "--set", "data.num_eval=0",
+                 "--no-progress"]) == 0
     assert "done: 3 steps" in capsys.readouterr().out
     losses = [json.loads(ln)["loss"] for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0]
     weights = load_file(str(latest_checkpoint(run_dir).path / "model.safetensors"))
-    # saved as the bf16 masters themselves (2 B per parameter, no fp32 copy while saving)
+    # model.dtype bf16 over bf16 masters: saved as the masters themselves (2 B per parameter)
     assert all(t.dtype == torch.bfloat16 for t in weights.values())
 
 
