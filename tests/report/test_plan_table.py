@@ -63,6 +63,18 @@ def test_the_comparison_measures_the_speedup_against_the_faster_fixed_k_rule():
     assert report["simulator"]["disagreements"] == []
 
 
+def test_a_k_max_below_the_rule_s_k_compares_with_the_rule_at_k_max():
+    """planner.k_max 1 with the default megatrain_k 4 is a valid milp/heuristic job: the
+    MegaTrain row is the rule at the longest segment the job allows (here every boundary
+    stored), not a refusal of the whole command."""
+    problem = four_blocks(k_max=1)
+    plan = megatrain_plan(problem, k=1)
+    report = plan_comparison(problem, plan, PlannerOptions(policy="heuristic", megatrain_k=4))
+    ours = evaluate(problem, plan).step_ms
+    assert report["rows"]["megatrain (K=1)"]["step_ms"] == pytest.approx(ours)
+    assert report["speedup_vs_megatrain"] == pytest.approx(1.0)
+
+
 def test_the_summary_prints_the_costs_line_it_is_given_and_none_without_one():
     plan = megatrain_plan(four_blocks(), k=2)
     with_line = plan_summary(plan, source="tiny.json", costs_line="costs: analytic (x)")

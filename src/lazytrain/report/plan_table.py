@@ -61,8 +61,9 @@ def _row(problem, plan) -> dict:
 
 def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOptions) -> dict:
     """Rows for the chosen policy, the MegaTrain rule (`options.megatrain_k`, the paper's 4 by
-    default) and the best fixed-K rule that fits, the bounds, plus the simulator check (plain
-    data: `lazytrain plan --json` prints it as `comparison`).
+    default; at most `problem.k_max` unless the policy is megatrain itself) and the best fixed-K
+    rule that fits, the bounds, plus the simulator check (plain data: `lazytrain plan --json`
+    prints it as `comparison`).
 
     `speedup_vs_megatrain` is against the faster of the two rules among those that fit the
     budgets (`baseline` names it); None when neither fits. Step times in ms, tokens/s, model
@@ -78,9 +79,12 @@ def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOption
     from lazytrain.planner.policy import plan as plan_problem
     from lazytrain.sim import disagreements, simulate
 
-    policy, megatrain_k = options.policy, options.megatrain_k
+    policy = options.policy
+    # the rule at the longest segment the job allows (a segment beyond k_max is no valid plan)
+    megatrain_k = options.megatrain_k if policy == "megatrain" else min(options.megatrain_k,
+                                                                        problem.k_max)
     baseline = plan if policy == "megatrain" else plan_problem(
-        problem, options.replace(policy="megatrain", lp_bound=False))
+        problem, options.replace(policy="megatrain", megatrain_k=megatrain_k, lp_bound=False))
     best_fixed = best_fixed_k_plan(problem)
     rows = {policy: _row(problem, plan)}
     paper = f"megatrain (K={megatrain_k})"
