@@ -314,7 +314,9 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
 
     Returns:
         Plan whose `solver` record holds backend, status ("optimal", "time_limit", or
-        "no_incumbent" when the warm start is returned), solve_s (every phase after the
+        "no_incumbent" when the warm start is returned; "...; incumbent over budget, warm start
+        kept" when the solver's plan passes a budget by less than its row tolerance, which the
+        evaluator counts to the byte), solve_s (every phase after the
         feasibility phase), gap (the plan's step, or the solver's objective, vs. the best bound
         known: the step-time solve's dual bound or the LP bound), num_vars, num_rows. A
         least-wear plan records its phase in provenance `least_wear`.
@@ -352,6 +354,14 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
     solved = extract_plan(milp, res.values, solver=record, bounds=bounds)
     solved = dataclasses.replace(solved, solver=solve_record(
         milp, res, lp_bound_ms=lp, step_ms=solved.predicted.step_ms))
+    if solved.provenance.get("violations"):
+        # within the solver's row tolerance (HiGHS: 1e-6 of a row in GB, about 1 kB) but over a
+        # budget by the evaluator's exact bytes; the warm start fits (feasibility phase)
+        solved = dataclasses.replace(warm_start, solver=dataclasses.replace(
+            record, status=f"{res.status}; incumbent over budget, warm start kept",
+            gap=gap_against_best_bound(warm_start.predicted.step_ms,
+                                       dual_step_bound_ms(milp, res.dual_bound), lp)),
+            bounds=bounds or warm_start.bounds)
     if least_wear_slack is None:
         return solved
     from lazytrain.planner.wear import WEAR_TIME_SHARE, least_wear_plan
