@@ -3,6 +3,7 @@ the one torn last line a crash mid-append leaves and refuses any other damage.""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
@@ -85,3 +86,31 @@ def test_write_json_atomic_leaves_the_old_file_when_the_object_cannot_be_written
         write_json_atomic(path, loop)
     assert json.loads(path.read_text()) == {"step": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_a_full_disk_under_a_run_log_names_the_log_and_says_the_disk_is_full():
+    """/dev/full refuses every write with ENOSPC, as a full disk does: the error names the log
+    (a failed write() carries no file name of its own) and says the disk is full."""
+    from lazytrain.atomic import append_jsonl
+
+    with pytest.raises(OSError) as info:
+        append_jsonl("/dev/full", RECORDS)
+    assert info.value.errno == errno.ENOSPC
+    assert info.value.filename == "/dev/full"
+    assert "the disk is full" in str(info.value) and "bytes free" in str(info.value)
+
+
+def test_a_full_disk_under_an_atomic_write_names_the_file_and_leaves_the_old_one(
+        tmp_path, monkeypatch):
+    path = tmp_path / "summary.json"
+    path.write_text("old")
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(type(path), "write_text", full)
+    with pytest.raises(OSError) as info:
+        write_text_atomic(path, "new")
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(path)
+    assert "the disk is full" in str(info.value)
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["summary.json"]

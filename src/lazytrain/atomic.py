@@ -22,6 +22,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -37,7 +38,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     exception the temp file is removed and `path` is left as it was.
 
     Raises:
-        OSError: the folder cannot be created or written.
+        OSError: the folder cannot be created or written (a failed write names `path`, and a
+            full disk says so: `named_write_error`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,9 +50,26 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         with open(tmp, "rb") as f:  # durable before it takes the real name
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise named_write_error(exc, path) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def named_write_error(exc: OSError, path: str | Path) -> OSError:
+    """`exc` naming `path` when a failed `write()` left it nameless (a write names no file;
+    the CLI's one line would say "[Errno 28] No space left on device" and nothing more), with
+    the free bytes when the disk is full (ENOSPC). Any other error is returned as it is."""
+    if type(exc) is not OSError or exc.errno is None or exc.filename is not None:
+        return exc
+    text = exc.strerror or os.strerror(exc.errno)
+    if exc.errno == errno.ENOSPC:
+        folder = Path(path).parent
+        text += (f" (the disk is full: errno {errno.ENOSPC} ENOSPC, "
+                 f"{shutil.disk_usage(folder).free} bytes free on {folder})")
+    return OSError(exc.errno, text, str(path))
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
@@ -133,9 +152,17 @@ def open_append(path: str | Path) -> TextIO:
 
 
 def append_jsonl(path: str | Path, records: list[dict]) -> None:
-    """Append one JSON line per record to `path` (`open_append`)."""
-    with open_append(path) as fh:
-        fh.write("".join(json.dumps(r) + "\n" for r in records))
+    """Append one JSON line per record to `path` (`open_append`).
+
+    Raises:
+        OSError: as `open_nofollow`; a failed write names `path` and says when the disk is
+            full (`named_write_error`).
+    """
+    try:
+        with open_append(path) as fh:
+            fh.write("".join(json.dumps(r) + "\n" for r in records))
+    except OSError as exc:
+        raise named_write_error(exc, path) from exc
 
 
 def private_dir(path: str | Path, *, key: str) -> Path:
