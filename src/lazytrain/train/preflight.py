@@ -117,7 +117,7 @@ def free_bytes(path: str | Path) -> int:
 
 def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: int,
                nvme_bytes: int, nvme_dir: str | Path, checkpoint_bytes: int,
-               checkpoints_kept: int = 1,
+               checkpoints_kept: int = 1, checkpoints_written: int | None = None,
                run_dir: str | Path, meminfo: str | Path = "/proc/meminfo",
                cgroup_dir: str | Path = "/sys/fs/cgroup", freed_bytes: int = 0) -> list[Check]:
     """All preflight comparisons (none raises).
@@ -132,6 +132,10 @@ def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: in
         checkpoint_bytes: size of one training checkpoint, bytes.
         checkpoints_kept: `train.keep_checkpoints`; a save writes one more before the oldest
             goes, so the run directory needs room for that many plus one.
+        checkpoints_written: the most checkpoints this run can save (one per step it trains),
+            or None when unknown; no more than that many are ever new on the disk at once, so
+            the room asked is min(checkpoints_kept + 1, checkpoints_written) checkpoints (the
+            ones already there are counted by the disk's free space).
         run_dir: where checkpoints are written.
         meminfo: the meminfo file (tests pass a fake one).
         cgroup_dir: the cgroup v2 directory holding memory.max / memory.current (tests: fake).
@@ -148,8 +152,10 @@ def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: in
     if nvme_bytes > 0:
         checks.append(Check(name="nvme space", need_bytes=nvme_bytes,
                             have_bytes=free_bytes(nvme_dir), where=str(nvme_dir)))
-    checks.append(Check(name="checkpoint space",
-                        need_bytes=(checkpoints_kept + 1) * checkpoint_bytes,
+    at_once = checkpoints_kept + 1
+    if checkpoints_written is not None:
+        at_once = min(at_once, max(1, checkpoints_written))
+    checks.append(Check(name="checkpoint space", need_bytes=at_once * checkpoint_bytes,
                         have_bytes=free_bytes(run_dir) + freed_bytes,
                         where=str(run_dir) + (f", with the {freed_bytes} bytes of the previous "
                                               f"run --overwrite deletes" if freed_bytes else "")))
@@ -170,6 +176,8 @@ def preflight(**kwargs) -> list[Check]:
                               "dram boundaries",
              "nvme space": "free space there or set runtime.nvme_dir to a larger disk",
              "checkpoint space": "free space or choose another --run-dir"}
+    if kwargs.get("checkpoints_kept", 1) > 1:
+        hints["checkpoint space"] += ", or lower train.keep_checkpoints"
     for check in checks:
         if not check.ok:
             raise PreflightError(f"preflight: {check.describe()}; {hints[check.name]}")

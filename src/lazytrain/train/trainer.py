@@ -97,9 +97,10 @@ def _get_plan(cfg: RunConfig, run_dir: Path, *, plan: Plan | None, resuming: boo
 
 
 def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, run_dir: Path,
-                   num_params: int, freed_bytes: int = 0) -> None:
+                   num_params: int, freed_bytes: int = 0, saves: int | None = None) -> None:
     """`preflight.preflight` on the plan's figures; `freed_bytes`: what `--overwrite` deletes
-    in the run directory before the first save (counted as free there)."""
+    in the run directory before the first save (counted as free there); `saves`: the most
+    checkpoints the run can write (None: unknown)."""
     pred = plan.predicted
     dram = int(pred.dram_bytes) if pred else 16 * num_params
     eval_copy = EVAL_BYTES_PER_PARAM * num_params if cfg.data.num_eval else 0
@@ -114,7 +115,8 @@ def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, r
               checkpoint_bytes=num_params * ckpt.checkpoint_bytes_per_param(
                   export_bytes=MASTER_DTYPES[cfg.model.dtype].itemsize,
                   master_bytes=MASTER_DTYPES[cfg.train.master_dtype].itemsize),
-              checkpoints_kept=cfg.train.keep_checkpoints, run_dir=run_dir,
+              checkpoints_kept=cfg.train.keep_checkpoints, checkpoints_written=saves,
+              run_dir=run_dir,
               freed_bytes=freed_bytes)
 
 
@@ -285,7 +287,9 @@ class Trainer:
         self.flops_params = spec.model_flops_params  # N of 6 * N * tokens
         _run_preflight(cfg, self.plan, device=self.device, nvme_dir=self.nvme_dir,
                        run_dir=self.run_dir, num_params=spec.total_params,
-                       freed_bytes=run_state_bytes(self.run_dir) if overwrite else 0)
+                       freed_bytes=run_state_bytes(self.run_dir) if overwrite else 0,
+                       saves=None if tc.epochs else tc.steps - (
+                           self.resumed_from.step if self.resumed_from is not None else 0))
         self.tokenizer = setup.load_tokenizer(
             source, vocab_size=hf_config.vocab_size,
             corpus=lambda: corpus_texts(cfg.data, seed=tc.seed))
