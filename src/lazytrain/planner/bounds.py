@@ -29,6 +29,7 @@ Knows no torch; the LP goes through `solvers.solve` (lazy solver imports).
 
 from __future__ import annotations
 
+from lazytrain.planner.duplex import effective_cap
 from lazytrain.planner.evaluate import Decisions, evaluate, pre_ms
 from lazytrain.planner.plan import Bounds
 from lazytrain.planner.problem import PlanningProblem
@@ -79,13 +80,16 @@ def roofline_ms(problem: PlanningProblem) -> float:
 
 def _closed_form_step_ms(p: PlanningProblem, comp: float, h2d: float) -> float:
     """Step ms of a whole step's compute `comp` (ms) and H2D `h2d` (bytes) against the fixed
-    gradient drains: GPU windows = max(compute, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/bw_duplex),
-    CPU: their sum; step = ga * (pre + windows + post) + const."""
+    gradient drains: GPU windows = max(compute, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/cap),
+    CPU: their sum; step = ga * (pre + windows + post) + const. cap = max(bw_duplex, bw_h2d,
+    bw_d2h) (`duplex.effective_cap`: a cap below a direction's own rate counts as that rate,
+    as the evaluator and the simulator count it)."""
     ms = lambda nbytes, bps: nbytes / bps * 1e3  # noqa: E731
     d2h = float(sum(p.grad_bytes[1:p.num_blocks]))
     h2d_ms, d2h_ms = ms(h2d, p.h2d_bytes_per_s), ms(d2h, p.d2h_bytes_per_s)
     if p.copies_overlap_compute:
-        windows = max(comp, h2d_ms, d2h_ms, ms(h2d + d2h, p.duplex_bytes_per_s))
+        cap = effective_cap(p.h2d_bytes_per_s, p.d2h_bytes_per_s, p.duplex_bytes_per_s)
+        windows = max(comp, h2d_ms, d2h_ms, ms(h2d + d2h, cap))
     else:
         windows = comp + h2d_ms + d2h_ms
     post = ms(p.grad_bytes[0] + p.ends_grad_bytes, p.d2h_bytes_per_s)
@@ -109,7 +113,8 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
     (A[i] of H2D) or recomputed, which reloads the weights of block i-1 (P[i-1]).
 
     The maxima are fractional knapsacks, each a relaxation, so both totals are lower bounds.
-    GPU: windows = max(compute, H2D/bw_h2d, D2H/bw_d2h, (H2D + D2H)/bw_duplex); CPU: their sum.
+    GPU: windows = max(compute, H2D/bw_h2d, D2H/bw_d2h, (H2D + D2H)/cap) with the duplex rule's
+    cap (`duplex.effective_cap`); CPU: their sum.
     Step = ga * (pre + windows + post) + const. Source: docs/execution_model.md, "Per-window
     work" and "HBM capacity".
 
