@@ -340,13 +340,20 @@ def save_checkpoint(run_dir: str | Path, *, step: int, weights: dict[str, torch.
 def _torch_save(obj: Any, path: Path) -> None:
     """`torch.save` into a file opened here: a failed write raises its OSError (ENOSPC, with
     `filename` set), where torch's own file writer says "[enforce fail at
-    inline_container.cc] unexpected pos"."""
+    inline_container.cc] unexpected pos". Its zip writer says that even when the Python file's
+    write raised (a disk that fills mid-file): the OSError it was handling is raised instead."""
     try:
         with open(path, "xb") as fh:  # a fresh temp directory: nothing to follow or replace
             torch.save(obj, fh)
     except OSError as exc:
         exc.filename = exc.filename or str(path)
         raise
+    except RuntimeError as exc:
+        cause = exc.__context__
+        if not isinstance(cause, OSError):
+            raise
+        cause.filename = cause.filename or str(path)
+        raise cause from None
 
 
 def checkpoint_bytes_per_param(*, export_bytes: int, master_bytes: int) -> int:
