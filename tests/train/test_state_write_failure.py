@@ -37,3 +37,12 @@ def test_a_write_failing_mid_state_names_trainer_state_pt(tmp_path, writes_stop_
     assert info.value.errno == errno.EFBIG and info.value.filename == str(path)
     assert "unexpected pos" not in str(info.value)
     assert _save_failure_cause(info.value, tmp_path).startswith("writing trainer_state.pt: ")
+
+
+def test_a_failed_first_save_does_not_point_at_a_resume_with_nothing_to_resume(tmp_path):
+    from lazytrain.train.loop import CheckpointSaveError, save_errors
+
+    with pytest.raises(CheckpointSaveError) as info:
+        with save_errors(tmp_path, step=1):
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x"))
+    assert "--resume" not in str(info.value) and "--overwrite" in str(info.value)

@@ -150,10 +150,12 @@ def save_errors(run_dir: Path, *, step: int):
             raise
         last = ckpt.latest_checkpoint(run_dir)
         cause = _save_failure_cause(exc, ckpt.checkpoints_dir(run_dir))
+        then = (f"the previous checkpoint {last.path} is kept; free space and --resume "
+                f"{run_dir}" if last else "no checkpoint of this run was saved before, so "
+                f"there is nothing to resume; free space and train again with --overwrite")
         raise CheckpointSaveError(
             f"saving checkpoint step-{step:06d} in {ckpt.checkpoints_dir(run_dir)} failed "
-            f"({cause}); the previous checkpoint {last.path if last else '(none)'} is kept; "
-            f"free space and --resume {run_dir}") from None
+            f"({cause}); {then}") from None
 
 
 def _save_failure_cause(exc: Exception, directory: Path) -> str:
