@@ -143,12 +143,25 @@ def _turns(pairs: list[tuple[str, str]]) -> Example:
                    else extract_final_answer(last))
 
 
+def _string(value, what: str) -> str:
+    """`value` as text (a number as its digits); a list or mapping (OpenAI-style content
+    parts, a nested column) would be trained on as its Python repr, so it is refused.
+
+    Raises:
+        ValueError: `value` is a list or a mapping (names `what` and its type).
+    """
+    if isinstance(value, (list, tuple, dict)):
+        raise ValueError(f"{what} is a {type(value).__name__}, not a string; give it as text")
+    return str(value)
+
+
 def _messages(row: Mapping) -> Example:
-    return _turns([(str(t["role"]), str(t["content"])) for t in row["messages"]])
+    return _turns([(_string(t["role"], "a role"), _string(t["content"], "a message's content"))
+                   for t in row["messages"]])
 
 
 def _sharegpt(row: Mapping) -> Example:
-    return _turns([(_SHAREGPT_ROLES[str(t["from"])], str(t["value"]))
+    return _turns([(_SHAREGPT_ROLES[str(t["from"])], _string(t["value"], "a turn's value"))
                    for t in row["conversations"]])
 
 
@@ -160,15 +173,17 @@ def _prompt_completion(row: Mapping) -> Example:
                             else None)
     if isinstance(prompt, str) or isinstance(completion, str):
         raise ValueError("prompt and completion must both be strings or both message lists")
-    turns = [(str(t["role"]), str(t["content"]), False) for t in prompt]
-    turns += [(str(t["role"]), str(t["content"]), t["role"] == "assistant") for t in completion]
+    turns = [(_string(t["role"], "a role"), _string(t["content"], "a message's content"),
+              False) for t in prompt]
+    turns += [(_string(t["role"], "a role"), _string(t["content"], "a message's content"),
+               t["role"] == "assistant") for t in completion]
     if not any(train for _, _, train in turns):
         raise ValueError("the completion has no assistant turn to train on")
     return Example(messages=tuple(Message(role=r, content=c, train=t) for r, c, t in turns))
 
 
 def _text(row: Mapping) -> Example:
-    text = str(row["text"])
+    text = _string(row["text"], "the text")
     if not text.strip():
         raise ValueError("the text is empty")
     return Example(messages=(Message(role=TEXT_ROLE, content=text, train=True),))
