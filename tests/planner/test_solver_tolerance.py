@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
-from lazytrain.planner.milp import solve_milp
+from lazytrain.planner.milp import PlanInfeasibleError, solve_milp
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.planner.policy import PlannerOptions, plan
 from test_milp import U, small_problem
@@ -44,3 +44,25 @@ def test_the_policy_returns_no_plan_over_budget_by_the_solver_tolerance():
     chosen = plan(problem, PlannerOptions(backend="highs", gap=1e-9, time_limit_s=30))
     assert not chosen.provenance.get("violations"), chosen.provenance.get("violations")
     assert evaluate(problem, chosen).feasible
+
+
+def test_a_feasibility_solve_that_finds_nothing_names_the_start_s_shortfall():
+    """The feasibility solve stops before any assignment and the start (an overflowing plan the
+    model cannot express: a resident block inside a recompute segment) gave it none: the error
+    is the start's shortfall with its fix (what `lazytrain plan --micro-batch 100000` needs to
+    read), not 'raise planner.time_limit_s' alone. HBM room 50 u: boundary L needs 120 u."""
+    pytest.importorskip("highspy")
+    from dataclasses import replace
+
+    from lazytrain.planner.feasibility import feasible_plan
+
+    problem = small_problem(hbm_bytes=1050 * U)
+    tiers = ("hbm", "recompute", "recompute", "hbm", "hbm", "hbm", "hbm")
+    start = build_plan(problem, replace(decisions_from_tiers(problem, tiers),
+                                        resident_weights=(1,)),
+                       solver=SolveRecord(backend="manual"))
+    with pytest.raises(PlanInfeasibleError) as info:
+        feasible_plan(problem, backend="highs", time_limit_s=1e-9, start=start)
+    err = info.value
+    assert err.budget == "HBM" and not err.proven
+    assert err.shortfall_bytes == pytest.approx(evaluate(problem, start).hbm_short_bytes)

@@ -38,6 +38,9 @@ def feasible_plan(problem: PlanningProblem, *, backend: str, time_limit_s: float
         PlanInfeasibleError: the least total shortfall is positive; names every short budget
             (window, need, budget) of the plan that reaches it. `proven` is False when the
             solver stopped before proving that no plan fits.
+            Also (not proven) when the solver stopped with no assignment and `start`
+            overflows: the shortfall of `start`.
+        RuntimeError: the solver stopped with no assignment and no overflowing `start`.
     """
     from lazytrain.planner.evaluate import build_plan
     from lazytrain.planner.extract import extract_decisions, start_from_plan
@@ -47,6 +50,10 @@ def feasible_plan(problem: PlanningProblem, *, backend: str, time_limit_s: float
     x0 = start_from_plan(milp, start) if start is not None else None
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=1e-6,
                 threads=threads, seed=seed, start=x0, node_limit=node_limit)
+    if res.values is None and start is not None and start.provenance.get("violations"):
+        # no assignment in time and none from the start (a plan the model cannot express):
+        # the start's shortfall, with its fix, says more than the time limit alone
+        raise shortfall_error(problem, start, proven=False)
     if res.values is None:
         raise RuntimeError(f"{backend} found no assignment of the feasibility model in "
                            f"{time_limit_s} s (status {res.status}); raise planner.time_limit_s")
