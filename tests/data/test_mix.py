@@ -28,6 +28,14 @@ def test_an_empty_mix_entry_is_named():
         mix_examples([["a"], []], [1.0, 1.0], seed=0, names=["a.jsonl", "empty.jsonl"])
 
 
+def test_an_entry_whose_weight_rounds_to_no_sample_is_named_not_dropped():
+    # total 4 + 2 = 6; weight 0.01 of 1.01 -> round(0.059) = 0 samples of b: b would be
+    # missing from the mix without a word
+    with pytest.raises(ValueError, match=r"data.mix: b.jsonl's weight 0.01 gives it 0 of the 6"):
+        mix_examples([["a0", "a1", "a2", "a3"], ["b0", "b1"]], [1.0, 0.01], seed=0,
+                     names=["a.jsonl", "b.jsonl"])
+
+
 def _jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)

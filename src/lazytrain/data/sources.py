@@ -176,17 +176,23 @@ def mix_examples(parts: Sequence[Sequence[T]], weights: Sequence[float], *, seed
         names: each entry's path, for errors.
 
     Raises:
-        ValueError: an entry without samples (naming it).
+        ValueError: an entry without samples, or whose weight gives it none of the total
+            (naming it and the fix).
     """
     total, weight_sum = sum(len(p) for p in parts), sum(weights)
     rng = random.Random(seed)
     mixed: list[T] = []
-    for part, weight, name in zip(parts, weights, names):
+    for part, name in zip(parts, names):
         if not part:
             raise ValueError(f"data.mix: {name} has no training samples; remove the entry or "
                              f"fix its path, split or subset")
+    for part, weight, name in zip(parts, weights, names):
+        share = round(weight / weight_sum * total)
+        if share == 0:
+            raise ValueError(f"data.mix: {name}'s weight {weight:g} gives it 0 of the {total} "
+                             f"mixed samples (under half of one); raise its weight or remove it")
         order = list(range(len(part)))
         rng.shuffle(order)
-        mixed += [part[order[k % len(part)]] for k in range(round(weight / weight_sum * total))]
+        mixed += [part[order[k % len(part)]] for k in range(share)]
     return mixed
 
