@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 
 from lazytrain.models.adapter import ModelAdapter
+from lazytrain.models.cut import cut_config
+from lazytrain.models.hf_loader import load_adapter_from_config
 from lazytrain.runtime.engine import COMPUTE_DTYPES
 from lazytrain.runtime.bench_blocks import BlockBench, block_kind_times, sample_batch, time_ms
 
@@ -31,21 +33,14 @@ TWIN_TOKENS = (1, 16)
 
 
 def twin_adapter(adapter: ModelAdapter, *, blocks: int = 2) -> ModelAdapter:
-    """A random-init `blocks`-block, hidden-64 model of the run's family (`TWIN_SHAPE`).
+    """A random-init `blocks`-block, hidden-64 model of the run's family (`TWIN_SHAPE`): the
+    first layers' kinds (`models.cut.cut_config`; a model already cut to fewer layers repeats
+    its kinds).
 
     Raises:
         ValueError: the family's config does not take the twin's shape (named).
     """
-    import copy
-
-    from lazytrain.models.hf_loader import load_adapter_from_config
-
-    cfg = copy.deepcopy(adapter.config)
-    for key, value in TWIN_SHAPE.items():
-        setattr(cfg, key, value)
-    cfg.num_hidden_layers = blocks
-    if getattr(cfg, "layer_types", None):  # hybrid stacks: the first layers' kinds
-        cfg.layer_types = list(cfg.layer_types)[:blocks]
+    cfg = cut_config(adapter.config, range(blocks), overrides=TWIN_SHAPE)
     master = adapter.params.blocks[0].master.dtype
     try:
         return load_adapter_from_config(cfg, master_dtype="bf16" if master == torch.bfloat16

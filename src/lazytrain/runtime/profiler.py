@@ -69,12 +69,13 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
                     nvme_dir: Path | str, io_threads: int = 2, repeats: int = 5,
                     warmup: int = 2, model_config_sha256: str | None = None,
                     log: Callable[[str], None] = lambda msg: None, quick: bool = False,
-                    timing: Timing | None = None) -> dict:
+                    timing: Timing | None = None, model_numel: int | None = None) -> dict:
     """Everything `lazytrain profile` measures, as a profile dict (`lazytrain.spec.costs`).
 
     Args:
-        adapter: the model, as the engine would run it.
-        kinds: `BlockSpec.kind` of each block (len L).
+        adapter: the model, as the engine would run it, or a cut of it holding one block of
+            each kind (`models.cut`; the run's model need not fit in memory).
+        kinds: `BlockSpec.kind` of each of the adapter's blocks (len L).
         micro_batch, seq_len, compute_dtype: the run's batch shape and dtype.
         device: "cpu" or "cuda".
         nvme_dir: directory of the NVMe tier (files removed afterwards).
@@ -92,12 +93,18 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
         timing: the block and end times' rule (default: `SteadyTiming` when quick, else the
             median, `runtime.steady.median_timing`); tests pass a `SteadyTiming` with an
             injected load clock.
+        model_numel: parameters of the whole model when `adapter` is a cut of it (None: the
+            adapter is the whole model). The two step terms that grow with the model, the
+            exposed optimizer (every group's update precedes the forward) and the gradient
+            norm, are scaled by model_numel / the adapter's parameters, so `step_const_ms`
+            stays a whole-model figure; the factor is recorded as
+            `measurements.whole_model_scale`.
 
     Returns:
         the profile: version, model_config_sha256, seq_len, micro_batch, compute_dtype, device,
         block_kinds, ends (embed_ms, head_ms), bandwidths (GB/s; effective under contention
         on a CPU), step_const_ms (exposed optimizer + ends load + gradient norm + the
-        twins' per-step overhead), host (`host_rates`), window_overhead_ms
+        twins' per-step overhead, ms, of the whole model), host (`host_rates`), window_overhead_ms
         (`window_overhead_ms`; absent when the family has no twin), measurements (raw rates
         alone and with the optimizer running, the twins' figures and, quick, the `steady`
         record per measurement) and, on a CPU, cpu_contention.
@@ -158,13 +165,18 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
                              "duplex_gb_per_s": rates["duplex"] / GB,
                              "nvme_read_gb_per_s": rates["nvme_read"] / GB,
                              "nvme_write_gb_per_s": rates["nvme_write"] / GB}
-    # exposed optimizer + ends load; + the gradient norm and the twins' per-step overhead
-    profile["step_const_ms"] = opt["exposed_ms"] + opt["ends_load_ms"]
+    # exposed optimizer + ends load; + the gradient norm and the twins' per-step overhead;
+    # a cut model's optimizer and norm terms scaled to the whole model's parameters
+    scale = 1.0 if model_numel is None else model_numel / adapter.params.total_numel()
+    if model_numel is not None:
+        measurements["whole_model_scale"] = {"model_numel": model_numel, "factor": scale,
+                                             "measured_numel": adapter.params.total_numel()}
+    profile["step_const_ms"] = opt["exposed_ms"] * scale + opt["ends_load_ms"]
     log("profile: host work")
     profile["host"] = host_rates(bench, repeats=repeats, warmup=warmup)
     norm_ms = grad_norm_ms(adapter.params, repeats=repeats, warmup=warmup)
     measurements["grad_norm_ms"] = norm_ms
-    profile["step_const_ms"] += norm_ms
+    profile["step_const_ms"] += norm_ms * scale
     log("profile: engine overheads (two twins)")
     try:
         overhead = window_overhead_ms(adapter, compute_dtype=compute_dtype, device=dev,

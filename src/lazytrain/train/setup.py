@@ -198,11 +198,14 @@ def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeat
                            log: Callable[[str], None] = lambda msg: None) -> dict:
     """The configured model's profile on `device` (`runtime.profiler.measure_profile`).
 
-    The model is built from its architecture (`model.config_path`; weights from its directory
-    when it has them, else a seeded random init: times do not depend on the values, and a hub
-    id downloads no weights for it); NVMe is timed in a temporary directory under
-    `runtime.nvme_dir` (else the run directory), removed afterwards. The model copy is freed on
-    return.
+    The model is measured cut to one block of each kind (`models.cut.profile_layers`: a
+    llama, one block; the ends whole), built from its architecture (`model.config_path`) with
+    a seeded random init: times do not depend on the values, a hub id downloads no weights for
+    it, and host memory holds that cut, never the whole model (which the run streams and the
+    host preflight sized). The whole model's parameter count scales the profile's
+    parameter-bound step terms (`measure_profile`'s `model_numel`). NVMe is timed in a
+    temporary directory under `runtime.nvme_dir` (else the run directory), removed
+    afterwards. The model copy is freed on return.
 
     Args:
         cfg: the run config (batch shape, dtypes, io and torch threads).
@@ -213,30 +216,36 @@ def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeat
         log: progress lines.
 
     Raises:
-        FileNotFoundError, ValueError: the model cannot be resolved.
+        FileNotFoundError, ValueError: the model cannot be resolved or cut.
         OSError: the NVMe scratch directory cannot be created.
     """
     import tempfile
 
     import torch
 
+    from lazytrain.models import load_adapter_from_config
+    from lazytrain.models.cut import cut_config, profile_layers
+    from lazytrain.models.families import text_model_config
     from lazytrain.runtime.profiler import measure_profile
     from lazytrain.spec.model import ModelSpec
 
     if cfg.runtime.threads:
         torch.set_num_threads(cfg.runtime.threads)
-    source = resolve_model_source(cfg.model.config_path, weights=False)
-    adapter = load_adapter(source, compute_dtype=cfg.train.compute_dtype,
-                           master_dtype=cfg.train.master_dtype, seed=cfg.train.seed)
-    spec = ModelSpec.from_hf_config(adapter.config.to_dict())
+    hf_config = load_hf_config(resolve_model_source(cfg.model.config_path, weights=False))
+    spec = ModelSpec.from_hf_config(text_model_config(hf_config).to_dict())
+    layers = profile_layers(hf_config)
+    adapter = load_adapter_from_config(cut_config(hf_config, layers),
+                                       dtype=cfg.train.compute_dtype,
+                                       master_dtype=cfg.train.master_dtype, seed=cfg.train.seed)
     root = Path(cfg.runtime.nvme_dir or run_dir or cfg.train.run_dir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix="profile-nvme-") as nvme_dir:
         return measure_profile(
-            adapter, [b.kind for b in spec.blocks], micro_batch=cfg.train.micro_batch,
+            adapter, [spec.blocks[j].kind for j in layers], micro_batch=cfg.train.micro_batch,
             seq_len=cfg.data.seq_len, compute_dtype=cfg.train.compute_dtype, device=device,
             nvme_dir=nvme_dir, io_threads=cfg.runtime.io_threads, repeats=repeats,
-            warmup=warmup, model_config_sha256=spec.config_sha256, log=log, quick=quick)
+            warmup=warmup, model_config_sha256=spec.config_sha256, log=log, quick=quick,
+            model_numel=spec.total_params)
 
 
 def measure_calibration(cfg: Any, device: str, *, run_dir: Path | None = None) -> dict:
