@@ -30,3 +30,17 @@ def test_memory_bound_and_roofline_stay_below_plans_when_the_cap_is_below_a_rate
     fastest = min(evaluate(problem, d).step_ms for d in plans)
     assert memory_bound_ms(problem) <= fastest * (1 + 1e-9)
     assert roofline_ms(problem) <= fastest * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("kind", ["h2d", "d2h"])
+def test_the_scheduler_fills_an_idle_window_at_the_own_rate_under_a_low_cap(kind):
+    """An idle 100 ms window holds what one copy moves alone at 1e4 u/s: 1000 u (by hand). The
+    scheduler's room used the raw 0.5e4 u/s cap and offered 500 u, so it spread transfers
+    over windows they did not need."""
+    from lazytrain.planner.schedule import Loads
+
+    problem = small_problem(h2d_bytes_per_s=1e4 * U, d2h_bytes_per_s=1e4 * U,
+                            duplex_bytes_per_s=0.5e4 * U)
+    loads = Loads(problem, [100.0], [0.0], [0.0], host=[0.0])
+    assert loads.time_ms(0) == pytest.approx(100.0)
+    assert loads.slack_bytes(kind, 0) == pytest.approx(1000 * U)

@@ -12,6 +12,7 @@ Pure Python; no solver, no torch. Index legend as in `evaluate.py`.
 from __future__ import annotations
 
 from lazytrain.planner.chains import recompute_bound_ms, recompute_terms
+from lazytrain.planner.duplex import effective_cap
 from lazytrain.planner.evaluate import (
     check_tiers, fixed_loads, horizons_of, host_loads_ms, segment_ends, window_time_ms,
 )
@@ -52,7 +53,8 @@ class Loads:
         if not p.copies_overlap_compute:
             return 0.0
         t_s = self.time_ms(o) / 1e3
-        duplex = p.duplex_bytes_per_s * t_s - c["h2d"][o] - c["d2h"][o]
+        cap = effective_cap(p.h2d_bytes_per_s, p.d2h_bytes_per_s, p.duplex_bytes_per_s)
+        duplex = cap * t_s - c["h2d"][o] - c["d2h"][o]
         h2d_room = p.h2d_bytes_per_s * t_s - c["h2d"][o]
         if self.rec_ms[o] > 0:  # the recompute waits behind every H2D byte before its loads
             h2d_room = min(h2d_room, p.h2d_bytes_per_s * (t_s - self.rec_ms[o] / 1e3)
