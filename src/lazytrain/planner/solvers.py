@@ -6,6 +6,10 @@ one backend and returns a `SolveResult` in the model's own variable order. The a
 no formulation logic: `planner/milp.py` writes the model once, and both backends read it
 (checkmate's two backends drifted into two models; recording once prevents that).
 
+HiGHS solves run in a forked child with a hard deadline (`solver_guard.run_guarded`: 3x the
+time limit + 30 s); past it the child is killed and the MIP start is returned as the incumbent
+with status "time_limit".
+
 Must not know: tiers, windows or plans. The solver packages are imported lazily inside the
 adapters, so importing this module loads neither (and `lazytrain.planner` never imports it).
 
@@ -24,6 +28,8 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+
+from lazytrain.planner.solver_guard import hard_deadline_s, run_guarded
 
 INF = math.inf
 
@@ -224,9 +230,23 @@ def solve(model: LinearModel, *, backend: str = "highs", time_limit_s: float = 1
     """
     if backend not in BACKENDS:
         raise ValueError(f"planner.backend must be one of {BACKENDS}; got {backend!r}")
-    adapter = _solve_highs if backend == "highs" else _solve_scip
-    return adapter(model, time_limit_s=time_limit_s, gap=gap, threads=threads, seed=seed,
-                   start=start, relax=relax, fixed=fixed or {}, node_limit=node_limit)
+    kwargs = dict(model=model, time_limit_s=time_limit_s, gap=gap, threads=threads, seed=seed,
+                  start=start, relax=relax, fixed=fixed or {}, node_limit=node_limit)
+    if backend == "scip":
+        return _solve_scip(**kwargs)
+    # HiGHS may run far past its limit inside its MIP presolve, where it checks neither the
+    # limit nor its interrupt callbacks: a forked child, killed at the hard deadline
+    return run_guarded(_solve_highs, kwargs, wall_s=hard_deadline_s(time_limit_s),
+                       fallback=lambda elapsed: _start_as_result(model, start, elapsed))
+
+
+def _start_as_result(model: LinearModel, start: list[float] | None,
+                     elapsed_s: float) -> SolveResult:
+    """What a killed solve returns: the MIP start as the incumbent (None without one)."""
+    objective = model.objective_value(start) if start is not None else None
+    return SolveResult(backend="highs", status="time_limit", values=start, objective=objective,
+                       dual_bound=None, solve_s=elapsed_s,
+                       detail="killed at the hard deadline (HiGHS ran past its time limit)")
 
 
 def _bounds(model: LinearModel, fixed: dict[int, float]) -> tuple[list[float], list[float]]:

@@ -161,7 +161,9 @@ def format_plan_table(problem: PlanningProblem, plan: Plan, report: dict, *,
     lines.append(costs_line)
     s = report["solver"]
     if s:
-        gap = "-" if s.get("gap") is None else f"{100 * s['gap']:.2f}%"
+        g = s.get("gap")
+        # float noise below a bound that equals the plan is 0, not "-0.00%"
+        gap = "-" if g is None else f"{100 * (max(g, 0.0) if g > -1e-9 else g):.2f}%"
         if (s.get("gap") or 0.0) < -1e-9:  # the step against the best bound, never clamped
             gap += " (a lower bound lies above this plan: a planner bug, please report it)"
         lines.append(f"solver: {s['backend']} ({s['status']}), {s['solve_s']:.2f} s, gap {gap}, "
