@@ -149,6 +149,11 @@ class ModelSpec:
 
 
 
+def read_hf_config(path_or_dict: str | Path | dict) -> dict:
+    """The HF config dict `ModelSpec.from_hf_config` parses (same arguments and errors)."""
+    return _read_config(path_or_dict)[0]
+
+
 def _read_config(path_or_dict: str | Path | dict) -> tuple[dict, str]:
     if isinstance(path_or_dict, dict):
         return path_or_dict, str(path_or_dict.get("_name_or_path", "") or "model")

@@ -287,6 +287,23 @@ def _is_local_path(path: str) -> bool:
             or len(p.parts) > 2)
 
 
+def check_seq_len(seq_len: int, hf_config: dict) -> None:
+    """Refuse a `data.seq_len` longer than the model's `max_position_embeddings` (its text
+    config's, for a multimodal one), before planning: its calibration would time blocks at that
+    length (100000 tokens on a 256-position tiny model ran for minutes) and the model never saw
+    such positions.
+
+    Raises:
+        ValueError: one line with both numbers and the fix.
+    """
+    limit = (hf_config.get("text_config") or hf_config).get("max_position_embeddings")
+    if isinstance(limit, int) and 0 < limit < seq_len:
+        raise ValueError(f"data.seq_len: {seq_len} is more than the model's "
+                         f"max_position_embeddings {limit}; lower data.seq_len to {limit} or "
+                         f"less (or raise max_position_embeddings in its config.json if the "
+                         f"model extends its context, e.g. rope scaling)")
+
+
 def check_data_paths(data_cfg: Any, *, base_dir: str | Path | None = None) -> None:
     """Refuse a data file that does not exist, before planning and before loading weights.
 

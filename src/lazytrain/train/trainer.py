@@ -30,7 +30,7 @@ from lazytrain.models.host_params import MASTER_DTYPES
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.build import device_type, engine_from_config, resolve_device
 from lazytrain.runtime.optim import refit_note
-from lazytrain.spec.model import ModelSpec
+from lazytrain.spec.model import ModelSpec, read_hf_config
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
 from lazytrain.train.evaluate import build_eval_model, evaluate_heldout, load_weights
@@ -247,10 +247,12 @@ class Trainer:
         """`preflight.preflight_host_floor` on the model's parameter count (the resumed
         checkpoint's config.json, else `model.config_path`): a machine that cannot hold the
         host states is refused before planning, whose calibration builds the whole model.
-        A model whose config cannot be read here is left to planning to name.
+        A model whose config cannot be read here is left to planning to name. A data.seq_len
+        past the model's positions is refused here too (`setup.check_seq_len`).
 
         Raises:
             PreflightError: the host states and evaluation copy exceed MemAvailable.
+            ValueError: data.seq_len exceeds max_position_embeddings.
         """
         cfg = self.cfg
         source = (self.resumed_from.path / "config.json" if self.resumed_from is not None
@@ -259,6 +261,7 @@ class Trainer:
             params = ModelSpec.from_hf_config(source).total_params
         except (OSError, ValueError, KeyError):
             return
+        setup.check_seq_len(cfg.data.seq_len, read_hf_config(source))
         preflight_host_floor(
             states_bytes=int(HOST_BYTES_PER_PARAM[cfg.train.master_dtype] * params),
             eval_bytes=EVAL_BYTES_PER_PARAM * params if cfg.data.num_eval else 0)
