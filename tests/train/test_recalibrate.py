@@ -84,9 +84,11 @@ def test_windows_4x_faster_than_the_cache_replace_it_and_the_plan_then_predicts_
     assert ratios["compute"] == pytest.approx(1 / SLOW) and ratios["step"] == pytest.approx(
         1 / SLOW)
     [line] = log
+    drift = {d["channel"]: d for d in record["drifts"]}
+    said = ", ".join(f"{ch} {drift[ch]['measured']:.0f} ms (planned {drift[ch]['planned']:.0f})"
+                     for ch in ("compute", "step"))
     assert line.startswith("calibration: this run's windows contradict the cached calibration "
-                           "(compute 0.25x of plan, step 0.25x of plan, beyond "
-                           "planner.drift_threshold 0.15); replaced ")
+                           f"({said}, beyond planner.drift_threshold 0.15); replaced ")
     assert str(path) in line
     after = json.loads(path.read_text())
     assert after["calibration"]["fields"] == before["calibration"]["fields"]

@@ -17,6 +17,7 @@ from dataclasses import asdict
 from lazytrain.planner.plan import TIERS, Plan
 from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.units import GB
 
 
 def throughput(problem: PlanningProblem, step_ms: float | None) -> dict:
@@ -166,7 +167,8 @@ def format_plan_table(problem: PlanningProblem, plan: Plan, report: dict, *,
         gap = "-" if g is None else f"{100 * (max(g, 0.0) if g > -1e-9 else g):.2f}%"
         if (s.get("gap") or 0.0) < -1e-9:  # the step against the best bound, never clamped
             gap += " (a lower bound lies above this plan: a planner bug, please report it)"
-        lines.append(f"solver: {s['backend']} ({s['status']}), {s['solve_s']:.2f} s, gap {gap}, "
+        took = f"{s['solve_s']:.2f} s" if s['solve_s'] else "solve time not recorded"
+        lines.append(f"solver: {s['backend']} ({s['status']}), {took}, gap {gap}, "
                      f"{s['num_vars']} vars, {s['num_rows']} rows")
     lines.append("")
     lines.append(f"boundaries ({L + 1}): " + "  ".join(
@@ -182,6 +184,11 @@ def format_plan_table(problem: PlanningProblem, plan: Plan, report: dict, *,
     frac = plan.predicted.q8_param_fraction if plan.predicted else 0.0
     lines.append(f"8-bit Adam states ({len(plan.q8_blocks)} blocks, {100 * frac:.2f}% of "
                  f"parameters): {ranges(plan.q8_blocks)}")
+    if plan.predicted:
+        lines.append(f"host DRAM: {plan.predicted.dram_bytes / GB:.2f} of "
+                     f"{problem.dram_bytes / GB:.2f} GB (optimizer states, staging, DRAM "
+                     f"checkpoints); page-locked at the peak {plan.predicted.pinned_bytes / GB:.2f}"
+                     f" GB")
     lines.append("")
     lines += _perf_table(report)
     lines += _check_lines(report)
@@ -220,7 +227,8 @@ def _check_lines(report: dict) -> list[str]:
     out = [f"  {n}" for n in BOUND_NOTES] + [""]
     if report["speedup_vs_megatrain"]:
         out.append(f"speedup over the MegaTrain rule: {report['speedup_vs_megatrain']:.3f}x "
-                   f"(against the faster rule that fits: {report['baseline']})")
+                   f"against the fastest fixed K that fits ({report['baseline']}; the paper's K "
+                   f"is a row of the table)")
     else:
         out.append("speedup over the MegaTrain rule: - (no fixed-K rule fits the budgets)")
     sim = report["simulator"]

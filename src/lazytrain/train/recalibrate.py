@@ -32,7 +32,7 @@ from lazytrain.config import RunConfig
 from lazytrain.planner.build import rank_problem_from_config
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.planner.plan import Plan
-from lazytrain.planner.refit import refit_profile
+from lazytrain.planner.refit import PROBLEM_FIELD, refit_profile
 from lazytrain.runtime.calibrate import config_for_plan
 from lazytrain.spec.model import ModelSpec
 from lazytrain.train.replan import Drift, measure_drifts
@@ -120,7 +120,16 @@ def recalibrate_from_run(cfg: RunConfig, plan: Plan, records: list[dict], *,
     refit["calibration"] = {**cached["calibration"], "refit_from_run": record}
     write_json_atomic(path, refit)
     log(f"calibration: this run's windows contradict the cached calibration ("
-        + ", ".join(f"{d.channel} {d.ratio:.2f}x of plan" for d in off)
+        + ", ".join(_drift_text(d) for d in off)
         + f", beyond planner.drift_threshold {threshold}); replaced {path} with their refit "
-          f"(steps {steps[0]}-{steps[-1]}), which the next run plans with")
+          f"(steps {steps[0]}-{steps[-1]}), which the next fresh run plans with (a --resume "
+          f"keeps its run's plan.json)")
     return record
+
+
+def _drift_text(d: Drift) -> str:
+    """`compute 4210 ms (planned 1050)` or `h2d 1030.0 GB/s (planned 25.0)`: the measured and
+    planned figures in their units (a ratio of two near-zero copy times says nothing)."""
+    if d.channel in PROBLEM_FIELD:
+        return f"{d.channel} {d.measured / 1e9:.1f} GB/s (planned {d.planned / 1e9:.1f})"
+    return f"{d.channel} {d.measured:.0f} ms (planned {d.planned:.0f})"
