@@ -377,7 +377,7 @@ class Plan:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"plan file {path} does not exist; write one with "
-                                    f"`lazytrain plan --out {path.name}`")
+                                    f"`lazytrain plan --out {path}`")
         try:
             raw = json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError) as exc:
