@@ -148,3 +148,26 @@ def test_overwrite_counts_the_space_of_the_run_it_replaces(arithmetic_model_dir,
     monkeypatch.setattr(preflight, "free_bytes", lambda path: need - old_run // 2)
     summary = train(cfg, plan=tiny_plan, progress=False, overwrite=True)
     assert summary["steps_completed"] == 1
+
+
+def test_data_of_which_no_sample_fits_seq_len_is_refused_before_a_file_is_touched(
+        finished, tmp_path, capsys):
+    """seq_len 8 keeps no answer token of any sample (the chat template's prompt fills it): the
+    data is read fine, but the run can draw no batch. Refused at its first step before, after
+    --overwrite had deleted the finished run (and a fresh run dir kept config.yaml and
+    plan.json)."""
+    run, good = finished
+    before = _snapshot(run)
+    cfg = json.loads(json.dumps(good))
+    cfg["data"]["seq_len"] = 8
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    capsys.readouterr()
+    for target, extra in ((run, ["--overwrite"]), (tmp_path / "fresh", [])):
+        code = main(["train", "--config", str(path), "--run-dir", str(target), "--no-progress",
+                     *extra])
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert code == 2 and err[-1].startswith("error: data: no sample fits data.seq_len=8")
+        assert _snapshot(run) == before
+    assert not (tmp_path / "fresh" / "config.yaml").exists()
+    assert not (tmp_path / "fresh" / "plan.json").exists()

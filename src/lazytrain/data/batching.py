@@ -144,6 +144,21 @@ class TrainStream:
                 raise ValueError(f"data: no sample fits data.seq_len={self.seq_len} "
                                  f"(data.overlong={self.overlong!r}): {why}")
 
+    def check_usable(self) -> None:
+        """Draw one sample and put the stream back as it was (position, counts): data of which
+        no sample fits `seq_len` is refused when this is called (before a run writes a file),
+        not at the first step.
+
+        Raises:
+            ValueError: as `_next_sample`: a whole epoch yields no usable sample.
+        """
+        saved = (self.epoch, self.cursor, self.counts.to_dict(), self._ahead)
+        try:
+            self._next_sample()
+        finally:
+            self.epoch, self.cursor, counts, self._ahead = saved
+            self.counts = DataCounts(**counts)
+
     def next_micro_batch(self) -> dict[str, torch.Tensor]:
         """The next `[micro_batch, seq_len]` batch (`pad_batch`, or `packing.packed_batch`)."""
         if self.packing:

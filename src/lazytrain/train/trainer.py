@@ -305,6 +305,7 @@ class Trainer:
                                       log=self.log)
         if saved_state is not None:
             self.data.train.load_state_dict(saved_state["data"])
+        self.data.train.check_usable()  # no sample fits data.seq_len: refused before a write
 
     @property
     def is_main(self) -> bool:
