@@ -171,3 +171,32 @@ def test_data_of_which_no_sample_fits_seq_len_is_refused_before_a_file_is_touche
         assert _snapshot(run) == before
     assert not (tmp_path / "fresh" / "config.yaml").exists()
     assert not (tmp_path / "fresh" / "plan.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["header", "tail"])
+def test_damaged_model_weights_are_one_line_before_a_file_is_touched(
+        finished, arithmetic_model_dir, tmp_path, capsys, damage):
+    """A model directory whose model.safetensors is cut (a broken download) failed with a
+    SafetensorError traceback while loading weights, after --overwrite had deleted the
+    finished run and a fresh run dir had its config.yaml and plan.json."""
+    run, good = finished
+    before = _snapshot(run)
+    model = tmp_path / "model"
+    shutil.copytree(arithmetic_model_dir, model)
+    weights = model / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as fh:
+        fh.truncate(1000 if damage == "header" else size - 100)
+    cfg = json.loads(json.dumps(good))
+    cfg["model"]["config_path"] = str(model)
+    path = tmp_path / "damaged.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    capsys.readouterr()
+    for target, extra in ((run, ["--overwrite"]), (tmp_path / "fresh", [])):
+        code = main(["train", "--config", str(path), "--run-dir", str(target), "--no-progress",
+                     *extra])
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert code == 2 and len(err) == 1, err[-3:]
+        assert err[0].startswith(f"error: model.config_path: {weights} is damaged")
+        assert _snapshot(run) == before
+    assert not (tmp_path / "fresh" / "config.yaml").exists()

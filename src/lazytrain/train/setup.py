@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from safetensors import SafetensorError, safe_open
+
 from lazytrain.atomic import open_nofollow, private_dir
-from lazytrain.errors import JobFailure
+from lazytrain.errors import JobFailure, UserError
 from lazytrain.planner.plan import Plan
 
 
@@ -121,6 +123,32 @@ def load_tokenizer(source: ModelSource, *, corpus=None, vocab_size: int | None =
         raise ValueError(f"model.config_path: the tokenizer in {directory} is not a fast "
                          f"(tokenizers) tokenizer; prompt masking needs character offsets")
     return tokenizer
+
+
+class DamagedWeights(UserError, ValueError):
+    """A weight file of `model.config_path` that cannot be read (cut download, overwritten)."""
+
+
+def check_weight_files(source: ModelSource) -> None:
+    """Read the header of every safetensors file the model loads from (`weight_files`), which
+    safetensors checks against the file's length, before the run touches its directory: a cut
+    download failed with a SafetensorError traceback while loading weights, after
+    `--overwrite` had deleted the previous run. Reads headers only (kilobytes a file).
+
+    Raises:
+        DamagedWeights: one line naming the file, safetensors' reason and the fix.
+    """
+    from lazytrain.models.hf_loader import weight_files  # imports torch: train only
+
+    if not source.has_weights:
+        return
+    for path in weight_files(source.directory):
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                f.keys()
+        except (SafetensorError, OSError) as exc:
+            raise DamagedWeights(f"model.config_path: {path} is damaged ({exc}); download or "
+                                 f"copy the model again") from None
 
 
 def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, seed: int,

@@ -168,6 +168,7 @@ class Trainer:
             source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
         else:  # after planning: a hub id downloads its weights here
             source = setup.resolve_model_source(cfg.model.config_path, weights=True)
+            setup.check_weight_files(source)  # a cut download: refused before a file is touched
         print(setup.plan_summary(self.plan, source=str(cfg.model.config_path)), flush=True)
         self.nvme_dir = setup.job_nvme_dir(cfg.runtime.nvme_dir, run_dir=run_dir)
         self._load_data(source, saved_state, overwrite=overwrite)
