@@ -105,14 +105,18 @@ def load_tokenizer(source: ModelSource, *, corpus=None, vocab_size: int | None =
         vocab_size: the model's vocabulary (the trained tokenizer's target size).
 
     Raises:
-        ValueError: no loadable tokenizer (the data layer needs the model's own).
+        ValueError: no loadable tokenizer, missing or damaged (the data layer needs the
+            model's own).
     """
     from transformers import AutoTokenizer
 
     directory = source.directory
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
-    except (OSError, ValueError, TypeError) as exc:
+    except Exception as exc:  # a damaged tokenizer.json: KeyError, or tokenizers' bare Exception
+        if not isinstance(exc, (OSError, ValueError, TypeError, KeyError)) and \
+                type(exc) is not Exception:
+            raise
         if source.config_file is not None and corpus is not None:
             from lazytrain.data.tiny_tokenizer import train_tokenizer
 
