@@ -75,7 +75,8 @@ def test_resume_with_more_steps_says_the_cosine_schedule_is_refitted(arithmetic_
     notes = [ln for ln in lines if ln.startswith("train.steps: 4")]
     assert notes == ["train.steps: 4, the checkpoint's run had 2: the cosine LR schedule is "
                      "re-fitted to 4 steps, so step 3 trains at lr 0.002325 instead of 0.0003 "
-                     "(resume with train.steps=2 to keep the original schedule)"]
+                     "(the original schedule ended at step 2 at lr 0.0003; to go on at that "
+                     "rate, set train.schedule=constant and train.lr=0.0003)"]
 
 
 def test_an_unreachable_hub_is_asked_from_the_cache_only(tmp_path, monkeypatch):

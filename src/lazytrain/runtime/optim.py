@@ -92,10 +92,13 @@ def refit_note(*, step: int, old_total: int, new_total: int, base_lr: float,
                  schedule=schedule, min_lr_ratio=min_lr_ratio) for total in (old_total, new_total)]
     if lrs[0] == lrs[1]:
         return None
+    keep = (f"resume with train.steps={old_total} to keep the original schedule"
+            if step < old_total else  # that total would train nothing more
+            f"the original schedule ended at step {old_total} at lr {lrs[0]:.4g}; to go on "
+            f"at that rate, set train.schedule=constant and train.lr={lrs[0]:.4g}")
     return (f"train.steps: {new_total}, the checkpoint's run had {old_total}: the {schedule} LR "
             f"schedule is re-fitted to {new_total} steps, so step {step + 1} trains at lr "
-            f"{lrs[1]:.4g} instead of {lrs[0]:.4g} (resume with train.steps={old_total} to keep "
-            f"the original schedule)")
+            f"{lrs[1]:.4g} instead of {lrs[0]:.4g} ({keep})")
 
 
 class BlockOptimizer:
