@@ -217,7 +217,8 @@ class TrainStream:
         if saved is not None and saved != self.fingerprint():
             raise ValueError(f"data: checkpoint was made on other data of the same size "
                              f"({state['num_examples']} samples, fingerprint {saved}; this run's "
-                             f"is {self.fingerprint()}); resume with the run's data.path")
+                             f"is {self.fingerprint()}); resume with the run's data (data.path or "
+                             f"data.mix, as it was)")
         self.epoch, self.cursor = state["epoch"], state["cursor"]
         self.counts = DataCounts(**state["counts"])
         self._ahead = None
