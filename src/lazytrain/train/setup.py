@@ -378,10 +378,12 @@ def check_data_paths(data_cfg: Any, *, base_dir: str | Path | None = None) -> No
 
 RESUME_FIXED_KEYS = (("data", "seq_len"), ("train", "micro_batch"), ("train", "grad_accum"),
                      ("train", "master_dtype"), ("train", "compute_dtype"), ("model", "dtype"),
-                     ("model", "name"))
+                     ("model", "name"), ("data", "chat_template"), ("data", "overlong"),
+                     ("data", "packing"))
 """Keys a resumed run must keep: the batch shape its data state and plan were made for, the
-global batch (grad_accum), the dtypes of its masters, compute and exported weights, and the
-model's label. (Another data.path or train.seed is refused by the data state; where
+global batch (grad_accum), the dtypes of its masters, compute and exported weights, the
+model's label, and what makes its token stream from the same records (the chat template,
+which samples an overlong one drops, packed rows). (Another data.path or train.seed is refused by the data state; where
 data.num_eval moves examples between the held-out and the training set, the data state's size
 and fingerprint refuse the resume; elsewhere it only changes the held-out set.)"""
 RESUME_MAY_CHANGE = ("train.steps/epochs, the LR schedule (train.lr, warmup_steps, schedule, "
