@@ -6,9 +6,9 @@ one backend and returns a `SolveResult` in the model's own variable order. The a
 no formulation logic: `planner/milp.py` writes the model once, and both backends read it
 (checkmate's two backends drifted into two models; recording once prevents that).
 
-HiGHS solves run in a forked child with a hard deadline (`solver_guard.run_guarded`: 3x the
-time limit + 30 s); past it the child is killed and the MIP start is returned as the incumbent
-with status "time_limit".
+HiGHS MIP solves of GUARD_MIN_VARS columns or more run in a forked child with a hard deadline
+(`solver_guard.run_guarded`: 3x the time limit + 30 s); past it the child is killed and the MIP
+start is returned as the incumbent with status "time_limit".
 
 Must not know: tiers, windows or plans. The solver packages are imported lazily inside the
 adapters, so importing this module loads neither (and `lazytrain.planner` never imports it).
@@ -134,6 +134,10 @@ class SolveResult:
 
 
 BACKENDS = ("highs", "scip")
+GUARD_MIN_VARS = 1000
+"""HiGHS MIPs with at least this many columns run under the hard-deadline guard (a fork per
+solve costs milliseconds, which brute-force loops over small models would pay thousands of
+times; the presolve hang was seen on a 64-block model of about 5,700 columns)."""
 
 
 @contextlib.contextmanager
@@ -234,6 +238,8 @@ def solve(model: LinearModel, *, backend: str = "highs", time_limit_s: float = 1
                   start=start, relax=relax, fixed=fixed or {}, node_limit=node_limit)
     if backend == "scip":
         return _solve_scip(**kwargs)
+    if relax or model.num_vars < GUARD_MIN_VARS:
+        return _solve_highs(**kwargs)
     # HiGHS may run far past its limit inside its MIP presolve, where it checks neither the
     # limit nor its interrupt callbacks: a forked child, killed at the hard deadline
     return run_guarded(_solve_highs, kwargs, wall_s=hard_deadline_s(time_limit_s),
