@@ -66,6 +66,15 @@ def _snapshot(run_dir) -> dict[str, bytes]:
             if p.is_file() and p.name not in LOCKS}
 
 
+def _train_over_run_and_fresh(config, run, fresh, capsys):
+    """`lazytrain train` with `config` over the finished `run` (--overwrite), then into the
+    fresh dir: yields (exit code, non-empty stderr lines) of each."""
+    for target, extra in ((run, ["--overwrite"]), (fresh, [])):
+        code = main(["train", "--config", str(config), "--run-dir", str(target), "--no-progress",
+                     *extra])
+        yield code, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
 @pytest.fixture(scope="module")
 def finished(arithmetic_model_dir, tmp_path_factory):
     """A finished one-step run and the config it ran with."""
@@ -163,10 +172,7 @@ def test_data_of_which_no_sample_fits_seq_len_is_refused_before_a_file_is_touche
     path = tmp_path / "short.yaml"
     path.write_text(yaml.safe_dump(cfg))
     capsys.readouterr()
-    for target, extra in ((run, ["--overwrite"]), (tmp_path / "fresh", [])):
-        code = main(["train", "--config", str(path), "--run-dir", str(target), "--no-progress",
-                     *extra])
-        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    for code, err in _train_over_run_and_fresh(path, run, tmp_path / "fresh", capsys):
         assert code == 2 and err[-1].startswith("error: data: no sample fits data.seq_len=8")
         assert _snapshot(run) == before
     assert not (tmp_path / "fresh" / "config.yaml").exists()
@@ -192,10 +198,7 @@ def test_damaged_model_weights_are_one_line_before_a_file_is_touched(
     path = tmp_path / "damaged.yaml"
     path.write_text(yaml.safe_dump(cfg))
     capsys.readouterr()
-    for target, extra in ((run, ["--overwrite"]), (tmp_path / "fresh", [])):
-        code = main(["train", "--config", str(path), "--run-dir", str(target), "--no-progress",
-                     *extra])
-        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    for code, err in _train_over_run_and_fresh(path, run, tmp_path / "fresh", capsys):
         assert code == 2 and len(err) == 1, err[-3:]
         assert err[0].startswith(f"error: model.config_path: {weights} is damaged")
         assert _snapshot(run) == before

@@ -165,7 +165,7 @@ def format_plan_table(problem: PlanningProblem, plan: Plan, report: dict, *,
         g = s.get("gap")
         # float noise below a bound that equals the plan is 0, not "-0.00%"
         gap = "-" if g is None else f"{100 * (max(g, 0.0) if g > -1e-9 else g):.2f}%"
-        if (s.get("gap") or 0.0) < -1e-9:  # the step against the best bound, never clamped
+        if g is not None and g < -1e-9:  # the step against the best bound, never clamped
             gap += " (a lower bound lies above this plan: a planner bug, please report it)"
         took = f"{s['solve_s']:.2f} s" if s['solve_s'] else "solve time not recorded"
         lines.append(f"solver: {s['backend']} ({s['status']}), {took}, gap {gap}, "
