@@ -2,7 +2,7 @@
 
 Run:  python benchmarks/nvme_io.py --nvme-dir /path/on/nvme [--nbytes-mb 256] [--io-threads 2]
 
-Prints one table: write and read GB/s of the store's path (CheckpointStore nvme_write /
+Prints one table: write and read GB/s of the store's path (ActivationStore nvme_write /
 nvme_read, timed from issue to the window barrier) and of the baseline, and the ratio store /
 baseline (the engine issue's goal: >= 0.8). Not part of CI; ``measure_nvme_path`` is the entry
 point the engine benchmark and the profiler call.
@@ -40,7 +40,7 @@ import torch
 
 from lazytrain.contract import align_up
 from lazytrain.runtime import nvme
-from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.filesystem import filesystem_type
 from lazytrain.runtime.nvme import CHUNK_BYTES, aligned_empty, supports_o_direct
 from lazytrain.units import GB
@@ -59,7 +59,7 @@ def _drop_from_page_cache(path: Path) -> None:
 def _store_round_trip(nvme_dir: Path, data: torch.Tensor, *, io_threads: int, direct: bool,
                       chunk_bytes: int) -> tuple[float, float]:
     """Seconds for the store's nvme_write and nvme_read of ``data`` (each up to its barrier)."""
-    with CheckpointStore(device=torch.device("cpu"), nvme_dir=nvme_dir, io_threads=io_threads,
+    with ActivationStore(device=torch.device("cpu"), nvme_dir=nvme_dir, io_threads=io_threads,
                          direct=direct, chunk_bytes=chunk_bytes) as store:
         store.begin_window("f0")
         store.put(0, data, "nvme")

@@ -4,7 +4,7 @@ Run:  nice python benchmarks/predict_accuracy.py [--layers 6 --hidden 256 --seq 
 
 A small random Llama (config.json only, random init) is planned twice: "uncalibrated" with the
 analytic `cpu` preset, "calibrated" with a profile measured here by
-`runtime.profiler.measure_profile(quick=True)` (the calibration mode). For each plan kind the
+`profile.profiler.measure_profile(quick=True)` (the calibration mode). For each plan kind the
 same tier assignment is built against both problems (transfers scheduled by the evaluator) and
 both plans run through the engine with the trainer's flags (instrumented, budgets on):
 all-recompute (boundaries 0 and L only), recompute-heavy (every third boundary), mixed tiers
@@ -47,7 +47,7 @@ def setup_run(root: Path, *, layers: int, hidden: int, seq: int, batch: int,
     """(cfg planning with the profile measured here, adapter, profile dict); the profile's
     wall seconds are in `profile["measurements"]["profile_s"]`."""
     from lazytrain.config import load_config
-    from lazytrain.runtime.profiler import measure_profile
+    from lazytrain.profile.profiler import measure_profile
     from lazytrain.spec.model import ModelSpec
     from lazytrain.train import setup
 
@@ -114,10 +114,10 @@ def batches(vocab: int, *, batch: int, seq: int, n: int, seed: int = 1) -> list[
 def make_engine(adapter, plan, nvme_dir: Path, *, fault_hook=None, instrument: bool = True,
                 budgets: bool = True):
     """The engine as the trainer builds it (instrumented, budgets on) unless told otherwise."""
-    from lazytrain.runtime.activations import CheckpointStore
+    from lazytrain.runtime.activations import ActivationStore
     from lazytrain.runtime.engine import Engine
 
-    store = CheckpointStore(device=torch.device("cpu"), nvme_dir=nvme_dir, fault_hook=fault_hook,
+    store = ActivationStore(device=torch.device("cpu"), nvme_dir=nvme_dir, fault_hook=fault_hook,
                             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
     return Engine(adapter, plan, device="cpu", compute_dtype="fp32",
                   lr=1e-5, clip_grad_norm=1.0, store=store, instrument=instrument,

@@ -1,4 +1,4 @@
-"""CheckpointStore on CPU: bit-exact round trips per tier, per-window accounting against hand
+"""ActivationStore on CPU: bit-exact round trips per tier, per-window accounting against hand
 arithmetic, the HBM budget check, and refusing partial data."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.device import Device
 from lazytrain.runtime.errors import (
     CheckpointNotResidentError,
@@ -19,9 +19,9 @@ CPU = torch.device("cpu")
 SMALL_CHUNK_BYTES = 8192  # several NVMe requests per boundary in every test
 
 
-def make_store(tmp_path, **kwargs) -> CheckpointStore:
+def make_store(tmp_path, **kwargs) -> ActivationStore:
     kwargs.setdefault("chunk_bytes", SMALL_CHUNK_BYTES)
-    return CheckpointStore(device=CPU, nvme_dir=tmp_path / "nvme", **kwargs)
+    return ActivationStore(device=CPU, nvme_dir=tmp_path / "nvme", **kwargs)
 
 
 def boundary_tensor(dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -306,7 +306,7 @@ def tiny_problem():
     )
 
 
-def run_plan_protocol(store: CheckpointStore, plan, tensors: list[torch.Tensor]) -> None:
+def run_plan_protocol(store: ActivationStore, plan, tensors: list[torch.Tensor]) -> None:
     """The execution model's call protocol for one micro-batch (what the engine does)."""
     from lazytrain.runtime.activations import TRANSFER_ORDER
 
@@ -398,7 +398,7 @@ class _CopiesStillRunning(Device):
 def test_window_barrier_and_release_never_block_the_host_on_copies(tmp_path):
     dev = _CopiesStillRunning()
     tensor = boundary_tensor(torch.float32)
-    with CheckpointStore(device=dev, nvme_dir=tmp_path / "nvme") as store:
+    with ActivationStore(device=dev, nvme_dir=tmp_path / "nvme") as store:
         for step in range(2):
             store.begin_window("f1")
             store.put(1, tensor.clone(), "dram")
@@ -439,7 +439,7 @@ def test_release_frees_the_hbm_copy_only_after_compute_waited_for_its_d2h(
     # the compute stream, so compute must wait for the d2h before the tensor is dropped, also
     # when an h2d in the same window adopted the HBM copy as the prefetched one.
     dev = _LoggedWaits()
-    with CheckpointStore(device=dev, nvme_dir=tmp_path / "nvme") as store:
+    with ActivationStore(device=dev, nvme_dir=tmp_path / "nvme") as store:
         store.begin_window("b1")
         store.put(1, boundary_tensor(torch.float32), "dram")
         store.transfer(1, "d2h", 1.0)
@@ -459,7 +459,7 @@ def test_a_boundary_drained_in_the_open_window_keeps_its_hbm_copy_until_the_barr
     # waited for yet: it must stay held (and counted) until f2's barrier.
     dev = _LoggedWaits()
     a, b = boundary_tensor(torch.float32), boundary_tensor(torch.bfloat16, seed=1)
-    with CheckpointStore(device=dev, nvme_dir=tmp_path / "nvme") as store:
+    with ActivationStore(device=dev, nvme_dir=tmp_path / "nvme") as store:
         store.begin_window("f1")
         store.put(1, a, "nvme")
         store.transfer(1, "d2h", 0.5)

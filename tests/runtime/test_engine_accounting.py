@@ -1,4 +1,4 @@
-"""The checkpoint store's HBM bytes never exceed the plan's `hbm_checkpoint_bytes`, per window.
+"""The activation store's HBM bytes never exceed the plan's `hbm_checkpoint_bytes`, per window.
 
 The engine is built with a store *without* HBM limits, so a violation shows up here as a
 number, not as an exception from the store's own check.
@@ -12,7 +12,7 @@ import torch
 from engine_helpers import micro_batches, model_pair, plan_for, tiny_config
 from test_engine_grads import PLANS
 from lazytrain.planner.plan import window_names
-from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.engine import Engine
 
 
@@ -22,7 +22,7 @@ def test_store_hbm_peak_stays_within_plan_in_every_window(plan_kind, n_micro, tm
     tiers, keep = PLANS[plan_kind]
     _, adapter = model_pair(tiny_config("llama"))
     plan = plan_for(adapter, tiers, keep, grad_accum=n_micro)
-    store = CheckpointStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme")
+    store = ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme")
     engine = Engine(adapter, plan, device="cpu", grad_accum=n_micro, store=store)
     try:
         engine.compute_gradients(micro_batches(n_micro))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine_helpers import micro_batches, model_pair, plan_for, reference_grads, tiny_config
-from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.engine import Engine
 from lazytrain.runtime.errors import NvmeIOError
 from lazytrain.runtime.nvme import FaultInjector
@@ -20,7 +20,7 @@ def test_a_step_after_a_failed_step_runs_and_its_gradients_equal_autograd(tmp_pa
     plan = plan_for(adapter, [H, N, R, H])  # boundary 1 on the NVMe tier
     faults = FaultInjector()
     engine = Engine(adapter, plan, device="cpu",
-                    store=CheckpointStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
+                    store=ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
                                           fault_hook=faults))
     batches = micro_batches(1)
     try:
@@ -50,7 +50,7 @@ def test_a_flipped_bit_in_an_nvme_checkpoint_stops_the_step_instead_of_wrong_gra
     _, adapter = model_pair(tiny_config("llama", layers=3))
     plan = plan_for(adapter, [H, N, R, H])
     engine = Engine(adapter, plan, device="cpu",
-                    store=CheckpointStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
+                    store=ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
                                           fault_hook=flip))
     try:
         with pytest.raises(NvmeIOError, match="checksum mismatch") as info:

@@ -157,11 +157,11 @@ def test_engine_refuses_plan_for_another_sequence_length(tmp_path):
 @pytest.mark.parametrize("extra", [{"nvme_dir": "elsewhere"}, {"io_threads": 4}],
                          ids=["nvme_dir", "io_threads"])
 def test_engine_refuses_store_settings_beside_a_given_store(tmp_path, extra):
-    from lazytrain.runtime.activations import CheckpointStore
+    from lazytrain.runtime.activations import ActivationStore
     _, adapter = model_pair(tiny_config("llama", layers=2))
-    store = CheckpointStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme", io_threads=1)
+    store = ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme", io_threads=1)
     try:
-        with pytest.raises(ValueError, match="pass them to CheckpointStore"):
+        with pytest.raises(ValueError, match="pass them to ActivationStore"):
             Engine(adapter, plan_for(adapter, [H, H, H]), device="cpu", store=store, **extra)
     finally:
         store.close()

@@ -18,7 +18,7 @@ import torch
 from engine_helpers import BATCH, HIDDEN, SEQ, micro_batches, model_pair, plan_for, tiny_config
 from lazytrain.planner.plan import Plan, window_names
 from lazytrain.report.tables import plan_id_of_dict
-from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.engine import Engine
 from lazytrain.runtime.instrument import (BYTE_CHANNELS, CHANNELS, PEAK_TIERS, plan_id,
                                           write_windows_jsonl)
@@ -34,7 +34,7 @@ A_PADDED = 8192                     # rounded up to 4 KiB in the NVMe file
 def _engine(tiers, tmp_path, *, fault_hook=None, grad_accum=1, instrument=True):
     _, adapter = model_pair(tiny_config("llama"))
     plan = plan_for(adapter, tiers, grad_accum=grad_accum, **HORIZONS)
-    store = CheckpointStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
+    store = ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
                             fault_hook=fault_hook)
     engine = Engine(adapter, plan, device="cpu", store=store, grad_accum=grad_accum,
                     instrument=instrument)

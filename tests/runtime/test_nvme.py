@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.errors import NvmeIOError
 from lazytrain.runtime.filesystem import filesystem_type, warn_if_ram_filesystem
 from lazytrain.runtime.nvme import (
@@ -103,7 +103,7 @@ def test_nvme_dir_on_tmpfs_warns_and_on_ext4_does_not(tmp_path):
 # ---- faults through the store ---------------------------------------------------------------
 
 
-def offload(store: CheckpointStore, boundary: int, *, micro_batch: int = 1) -> None:
+def offload(store: ActivationStore, boundary: int, *, micro_batch: int = 1) -> None:
     """Window f{boundary}: put a 20004-byte fp32 boundary (not a 4 KiB multiple) on nvme."""
     store.begin_window(f"f{boundary}")
     store.put(boundary, torch.arange(5001, dtype=torch.float32), "nvme", micro_batch=micro_batch)
@@ -112,15 +112,15 @@ def offload(store: CheckpointStore, boundary: int, *, micro_batch: int = 1) -> N
     store.end_window()
 
 
-def prefetch(store: CheckpointStore, boundary: int, *, micro_batch: int = 1) -> None:
+def prefetch(store: ActivationStore, boundary: int, *, micro_batch: int = 1) -> None:
     store.begin_window(f"b{boundary + 1}")
     store.transfer(boundary, "nvme_read", 1.0, micro_batch=micro_batch)
     store.transfer(boundary, "h2d", 1.0, micro_batch=micro_batch)
     store.end_window()
 
 
-def make_store(tmp_path: Path, direct: bool, faults: FaultInjector | None = None) -> CheckpointStore:
-    return CheckpointStore(device=CPU, nvme_dir=tmp_path / "nvme", direct=direct,
+def make_store(tmp_path: Path, direct: bool, faults: FaultInjector | None = None) -> ActivationStore:
+    return ActivationStore(device=CPU, nvme_dir=tmp_path / "nvme", direct=direct,
                            chunk_bytes=SMALL_CHUNK_BYTES, fault_hook=faults)
 
 
@@ -211,7 +211,7 @@ def test_fault_hook_sees_every_open_and_chunk_and_delayed_reads_still_round_trip
         events.append(event)
         faults(event)
 
-    store = CheckpointStore(device=CPU, nvme_dir=tmp_path, direct=False,
+    store = ActivationStore(device=CPU, nvme_dir=tmp_path, direct=False,
                             chunk_bytes=SMALL_CHUNK_BYTES, fault_hook=hook)
     with store:
         offload(store, 7)
@@ -227,10 +227,10 @@ EXIT_SCRIPT = textwrap.dedent(
     import os, signal, sys, time
     from pathlib import Path
     import torch
-    from lazytrain.runtime.activations import CheckpointStore
+    from lazytrain.runtime.activations import ActivationStore
 
     nvme_dir, mode = Path(sys.argv[1]), sys.argv[2]
-    store = CheckpointStore(device=torch.device("cpu"), nvme_dir=nvme_dir, direct=False)
+    store = ActivationStore(device=torch.device("cpu"), nvme_dir=nvme_dir, direct=False)
     store.begin_window("f0")
     store.put(0, torch.ones(5000), "nvme")
     store.transfer(0, "d2h", 1.0)

@@ -13,7 +13,7 @@ import torch
 
 from engine_helpers import micro_batches, model_pair, plan_for, tiny_config
 from lazytrain.runtime import streams as streams_mod
-from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.device import Device
 from lazytrain.runtime.engine import Engine
 from lazytrain.runtime.hb_checker import CheckedDevice, OrderingViolation
@@ -144,13 +144,13 @@ def test_a_host_buffer_returned_to_its_pool_under_a_running_copy_is_caught(tmp_p
         self._pool.release(e.host)
         e.host = None
 
-    monkeypatch.setattr(CheckpointStore, "_release_host", release_host)
+    monkeypatch.setattr(ActivationStore, "_release_host", release_host)
     exc = _violation(tmp_path)
     assert "checkpoint host buffer" in exc.buffer and "pool" in exc.second
 
 
 def test_an_nvme_write_that_does_not_wait_for_its_d2h_is_caught(tmp_path, monkeypatch):
-    original = CheckpointStore._nvme_write
+    original = ActivationStore._nvme_write
 
     def nvme_write(self, e, target, final):
         event, e.d2h_event = e.d2h_event, None  # the write no longer waits for the d2h event
@@ -159,7 +159,7 @@ def test_an_nvme_write_that_does_not_wait_for_its_d2h_is_caught(tmp_path, monkey
         finally:
             e.d2h_event = event
 
-    monkeypatch.setattr(CheckpointStore, "_nvme_write", nvme_write)
+    monkeypatch.setattr(ActivationStore, "_nvme_write", nvme_write)
     exc = _violation(tmp_path)
     assert "checkpoint host buffer" in exc.buffer
     assert "ckpt_d2h" in exc.first and "NVMe write" in exc.second

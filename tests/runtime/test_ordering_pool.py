@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine_helpers import micro_batches, model_pair, plan_for, tiny_config
-from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.host_pool import HostBufferPool
 from lazytrain.runtime.engine import Engine
 from lazytrain.runtime.hb_checker import CheckedDevice, OrderingViolation
@@ -63,7 +63,7 @@ def _release_after_an_unsettled_write(tmp_path) -> CheckedDevice:
     read-back (which joins the write), so this path is the store's `release` alone."""
     dev = CheckedDevice()
     hook = _HeldWrites()
-    with CheckpointStore(device=dev, nvme_dir=tmp_path / "nvme", direct=False,
+    with ActivationStore(device=dev, nvme_dir=tmp_path / "nvme", direct=False,
                          fault_hook=hook) as store:
         try:
             for boundary in (1, 2):

@@ -1,4 +1,4 @@
-"""CheckpointStore with a stuck NVMe drive: since the window barrier no longer waits for NVMe
+"""ActivationStore with a stuck NVMe drive: since the window barrier no longer waits for NVMe
 writes, a write that never finishes must still surface as NvmeTimeoutError before its bytes or
 its staging buffer are used, and release / close must return instead of hanging on it.
 
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.nvme import NvmeTimeoutError
 
 TIMEOUT_S = 0.2  # runtime.nvme_timeout_s of these stores
@@ -39,8 +39,8 @@ class StuckWrites:
         self.gate.set()
 
 
-def make_store(tmp_path, hook) -> CheckpointStore:
-    store = CheckpointStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
+def make_store(tmp_path, hook) -> ActivationStore:
+    store = ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
                             direct=False, chunk_bytes=8192, fault_hook=hook)
     store.io.timeout_s = TIMEOUT_S
     return store
@@ -60,7 +60,7 @@ def stuck_store(tmp_path):
     assert list((tmp_path / "nvme").iterdir()) == []
 
 
-def offload(store: CheckpointStore, boundary: int) -> None:
+def offload(store: ActivationStore, boundary: int) -> None:
     """Window f{boundary}: a 20004-byte fp32 boundary (5 pages padded) to nvme."""
     store.begin_window(f"f{boundary}")
     store.put(boundary, torch.arange(5001, dtype=torch.float32), "nvme")

@@ -1,4 +1,4 @@
-"""The checkpoint store under `runtime.device: cpu-threaded` (copies land 100-200 ms late unless
+"""The activation store under `runtime.device: cpu-threaded` (copies land 100-200 ms late unless
 waited for): since the window barrier no longer blocks the host on copies and NVMe writes, host
 buffers go back to the pool pending and writes finish behind later windows. Over several steps
 of plans that move every boundary through DRAM or NVMe, the pinned host bytes must stay within

@@ -1,4 +1,4 @@
-"""The checkpoint store: where each block-boundary activation lives during one training step.
+"""The activation store: where each block-boundary activation lives during one training step.
 
 Owns the boundary tensors of the tiers hbm, dram, nvme and recompute (the segment's recompute
 cache, held in HBM), the byte ranges moved by each plan transfer (d2h, nvme_write, nvme_read,
@@ -59,7 +59,7 @@ _FRACTION_TOL = 1e-6
 """Cumulative fractions within this of 1 count as complete (plans store floats)."""
 
 
-class CheckpointStore:
+class ActivationStore:
     """Boundary activations in the tiers hbm / dram / nvme / recompute, moved as the plan says.
 
     Call protocol per window (docs/execution_model.md): ``begin_window(name)``; ``put`` the
@@ -322,7 +322,7 @@ class CheckpointStore:
         key = (boundary, micro_batch)
         e = self._entries.get(key)
         if e is None:
-            raise CheckpointNotResidentError(f"{boundary_label(*key)} is not in the checkpoint store",
+            raise CheckpointNotResidentError(f"{boundary_label(*key)} is not in the activation store",
                                              boundary=boundary, micro_batch=micro_batch)
         if e.tier in ("hbm", "recompute"):
             return e.src
@@ -403,7 +403,7 @@ class CheckpointStore:
             pass  # a stuck drive: its buffers are abandoned, close still removes the files
         self.io.close()
 
-    def __enter__(self) -> CheckpointStore:
+    def __enter__(self) -> ActivationStore:
         return self
 
     def __exit__(self, *exc_info) -> None:

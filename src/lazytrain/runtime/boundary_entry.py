@@ -1,4 +1,4 @@
-"""What the checkpoint store records about one stored boundary: its tier, shape and size, its
+"""What the activation store records about one stored boundary: its tier, shape and size, its
 HBM, host and prefetched copies, and how far each transfer kind has moved it.
 
 Owns `BoundaryEntry`, a mutable record that only `runtime/activations.py` (the store) reads and

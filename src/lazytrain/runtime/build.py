@@ -1,4 +1,4 @@
-"""Building the streaming engine from a run config: the device backend, the checkpoint store
+"""Building the streaming engine from a run config: the device backend, the activation store
 and the `Engine`, in one place for one process and for every rank of a data-parallel job.
 
 The data-parallel parts (the gradient reducer and the sharded optimizer) are built by the rank
@@ -41,7 +41,7 @@ def engine_from_config(cfg: RunConfig, adapter, plan: Plan, *, device_kind: str,
                        device_index: int | None = None,
                        fault_hook: Callable[[Any], None] | None = None,
                        optimizer=None, grad_sync=None):
-    """An instrumented, budget-checked `Engine` over a new device and checkpoint store.
+    """An instrumented, budget-checked `Engine` over a new device and activation store.
 
     Args:
         cfg: the run config (`train.*` optimizer settings, `runtime.*` I/O and chunking).
@@ -60,12 +60,12 @@ def engine_from_config(cfg: RunConfig, adapter, plan: Plan, *, device_kind: str,
     Raises:
         ValueError: a bad backend or dtype, or a plan of another model.
     """
-    from lazytrain.runtime.activations import CheckpointStore
+    from lazytrain.runtime.activations import ActivationStore
     from lazytrain.runtime.device import make_device
     from lazytrain.runtime.engine import Engine
 
     tc, rc = cfg.train, cfg.runtime
-    store = CheckpointStore(
+    store = ActivationStore(
         device=make_device(device_kind, index=device_index, seed=seed), nvme_dir=nvme_dir,
         io_threads=rc.io_threads, fault_hook=fault_hook,
         hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})

@@ -5,7 +5,7 @@ per segment in reverse (recompute, re-forward, backward), gradient drain to the 
 handing per-block AdamW updates to the optimizer worker. It decides nothing: boundary tiers,
 segments, kept blocks, resident weights and every transfer's window come from the Plan
 (docs/execution_model.md is the contract). Every boundary byte moves through the
-`CheckpointStore`; weights and gradients move through `runtime.streams`; the embedding, final
+`ActivationStore`; weights and gradients move through `runtime.streams`; the embedding, final
 norm, head and their gradient (resident for the step) through `runtime.ends`.
 
 Windows per micro-batch: `pre` (embedding, block 0's weight load), f0..f{L-1}, turn,
@@ -34,7 +34,7 @@ from lazytrain.contract import (
 from lazytrain.models.adapter import IGNORE_INDEX, ModelAdapter
 from lazytrain.planner.budgets import plan_budgets
 from lazytrain.planner.plan import Plan
-from lazytrain.runtime.activations import CheckpointStore
+from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.block_autograd import flat_grad, grad_leaves, replay_rng, rng_state
 from lazytrain.runtime.device import Device, as_device
 from lazytrain.runtime.ends import ResidentEnds
@@ -93,7 +93,7 @@ class Engine:
         model_config_sha256: the plan provenance's `model_config_sha256` to expect; default:
             the adapter's `hf_config_sha256` (plans built by hand record it). A planner-made
             plan records `ModelSpec.config_sha256` (the parsed architecture): pass that.
-        store: an existing CheckpointStore (tests with fault hooks); default: a new one. It
+        store: an existing ActivationStore (tests with fault hooks); default: a new one. It
             has its own directory and threads: passing `nvme_dir` or `io_threads` with it is
             a ValueError.
         instrument: record every window's waits and bytes per channel (runtime/instrument.py)
@@ -119,12 +119,12 @@ class Engine:
                  betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
                  clip_grad_norm: float | None = None, grad_accum: int = 1, seed: int = 0,
                  io_threads: int | None = None, model_config_sha256: str | None = None,
-                 store: CheckpointStore | None = None, optimizer: BlockOptimizer | None = None,
+                 store: ActivationStore | None = None, optimizer: BlockOptimizer | None = None,
                  grad_sync=None, instrument: bool = False,
                  head_chunk_tokens: int = HEAD_CHUNK_TOKENS, budgets: bool = False) -> None:
         if store is not None and (nvme_dir is not None or io_threads is not None):
             raise ValueError("Engine: nvme_dir and io_threads configure the store made here; a "
-                             "given store has its own: pass them to CheckpointStore instead")
+                             "given store has its own: pass them to ActivationStore instead")
         dev = store.dev if store is not None and not isinstance(device, Device) else device
         if plan.num_blocks != adapter.num_blocks:
             raise ValueError(f"plan has {plan.num_blocks} blocks, model has {adapter.num_blocks}")
@@ -160,7 +160,7 @@ class Engine:
                                    pinned_limit_bytes=pinned)
         self.drain = GradDrain(self.dev, self.params.max_block_numel(), dtype=self.dtype)
         self.meter = WindowMeter(self.dev)
-        self.store = store or CheckpointStore(
+        self.store = store or ActivationStore(
             device=self.dev, nvme_dir=Path(nvme_dir or "lazytrain_nvme"),
             **({} if io_threads is None else {"io_threads": io_threads}),
             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})

@@ -1,4 +1,4 @@
-"""Exceptions raised by the runtime's checkpoint store and NVMe tier.
+"""Exceptions raised by the runtime's activation store and NVMe tier.
 
 Owns the error types only; knows nothing about plans or tensors. Each error carries the fields a
 caller needs to react (boundary, micro-batch, path, window) and a message that names them, so a

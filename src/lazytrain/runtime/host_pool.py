@@ -1,5 +1,5 @@
 """The host buffer pool: reusable 4 KiB-aligned host buffers (pinned on CUDA) for the
-checkpoint store's dram and nvme tiers, recycled only after the copies and NVMe requests that
+activation store's dram and nvme tiers, recycled only after the copies and NVMe requests that
 use them completed.
 
 Owns the buffers' life cycle (acquire, release after events and futures, reclaim without

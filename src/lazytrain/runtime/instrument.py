@@ -109,7 +109,7 @@ class Instrument:
     Args:
         device: the engine's device API (`runtime/device.py`); the instrument becomes its
             observer in `attach`.
-        store: the engine's `CheckpointStore` (peaks).
+        store: the engine's `ActivationStore` (peaks).
         plan: the plan being executed (for `plan_id`).
     """
 

@@ -1,4 +1,4 @@
-"""Asynchronous file I/O for the NVMe tier of the checkpoint store.
+"""Asynchronous file I/O for the NVMe tier of the activation store.
 
 Owns: one file per (boundary, micro-batch) under a directory, written and read in aligned chunks
 by a small thread pool, with ``O_DIRECT`` where the filesystem allows it (probed once per
@@ -17,7 +17,7 @@ offset and the length to be multiples of the logical block size; 4 KiB covers ev
 drive. The torch CPU allocator aligns to 64 B only, hence ``aligned_empty``.
 
 Durability: the files are scratch that lives for one training step and is read back by the same
-process, so nothing is fsync'ed (a crash loses the step anyway; see ``CheckpointStore`` for the
+process, so nothing is fsync'ed (a crash loses the step anyway; see ``ActivationStore`` for the
 cleanup of files on exit).
 
 Integrity: every written 4 KiB page gets an xxh3-64 digest (kept in memory: 10 B per page, 0.25%
@@ -202,7 +202,7 @@ class IoEvent:
 
 
 class FaultInjector:
-    """Scripted NVMe faults for tests: pass one as ``fault_hook`` to NvmeIO / CheckpointStore.
+    """Scripted NVMe faults for tests: pass one as ``fault_hook`` to NvmeIO / ActivationStore.
 
     Each ``*_next_*`` fault fires once, on the first matching event (optionally only for one
     boundary); the faults are real where possible (the file is really truncated or deleted, so
