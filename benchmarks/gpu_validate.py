@@ -860,8 +860,8 @@ def measured_problem(adapter, config, shape: dict, ctx: Ctx):
     from lazytrain.config import config_from_dict
     from lazytrain.planner.build import build_problem
     from lazytrain.contract import HEAD_CHUNK_TOKENS
-    from lazytrain.runtime.bench_blocks import BlockBench, block_kind_times, time_ms
-    from lazytrain.runtime.bench_rates import copy_rates
+    from lazytrain.profile.bench_blocks import BlockBench, block_kind_times, time_ms
+    from lazytrain.profile.bench_rates import copy_rates
     from lazytrain.spec.costs import analytic_costs
     from lazytrain.spec.hardware import get_hardware
     from lazytrain.spec.model import ModelSpec

@@ -1,5 +1,5 @@
 """The profiler's 8-bit AdamW benchmark: the update a plan's `q8_blocks` run, timed beside the
-fp32 one (`runtime/bench_rates.py`), or None where bitsandbytes is missing."""
+fp32 one (`profile/bench_rates.py`), or None where bitsandbytes is missing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from lazytrain.runtime import bench_rates, optim8bit
+from lazytrain.profile import bench_rates
+from lazytrain.runtime import optim8bit
 
 
 def test_the_8_bit_update_is_timed_when_bitsandbytes_is_installed():

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from lazytrain.config import load_config
-from lazytrain.runtime import calibrate, steady
+from lazytrain.profile import calibrate
+from lazytrain.runtime import steady
 from lazytrain.spec.model import ModelSpec
 from lazytrain.train import setup
 from tiny_models import tiny_model_dir

@@ -13,7 +13,7 @@ from transformers import AutoConfig
 from lazytrain.config import load_config
 from lazytrain.models import hf_loader
 from lazytrain.models.cut import profile_layers
-from lazytrain.runtime import overhead, profiler
+from lazytrain.profile import overhead, profiler
 from lazytrain.spec.model import ModelSpec
 from lazytrain.train import setup
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine_helpers import model_pair, tiny_config
-from lazytrain.runtime.overhead import fit_overheads, twin_adapter, window_overhead_ms
+from lazytrain.profile.overhead import fit_overheads, twin_adapter, window_overhead_ms
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from engine_helpers import BATCH, SEQ, model_pair, tiny_config
-from lazytrain.runtime.bench_blocks import BlockBench, block_kind_times
-from lazytrain.runtime.bench_rates import host_rates, nvme_rates, optimizer_exposed_ms
+from lazytrain.profile.bench_blocks import BlockBench, block_kind_times
+from lazytrain.profile.bench_rates import host_rates, nvme_rates, optimizer_exposed_ms
 from lazytrain.runtime.nvme import FaultInjector
-from lazytrain.runtime.profiler import measure_profile
+from lazytrain.profile.profiler import measure_profile
 from lazytrain.spec.costs import profile_costs
 from lazytrain.spec.hardware import get_hardware
 from lazytrain.spec.model import ModelSpec

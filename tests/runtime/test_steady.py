@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine_helpers import BATCH, SEQ, model_pair, tiny_config
-from lazytrain.runtime.bench_blocks import BlockBench, block_kind_times
+from lazytrain.profile.bench_blocks import BlockBench, block_kind_times
 from lazytrain.runtime.steady import SteadyTiming, cpu_count_of, cpu_others_s, median_timing
 
 

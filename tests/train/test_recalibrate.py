@@ -19,7 +19,7 @@ from lazytrain.cli.profile import analytic_profile
 from lazytrain.planner.build import problem_from_config
 from lazytrain.planner.evaluate import evaluate, post_ms, pre_ms
 from lazytrain.planner.plan import Plan
-from lazytrain.runtime import calibrate
+from lazytrain.profile import calibrate
 from lazytrain.spec.model import ModelSpec
 from lazytrain.train import setup
 from lazytrain.train.loop import _recalibrate, train

@@ -6,7 +6,7 @@ tier, recomputed blocks, keep-internals, predicted step time / model TFLOPS / to
 HBM next to the MegaTrain rule and the bounds, the solver record, and the event simulator's
 check. `--out` writes the Plan JSON, `--gantt` the simulated timeline (both atomically, paths
 on stderr). The costs are those `lazytrain train` would plan with
-(`runtime.calibrate.resolve_profile`: `hardware.profile_path`, else this machine's cached
+(`profile.calibrate.resolve_profile`: `hardware.profile_path`, else this machine's cached
 calibration, else the preset's analytic model); the table's `costs:` line says which (stderr
 with `--json`). Exit codes: 0 ok; 1 no plan fits the budgets; 2 bad usage or config.
 
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     from lazytrain.planner.topology import rank_problem, topology_of
     from lazytrain.report.capacity import over_dram_hint
     from lazytrain.report.plan_table import format_plan_table, plan_comparison
-    from lazytrain.runtime.calibrate import costs_line_of
+    from lazytrain.profile.calibrate import costs_line_of
 
     cfg, node_problem = load_problem(args)
     if getattr(args, "max_batch", False):

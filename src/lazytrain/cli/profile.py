@@ -3,7 +3,7 @@
 Measure (`--config`): per block kind forward / forward-with-autograd / backward time for the
 configured micro-batch and sequence length, head and embedding time, H2D / D2H / duplex copy
 rates and NVMe write / read through the checkpoint store, each also while the CPU optimizer
-runs, and on a CPU the contention model (`lazytrain.runtime.profiler`). Refit (`--from-run
+runs, and on a CPU the contention model (`lazytrain.profile.profiler`). Refit (`--from-run
 RUN_DIR`): least squares on the run's measured windows (`RUN_DIR/windows.jsonl`) under its
 plan (`lazytrain.planner.refit`), starting from the profile the run used (or `--profile`).
 
@@ -11,7 +11,7 @@ Output: the profile JSON (`lazytrain.spec.costs` schema) to `--out` (atomically)
 `lazytrain plan --profile profile.json` (or `hardware.profile_path` in the
 YAML) plans with it. Calibrate (`--calibrate`, with or without `--config`): measure this
 machine's calibration for the config in the quick mode and store it in the calibration cache
-(`lazytrain.runtime.calibrate`; replaces the entry), which `lazytrain plan` and `lazytrain
+(`lazytrain.profile.calibrate`; replaces the entry), which `lazytrain plan` and `lazytrain
 train` then use with `runtime.calibrate: auto`; the cache file's path goes to stdout. Exit
 codes: 0 ok; 2 bad usage, config or missing run files, or a config that is not for this
 machine (`--calibrate`).
@@ -76,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    """Load the configured model and run `runtime.profiler.measure_profile`
+    """Load the configured model and run `profile.profiler.measure_profile`
     (`train.setup.measure_config_profile`, `--repeats` / `--warmup` runs per figure)."""
     from lazytrain.config import load_config
-    from lazytrain.runtime.calibrate import local_device
+    from lazytrain.profile.calibrate import local_device
     from lazytrain.train import setup
 
     cfg = load_config(args.config, args.overrides)
@@ -96,7 +96,7 @@ def calibrate_cache(args: argparse.Namespace) -> int:
     """`--calibrate`: measure this machine's calibration for the config into the cache (the
     entry is replaced), print the file's path."""
     from lazytrain.config import load_config
-    from lazytrain.runtime.calibrate import calibrate
+    from lazytrain.profile.calibrate import calibrate
     from lazytrain.train import setup
 
     cfg = load_config(args.config, args.overrides)
@@ -112,7 +112,7 @@ def refit_from_run(args: argparse.Namespace) -> dict:
     from lazytrain.planner.build import problem_from_config
     from lazytrain.planner.plan import Plan
     from lazytrain.planner.refit import load_windows, refit_profile, select_windows
-    from lazytrain.runtime.calibrate import config_for_plan
+    from lazytrain.profile.calibrate import config_for_plan
     from lazytrain.spec.model import ModelSpec
 
     run_dir = Path(args.from_run)

@@ -420,7 +420,7 @@ class RuntimeConfig:
     calibrate: Literal["auto", "off"] = "auto"
     """Where an unprofiled plan for this machine gets its costs. auto: with
     `hardware.profile_path` empty and the plan for this machine (preset cpu on the CPU, or this
-    GPU's preset), the cached calibration of this machine (`lazytrain.runtime.calibrate`);
+    GPU's preset), the cached calibration of this machine (`lazytrain.profile.calibrate`);
     `lazytrain train` measures one on a miss (a few seconds), `lazytrain plan` reads it.
     off: analytic costs of the preset. The environment variable LAZYTRAIN_CALIBRATE=off
     overrides auto (the test suite sets it). auto by default: the analytic cpu preset is off by

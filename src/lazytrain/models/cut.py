@@ -5,7 +5,7 @@ Owns `cut_config` (a copy of an HF config keeping chosen layers: `num_hidden_lay
 `layer_types` cut to them, other fields optionally overridden) and `profile_layers` (the layers
 a per-kind profile needs: the first layer of each block kind). The calibration
 (`train.setup.measure_config_profile`) and the engine-overhead twins
-(`runtime.overhead.twin_adapter`) build their models from such configs. Block kinds and
+(`profile.overhead.twin_adapter`) build their models from such configs. Block kinds and
 parameter counts come from `spec.model.ModelSpec`, which mirrors the `transformers` modules.
 """
 

@@ -4,7 +4,7 @@
 `plan_comparison` plans the MegaTrain rule (the configured K) and the best fixed-K rule that
 fits through `planner.policy.plan` / `planner.heuristics`, and checks the plan with the event
 simulator; `format_plan_table` and `plan_summary` turn plans into text. The costs line comes
-from the caller (`runtime.calibrate.costs_line_of`): this module knows neither torch nor the
+from the caller (`profile.calibrate.costs_line_of`): this module knows neither torch nor the
 runtime.
 """
 
@@ -151,7 +151,7 @@ def format_plan_table(problem: PlanningProblem, plan: Plan, report: dict, *,
         problem: the problem the plan was made for.
         plan: the plan.
         report: `plan_comparison(problem, plan, options)`.
-        costs_line: where the costs came from (`runtime.calibrate.costs_line_of`).
+        costs_line: where the costs came from (`profile.calibrate.costs_line_of`).
     """
     L, prov = plan.num_blocks, plan.provenance
     source = ((prov.get("config") or {}).get("model") or {}).get("config_path")
@@ -250,7 +250,7 @@ def plan_summary(plan: Plan, *, source: str | None = None, costs_line: str = "")
         plan: the plan.
         source: `model.config_path` (a path, hub id or built-in name), printed after the name
             so that a plan of the wrong model is visible at once.
-        costs_line: where the costs came from (`runtime.calibrate.costs_line_of`; empty:
+        costs_line: where the costs came from (`profile.calibrate.costs_line_of`; empty:
             no line).
     """
     prov = plan.provenance

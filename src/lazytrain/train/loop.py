@@ -330,7 +330,7 @@ def _recalibrate(cfg: RunConfig, trainer: Trainer, *, run_dir: Path, log) -> dic
 
 
 def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wall_s) -> dict:
-    from lazytrain.runtime.calibrate import costs_line_of
+    from lazytrain.profile.calibrate import costs_line_of
 
     steps_s = [r["step_s"] for r in records]
     return {

@@ -33,7 +33,7 @@ from lazytrain.planner.build import rank_problem_from_config
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.refit import PROBLEM_FIELD, refit_profile
-from lazytrain.runtime.calibrate import config_for_plan
+from lazytrain.profile.calibrate import config_for_plan
 from lazytrain.spec.model import ModelSpec
 from lazytrain.train.replan import Drift, measure_drifts
 

@@ -176,7 +176,7 @@ def make_plan(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
     """Plan from the config through the one planning entry (`planner.policy.plan` with
     `planner_options(cfg.planner)`, as `lazytrain plan` and a re-plan do): with
     `dist.nproc_per_node` > 1, one rank's share of the node, with the costs
-    `runtime.calibrate.resolve_profile` chooses (recorded as the plan's provenance `costs`).
+    `profile.calibrate.resolve_profile` chooses (recorded as the plan's provenance `costs`).
 
     Args:
         cfg: the run config.
@@ -200,7 +200,7 @@ def make_plan(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
 def costed_problem(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
                    log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr,
                                                                   flush=True)):
-    """The node's `PlanningProblem` for `cfg` with the costs `runtime.calibrate.resolve_profile`
+    """The node's `PlanningProblem` for `cfg` with the costs `profile.calibrate.resolve_profile`
     chooses (`hardware.profile_path`, else this machine's cached calibration, else the preset's
     analytic model; recorded as provenance `costs`). `make_plan` and `lazytrain plan` /
     `simulate` build their problem here.
@@ -216,7 +216,7 @@ def costed_problem(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = N
         FileNotFoundError, ValueError: as `planner.build.problem_from_config`.
     """
     from lazytrain.planner.build import problem_from_config
-    from lazytrain.runtime.calibrate import resolve_profile
+    from lazytrain.profile.calibrate import resolve_profile
 
     def measure(cfg_: Any, device: str) -> dict:
         return measure_calibration(cfg_, device, run_dir=run_dir)
@@ -228,7 +228,7 @@ def costed_problem(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = N
 def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeats: int = 5,
                            warmup: int = 2, run_dir: Path | None = None,
                            log: Callable[[str], None] = lambda msg: None) -> dict:
-    """The configured model's profile on `device` (`runtime.profiler.measure_profile`).
+    """The configured model's profile on `device` (`profile.profiler.measure_profile`).
 
     The model is measured cut to one block of each kind (`models.cut.profile_layers`: a
     llama, one block; the ends whole), built from its architecture (`model.config_path`) with
@@ -258,7 +258,7 @@ def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeat
     from lazytrain.models import load_adapter_from_config
     from lazytrain.models.cut import cut_config, profile_layers
     from lazytrain.models.families import text_model_config
-    from lazytrain.runtime.profiler import measure_profile
+    from lazytrain.profile.profiler import measure_profile
     from lazytrain.spec.model import ModelSpec
 
     if cfg.runtime.threads:
@@ -303,7 +303,7 @@ def plan_summary(plan: Plan, *, source: str | None = None) -> str:
         source: `model.config_path`, printed after the model's name.
     """
     from lazytrain.report.plan_table import plan_summary as summary
-    from lazytrain.runtime.calibrate import costs_line_of
+    from lazytrain.profile.calibrate import costs_line_of
 
     return summary(plan, source=source, costs_line=costs_line_of(plan.provenance))
 

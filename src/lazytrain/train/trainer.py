@@ -494,7 +494,7 @@ class Trainer:
         if not pc.replan_every_steps or not self.is_main:
             return None
         from lazytrain.planner.build import rank_problem_from_config
-        from lazytrain.runtime.calibrate import config_for_plan
+        from lazytrain.profile.calibrate import config_for_plan
         from lazytrain.planner.policy import planner_options
         from lazytrain.train.replan import OnlineReplanner, resolve
 

@@ -1,11 +1,11 @@
 """Rate measurements of the profiler: copies, NVMe, the optimizer and the host workers.
 
 Owns `copy_rates` (H2D, D2H, duplex, as `runtime.streams` copies), `nvme_rates` (through
-`CheckpointStore` transfers up to the window barrier; with a compute function in flight, the
+`ActivationStore` transfers up to the window barrier; with a compute function in flight, the
 effective rate under CPU contention), the optimizer's cost (`optimizer_running`,
 `optimizer_ms_per_param`, `optimizer_q8_ms_per_param`, `optimizer_exposed_ms`: the engine's
 gated forward pattern), the host work rates (`host_rates`) and the gradient-norm pass
-(`grad_norm_ms`). Timed through `runtime/bench_blocks.py`; `runtime/profiler.measure_profile`
+(`grad_norm_ms`). Timed through `profile/bench_blocks.py`; `profile/profiler.measure_profile`
 assembles the profile.
 """
 
@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from lazytrain.models.host_params import HostParams, ParamGroup
-from lazytrain.runtime.bench_blocks import BlockBench, sync, time_ms
+from lazytrain.profile.bench_blocks import BlockBench, sync, time_ms
 from lazytrain.runtime import optim8bit
 from lazytrain.runtime.device import as_device
 from lazytrain.runtime.optim import BlockOptimizer
@@ -95,7 +95,7 @@ def copy_rates(nbytes: int, *, device: torch.device, repeats: int = 5, warmup: i
 def nvme_rates(nvme_dir: Path | str, nbytes: int, *, io_threads: int = 2, repeats: int = 3,
                overlap_with: Callable[[], object] | None = None,
                fault_hook: Callable | None = None) -> dict[str, float]:
-    """NVMe write and read bytes/s through `CheckpointStore` (from the transfer call to the window
+    """NVMe write and read bytes/s through `ActivationStore` (from the transfer call to the window
     barrier).
 
     With `overlap_with` (a compute function, CPU contention), each transfer is issued, the
@@ -105,14 +105,14 @@ def nvme_rates(nvme_dir: Path | str, nbytes: int, *, io_threads: int = 2, repeat
     Returns:
         {"nvme_write": bytes/s, "nvme_read": bytes/s}.
     """
-    from lazytrain.runtime.activations import CheckpointStore
+    from lazytrain.runtime.activations import ActivationStore
 
     cpu = torch.device("cpu")
     data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8,
                          generator=torch.Generator().manual_seed(0))
     comp_ms = time_ms(overlap_with, device=cpu, repeats=repeats, warmup=1) if overlap_with else 0.0
     runs = {"nvme_write": [], "nvme_read": []}
-    with CheckpointStore(device=cpu, nvme_dir=Path(nvme_dir), io_threads=io_threads,
+    with ActivationStore(device=cpu, nvme_dir=Path(nvme_dir), io_threads=io_threads,
                          fault_hook=fault_hook) as store:
         for _ in range(max(1, repeats)):
             store.begin_window("f0")

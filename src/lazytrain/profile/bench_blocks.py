@@ -7,7 +7,7 @@ inputs and each block's device weights, run through the engine's own code paths:
 `backward_block` call it, the head through the engine's chunk loop) and `block_kind_times`
 (the profile's per-kind block times, through a timing rule of `runtime/steady.py`: the
 median, or the calibration's least repeat, measured again when disturbed).
-`runtime/bench_rates.py` measures rates on top of it; `runtime/profiler.measure_profile`
+`profile/bench_rates.py` measures rates on top of it; `profile/profiler.measure_profile`
 assembles the profile.
 """
 

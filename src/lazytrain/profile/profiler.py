@@ -2,9 +2,9 @@
 
 Owns `measure_profile`, the measurements behind `lazytrain profile`, assembled into a profile
 dict in the schema of `lazytrain.spec.costs`. Everything is timed through the engine's own code
-paths: blocks and the head through `runtime/bench_blocks.py` (`BlockBench`: the engine's block
+paths: blocks and the head through `profile/bench_blocks.py` (`BlockBench`: the engine's block
 and head calls on a flat weight buffer), copies, NVMe, the optimizer and the host work through
-`runtime/bench_rates.py` (`Tensor.copy_` as `runtime.streams` does them, `CheckpointStore`
+`profile/bench_rates.py` (`Tensor.copy_` as `runtime.streams` does them, `ActivationStore`
 transfers up to the window barrier, `BlockOptimizer`, the runtime's host workers).
 
 Timing: warm-up runs, then the median of `repeats`; CUDA events on a GPU, `time.perf_counter`
@@ -30,7 +30,7 @@ rates alone and with the optimizer) for the report.
 Host work (`host_rates`): the conversion and accumulation rates on the runtime's own host
 workers, the NVMe staging memcpy and the optimizer update, the profile's `host` section.
 
-Engine overheads (`runtime.overhead`): the engine's fixed cost of a window and of a step, from
+Engine overheads (`profile.overhead`): the engine's fixed cost of a window and of a step, from
 `Engine.step` on small twins of the model; the per-step part and the gradient-norm pass join
 `step_const_ms`.
 """
@@ -43,12 +43,12 @@ from typing import Callable, Sequence
 import torch
 
 from lazytrain.models.adapter import ModelAdapter
-from lazytrain.runtime.bench_blocks import BlockBench, block_kind_times, time_ms, time_samples
-from lazytrain.runtime.bench_rates import (
+from lazytrain.profile.bench_blocks import BlockBench, block_kind_times, time_ms, time_samples
+from lazytrain.profile.bench_rates import (
     copy_rates, grad_norm_ms, host_rates, nvme_rates, optimizer_exposed_ms,
     optimizer_ms_per_param, optimizer_running,
 )
-from lazytrain.runtime.overhead import window_overhead_ms
+from lazytrain.profile.overhead import window_overhead_ms
 from lazytrain.runtime.steady import SteadyTiming, Timing, median_timing
 from lazytrain.units import GB
 

@@ -2,7 +2,7 @@
 
 Owns the twins (2- and 4-block, hidden-64 random-init copies of the run's architecture, their
 all-HBM plans) and the fit R(L) = a + (2L + 3) o of their residuals (engine step minus the
-same windows' compute timed alone by `runtime.bench_blocks.BlockBench`). `measure_profile` writes
+same windows' compute timed alone by `profile.bench_blocks.BlockBench`). `measure_profile` writes
 o as the profile's `window_overhead_ms` and adds a to `step_const_ms`.
 
 The twins' plans are assembled with `planner.evaluate.build_plan` (never the solver).
@@ -18,8 +18,8 @@ import torch
 from lazytrain.models.adapter import ModelAdapter
 from lazytrain.models.cut import cut_config
 from lazytrain.models.hf_loader import load_adapter_from_config
+from lazytrain.profile.bench_blocks import BlockBench, block_kind_times, sample_batch, time_ms
 from lazytrain.runtime.engine import COMPUTE_DTYPES
-from lazytrain.runtime.bench_blocks import BlockBench, block_kind_times, sample_batch, time_ms
 
 TWIN_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256}
