@@ -17,7 +17,8 @@ from lazytrain.config import RuntimeConfig, load_config
 from lazytrain.models.host_params import HostParams
 from lazytrain.planner import chains
 from lazytrain.planner.build import problem_from_config
-from lazytrain.planner.plan import TRANSFER_KINDS, Transfer, window_names, window_ord
+from lazytrain.planner.plan import Transfer
+from lazytrain.planner.windows import TRANSFER_KINDS, window_names, window_ord
 from lazytrain.planner.staging import staging_by_window
 from lazytrain.runtime import engine, nvme
 from lazytrain.runtime.device import Device

@@ -17,7 +17,8 @@ from lazytrain.planner.budgets import plan_budgets, predicted_pinned_bytes
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.extract import start_from_plan
 from lazytrain.planner.milp import PlanInfeasibleError, build_milp
-from lazytrain.planner.plan import SolveRecord, Transfer, legal_ords, window_name
+from lazytrain.planner.plan import SolveRecord, Transfer
+from lazytrain.planner.windows import legal_ords, window_name
 from lazytrain.planner.policy import PlannerOptions, plan
 from lazytrain.planner.staging import bounce_bound_by_window, staging_by_window
 from lazytrain.units import GB

@@ -9,7 +9,7 @@ import pytest
 
 from lazytrain.planner.capacity import BatchSearch, max_batch_search
 from lazytrain.planner.evaluate import decisions_from_tiers, evaluate
-from lazytrain.planner.plan import TIERS
+from lazytrain.planner.windows import TIERS
 from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.report.capacity import format_batch_table

@@ -11,9 +11,8 @@ from lazytrain.planner.evaluate import (
     Decisions, build_plan, checkpoint_bytes, decisions_from_tiers, evaluate,
 )
 from lazytrain.planner.schedule import schedule_transfers
-from lazytrain.planner.plan import (
-    Plan, PlanValidationError, SolveRecord, Transfer, legal_ords, window_names, window_ord,
-)
+from lazytrain.planner.plan import Plan, PlanValidationError, SolveRecord, Transfer
+from lazytrain.planner.windows import legal_ords, window_names, window_ord
 from lazytrain.planner.problem import PlanningProblem
 
 U = 10**7  # byte unit: 1 "u" = 1e7 bytes; bandwidth 1e4 u/s, so 100 u = 10 ms on H2D/D2H

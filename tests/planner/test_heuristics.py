@@ -10,7 +10,7 @@ from lazytrain.planner.evaluate import Decisions, decisions_from_tiers, evaluate
 from lazytrain.planner.heuristics import (
     heuristic_plan, ideal_plan, megatrain_plan, uniform_plan,
 )
-from lazytrain.planner.plan import TIERS
+from lazytrain.planner.windows import TIERS
 from lazytrain.planner.search import Search
 
 GB = 10**9

@@ -8,8 +8,8 @@ import pytest
 
 from lazytrain.planner.plan import (
     Bounds, Plan, PlanValidationError, Predicted, SolveRecord, Transfer, WindowRecord,
-    legal_ords, window_name, window_names, window_ord,
 )
+from lazytrain.planner.windows import legal_ords, window_name, window_names, window_ord
 
 L = 3
 HORIZONS = {"drain_windows": 2, "prefetch_windows": 2, "nvme_lead_windows": 1}

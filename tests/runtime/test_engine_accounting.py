@@ -11,7 +11,7 @@ import torch
 
 from engine_helpers import micro_batches, model_pair, plan_for, tiny_config
 from test_engine_grads import PLANS
-from lazytrain.planner.plan import window_names
+from lazytrain.planner.windows import window_names
 from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.engine import Engine
 

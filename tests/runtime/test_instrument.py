@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from engine_helpers import BATCH, HIDDEN, SEQ, micro_batches, model_pair, plan_for, tiny_config
-from lazytrain.planner.plan import Plan, window_names
+from lazytrain.planner.plan import Plan
+from lazytrain.planner.windows import window_names
 from lazytrain.report.tables import plan_id_of_dict
 from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.engine import Engine

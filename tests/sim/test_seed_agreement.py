@@ -65,7 +65,7 @@ def test_nvme_heavy_heuristic_plan_simulates_within_one_percent(nvme_problem):
 
 def test_planned_nvme_transfers_never_share_a_window_with_their_source(nvme_problem):
     from lazytrain.planner.heuristics import heuristic_plan
-    from lazytrain.planner.plan import window_ord
+    from lazytrain.planner.windows import window_ord
 
     plan = heuristic_plan(nvme_problem, time_budget_s=2.0)
     L = plan.num_blocks

@@ -35,7 +35,7 @@ Source: docs/execution_model.md, "In-window order".
 from __future__ import annotations
 
 from lazytrain.contract import TRANSFER_ORDER
-from lazytrain.planner.plan import window_ord
+from lazytrain.planner.windows import window_ord
 from lazytrain.planner.problem import PlanningProblem
 
 CHAIN_SOURCE = {"nvme_write": "d2h", "nvme_read": "nvme_write", "h2d": "nvme_read"}

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from lazytrain.planner.chains import stream_bounds_ms
 from lazytrain.planner.duplex import duplex_ms
-from lazytrain.planner.plan import (
-    OFFLOAD_TIERS, TIERS, TRANSFER_KINDS, Bounds, Plan, Predicted, SolveRecord, Transfer,
-    WindowRecord, use_ord, window_names, window_ord,
+from lazytrain.planner.plan import Bounds, Plan, Predicted, SolveRecord, Transfer, WindowRecord
+from lazytrain.planner.windows import (
+    OFFLOAD_TIERS, TIERS, TRANSFER_KINDS, use_ord, window_names, window_ord,
 )
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.staging import bounce_bound_by_window

@@ -13,7 +13,8 @@ import math
 from lazytrain.planner.evaluate import Decisions, build_plan
 from lazytrain.planner.milp import Milp
 from lazytrain.planner.milp_vars import KINDS, row_name
-from lazytrain.planner.plan import Bounds, Plan, SolveRecord, Transfer, window_name, window_ord
+from lazytrain.planner.plan import Bounds, Plan, SolveRecord, Transfer
+from lazytrain.planner.windows import window_name, window_ord
 
 BINARY_TOL = 1e-4
 """A binary's solver value must be within this of 0 or 1; extraction rounds at 0.5."""

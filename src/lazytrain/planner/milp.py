@@ -31,7 +31,7 @@ Parameters (units inside the model: ms and GB; converted once in `scale_inputs`)
     the pools less the NVMe bounce buffers, counted per window: Ab[i] = align_up(A[i]), GB);
     M_nvme, GB;  Q[j] = params[j] * (bpp - bpp_q8) / 1e9 (8-bit saving), GB
     U8[j]                  the 8-bit update's extra time of block j, ms per step
-    H_d, H_p, H_n          drain / prefetch / NVMe-lead horizons (windows), `plan.legal_ords`
+    H_d, H_p, H_n          drain / prefetch / NVMe-lead horizons (windows), `windows.legal_ords`
     R[s,e]                 recompute chain of segment (s, e): max_k (P[s..k]/bw_h2d + F[k..e-2]),
                            ms (`chains.recompute_chain_ms`)
 

@@ -13,7 +13,7 @@ from lazytrain.planner.duplex import duplex_pieces, effective_cap
 from lazytrain.planner.milp_inputs import Scaled
 from lazytrain.planner.milp_loads import hbm_held, lin_scale, lin_sum, window_host, window_loads
 from lazytrain.planner.milp_vars import MilpVars, row_name
-from lazytrain.planner.plan import window_name
+from lazytrain.planner.windows import window_name
 from lazytrain.planner.solvers import LinearModel
 from lazytrain.planner.staging import bounce_spans
 
@@ -89,7 +89,7 @@ def add_transfer_legality(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
     A transfer may run in window o only if the segment that boundary i starts ends where o is
     legal (reads/prefetches depend on the use window b_{e-1}). Rows are added only where some
-    allowed end forbids o (elsewhere the totals bound x). Fractions. Source: plan.legal_ords.
+    allowed end forbids o (elsewhere the totals bound x). Fractions. Source: windows.legal_ords.
     """
     all_ends = {i: [e for (s, e) in v.seg if s == i] for i in range(p.L)}
     for (fam, i, o), ends in v.legal_ends.items():

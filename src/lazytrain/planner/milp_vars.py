@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from lazytrain.planner.milp_inputs import Scaled
-from lazytrain.planner.plan import legal_ords, window_name
+from lazytrain.planner.windows import legal_ords, window_name
 from lazytrain.planner.solvers import LinearModel
 from lazytrain.planner.staging import bounce_spans
 

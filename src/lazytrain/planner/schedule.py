@@ -16,8 +16,9 @@ from lazytrain.planner.duplex import effective_cap
 from lazytrain.planner.evaluate import (
     check_tiers, fixed_loads, horizons_of, host_loads_ms, segment_ends, window_time_ms,
 )
-from lazytrain.planner.plan import (
-    OFFLOAD_TIERS, TRANSFER_KINDS, Transfer, legal_ords, use_ord, window_name,
+from lazytrain.planner.plan import Transfer
+from lazytrain.planner.windows import (
+    OFFLOAD_TIERS, TRANSFER_KINDS, legal_ords, use_ord, window_name,
 )
 from lazytrain.planner.problem import PlanningProblem
 

@@ -23,7 +23,8 @@ from lazytrain.planner.chains import recompute_terms
 from lazytrain.planner.evaluate import (
     check_tiers, holding_intervals, horizons_of, host_ms, segment_ends, segments_of,
 )
-from lazytrain.planner.plan import OFFLOAD_TIERS, TIERS, Transfer, window_name
+from lazytrain.planner.plan import Transfer
+from lazytrain.planner.windows import OFFLOAD_TIERS, TIERS, window_name
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.schedule import Loads, schedule_loads, schedule_offload, schedule_prefetch
 from lazytrain.planner.staging import bounce_bound_by_window

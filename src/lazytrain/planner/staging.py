@@ -11,7 +11,7 @@ block, twice (runtime/activations.py):
 
 `staging_by_window` applies that rule to a plan's transfers: the padded bytes the runtime holds
 in each window (ord 0..2L). `bounce_spans` applies it to the first and last windows the
-contract allows each transfer (`plan.legal_ords`), so `bounce_bound_by_window` bounds the
+contract allows each transfer (`windows.legal_ords`), so `bounce_bound_by_window` bounds the
 buffers of every legal schedule of the same tiers: it is the one staging figure of the planner.
 The MILP's DRAM rows (`milp_rows.add_dram_capacity`, per window), the evaluator's DRAM and
 predicted pinned bytes (`Predicted.pinned_bytes`) take its peak in place of the contract's
@@ -24,7 +24,7 @@ Pure Python, no torch.
 from __future__ import annotations
 
 from lazytrain.contract import align_up
-from lazytrain.planner.plan import legal_ords, window_ord
+from lazytrain.planner.windows import legal_ords, window_ord
 
 
 def staging_by_window(boundary_bytes, tiers, transfers, num_blocks: int) -> list[int]:

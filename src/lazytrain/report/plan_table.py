@@ -14,7 +14,8 @@ import math
 from collections import Counter
 from dataclasses import asdict
 
-from lazytrain.planner.plan import TIERS, Plan
+from lazytrain.planner.plan import Plan
+from lazytrain.planner.windows import TIERS
 from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.units import GB

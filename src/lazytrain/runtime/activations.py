@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from lazytrain.contract import TRANSFER_ORDER, align_up
-from lazytrain.planner.plan import TIERS, TRANSFER_KINDS
+from lazytrain.planner.windows import TIERS, TRANSFER_KINDS
 from lazytrain.runtime.boundary_entry import BoundaryEntry
 from lazytrain.runtime.device import Device, as_device
 from lazytrain.runtime.errors import (

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lazytrain.contract import align_up
-from lazytrain.planner.plan import TRANSFER_KINDS
+from lazytrain.planner.windows import TRANSFER_KINDS
 from lazytrain.runtime.errors import boundary_label
 from lazytrain.runtime.nvme import Key
 

@@ -51,7 +51,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lazytrain.contract import TURN_WINDOW, backward_window, forward_window
-from lazytrain.planner.plan import Plan, window_names
+from lazytrain.planner.plan import Plan
+from lazytrain.planner.windows import window_names
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.sim.events import TaskSpec
 

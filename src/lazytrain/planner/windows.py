@@ -1,0 +1,110 @@
+"""The plan's index space: tier and transfer vocabulary, window names and ords, the legal
+windows of each transfer, and the recompute segments of a tier assignment.
+
+Shared by the Plan JSON (`planner/plan.py`), its checks (`planner/plan_checks.py`), the
+evaluator, the scheduler and the MILP, so each spells a window and a legal window the same way.
+Knows no solver and no torch; the runtime may import it.
+
+Index legend: block j = 0..L-1 maps boundary j to boundary j+1; boundary i = 0..L; windows
+f0..f{L-1} (ord j), turn (ord L), b{L-1}..b0 (ord 2L - j).
+
+Source: docs/execution_model.md, "Transfers and their legal windows".
+"""
+
+from __future__ import annotations
+
+from lazytrain.contract import TURN_WINDOW, backward_window, forward_window
+
+TIERS = ("hbm", "dram", "nvme", "recompute")
+"""Tier vocabulary; a boundary that is not materialized has tier `recompute`."""
+OFFLOAD_TIERS = ("dram", "nvme")
+"""Tiers whose boundaries leave HBM after the forward and come back before use."""
+TRANSFER_KINDS = ("d2h", "h2d", "nvme_write", "nvme_read")
+"""Transfer kinds: HBM->DRAM, DRAM->HBM, DRAM->NVMe file, NVMe file->DRAM."""
+
+def window_names(num_blocks: int) -> list[str]:
+    """Window names in execution order: f0..f{L-1}, turn, b{L-1}..b0 (2L+1 names; spelled by
+    `lazytrain.contract`, as the engine names the windows it runs)."""
+    return [window_name(o, num_blocks) for o in range(2 * num_blocks + 1)]
+
+
+def window_ord(name: str, num_blocks: int) -> int:
+    """Position of a window in execution order: f{j} -> j, turn -> L, b{j} -> 2L - j.
+
+    Raises:
+        ValueError: if the name is not a window of an L-block plan.
+    """
+    L = num_blocks
+    if name == TURN_WINDOW:
+        return L
+    if len(name) >= 2 and name[0] in "fb" and name[1:].isdigit():
+        j = int(name[1:])
+        if 0 <= j < L and str(j) == name[1:]:
+            return j if name[0] == "f" else 2 * L - j
+    raise ValueError(f"unknown window {name!r} for {L} blocks; expected f0..f{L - 1}, turn, "
+                     f"b{L - 1}..b0")
+
+
+def window_name(ord_: int, num_blocks: int) -> str:
+    """Inverse of `window_ord`.
+
+    Raises:
+        ValueError: if `ord_` is outside 0..2L.
+    """
+    L = num_blocks
+    if not 0 <= ord_ <= 2 * L:
+        raise ValueError(f"window ord {ord_} outside 0..{2 * L}")
+    if ord_ < L:
+        return forward_window(ord_)
+    if ord_ == L:
+        return TURN_WINDOW
+    return backward_window(2 * L - ord_)
+
+
+def use_ord(segment_end: int, num_blocks: int) -> int:
+    """ord of b{e-1}, the window where the start of segment (s, e) is first needed: 2L - e + 1."""
+    return 2 * num_blocks - segment_end + 1
+
+
+def legal_ords(kind: str, boundary: int, segment_end: int, num_blocks: int, *,
+               drain_windows: int | None, prefetch_windows: int | None,
+               nvme_lead_windows: int | None) -> range:
+    """Window ords in which a transfer of `kind` for `boundary` may run (the contract's table).
+
+    With `use = 2L - e + 1` (segment (boundary, e)) and H_d, H_p, H_n the horizons:
+      d2h:        i <= ord <= i + H_d - 1,          ord < use
+      nvme_write: i <= ord <= i + H_d + H_n - 1,    ord < use
+      nvme_read:  use - H_p - H_n <= ord <= use - 1  (and ord >= i)
+      h2d:        use - H_p <= ord <= use - 1        (and ord >= i)
+    A horizon of None means unlimited (only the order constraints i <= ord < use remain).
+
+    Args:
+        kind: one of TRANSFER_KINDS.
+        boundary: i, 0..L-1.
+        segment_end: e, the next materialized boundary after i.
+        num_blocks: L.
+
+    Returns:
+        range of ords (possibly empty).
+
+    Raises:
+        ValueError: unknown kind.
+
+    Source: docs/execution_model.md, "Transfers and their legal windows".
+    """
+    i = boundary
+    use = use_ord(segment_end, num_blocks)
+    h_d, h_p, h_n = drain_windows, prefetch_windows, nvme_lead_windows
+    if kind == "d2h":
+        hi = use - 1 if h_d is None else min(use - 1, i + h_d - 1)
+        return range(i, hi + 1)
+    if kind == "nvme_write":
+        hi = use - 1 if h_d is None or h_n is None else min(use - 1, i + h_d + h_n - 1)
+        return range(i, hi + 1)
+    if kind == "nvme_read":
+        lo = i if h_p is None or h_n is None else max(i, use - h_p - h_n)
+        return range(lo, use)
+    if kind == "h2d":
+        lo = i if h_p is None else max(i, use - h_p)
+        return range(lo, use)
+    raise ValueError(f"unknown transfer kind {kind!r}; expected one of {TRANSFER_KINDS}")
