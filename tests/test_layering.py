@@ -2,11 +2,13 @@
 packages and top-level modules it may import; any other import fails, naming the file and the
 import. Beside it the rules the allow-list must never contradict (spec <- planner <- sim/report;
 runtime never imports the solver; the planner never imports runtime or torch), no import cycle
-between packages, and no file over 600 lines (docs/design.md, "The parts").
+between packages, no import cycle between files, at most 25 function-level imports each with a
+`# lazy: <reason>` comment, and no file of 600 lines or more (docs/design.md, "The parts").
 
-The graph is read with tools/package_graph.py's own functions, so the test and
-`python tools/package_graph.py` always agree on what an import is (lazy imports inside
-functions and `TYPE_CHECKING` blocks count).
+The graphs are read with tools/package_graph.py's own functions, so the test and
+`python tools/package_graph.py` always agree on what an import is (for the package graph lazy
+imports inside functions and `TYPE_CHECKING` blocks count; for the file graph an import inside
+a function counts, a `TYPE_CHECKING` one does not).
 """
 
 from __future__ import annotations
@@ -204,9 +206,32 @@ def test_no_import_cycle_between_packages():
     assert not found, "import cycles between packages:\n" + "\n".join(found)
 
 
-def test_no_file_over_600_lines():
+@pytest.mark.xfail(strict=False, reason="the last file cycles (planner) are being broken")
+def test_no_import_cycle_between_files():
+    graph = pg.build_file_graph(PACKAGE)
+    found = [" -> ".join(cyc) + "  (" + ", ".join(graph.sites[(a, b)]
+                                                   for a, b in zip(cyc, cyc[1:])) + ")"
+             for cyc in pg.file_cycles(graph)]
+    assert not found, ("import cycles between files (move the shared code into the lower "
+                       "module or a new small one):\n" + "\n".join(found))
+
+
+@pytest.mark.xfail(strict=False, reason="function-level imports are coming down to 25")
+def test_function_level_imports_are_few_and_each_says_why():
+    lazy = pg.build_file_graph(PACKAGE).function_imports
+    bare = [f"{imp.where}: {imp.text}" for imp in lazy if imp.reason == pg.NO_REASON]
+    assert not bare, ("function-level imports without a reason: move each to module top, or "
+                      "end its line with '# lazy: <reason>' (an optional dependency, or keeping "
+                      "torch out of a torch-free command):\n" + "\n".join(bare))
+    assert len(lazy) <= pg.FUNCTION_IMPORT_LIMIT, (
+        f"{len(lazy)} function-level imports, at most {pg.FUNCTION_IMPORT_LIMIT}: move them to "
+        "module top:\n" + "\n".join(f"{imp.where}: {imp.text}  # lazy: {imp.reason}"
+                                     for imp in lazy))
+
+
+def test_no_file_of_600_lines_or_more():
     long = [f"{path}: {count} lines (split it by concern)"
-            for path, count in pg.long_files(PACKAGE, max_lines=600)]
+            for path, count in pg.long_files(PACKAGE, max_lines=599)]
     assert not long, "\n".join(long)
 
 

@@ -113,3 +113,78 @@ def test_cli_rejects_a_directory_that_is_no_package(tmp_path):
                          capture_output=True, text=True)
     assert res.returncode == 2
     assert "no __init__.py" in res.stderr
+
+
+@pytest.fixture
+def lazy(tmp_path):
+    """Package `lazy`: m imports n at module level and n imports m inside a function (a 2-file
+    cycle); o imports m only under TYPE_CHECKING (no edge, so m -> o closes no cycle); p loads o
+    with importlib at module level and a module by name inside a function."""
+    return _write(tmp_path / "lazy", {
+        "__init__.py": "",
+        "m.py": ("from typing import TYPE_CHECKING\n"
+                 "from lazy.n import g\n"
+                 "if TYPE_CHECKING:\n"
+                 "    from lazy.o import T\n"
+                 "\n"
+                 "def f():\n"
+                 "    import json  # lazy: optional dependency (the [json] extra)\n"
+                 "    from . import o\n"
+                 "    import csv; s = '# lazy: inside a string is no comment'\n"),
+        "n.py": "def g():\n    from lazy import m\n    return m\n",
+        "o.py": ("import typing\n"
+                 "if typing.TYPE_CHECKING:\n"
+                 "    from lazy.m import f\n"
+                 "else:\n"
+                 "    f = None\n"),
+        "p.py": ("import importlib\n"
+                 "X = importlib.import_module('lazy.o')\n"
+                 "def h(name):\n"
+                 "    return importlib.import_module(name)  # lazy: plug-in named by the user\n"),
+    })
+
+
+def test_file_graph_counts_function_imports_but_not_type_checking_ones(pg, lazy):
+    graph = pg.build_file_graph(lazy)
+    assert graph.succ == {"lazy": [], "lazy.m": ["lazy.n", "lazy.o"], "lazy.n": ["lazy.m"],
+                          "lazy.o": [], "lazy.p": ["lazy.o"]}
+    assert graph.sites[("lazy.n", "lazy.m")] == "n.py:2"
+    assert graph.sites[("lazy.m", "lazy.o")] == "m.py:8"
+    assert pg.strongly_connected(graph.succ) == [["lazy.m", "lazy.n"]]
+    assert pg.file_cycles(graph) == [["lazy.m", "lazy.n", "lazy.m"]]
+
+
+def test_function_level_imports_are_listed_with_their_reasons(pg, lazy):
+    found = [(imp.where, imp.text, imp.reason) for imp in pg.build_file_graph(lazy).function_imports]
+    assert found == [
+        ("m.py:7", "import json", "optional dependency (the [json] extra)"),
+        ("m.py:8", "from . import o", "NO REASON"),
+        ("m.py:9", "import csv", "NO REASON"),
+        ("n.py:2", "from lazy import m", "NO REASON"),
+        ("p.py:4", "importlib.import_module(name)", "plug-in named by the user"),
+    ]
+
+
+def test_decorators_and_defaults_run_outside_the_function(pg, tmp_path):
+    root = _write(tmp_path / "deco", {
+        "__init__.py": "",
+        "a.py": ("import importlib\n"
+                 "def f(x=importlib.import_module('deco.b')):\n"
+                 "    return (lambda: __import__('deco.b'))\n"),
+        "b.py": "",
+    })
+    graph = pg.build_file_graph(root)
+    assert graph.succ["deco.a"] == ["deco.b"]
+    assert [imp.where for imp in graph.function_imports] == ["a.py:3"]
+
+
+def test_cli_prints_file_cycles_lazy_imports_and_the_summary(lazy):
+    out = subprocess.run([sys.executable, str(TOOL), "--root", str(lazy)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "file-level import cycles: 1\n  lazy.m -> lazy.n -> lazy.m   (m.py:2, n.py:2)\n" in out
+    assert "  m.py:8  from . import o   [NO REASON]\n" in out
+    assert "  p.py:4  importlib.import_module(name)   [plug-in named by the user]\n" in out
+    # the package graph counts TYPE_CHECKING imports (a dependency all the same): m <-> n and
+    # m <-> o are package cycles there, only m <-> n is a file cycle
+    assert out.endswith("package cycles: 2\nfile cycles: 1\n"
+                        "function-level imports: 5 (limit 25)\nfiles over 600 lines: 0\n")
