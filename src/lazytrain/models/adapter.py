@@ -25,17 +25,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from lazytrain.models.families import (LAYOUTS, DecoderLayout, _get, layer_attention_type,
-                                       layer_mask_key, mask_builder, resolve_layout)
+from lazytrain.contract import IGNORE_INDEX
+from lazytrain.models.families import (LAYOUTS, DecoderLayout, _get, cache_keyword,
+                                       layer_attention_type, layer_mask_key, mask_builder,
+                                       resolve_layout)
 from lazytrain.models.host_params import HostParams
 from lazytrain.models.router_aux import RouterAux, router_class
 from lazytrain.models.truncate import stand_in_tails, tail_stand_ins
 
 __all__ = ["IGNORE_INDEX", "LAYOUTS", "DecoderLayout", "ModelAdapter", "hf_config_sha256",
            "layer_attention_type", "shift_labels"]
-
-IGNORE_INDEX = -100
-"""Label value excluded from the loss (the HF convention)."""
 
 
 def check_distinct_layers(layers, *, path: str) -> None:
@@ -149,7 +148,7 @@ class ModelAdapter:
 
     def block_kwargs(self, input_ids: torch.Tensor, hidden: torch.Tensor, *,
                      attention_mask: torch.Tensor | None = None,
-                     position_ids: torch.Tensor | None = None) -> list[dict]:
+                     position_ids: torch.Tensor | None = None, cache=None) -> list[dict]:
         """Forward kwargs of every block for one micro-batch, computed once.
 
         Args:
@@ -158,6 +157,10 @@ class ModelAdapter:
             attention_mask: optional [B, S] 0/1 padding mask.
             position_ids: optional [B, S] int64; for packed batches positions restart at 0 per
                 document and HF derives the block-diagonal mask from them.
+            cache: an HF KV cache (`transformers.DynamicCache`) for decoding, or None
+                (training). With a cache, `attention_mask` spans the cached and the new tokens,
+                position ids come from left padding (not packing), and every dict also holds
+                the cache, which each block's attention appends its keys and values to.
 
         Returns:
             one dict per block: `position_embeddings` (the rotary module's output: (cos, sin),
@@ -171,7 +174,7 @@ class ModelAdapter:
         B, S = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(S, device=hidden.device).unsqueeze(0)
-        else:
+        elif cache is None:
             self._check_packing(position_ids)
         masks: dict[tuple[str, int | None], object] = {}
         ropes: dict[str | None, object] = {}
@@ -179,12 +182,14 @@ class ModelAdapter:
         for layer in self.blocks:
             key = layer_mask_key(layer, self.config, self.layout)
             if key not in masks:
-                masks[key] = self._mask(key, hidden, attention_mask, position_ids)
+                masks[key] = self._mask(key, hidden, attention_mask, position_ids, cache)
             rope_kind = layer_attention_type(layer) if self.layout.rotary_per_layer_type else None
             if rope_kind not in ropes:
                 ropes[rope_kind] = self._rope(hidden, position_ids, rope_kind)
             out.append({"position_embeddings": ropes[rope_kind], "position_ids": position_ids,
                         "attention_mask": masks[key]})
+            if cache is not None:
+                out[-1].update({cache_keyword(type(layer).forward): cache, "use_cache": True})
         return out
 
     def _rope(self, hidden: torch.Tensor, position_ids: torch.Tensor, kind: str | None):
@@ -221,7 +226,7 @@ class ModelAdapter:
                              f"delta rule has no cu_seqlens); disable packing for this model")
 
     def _mask(self, key: tuple[str, int | None], hidden: torch.Tensor,
-              attention_mask: torch.Tensor | None, position_ids: torch.Tensor):
+              attention_mask: torch.Tensor | None, position_ids: torch.Tensor, cache=None):
         """HF's mask for one (kind, sliding window); the window is the layer's own, so a
         config copy carries it when it differs from the config's."""
         kind, window = key
@@ -229,7 +234,7 @@ class ModelAdapter:
         if window is not None and window != getattr(config, "sliding_window", None):
             config = copy.copy(config)
             config.sliding_window = window
-        return mask_builder(kind)(config=config, inputs_embeds=hidden,
+        return mask_builder(kind, cache=cache)(config=config, inputs_embeds=hidden,
                                   attention_mask=attention_mask, position_ids=position_ids)
 
     @property
@@ -303,13 +308,20 @@ class ModelAdapter:
             caller divides by the label tokens of the whole optimizer step. Logits are
             soft-capped first when the config sets `final_logit_softcapping` (Gemma2).
         """
-        normed = functional_call(self.norm, {"weight": norm_weight}, (hidden,))
-        logits = F.linear(normed, head_weight)  # [B, C, V], one chunk only
-        if self.logit_softcap is not None:  # Gemma2: cap * tanh(logits / cap), as HF
-            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
-        logits = logits.float()
+        logits = self.head_logits(hidden, norm_weight=norm_weight, head_weight=head_weight)
         return F.cross_entropy(logits.flatten(0, 1), shift_labels.flatten(),
                                ignore_index=IGNORE_INDEX, reduction="sum")
+
+    def head_logits(self, hidden: torch.Tensor, *, norm_weight: torch.Tensor,
+                    head_weight: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head of one chunk: [B, C, H] -> [B, C, V] fp32 logits, soft-capped
+        first when the config sets `final_logit_softcapping` (Gemma2: cap * tanh(logits /
+        cap), as HF). The caller bounds C: the logits of a whole sequence can be gigabytes."""
+        normed = functional_call(self.norm, {"weight": norm_weight}, (hidden,))
+        logits = F.linear(normed, head_weight)  # [B, C, V], one chunk only
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits.float()
 
 
 def shift_labels(labels: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ Knows nothing about plans, tiers, streams or the host store.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 from torch import nn
@@ -192,10 +193,11 @@ def layer_mask_key(layer: nn.Module, config, layout: DecoderLayout) -> tuple[str
     return kind, layer_sliding_window(layer, config)
 
 
-def mask_builder(kind: str):
+def mask_builder(kind: str, *, cache=None):
     """HF's mask function for a layer kind (`masking_utils.LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING`:
     causal for full attention, the banded causal mask for sliding windows, the 2D padding mask
-    or None for linear attention).
+    or None for linear attention), called with the KV cache `cache` (None: training, no cache;
+    a decode step's mask spans the cached tokens and the new ones).
 
     Raises:
         ValueError: a kind HF has no mask function for.
@@ -205,13 +207,11 @@ def mask_builder(kind: str):
     if fn is None or isinstance(fn, dict):
         raise ValueError(f"layer kind {kind!r} has no attention mask builder; "
                          f"known: {sorted(k for k, v in table.items() if not isinstance(v, dict))}")
-    return _without_cache(fn)
+    return lambda **kwargs: fn(**kwargs, **{cache_keyword(fn): cache})
 
 
-def _without_cache(fn):
-    """`fn` called with no KV cache, whatever transformers names the keyword: `cache` (newer
-    releases) or `past_key_values` (5.17, the oldest version we support)."""
-    import inspect
-
-    name = "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
-    return lambda **kwargs: fn(**kwargs, **{name: None})
+def cache_keyword(fn) -> str:
+    """The name transformers gives the KV cache argument of `fn` (a mask function or a decoder
+    layer's forward): `cache` (newer releases) or `past_key_values` (5.17, the oldest version
+    we support)."""
+    return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
