@@ -52,7 +52,8 @@ gradient accumulator (same dtype). Runtime: `models/host_params.py` `MASTER_DTYP
 
 ADAM_MOMENT_BYTES = 8
 """Bytes per parameter of the two fp32 AdamW moments (m, v), with either master dtype.
-Runtime: `runtime/optim.py` (torch AdamW on fp32)."""
+Runtime: `runtime/optim.py` (torch AdamW on fp32); the moments a checkpoint holds
+(`train/checkpoint.py` `checkpoint_bytes_per_param`)."""
 
 ADAM_MOMENT_BYTES_Q8 = 2
 """The same with 8-bit moments (2 x 1 B; the block-wise scales are negligible). Runtime:
@@ -72,6 +73,16 @@ OPTIMIZER_SCRATCH_BYTES_PER_PARAM = 8
 the group being stepped), bytes per parameter of the largest group. Runtime:
 `runtime/optim.py` `BlockOptimizer.scratch`; planner: `planner/build.py`
 `optimizer_scratch_bytes`."""
+
+EVAL_COPY_BYTES_PER_PARAM = 4
+"""The held-out evaluation's fp32 copy of the weights in host memory, bytes per parameter.
+Runtime: `train/evaluate.py` `build_eval_model`; the preflight's host bytes
+(`train/trainer.py`)."""
+
+REDUCE_BYTES_PER_PARAM = 4
+"""Bytes per parameter of each half of a data-parallel step's exchange as the planner times it:
+the gradient reduce and the master broadcast, both modelled in fp32 (`planner/topology.py`
+`allreduce_ms`)."""
 
 # --- host staging buffers (pinned DRAM) -------------------------------------------------------
 
@@ -131,3 +142,12 @@ def forward_window(j: int) -> str:
 def backward_window(j: int) -> str:
     """Name of block j's backward window: b{j}."""
     return f"b{j}"
+
+
+# --- labels -----------------------------------------------------------------------------------
+
+IGNORE_INDEX = -100
+"""The label of a position that carries no loss (prompt and template tokens, padding, the last
+position after the shift), torch's `cross_entropy` default. Data: `data/tokenize.py` and
+`data/batching.py` write it; models and runtime: `models/adapter.py` `shift_labels` and the
+loss; `train/evaluate.py` skips it."""

@@ -15,7 +15,7 @@ configured one, or chatml when the tokenizer has none), through the tokenizer's
   prompt/target boundary (the merged token is one the model must predict).
 
 Both need a fast (Rust `tokenizers`) tokenizer for the offsets. Labels follow the HF causal-LM
-convention: `labels[t]` is the token at position t (or -100), and the model shifts by one
+convention: `labels[t]` is the token at position t (or `contract.IGNORE_INDEX`, -100), and the model shifts by one
 inside the loss. Knows nothing about batches or the model.
 """
 
@@ -24,11 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lazytrain.contract import IGNORE_INDEX
 from lazytrain.data.formats import TEXT_ROLE, Example, Message
 from lazytrain.data.templates import has_generation_marker, template_of
-
-IGNORE_INDEX = -100
-"""Label of a token that does not count in the loss (torch cross_entropy's default)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

@@ -59,15 +59,16 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from lazytrain.contract import backward_window
+from lazytrain.contract import (ADAM_MOMENT_BYTES, ADAM_MOMENT_BYTES_Q8, REDUCE_BYTES_PER_PARAM,
+                                backward_window)
 from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
 
-MOMENT_BYTES_PER_PARAM = 8.0
+MOMENT_BYTES_PER_PARAM = float(ADAM_MOMENT_BYTES)
 """Adam m and v in fp32, bytes per parameter (the part ZeRO-1 shards)."""
-MOMENT_BYTES_PER_PARAM_Q8 = 2.0
+MOMENT_BYTES_PER_PARAM_Q8 = float(ADAM_MOMENT_BYTES_Q8)
 """Adam m and v in 8 bits, bytes per parameter."""
-GRAD_REDUCE_BYTES_PER_PARAM = 4.0
+GRAD_REDUCE_BYTES_PER_PARAM = float(REDUCE_BYTES_PER_PARAM)
 """fp32 gradient (reduce) and fp32 master (broadcast), bytes per parameter of each half."""
 SCALING_COUNTS = (1, 2, 4, 8)
 """Ranks per node of the predicted scaling table."""

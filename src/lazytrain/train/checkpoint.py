@@ -45,8 +45,10 @@ rank context (`lazytrain.train.rank`) for the barriers of a data-parallel save.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 import re
 import shutil
 from dataclasses import dataclass
@@ -55,7 +57,10 @@ from typing import Any, Callable
 
 import torch
 import xxhash
+from safetensors import safe_open
+from transformers import GenerationConfig
 
+from lazytrain.contract import ADAM_MOMENT_BYTES
 from lazytrain.errors import UserError
 from lazytrain.models.hf_loader import save_hf_dir, weight_files
 from lazytrain.train.rank import ONE_PROCESS, RankContext
@@ -70,8 +75,6 @@ after a newer one is complete)."""
 MASTERS_PREFIX = "masters"
 """Stem of `masters.safetensors` (or its shards + index): the master weights in their own dtype,
 written beside a narrower `model.dtype` export; HF's loaders ignore them."""
-ADAM_MOMENT_BYTES_PER_PARAM = 8
-"""The two fp32 AdamW moments a checkpoint holds per parameter, bytes."""
 _NAME_RE = re.compile(r"^step-(\d{6,})$")
 
 
@@ -88,8 +91,6 @@ def load_torch_file(path: Path) -> Any:
     Raises:
         CheckpointError: the file is missing, truncated, or holds any other object (named).
     """
-    import pickle
-
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -359,10 +360,10 @@ def _torch_save(obj: Any, path: Path) -> None:
 def checkpoint_bytes_per_param(*, export_bytes: int, master_bytes: int) -> int:
     """Bytes one checkpoint takes per parameter: the exported weights (`export_bytes`, of
     `model.dtype`), the masters again when the export is narrower (`master_bytes`, written
-    under `MASTERS_PREFIX`) and the AdamW moments (`ADAM_MOMENT_BYTES_PER_PARAM`). fp32
+    under `MASTERS_PREFIX`) and the AdamW moments (`contract.ADAM_MOMENT_BYTES`). fp32
     throughout: 4 + 8 = 12; bf16 export of fp32 masters: 2 + 4 + 8 = 14."""
     return (export_bytes + (master_bytes if master_bytes > export_bytes else 0)
-            + ADAM_MOMENT_BYTES_PER_PARAM)
+            + ADAM_MOMENT_BYTES)
 
 
 def _narrows(weights: dict[str, torch.Tensor], dtype: torch.dtype | None) -> bool:
@@ -380,8 +381,6 @@ def load_masters(checkpoint: Checkpoint, params) -> bool:
     Raises:
         KeyError: the files name a parameter the model does not have.
     """
-    from safetensors import safe_open
-
     try:
         files = weight_files(checkpoint.path, prefix=MASTERS_PREFIX)
     except FileNotFoundError:
@@ -453,10 +452,6 @@ def write_model_files(directory: Path, *, weights: dict[str, torch.Tensor], hf_c
     Raises:
         OSError, SafetensorError: a write failed (the caller removes the directory).
     """
-    import copy
-
-    from transformers import GenerationConfig
-
     save_hf_dir(weights, directory, dtype=dtype)
     dtypes = ({dtype} if dtype is not None else
               {t.dtype for t in weights.values() if t.is_floating_point()})

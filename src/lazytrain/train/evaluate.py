@@ -21,7 +21,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
+from lazytrain.contract import IGNORE_INDEX
 from lazytrain.data import (Example, encode, encode_prompt, extract_final_answer, pad_batch,
                             stop_token_ids)
 
@@ -58,7 +60,6 @@ class EvalResult:
 
 def build_eval_model(hf_config: Any):
     """A real (not meta) fp32 HF model of `hf_config`, in eval mode, weights to be loaded."""
-    from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     return model.eval()
 
@@ -93,9 +94,9 @@ def eval_loss(model: Any, tokenizer: Any, examples: list[Example], *, seq_len: i
         targets = batch["labels"][:, 1:]
         losses = torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1),
-            ignore_index=-100, reduction="sum")
+            ignore_index=IGNORE_INDEX, reduction="sum")
         total += float(losses)
-        count += int((targets != -100).sum())
+        count += int((targets != IGNORE_INDEX).sum())
     return total / count if count else None
 
 
