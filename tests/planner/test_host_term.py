@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from lazytrain.planner.evaluate import Decisions, evaluate, post_ms, pre_ms
+from lazytrain.planner.evaluate import Decisions, evaluate
+from lazytrain.planner.window_time import post_ms, pre_ms
 from lazytrain.planner.problem import PlanningProblem
 
 U = 10**7  # byte unit: 1 u = 1e7 bytes

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from lazytrain.planner.evaluate import Decisions, build_plan, evaluate, post_ms, pre_ms
+from lazytrain.planner.evaluate import Decisions, build_plan, evaluate
+from lazytrain.planner.window_time import post_ms, pre_ms
 from lazytrain.planner.plan import Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.sim import simulate

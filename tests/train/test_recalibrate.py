@@ -17,7 +17,8 @@ import pytest
 
 from lazytrain.cli.profile import analytic_profile
 from lazytrain.planner.build import problem_from_config
-from lazytrain.planner.evaluate import evaluate, post_ms, pre_ms
+from lazytrain.planner.evaluate import evaluate
+from lazytrain.planner.window_time import post_ms, pre_ms
 from lazytrain.planner.plan import Plan
 from lazytrain.profile import calibrate
 from lazytrain.spec.model import ModelSpec

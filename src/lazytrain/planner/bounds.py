@@ -30,7 +30,8 @@ Knows no torch; the LP goes through `solvers.solve` (lazy solver imports).
 from __future__ import annotations
 
 from lazytrain.planner.duplex import effective_cap
-from lazytrain.planner.evaluate import Decisions, evaluate, pre_ms
+from lazytrain.planner.evaluate import Decisions, evaluate
+from lazytrain.planner.window_time import pre_ms
 from lazytrain.planner.plan import Bounds
 from lazytrain.planner.problem import PlanningProblem
 

@@ -1,6 +1,6 @@
 """In-window order: where a window lasts longer than its slowest channel.
 
-The fluid window time (`evaluate.window_time_ms`: the max of compute and every channel's bytes
+The fluid window time (`window_time.window_time_ms`: the max of compute and every channel's bytes
 over its bandwidth) assumes every byte of a window can move at any moment of it. Two things the
 engine does in one window break that assumption, because each stream is a FIFO and some work
 waits for other work *of the same window* to end:

@@ -7,7 +7,7 @@ least the in-window stream order of `planner/chains.py`; step time with
 the `pre`/`post` terms; HBM bytes held by the checkpoint store with the exact holding
 intervals; peak HBM with fixed and keep terms; DRAM and NVMe bytes). It also owns `build_plan`,
 the one place a `Plan` is assembled from decisions; the transfer scheduler is
-`planner/schedule.py`.
+`planner/schedule.py`, and the per-window primitives both use are `planner/window_time.py`'s.
 
 Pure Python; knows no solver and no torch. Index legend: block j = 0..L-1, boundary i = 0..L,
 window ord o = 0..2L (f{j} -> j, turn -> L, b{j} -> 2L - j).
@@ -18,13 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lazytrain.planner.chains import stream_bounds_ms
-from lazytrain.planner.duplex import duplex_ms
 from lazytrain.planner.plan import Bounds, Plan, Predicted, SolveRecord, Transfer, WindowRecord
-from lazytrain.planner.windows import (
-    OFFLOAD_TIERS, TIERS, TRANSFER_KINDS, use_ord, window_names, window_ord,
-)
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.schedule import schedule_transfers
 from lazytrain.planner.staging import bounce_bound_by_window
+from lazytrain.planner.window_time import (
+    binding_term, fixed_loads, host_loads_ms, post_ms, pre_ms, q8_update_ms, window_time_ms,
+)
+from lazytrain.planner.windows import (
+    OFFLOAD_TIERS, TRANSFER_KINDS, check_tiers, horizons_of, segment_ends, segments_of, use_ord,
+    window_names, window_ord,
+)
 from lazytrain.units import GB
 
 
@@ -104,179 +108,6 @@ class Evaluation:
                          peak_hbm_bytes=self.peak_hbm_bytes, dram_bytes=self.dram_bytes,
                          nvme_bytes=self.nvme_bytes, q8_param_fraction=self.q8_param_fraction,
                          pinned_bytes=self.pinned_bytes)
-
-
-# ---------------------------------------------------------------------------------------------
-# Structure helpers
-
-
-def check_tiers(problem: PlanningProblem, tiers) -> tuple[str, ...]:
-    """Tiers as a tuple after checking length, vocabulary and tier[L] == hbm.
-
-    Raises:
-        ValueError: naming the boundary.
-    """
-    L = problem.num_blocks
-    tiers = tuple(tiers)
-    if len(tiers) != L + 1:
-        raise ValueError(f"tiers must have {L + 1} entries (boundaries 0..{L}); got {len(tiers)}")
-    for i, t in enumerate(tiers):
-        if t not in TIERS:
-            raise ValueError(f"boundary {i}: tier {t!r} is not one of {TIERS}")
-    if tiers[L] != "hbm":
-        raise ValueError(f"boundary {L}: the last boundary must be hbm; got {tiers[L]!r}")
-    return tiers
-
-
-def segments_of(tiers) -> list[tuple[int, int]]:
-    """Segments (s, e) in forward order: boundary 0 plus every materialized boundary start one."""
-    starts = [0] + [i for i in range(1, len(tiers)) if tiers[i] != "recompute"]
-    return list(zip(starts[:-1], starts[1:]))
-
-
-def segment_ends(tiers) -> list[int]:
-    """e of the segment containing each boundary i < L (the next materialized boundary)."""
-    ends = [0] * (len(tiers) - 1)
-    for s, e in segments_of(tiers):
-        for k in range(s, e):
-            ends[k] = e
-    return ends
-
-
-def _ms(nbytes: float, bytes_per_s: float) -> float:
-    return nbytes / bytes_per_s * 1e3
-
-
-def host_ms(problem: PlanningProblem, weight_bytes: float, grad_bytes: float) -> float:
-    """Host time of a window, ms: weight bytes converted into staging / the conversion rate +
-    drained gradient bytes added into the host accumulator / the accumulation rate (a rate of
-    0 counts 0: not modelled). The NVMe path adds nothing (O_DIRECT from the pinned bounce
-    buffer, no staging memcpy); the optimizer update overlaps later windows on its own
-    thread. Source: docs/execution_model.md, "Host work"."""
-    p = problem
-    out = 0.0
-    if p.host_convert_bytes_per_s > 0:
-        out += _ms(weight_bytes, p.host_convert_bytes_per_s)
-    if p.host_accumulate_bytes_per_s > 0:
-        out += _ms(grad_bytes, p.host_accumulate_bytes_per_s)
-    return out
-
-
-def host_loads_ms(problem: PlanningProblem, weight_h2d, grad_d2h) -> list[float]:
-    """Per-window host time, ms, from `fixed_loads`' H2D bytes (exactly the weight loads) and
-    D2H bytes (exactly the gradient drains), both by ord."""
-    return [host_ms(problem, w, g) for w, g in zip(weight_h2d, grad_d2h)]
-
-
-def window_terms_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
-                    nw: float, host: float = 0.0) -> dict[str, float]:
-    """Each term of the window time, ms: {"compute", "h2d", "d2h", "duplex", "nvme_read",
-    "nvme_write", "host"} (no "duplex" on a CPU, where channels add up instead of
-    overlapping). "duplex" is the time both copy directions take together, sharing the link's
-    cap (`duplex.duplex_ms`). Source: docs/execution_model.md, "Window time", "Duplex
-    sharing"."""
-    p = problem
-    terms = {"compute": comp, "h2d": _ms(h2d, p.h2d_bytes_per_s),
-             "d2h": _ms(d2h, p.d2h_bytes_per_s), "nvme_read": _ms(nr, p.nvme_read_bytes_per_s),
-             "nvme_write": _ms(nw, p.nvme_write_bytes_per_s), "host": host}
-    if p.copies_overlap_compute:
-        terms["duplex"] = duplex_ms(h2d, d2h, h2d_bytes_per_s=p.h2d_bytes_per_s,
-                                    d2h_bytes_per_s=p.d2h_bytes_per_s,
-                                    duplex_bytes_per_s=p.duplex_bytes_per_s)
-    return terms
-
-
-def window_time_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
-                   nw: float, host: float = 0.0) -> float:
-    """Window time, ms: max of channels and the host (GPU) or compute + sum of channels and
-    the host (CPU: the host work runs on the compute cores, like the copies).
-
-    Source: docs/execution_model.md, "Per-window work", "Window time", "Host work".
-    """
-    terms = window_terms_ms(problem, comp, h2d, d2h, nr, nw, host)
-    if problem.copies_overlap_compute:
-        return max(terms.values())
-    return sum(terms.values())
-
-
-def binding_term(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
-                 nw: float, host: float = 0.0, order_ms: float = 0.0) -> str:
-    """The term that sets a GPU window's time ("compute", "h2d", ..., "host", or "order" when
-    the in-window stream order bound exceeds every fluid term; ties go to compute first);
-    "sum" on a CPU, where every term adds up."""
-    if not problem.copies_overlap_compute:
-        return "sum"
-    terms = window_terms_ms(problem, comp, h2d, d2h, nr, nw, host)
-    best = max(terms.values())
-    if order_ms > best * (1 + 1e-9):
-        return "order"
-    return next(k for k, v in terms.items() if v >= best * (1 - 1e-9))
-
-
-def q8_update_ms(problem: PlanningProblem, q8_blocks) -> float:
-    """The 8-bit updates' extra time of one optimizer step, ms: sum over `q8_blocks` of
-    params[j] / 1e9 x `q8_update_ms_per_gparam`. The updates run one after another on the
-    optimizer worker, which the next step's forward waits for block by block, so a longer
-    update shifts every later one and the forward that waits: charged to the step in full (the
-    optimizer tail). Source: docs/execution_model.md, "Host work"."""
-    return sum(problem.params_per_block[j] for j in q8_blocks) / 1e9 \
-        * problem.q8_update_ms_per_gparam
-
-
-def pre_ms(problem: PlanningProblem) -> float:
-    """The `pre` term, ms: the embedding forward, block 0's weight load and its conversion on
-    the host, side by side on a GPU (max: the load runs on the H2D stream while the embedding
-    computes), one after the other on a CPU (sum). Source: docs/execution_model.md, "Step
-    time"), plus the window overhead `window_overhead_ms`."""
-    load = _ms(problem.weight_bytes[0], problem.h2d_bytes_per_s)
-    host = host_ms(problem, problem.weight_bytes[0], 0.0)
-    if problem.copies_overlap_compute:
-        return max(problem.embed_ms, load, host) + problem.window_overhead_ms
-    return problem.embed_ms + load + host + problem.window_overhead_ms
-
-
-def post_ms(problem: PlanningProblem) -> float:
-    """The `post` term, ms: the drain of G[0] and the embedding/head gradients, and their
-    accumulation on the host, side by side on a GPU (max), one after the other on a CPU (sum).
-    Source: docs/execution_model.md, "Step time"; plus the window overhead
-    `window_overhead_ms`."""
-    nbytes = problem.grad_bytes[0] + problem.ends_grad_bytes
-    drain = _ms(nbytes, problem.d2h_bytes_per_s)
-    host = host_ms(problem, 0.0, nbytes)
-    if problem.copies_overlap_compute:
-        return max(drain, host) + problem.window_overhead_ms
-    return drain + host + problem.window_overhead_ms
-
-
-def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_weights=None
-                ) -> tuple[list[float], list[float], list[float]]:
-    """Per-window compute (ms), H2D and D2H bytes before activation transfers, by ord.
-
-    f{j}: F[j] (Fg[j] if kept); H2D P[j+1].  turn: head_ms; H2D P[L-1] unless resident.
-    b{j}: B[j] + (Fg[j] unless kept) + segment recompute sum F[s..e-2] (+ embed_ms when s == 0
-    is recompute) when j = e-1; H2D P[j-1] unless resident + sum P[s..e-2]; D2H G[j+1].
-    """
-    p, L = problem, problem.num_blocks
-    keep = set(keep_internals)
-    resident = keep if resident_weights is None else set(resident_weights)
-    n = 2 * L + 1
-    comp, h2d, d2h = [0.0] * n, [0.0] * n, [0.0] * n
-    for j in range(L):
-        comp[j] = p.fwd_grad_ms[j] if j in keep else p.fwd_ms[j]
-        h2d[j] = float(p.weight_bytes[j + 1]) if j + 1 < L else 0.0
-        o = 2 * L - j
-        comp[o] = p.bwd_ms[j] + (0.0 if j in keep else p.fwd_grad_ms[j])
-        h2d[o] = float(p.weight_bytes[j - 1]) if j >= 1 and j - 1 not in resident else 0.0
-        d2h[o] = float(p.grad_bytes[j + 1]) if j + 1 <= L - 1 else 0.0
-    comp[L] = p.head_ms
-    h2d[L] = 0.0 if L - 1 in resident else float(p.weight_bytes[L - 1])
-    for s, e in segments_of(tiers):
-        o = 2 * L - (e - 1)
-        comp[o] += sum(p.fwd_ms[s:e - 1])
-        h2d[o] += float(sum(p.weight_bytes[s:e - 1]))
-        if s == 0 and tiers[0] == "recompute":
-            comp[o] += p.embed_ms
-    return comp, h2d, d2h
 
 
 def _by_boundary(transfers, L: int) -> dict[tuple[int, str], dict[int, float]]:
@@ -464,12 +295,6 @@ def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
 # Plan assembly
 
 
-def horizons_of(problem: PlanningProblem) -> dict:
-    """The transfer horizons as stored in plan provenance["horizons"]."""
-    return {"drain_windows": problem.drain_windows, "prefetch_windows": problem.prefetch_windows,
-            "nvme_lead_windows": problem.nvme_lead_windows}
-
-
 def step_terms_of(problem: PlanningProblem) -> dict:
     """The step's plan-independent terms as stored in plan provenance["step_terms"], ms:
     {"window_overhead_ms", "step_const_ms", "embed_ms"} (the profile's figures, or 0 where not
@@ -523,8 +348,6 @@ def decisions_from_tiers(problem: PlanningProblem, tiers, keep_internals=(), *,
         if not 0 <= j < problem.num_blocks or tiers[j + 1] == "recompute":
             raise ValueError(f"block {j}: keep_internals needs a block index whose next boundary"
                              f" ({j + 1}) is materialized")
-    from lazytrain.planner.schedule import schedule_transfers  # the scheduler builds on us
-
     transfers = schedule_transfers(problem, tiers, keep_internals,
                                    resident_weights=resident_weights)
     return Decisions(tiers=tiers, keep_internals=tuple(keep_internals),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from lazytrain.contract import align_up
 from lazytrain.planner.chains import recompute_chain_ms
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.window_time import post_ms, pre_ms  # the evaluator's terms, shared
 from lazytrain.units import GB
 
 TIE_REL = 1e-8
@@ -59,7 +60,7 @@ class Scaled:
     q8_penalty: tuple[float, ...]
     q8_update: tuple[float, ...]
     """U8[j] = params[j] / 1e9 x q8_update_ms_per_gparam: the step time block j's 8-bit
-    update adds to the optimizer tail, ms (`evaluate.q8_update_ms`)."""
+    update adds to the optimizer tail, ms (`window_time.q8_update_ms`)."""
     horizons: dict
     k_max: int
     allow_keep: bool
@@ -72,7 +73,6 @@ class Scaled:
 
 def scale_inputs(problem: PlanningProblem) -> Scaled:
     """Convert bytes to GB and bytes/s to GB/ms (the only unit conversion of the model)."""
-    from lazytrain.planner.evaluate import post_ms, pre_ms  # the evaluator's constants, shared
     p, L = problem, problem.num_blocks
     gb = lambda xs: tuple(x / GB for x in xs)  # noqa: E731
     per_ms = lambda bps: bps / GB / 1e3  # noqa: E731

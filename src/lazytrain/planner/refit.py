@@ -39,7 +39,7 @@ import numpy as np
 
 from lazytrain.atomic import read_jsonl
 from lazytrain.contract import TURN_WINDOW, backward_window, forward_window
-from lazytrain.planner.evaluate import segments_of
+from lazytrain.planner.windows import segments_of
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.units import GB

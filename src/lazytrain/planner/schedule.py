@@ -6,21 +6,20 @@ placement of each boundary's d2h, NVMe write, NVMe read and h2d (`schedule_trans
 `evaluate.decisions_from_tiers`, the heuristics and tests. A chained NVMe transfer goes to a
 later window than its source (docs/execution_model.md, "In-window order").
 
-Pure Python; no solver, no torch. Index legend as in `evaluate.py`.
+Pure Python; no solver, no torch. Index legend as in `planner/windows.py`.
 """
 
 from __future__ import annotations
 
 from lazytrain.planner.chains import recompute_bound_ms, recompute_terms
 from lazytrain.planner.duplex import effective_cap
-from lazytrain.planner.evaluate import (
-    check_tiers, fixed_loads, horizons_of, host_loads_ms, segment_ends, window_time_ms,
-)
 from lazytrain.planner.plan import Transfer
-from lazytrain.planner.windows import (
-    OFFLOAD_TIERS, TRANSFER_KINDS, legal_ords, use_ord, window_name,
-)
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.window_time import fixed_loads, host_loads_ms, window_time_ms
+from lazytrain.planner.windows import (
+    OFFLOAD_TIERS, TRANSFER_KINDS, check_tiers, horizons_of, legal_ords, segment_ends, use_ord,
+    window_name,
+)
 
 _EPS = 1e-9
 """Fractions below this are dropped by the scheduler (dimensionless)."""
@@ -35,7 +34,7 @@ class Loads:
         self.rec_ms, self.rec_bytes = rec if rec is not None else ([0.0] * n, [0.0] * n)
         """`chains.recompute_terms`: the recompute-behind-its-weights bound per window."""
         self.host = host if host is not None else host_loads_ms(problem, h2d, d2h)
-        """Host ms per window (`evaluate.host_loads_ms`): by default from `h2d`/`d2h`, which
+        """Host ms per window (`window_time.host_loads_ms`): by default from `h2d`/`d2h`, which
         must then be the weight loads and gradient drains only (before any transfer)."""
 
     def time_ms(self, o: int, kind: str | None = None, extra: float = 0.0) -> float:

@@ -20,9 +20,9 @@ import dataclasses
 import time
 
 from lazytrain.planner.chains import recompute_terms
-from lazytrain.planner.evaluate import (
-    check_tiers, holding_intervals, horizons_of, host_ms, segment_ends, segments_of,
-)
+from lazytrain.planner.evaluate import holding_intervals
+from lazytrain.planner.window_time import host_ms
+from lazytrain.planner.windows import check_tiers, horizons_of, segment_ends, segments_of
 from lazytrain.planner.plan import Transfer
 from lazytrain.planner.windows import OFFLOAD_TIERS, TIERS, window_name
 from lazytrain.planner.problem import PlanningProblem
@@ -101,7 +101,7 @@ class Search:
         p = self.p
         short = (max(0.0, max(hbm) - p.hbm_bytes) + max(0.0, dram - p.dram_bytes)
                  + max(0.0, nvme - p.nvme_bytes))
-        # per step: the 8-bit updates' time on the optimizer tail (evaluate.q8_update_ms) and the
+        # per step: the 8-bit updates' time on the optimizer tail (window_time.q8_update_ms) and the
         # penalty, over the grad_accum micro-batches whose window times `times` holds one of
         q8_ms = sum(p.params_per_block[j] for j in q8) / 1e9 * (
             p.q8_update_ms_per_gparam + p.q8_penalty_ms_per_gparam) / p.grad_accum

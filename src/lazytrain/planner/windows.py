@@ -14,6 +14,7 @@ Source: docs/execution_model.md, "Transfers and their legal windows".
 from __future__ import annotations
 
 from lazytrain.contract import TURN_WINDOW, backward_window, forward_window
+from lazytrain.planner.problem import PlanningProblem
 
 TIERS = ("hbm", "dram", "nvme", "recompute")
 """Tier vocabulary; a boundary that is not materialized has tier `recompute`."""
@@ -108,3 +109,42 @@ def legal_ords(kind: str, boundary: int, segment_end: int, num_blocks: int, *,
         lo = i if h_p is None else max(i, use - h_p)
         return range(lo, use)
     raise ValueError(f"unknown transfer kind {kind!r}; expected one of {TRANSFER_KINDS}")
+
+
+def horizons_of(problem: PlanningProblem) -> dict:
+    """The transfer horizons as stored in plan provenance["horizons"]."""
+    return {"drain_windows": problem.drain_windows, "prefetch_windows": problem.prefetch_windows,
+            "nvme_lead_windows": problem.nvme_lead_windows}
+
+
+def check_tiers(problem: PlanningProblem, tiers) -> tuple[str, ...]:
+    """Tiers as a tuple after checking length, vocabulary and tier[L] == hbm.
+
+    Raises:
+        ValueError: naming the boundary.
+    """
+    L = problem.num_blocks
+    tiers = tuple(tiers)
+    if len(tiers) != L + 1:
+        raise ValueError(f"tiers must have {L + 1} entries (boundaries 0..{L}); got {len(tiers)}")
+    for i, t in enumerate(tiers):
+        if t not in TIERS:
+            raise ValueError(f"boundary {i}: tier {t!r} is not one of {TIERS}")
+    if tiers[L] != "hbm":
+        raise ValueError(f"boundary {L}: the last boundary must be hbm; got {tiers[L]!r}")
+    return tiers
+
+
+def segments_of(tiers) -> list[tuple[int, int]]:
+    """Segments (s, e) in forward order: boundary 0 plus every materialized boundary start one."""
+    starts = [0] + [i for i in range(1, len(tiers)) if tiers[i] != "recompute"]
+    return list(zip(starts[:-1], starts[1:]))
+
+
+def segment_ends(tiers) -> list[int]:
+    """e of the segment containing each boundary i < L (the next materialized boundary)."""
+    ends = [0] * (len(tiers) - 1)
+    for s, e in segments_of(tiers):
+        for k in range(s, e):
+            ends[k] = e
+    return ends

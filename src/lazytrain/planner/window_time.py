@@ -1,0 +1,153 @@
+"""Per-window work and time of the fluid model: the loads every plan has before activation
+transfers (`fixed_loads`), host time, the window time as max (GPU) or sum (CPU) of its terms,
+the term that binds, and the step's `pre`/`post` and 8-bit update terms.
+
+Shared by the evaluator (`planner/evaluate.py`) and the transfer scheduler
+(`planner/schedule.py`), which builds on these primitives and is used by the evaluator, so both
+import them from here. Pure Python; knows no solver and no torch. Index legend as in
+`planner/windows.py`.
+
+Source: docs/execution_model.md, "Per-window work", "Window time", "Host work", "Step time".
+"""
+
+from __future__ import annotations
+
+from lazytrain.planner.duplex import duplex_ms
+from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.windows import segments_of
+
+
+def _ms(nbytes: float, bytes_per_s: float) -> float:
+    return nbytes / bytes_per_s * 1e3
+
+
+def host_ms(problem: PlanningProblem, weight_bytes: float, grad_bytes: float) -> float:
+    """Host time of a window, ms: weight bytes converted into staging / the conversion rate +
+    drained gradient bytes added into the host accumulator / the accumulation rate (a rate of
+    0 counts 0: not modelled). The NVMe path adds nothing (O_DIRECT from the pinned bounce
+    buffer, no staging memcpy); the optimizer update overlaps later windows on its own
+    thread. Source: docs/execution_model.md, "Host work"."""
+    p = problem
+    out = 0.0
+    if p.host_convert_bytes_per_s > 0:
+        out += _ms(weight_bytes, p.host_convert_bytes_per_s)
+    if p.host_accumulate_bytes_per_s > 0:
+        out += _ms(grad_bytes, p.host_accumulate_bytes_per_s)
+    return out
+
+
+def host_loads_ms(problem: PlanningProblem, weight_h2d, grad_d2h) -> list[float]:
+    """Per-window host time, ms, from `fixed_loads`' H2D bytes (exactly the weight loads) and
+    D2H bytes (exactly the gradient drains), both by ord."""
+    return [host_ms(problem, w, g) for w, g in zip(weight_h2d, grad_d2h)]
+
+
+def window_terms_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
+                    nw: float, host: float = 0.0) -> dict[str, float]:
+    """Each term of the window time, ms: {"compute", "h2d", "d2h", "duplex", "nvme_read",
+    "nvme_write", "host"} (no "duplex" on a CPU, where channels add up instead of
+    overlapping). "duplex" is the time both copy directions take together, sharing the link's
+    cap (`duplex.duplex_ms`). Source: docs/execution_model.md, "Window time", "Duplex
+    sharing"."""
+    p = problem
+    terms = {"compute": comp, "h2d": _ms(h2d, p.h2d_bytes_per_s),
+             "d2h": _ms(d2h, p.d2h_bytes_per_s), "nvme_read": _ms(nr, p.nvme_read_bytes_per_s),
+             "nvme_write": _ms(nw, p.nvme_write_bytes_per_s), "host": host}
+    if p.copies_overlap_compute:
+        terms["duplex"] = duplex_ms(h2d, d2h, h2d_bytes_per_s=p.h2d_bytes_per_s,
+                                    d2h_bytes_per_s=p.d2h_bytes_per_s,
+                                    duplex_bytes_per_s=p.duplex_bytes_per_s)
+    return terms
+
+
+def window_time_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
+                   nw: float, host: float = 0.0) -> float:
+    """Window time, ms: max of channels and the host (GPU) or compute + sum of channels and
+    the host (CPU: the host work runs on the compute cores, like the copies).
+
+    Source: docs/execution_model.md, "Per-window work", "Window time", "Host work".
+    """
+    terms = window_terms_ms(problem, comp, h2d, d2h, nr, nw, host)
+    if problem.copies_overlap_compute:
+        return max(terms.values())
+    return sum(terms.values())
+
+
+def binding_term(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
+                 nw: float, host: float = 0.0, order_ms: float = 0.0) -> str:
+    """The term that sets a GPU window's time ("compute", "h2d", ..., "host", or "order" when
+    the in-window stream order bound exceeds every fluid term; ties go to compute first);
+    "sum" on a CPU, where every term adds up."""
+    if not problem.copies_overlap_compute:
+        return "sum"
+    terms = window_terms_ms(problem, comp, h2d, d2h, nr, nw, host)
+    best = max(terms.values())
+    if order_ms > best * (1 + 1e-9):
+        return "order"
+    return next(k for k, v in terms.items() if v >= best * (1 - 1e-9))
+
+
+def q8_update_ms(problem: PlanningProblem, q8_blocks) -> float:
+    """The 8-bit updates' extra time of one optimizer step, ms: sum over `q8_blocks` of
+    params[j] / 1e9 x `q8_update_ms_per_gparam`. The updates run one after another on the
+    optimizer worker, which the next step's forward waits for block by block, so a longer
+    update shifts every later one and the forward that waits: charged to the step in full (the
+    optimizer tail). Source: docs/execution_model.md, "Host work"."""
+    return sum(problem.params_per_block[j] for j in q8_blocks) / 1e9 \
+        * problem.q8_update_ms_per_gparam
+
+
+def pre_ms(problem: PlanningProblem) -> float:
+    """The `pre` term, ms: the embedding forward, block 0's weight load and its conversion on
+    the host, side by side on a GPU (max: the load runs on the H2D stream while the embedding
+    computes), one after the other on a CPU (sum). Source: docs/execution_model.md, "Step
+    time"), plus the window overhead `window_overhead_ms`."""
+    load = _ms(problem.weight_bytes[0], problem.h2d_bytes_per_s)
+    host = host_ms(problem, problem.weight_bytes[0], 0.0)
+    if problem.copies_overlap_compute:
+        return max(problem.embed_ms, load, host) + problem.window_overhead_ms
+    return problem.embed_ms + load + host + problem.window_overhead_ms
+
+
+def post_ms(problem: PlanningProblem) -> float:
+    """The `post` term, ms: the drain of G[0] and the embedding/head gradients, and their
+    accumulation on the host, side by side on a GPU (max), one after the other on a CPU (sum).
+    Source: docs/execution_model.md, "Step time"; plus the window overhead
+    `window_overhead_ms`."""
+    nbytes = problem.grad_bytes[0] + problem.ends_grad_bytes
+    drain = _ms(nbytes, problem.d2h_bytes_per_s)
+    host = host_ms(problem, 0.0, nbytes)
+    if problem.copies_overlap_compute:
+        return max(drain, host) + problem.window_overhead_ms
+    return drain + host + problem.window_overhead_ms
+
+
+def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_weights=None
+                ) -> tuple[list[float], list[float], list[float]]:
+    """Per-window compute (ms), H2D and D2H bytes before activation transfers, by ord.
+
+    f{j}: F[j] (Fg[j] if kept); H2D P[j+1].  turn: head_ms; H2D P[L-1] unless resident.
+    b{j}: B[j] + (Fg[j] unless kept) + segment recompute sum F[s..e-2] (+ embed_ms when s == 0
+    is recompute) when j = e-1; H2D P[j-1] unless resident + sum P[s..e-2]; D2H G[j+1].
+    """
+    p, L = problem, problem.num_blocks
+    keep = set(keep_internals)
+    resident = keep if resident_weights is None else set(resident_weights)
+    n = 2 * L + 1
+    comp, h2d, d2h = [0.0] * n, [0.0] * n, [0.0] * n
+    for j in range(L):
+        comp[j] = p.fwd_grad_ms[j] if j in keep else p.fwd_ms[j]
+        h2d[j] = float(p.weight_bytes[j + 1]) if j + 1 < L else 0.0
+        o = 2 * L - j
+        comp[o] = p.bwd_ms[j] + (0.0 if j in keep else p.fwd_grad_ms[j])
+        h2d[o] = float(p.weight_bytes[j - 1]) if j >= 1 and j - 1 not in resident else 0.0
+        d2h[o] = float(p.grad_bytes[j + 1]) if j + 1 <= L - 1 else 0.0
+    comp[L] = p.head_ms
+    h2d[L] = 0.0 if L - 1 in resident else float(p.weight_bytes[L - 1])
+    for s, e in segments_of(tiers):
+        o = 2 * L - (e - 1)
+        comp[o] += sum(p.fwd_ms[s:e - 1])
+        h2d[o] += float(sum(p.weight_bytes[s:e - 1]))
+        if s == 0 and tiers[0] == "recompute":
+            comp[o] += p.embed_ms
+    return comp, h2d, d2h
