@@ -71,10 +71,12 @@ ALLOWED: dict[str, frozenset[str]] = {
     "dist": frozenset({"planner", "runtime", "models", "config"}),
     # where the costs come from: measures on the torch side, reads the cache torch-free
     "profile": frozenset({"spec", "planner", "runtime", "models", "config"}),
+    # forward-only and decode passes through the engine's weight path, and the lm-eval model
+    "evaluation": frozenset({"spec", "planner", "runtime", "models", "data", "config"}),
     "train": frozenset({"spec", "planner", "report", "runtime", "models", "data", "dist",
-                        "config", "profile"}),
+                        "config", "profile", "evaluation"}),
     "cli": frozenset({"spec", "planner", "sim", "report", "runtime", "train", "config",
-                      "megatrain", "profile"}),
+                      "megatrain", "profile", "evaluation"}),
 }
 """Node -> the nodes it may import besides FOUNDATION. A node is a subpackage or a top-level
 module, as in tools/package_graph.py. Derived from what the code imported when the list was
@@ -98,6 +100,7 @@ NEVER: dict[str, frozenset[str]] = {
     "data": frozenset({"planner", "sim", "report", "runtime", "train", "cli"}),
     "dist": frozenset({"train", "cli"}),
     "profile": frozenset({*SOLVER_MODULES, "sim", "report", "train", "cli"}),
+    "evaluation": frozenset({*SOLVER_MODULES, "sim", "report", "train", "cli"}),
 }
 """Node -> packages or modules (`planner.milp`) it must never import: the project's layering
 rules. They are finer than ALLOWED where a rule names a module (runtime may import the Plan
