@@ -1258,7 +1258,7 @@ def run_all(ctx: Ctx, results: dict, out: Path) -> None:
     """Every selected section in order; without CUDA only the environment runs."""
     cuda = torch.cuda.is_available()
     if cuda:
-        from lazytrain.runtime.device import make_device
+        from lazytrain.runtime.backends import make_device
         ctx.dev = make_device("cuda")
     else:
         results["error"] = (f"no CUDA device: torch {torch.__version__} (CUDA "

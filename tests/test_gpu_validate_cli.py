@@ -166,7 +166,7 @@ def test_each_ordering_micro_test_is_judged_by_the_happens_before_checker(rule, 
     """The script's micro-tests, run on cpu-checked (the _sleep lag is a no-op there): as the
     runtime orders them there is no violation and the data is exact; without the rule the
     checker names the unordered access, so each micro-test really tests its rule."""
-    from lazytrain.runtime.device import make_device
+    from lazytrain.runtime.backends import make_device
     from lazytrain.runtime.hb_checker import OrderingViolation
     gv = _module()
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)

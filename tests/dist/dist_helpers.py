@@ -83,7 +83,7 @@ def global_batches(steps: int, per_step: int, *, seed: int = 1) -> list[list[dic
 
 
 def engine_kwargs(nvme_dir, *, clip: float, grad_accum: int, device: str = "cpu") -> dict:
-    from lazytrain.runtime.device import make_device
+    from lazytrain.runtime.backends import make_device
 
     return dict(device=make_device(device), nvme_dir=nvme_dir, lr=3e-3, weight_decay=0.01,
                 clip_grad_norm=clip, grad_accum=grad_accum, seed=0, io_threads=1)

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from engine_helpers import HIDDEN, micro_batches, plan_for, reference_grads  # noqa: E402
 from lazytrain.models import adapter_from_model  # noqa: E402
 from lazytrain.models.families import LAYOUTS  # noqa: E402
-from lazytrain.runtime.device import make_device  # noqa: E402
+from lazytrain.runtime.backends import make_device  # noqa: E402
 from lazytrain.runtime.engine import Engine  # noqa: E402
 from test_families import ATTN, _assert_grads_match, family_config  # noqa: E402
 

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lazytrain.runtime.device import DEVICE_KINDS, Device, make_device
+from lazytrain.runtime.backends import DEVICE_KINDS, make_device
+from lazytrain.runtime.device import Device
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "lazytrain"
-DEVICE_API = {"runtime/device.py", "runtime/hb_checker.py", "runtime/threaded_device.py"}
+DEVICE_API = {"runtime/device.py", "runtime/cuda_device.py", "runtime/hb_checker.py",
+              "runtime/threaded_device.py"}
 CUDA_ORDERING = {"Stream", "Event", "stream", "current_stream", "default_stream", "set_stream",
                  "synchronize", "ExternalStream", "StreamContext"}
 RAW_METHODS = {"record_stream", "wait_stream", "wait_event"}

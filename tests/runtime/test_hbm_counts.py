@@ -29,7 +29,7 @@ from lazytrain.models import adapter_from_model
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.runtime.block_autograd import grad_leaves
-from lazytrain.runtime.device import make_device
+from lazytrain.runtime.backends import make_device
 from lazytrain.runtime.engine import Engine
 from lazytrain.spec.costs import analytic_costs
 from lazytrain.spec.hardware import get_hardware

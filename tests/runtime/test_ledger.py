@@ -110,7 +110,7 @@ def test_an_hbm_budget_one_boundary_short_of_the_need_is_a_named_ledger_error(tm
 
 def test_the_checkers_hold_the_same_hbm_as_the_cpu_backend(tmp_path):
     """Workers' host allocations (AdamW moments, accumulation) are not booked as HBM."""
-    from lazytrain.runtime.device import make_device
+    from lazytrain.runtime.backends import make_device
 
     peaks = {}
     for kind in ("cpu", "cpu-checked", "cpu-threaded"):

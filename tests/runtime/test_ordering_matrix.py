@@ -16,7 +16,7 @@ from engine_helpers import (micro_batches, model_pair, problem_for, reference_gr
                             tiny_config)
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
 from lazytrain.planner.plan import SolveRecord
-from lazytrain.runtime.device import make_device
+from lazytrain.runtime.backends import make_device
 from lazytrain.runtime.engine import Engine
 from test_engine_grads import PLANS, _assert_grads_match
 

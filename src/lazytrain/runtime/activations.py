@@ -32,8 +32,9 @@ import torch
 
 from lazytrain.contract import TRANSFER_ORDER, align_up
 from lazytrain.planner.windows import TIERS, TRANSFER_KINDS
+from lazytrain.runtime.backends import as_device
 from lazytrain.runtime.boundary_entry import BoundaryEntry
-from lazytrain.runtime.device import Device, as_device
+from lazytrain.runtime.device import Device
 from lazytrain.runtime.errors import (
     CheckpointNotResidentError,
     HbmBudgetExceeded,

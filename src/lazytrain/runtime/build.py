@@ -61,7 +61,7 @@ def engine_from_config(cfg: RunConfig, adapter, plan: Plan, *, device_kind: str,
         ValueError: a bad backend or dtype, or a plan of another model.
     """
     from lazytrain.runtime.activations import ActivationStore
-    from lazytrain.runtime.device import make_device
+    from lazytrain.runtime.backends import make_device
     from lazytrain.runtime.engine import Engine
 
     tc, rc = cfg.train, cfg.runtime

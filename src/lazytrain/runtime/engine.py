@@ -36,7 +36,8 @@ from lazytrain.planner.budgets import plan_budgets
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.block_autograd import flat_grad, grad_leaves, replay_rng, rng_state
-from lazytrain.runtime.device import Device, as_device
+from lazytrain.runtime.backends import as_device
+from lazytrain.runtime.device import Device
 from lazytrain.runtime.ends import ResidentEnds
 from lazytrain.runtime.instrument import Instrument
 from lazytrain.runtime.micro_batch import MicroBatch, prepare_micro_batch
