@@ -23,7 +23,7 @@ from lazytrain.contract import HEAD_CHUNK_TOKENS
 from lazytrain.models.adapter import IGNORE_INDEX, ModelAdapter, shift_labels
 from lazytrain.models.host_params import HostParams
 from lazytrain.runtime.block_autograd import flat_grad, grad_leaves
-from lazytrain.runtime.device import as_device
+from lazytrain.runtime.backends import as_device
 from lazytrain.runtime.ends import head_loss_chunks
 from lazytrain.runtime.engine import COMPUTE_DTYPES
 from lazytrain.runtime.steady import Timing, median_timing

@@ -23,7 +23,7 @@ import torch
 from lazytrain.models.host_params import HostParams, ParamGroup
 from lazytrain.profile.bench_blocks import BlockBench, sync, time_ms
 from lazytrain.runtime import optim8bit
-from lazytrain.runtime.device import as_device
+from lazytrain.runtime.backends import as_device
 from lazytrain.runtime.optim import BlockOptimizer
 from lazytrain.units import GB
 
