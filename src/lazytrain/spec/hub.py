@@ -20,6 +20,9 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import huggingface_hub
+from huggingface_hub import constants, errors
+
 from lazytrain.errors import UserError
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -59,8 +62,6 @@ def reachable() -> bool:
     port 443 or the URL's) opens within `REACH_TIMEOUT_S`. True when a proxy is configured
     (`PROXY_VARS`): the proxy decides. A False makes the look-ups read the cache only, so a
     machine without network gets its one-line error at once."""
-    from huggingface_hub import constants
-
     if any(os.environ.get(var) for var in PROXY_VARS):
         return True
     url = urlsplit(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
@@ -83,8 +84,6 @@ def _cache_dir() -> str | None:
 
 
 def _error(repo_id: str, what: str, exc: Exception) -> Exception:
-    from huggingface_hub import errors
-
     get = f"hf download {repo_id}" + (" config.json" if what == "config.json" else "")
     local = ("set model.config_path to the downloaded config.json"
              if what == "config.json" else "set model.config_path to the downloaded directory")
@@ -114,11 +113,11 @@ def hub_config_file(repo_id: str) -> Path:
         HubModelError: offline and not cached, or no such (accessible) repository.
         OSError: the download failed (network).
     """
-    from huggingface_hub import hf_hub_download
-
+    # an attribute of the module, read at the call: huggingface_hub loads its file_download
+    # module only then, so planning a local model never does
     try:
-        return Path(hf_hub_download(repo_id, "config.json", cache_dir=_cache_dir(),
-                                    local_files_only=_cache_only()))
+        return Path(huggingface_hub.hf_hub_download(
+            repo_id, "config.json", cache_dir=_cache_dir(), local_files_only=_cache_only()))
     except Exception as exc:  # huggingface_hub raises its own classes and requests' errors
         raise _error(repo_id, "config.json", exc) from None
 
@@ -131,11 +130,9 @@ def hub_model_dir(repo_id: str) -> Path:
         HubModelError: offline and not cached, or no such (accessible) repository.
         OSError: the download failed (network).
     """
-    from huggingface_hub import snapshot_download
-
     try:
-        return Path(snapshot_download(repo_id, cache_dir=_cache_dir(),
-                                      local_files_only=_cache_only(),
-                                      allow_patterns=MODEL_PATTERNS))
+        return Path(huggingface_hub.snapshot_download(
+            repo_id, cache_dir=_cache_dir(), local_files_only=_cache_only(),
+            allow_patterns=MODEL_PATTERNS))
     except Exception as exc:
         raise _error(repo_id, "weights", exc) from None
