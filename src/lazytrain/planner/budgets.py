@@ -1,5 +1,5 @@
 """The memory budgets a Plan was made to fit and the pinned host bytes it predicts, read from
-its provenance's memory model (`provenance.memory`, written by `planner/build.py`).
+its provenance's memory model (`memory_model.memory_model_of`; written by `planner/build.py`).
 
 Owns reading those numbers the one way the runtime uses them: the engine hands `plan_budgets`
 to the ledger as its hard limits, and the pinned prediction is what the ledger's measured peak
@@ -8,6 +8,7 @@ must stay within. Torch-free; knows nothing about the ledger or the solver.
 
 from __future__ import annotations
 
+from lazytrain.planner.memory_model import memory_model_of
 from lazytrain.planner.plan import Plan
 
 
@@ -26,18 +27,15 @@ def plan_budgets(plan: Plan) -> tuple[int | None, int | None]:
     compared with the ledger's measured peaks in `lazytrain report`. None where the plan
     carries no memory model (a hand-made problem).
     """
-    memory = (plan.provenance or {}).get("memory") or {}
-    hbm = memory.get("hbm_budget_bytes")
-    pinned = None
-    if "dram_free_for_checkpoints_bytes" in memory and "staging_bytes" in memory:
-        pinned = max(0, memory["dram_free_for_checkpoints_bytes"] + memory["staging_bytes"]
-                     - memory.get("optimizer_scratch_bytes", 0))
+    memory = memory_model_of(plan.provenance)
+    hbm, pinned = memory.hbm_budget_bytes, None
+    if memory.dram_free_for_checkpoints_bytes is not None and memory.staging_bytes is not None:
+        pinned = max(0, memory.dram_free_for_checkpoints_bytes + memory.staging_bytes
+                     - (memory.optimizer_scratch_bytes or 0))
         pred = plan.predicted
-        if "states_bytes" in memory and pred is not None and pred.pinned_bytes:
-            dram = (memory["dram_free_for_checkpoints_bytes"] + memory["staging_bytes"]
-                    + memory["states_bytes"])
-            pinned = max(0, dram - (pred.dram_bytes - pred.pinned_bytes))
-    return (None if hbm is None else int(hbm)), (None if pinned is None else int(pinned))
+        if memory.dram_budget_bytes is not None and pred is not None and pred.pinned_bytes:
+            pinned = max(0, memory.dram_budget_bytes - (pred.dram_bytes - pred.pinned_bytes))
+    return hbm, (None if pinned is None else int(pinned))
 
 
 def pinned_overrun_bytes(plan: Plan) -> int:
@@ -54,12 +52,9 @@ def predicted_pinned_bytes(plan: Plan) -> int | None:
     """The plan's predicted pinned host bytes: its DRAM bytes less the host states and the
     optimizer's pageable scratch (DRAM-tier checkpoints + staging pools); None without a
     memory model."""
-    memory = (plan.provenance or {}).get("memory") or {}
     if plan.predicted is None:
         return None
     if plan.predicted.pinned_bytes:
         return int(plan.predicted.pinned_bytes)
-    if "states_bytes" not in memory:  # a plan written before `predicted.pinned_bytes`
-        return None
-    return int(plan.predicted.dram_bytes - memory["states_bytes"]
-               - memory.get("optimizer_scratch_bytes", 0))
+    # a plan written before `predicted.pinned_bytes`: None without its host states
+    return memory_model_of(plan.provenance).pinned_bytes_of(plan.predicted.dram_bytes)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from lazytrain.planner.memory_model import memory_model_of
 from lazytrain.planner.plan import plan_digest
 
 CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write", "optimizer")
@@ -165,7 +166,7 @@ def compare_with_run(plan_dict: dict, records: list[dict], *, skip_steps: int = 
     rows = [_row(n, samples[n], predicted.get(n)) for n in names]
     accum = int((plan_dict.get("provenance") or {}).get("grad_accum", 1) or 1)
     pred = plan_dict.get("predicted") or {}
-    memory = (plan_dict.get("provenance") or {}).get("memory") or {}
+    memory = memory_model_of(plan_dict.get("provenance"))
     peaks = [r["ledger_peak"] for r in recs if "ledger_peak" in r]
     top = max(peaks, key=lambda p: p["hbm_bytes"]) if peaks else None
     return Comparison(
@@ -181,10 +182,8 @@ def compare_with_run(plan_dict: dict, records: list[dict], *, skip_steps: int = 
         predicted_peak_hbm_bytes=pred.get("peak_hbm_bytes"),
         measured_peak_hbm_bytes=None if top is None else max(p["hbm_bytes"] for p in peaks),
         predicted_pinned_bytes=(pred.get("pinned_bytes") or
-                                (pred["dram_bytes"] - memory["states_bytes"]
-                                 - memory.get("optimizer_scratch_bytes", 0)
-                                 if "dram_bytes" in pred and "states_bytes" in memory
-                                 else None)),
+                                (memory.pinned_bytes_of(pred["dram_bytes"])
+                                 if "dram_bytes" in pred else None)),
         measured_pinned_bytes=None if top is None else max(p["pinned_bytes"] for p in peaks),
         peak_window=None if top is None else top["window"],
         peak_owners=None if top is None else top["owners"])

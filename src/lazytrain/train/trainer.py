@@ -19,28 +19,34 @@ import json
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from lazytrain.atomic import append_jsonl, read_jsonl, write_text_atomic
 from lazytrain.config import RunConfig, apply_overrides, save_config
-from lazytrain.contract import HOST_BYTES_PER_PARAM
+from lazytrain.contract import EVAL_COPY_BYTES_PER_PARAM, HOST_BYTES_PER_PARAM
+from lazytrain.data import build_data, corpus_texts, real_token_count
+from lazytrain.data.batching import steps_for_epochs
 from lazytrain.models.families import text_model_config
 from lazytrain.models.host_params import MASTER_DTYPES
+from lazytrain.planner.build import rank_problem_from_config
+from lazytrain.planner.memory_model import memory_model_of
 from lazytrain.planner.plan import Plan
+from lazytrain.planner.policy import planner_options
+from lazytrain.profile.calibrate import config_for_plan
 from lazytrain.runtime.build import device_type, engine_from_config, resolve_device
-from lazytrain.runtime.optim import refit_note
+from lazytrain.runtime.instrument import write_windows_jsonl
+from lazytrain.runtime.optim import lr_at, refit_note
 from lazytrain.spec.model import ModelSpec, read_hf_config
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
 from lazytrain.train.evaluate import build_eval_model, evaluate_heldout, load_weights
 from lazytrain.train.preflight import preflight, preflight_host_floor
 from lazytrain.train.rank import RankContext
+from lazytrain.train.replan import OnlineReplanner, resolve
 from lazytrain.train.rundir import clear_run_dir, run_state_bytes
 from lazytrain.train.tracking import Trackers, check_trackers, step_scalars
-
-EVAL_BYTES_PER_PARAM = 4
-"""The fp32 evaluation copy of the weights (`evaluate.py`)."""
 
 
 def step_record(step: int, stats, batches: list[dict], *, flops_params: float) -> dict:
@@ -53,8 +59,6 @@ def step_record(step: int, stats, batches: list[dict], *, flops_params: float) -
             and model TFLOPS count the global batch; real tokens exclude padding.
         flops_params: N of the model-FLOPs rule 6 * N * tokens (ModelSpec.model_flops_params).
     """
-    from lazytrain.data import real_token_count  # padded or packed batches
-
     real_tokens = sum(real_token_count(b) for b in batches)
     return {"step": step, "loss": stats.loss, "tokens": real_tokens,
             "label_tokens": stats.tokens, "step_s": stats.step_s,
@@ -68,8 +72,6 @@ def resolve_epochs(cfg: RunConfig, stream, *, world_size: int, log) -> RunConfig
     """`cfg` with `train.steps` set to the steps that draw `train.epochs` passes over
     `stream` (`data.batching.steps_for_epochs`: world_size x grad_accum micro-batches a step);
     says the result in one line."""
-    from lazytrain.data.batching import steps_for_epochs
-
     tc = cfg.train
     steps = steps_for_epochs(stream, epochs=tc.epochs,
                              micro_batches_per_step=tc.grad_accum * world_size)
@@ -79,16 +81,24 @@ def resolve_epochs(cfg: RunConfig, stream, *, world_size: int, log) -> RunConfig
 
 
 
-def _get_plan(cfg: RunConfig, run_dir: Path, *, plan: Plan | None, resuming: bool) -> Plan:
-    """The given plan, the run's own plan.json when resuming, or a new plan from the config."""
+def stderr_log(msg: str) -> None:
+    """The default `log` of a run: one line on stderr, flushed. The run's notes and results go
+    through `log` (a caller may collect them); stdout carries the plan table only."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _get_plan(cfg: RunConfig, run_dir: Path, *, plan: Plan | None, resuming: bool,
+              log: Callable[[str], None] = stderr_log) -> Plan:
+    """The given plan, the run's own plan.json when resuming, or a new plan from the config;
+    `log` says why a resume plans again."""
     if plan is None and resuming and (run_dir / "plan.json").is_file():
         plan = Plan.load(run_dir / "plan.json")
         dist = plan.provenance.get("dist") or {}
         planned = (dist.get("nproc_per_node", 1), dist.get("nnodes", 1))
         if planned != (cfg.dist.nproc_per_node, cfg.dist.nnodes):  # another share of a node
-            print(f"note: {run_dir / 'plan.json'} was planned for {planned[1]} node(s) x "
-                  f"{planned[0]} ranks; this job has {cfg.dist.nnodes} x "
-                  f"{cfg.dist.nproc_per_node}: planning again", file=sys.stderr)
+            log(f"note: {run_dir / 'plan.json'} was planned for {planned[1]} node(s) x "
+                f"{planned[0]} ranks; this job has {cfg.dist.nnodes} x "
+                f"{cfg.dist.nproc_per_node}: planning again")
             plan = None
     if plan is None:
         plan = setup.make_plan(cfg, run_dir=run_dir)
@@ -102,13 +112,15 @@ def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, r
     in the run directory before the first save (counted as free there); `saves`: the most
     checkpoints the run can write (None: unknown)."""
     pred = plan.predicted
-    dram = int(pred.dram_bytes) if pred else 16 * num_params
-    eval_copy = EVAL_BYTES_PER_PARAM * num_params if cfg.data.num_eval else 0
+    fp32_states = int(HOST_BYTES_PER_PARAM["fp32"] * num_params)
+    dram = int(pred.dram_bytes) if pred else fp32_states
+    eval_copy = EVAL_COPY_BYTES_PER_PARAM * num_params if cfg.data.num_eval else 0
     # dram-tier checkpoints + staging pools: the plan's DRAM less the host states (which depend
     # on train.master_dtype: 16 or 12 B/param) and the optimizer's pageable scratch
-    memory = plan.provenance.get("memory") or {}
-    states = memory.get("states_bytes", 16 * num_params)
-    pinned = max(0, dram - states - memory.get("optimizer_scratch_bytes", 0))
+    pinned = memory_model_of(plan.provenance).pinned_bytes_of(dram)
+    if pinned is None:  # no memory model: fp32 masters' states (the larger), no scratch
+        pinned = dram - fp32_states
+    pinned = max(0, pinned)
     preflight(device=device, host_bytes=dram + eval_copy,
               hbm_bytes=int(pred.peak_hbm_bytes) if pred else 0, pinned_bytes=pinned,
               nvme_bytes=int(pred.nvme_bytes) if pred else 0, nvme_dir=nvme_dir,
@@ -169,6 +181,7 @@ class Trainer:
         else:  # after planning: a hub id downloads its weights here
             source = setup.resolve_model_source(cfg.model.config_path, weights=True)
             setup.check_weight_files(source)  # a cut download: refused before a file is touched
+        # the plan table is the run's result on stdout, as `lazytrain plan` prints it
         print(setup.plan_summary(self.plan, source=str(cfg.model.config_path)), flush=True)
         self.nvme_dir = setup.job_nvme_dir(cfg.runtime.nvme_dir, run_dir=run_dir)
         self._load_data(source, saved_state, overwrite=overwrite)
@@ -265,7 +278,7 @@ class Trainer:
         setup.check_seq_len(cfg.data.seq_len, read_hf_config(source))
         preflight_host_floor(
             states_bytes=int(HOST_BYTES_PER_PARAM[cfg.train.master_dtype] * params),
-            eval_bytes=EVAL_BYTES_PER_PARAM * params if cfg.data.num_eval else 0)
+            eval_bytes=EVAL_COPY_BYTES_PER_PARAM * params if cfg.data.num_eval else 0)
 
     def _agreed_plan(self, plan: Plan | None) -> Plan:
         """The main rank's plan (`_get_plan`) on every rank: every rank runs one plan, even
@@ -273,7 +286,7 @@ class Trainer:
         mine = None
         if self.ctx.is_main:
             mine = _get_plan(self.cfg, self.run_dir, plan=plan,
-                             resuming=self.resumed_from is not None).to_dict()
+                             resuming=self.resumed_from is not None, log=self.log).to_dict()
         agreed = Plan.from_dict(self.ctx.broadcast_object(mine))
         self.ctx.barrier()
         return agreed
@@ -283,8 +296,6 @@ class Trainer:
         directory), then the tokenizer and the data (read, templated; on resume its saved
         position, which refuses other data or another seed); `train.epochs` becomes
         `train.steps` here (the same on every resume). Writes nothing and loads no weight."""
-        from lazytrain.data import build_data, corpus_texts
-
         cfg, tc = self.cfg, self.cfg.train
         hf_config = text_model_config(setup.load_hf_config(source))  # a VLM trains its text
         spec = ModelSpec.from_hf_config(hf_config.to_dict())
@@ -394,7 +405,6 @@ class Trainer:
     # --- actions -------------------------------------------------------------------------------
 
     def lr_at(self, step: int) -> float:
-        from lazytrain.runtime.optim import lr_at
         tc = self.cfg.train
         return lr_at(step, base_lr=tc.lr, warmup_steps=tc.warmup_steps, total_steps=tc.steps,
                      schedule=tc.schedule, min_lr_ratio=tc.min_lr_ratio)
@@ -402,8 +412,6 @@ class Trainer:
     def train_step(self) -> dict:
         """One global step: this rank's share of world_size x grad_accum micro-batches; returns
         its metrics record (appended to metrics.jsonl by the main rank)."""
-        from lazytrain.runtime.instrument import write_windows_jsonl
-
         tc = self.cfg.train
         batches = [self.data.train.next_micro_batch()
                    for _ in range(tc.grad_accum * self.world_size)]
@@ -493,11 +501,6 @@ class Trainer:
         pc = self.cfg.planner
         if not pc.replan_every_steps or not self.is_main:
             return None
-        from lazytrain.planner.build import rank_problem_from_config
-        from lazytrain.profile.calibrate import config_for_plan
-        from lazytrain.planner.policy import planner_options
-        from lazytrain.train.replan import OnlineReplanner, resolve
-
         options = planner_options(pc)
 
         def solve(problem, current):
