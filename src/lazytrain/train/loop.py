@@ -56,11 +56,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from safetensors import SafetensorError
+from tqdm import tqdm
+
 from lazytrain.atomic import write_json_atomic
 from lazytrain.config import RunConfig
 from lazytrain.errors import JobFailure
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.refit import load_windows
+from lazytrain.profile.calibrate import costs_line_of
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import setup
 from lazytrain.train.evaluate import sample_lines
@@ -68,7 +72,7 @@ from lazytrain.train.preflight import free_bytes
 from lazytrain.train.rank import join_job, launched_rank, quiet_unless_main
 from lazytrain.train.rundir import check_run_dir
 from lazytrain.train.recalibrate import recalibrate_from_run
-from lazytrain.train.trainer import Trainer, _eval_line
+from lazytrain.train.trainer import Trainer, _eval_line, stderr_log
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class TrainHooks:
@@ -92,10 +96,10 @@ class CheckpointSaveError(JobFailure, OSError):
 
 
 @contextmanager
-def stop_flag():
+def stop_flag(log: Callable[[str], None]):
     """Yield a dict whose "set" becomes "SIGTERM" or "SIGINT" when that signal arrives (main
     thread only; the previous handlers are restored after). After the first SIGINT the default
-    handler is back, so a second Ctrl-C raises KeyboardInterrupt at once."""
+    handler is back, so a second Ctrl-C raises KeyboardInterrupt at once; `log` says so."""
     flag: dict[str, Any] = {"set": None}
     if threading.current_thread() is not threading.main_thread():
         yield flag
@@ -106,8 +110,8 @@ def stop_flag():
         flag["set"] = flag["set"] or STOP_SIGNALS[signum]
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, previous[signal.SIGINT])
-            print("\nCtrl-C: finishing this step and saving a checkpoint (Ctrl-C again to "
-                  "abort without one)", file=sys.stderr, flush=True)
+            log("\nCtrl-C: finishing this step and saving a checkpoint (Ctrl-C again to "
+                "abort without one)")
 
     for signum in STOP_SIGNALS:
         previous[signum] = signal.signal(signum, handler)
@@ -141,8 +145,6 @@ def save_errors(run_dir: Path, *, step: int):
     """Turn a failed checkpoint write into one `CheckpointSaveError` line naming the checkpoint,
     the cause and the checkpoint that stays (safetensors reports a full disk as
     `SafetensorError`, not OSError)."""
-    from safetensors import SafetensorError
-
     try:
         yield
     except (OSError, SafetensorError) as exc:
@@ -238,9 +240,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
            hooks: TrainHooks | None, progress: bool, log: Callable[[str], None] | None,
            clock: Callable[[], float], verify_checkpoint: bool) -> dict:
     """`train`'s body, under the run directory's lock."""
-    from tqdm import tqdm
-
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = log or stderr_log
     hooks = hooks or TrainHooks()
     t_start = time.perf_counter()
     check_run_dir(run_dir, resume=resume, overwrite=overwrite)  # deletes nothing
@@ -267,7 +267,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
         bar = tqdm(total=cfg.train.steps, initial=trainer.step, file=sys.stderr,
                    disable=not progress, desc="train", unit="step")
         last_save = clock()
-        with stop_flag() as stop:
+        with stop_flag(log) as stop:
             while trainer.step < cfg.train.steps:
                 rec = trainer.train_step()
                 records.append(rec)
@@ -330,8 +330,6 @@ def _recalibrate(cfg: RunConfig, trainer: Trainer, *, run_dir: Path, log) -> dic
 
 
 def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wall_s) -> dict:
-    from lazytrain.profile.calibrate import costs_line_of
-
     steps_s = [r["step_s"] for r in records]
     return {
         "run_dir": str(trainer.run_dir), "steps_completed": trainer.step,

@@ -10,10 +10,16 @@ for. The trainer asks the context and never tests "is this data-parallel?" itsel
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, TypeVar
+
+from lazytrain.config import apply_overrides
+from lazytrain.dist.process_group import env_world_size
+from lazytrain.dist.rank import join
 
 T = TypeVar("T")
 
@@ -142,13 +148,9 @@ def join_job(cfg, *, run_dir: Path, log: Callable[[str], None]) -> tuple[RankCon
         ValueError: a bad `dist.backend`; RuntimeError: the rendezvous failed, or a rank does
             not see the run directory.
     """
-    from lazytrain.dist.process_group import env_world_size
-
     if env_world_size() > 1:
-        from lazytrain.dist.rank import join
         return join(cfg, run_dir=run_dir, log=log)
     if cfg.dist.nproc_per_node > 1 or cfg.dist.nnodes > 1:
-        from lazytrain.config import apply_overrides
         log(f"note: not started by torchrun: one process plans the whole node "
             f"(dist.nproc_per_node {cfg.dist.nproc_per_node} -> 1, dist.nnodes "
             f"{cfg.dist.nnodes} -> 1)")
@@ -158,8 +160,5 @@ def join_job(cfg, *, run_dir: Path, log: Callable[[str], None]) -> tuple[RankCon
 
 def quiet_unless_main(ctx: RankContext):
     """A context manager that silences stdout on ranks other than the main one."""
-    import contextlib
-    import io
-
     return (contextlib.nullcontext() if ctx.is_main
             else contextlib.redirect_stdout(io.StringIO()))

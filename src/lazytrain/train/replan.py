@@ -34,6 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+from lazytrain.planner import policy
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.policy import PlannerOptions
@@ -143,8 +144,6 @@ def resolve(problem: PlanningProblem, current: Plan,
     Raises:
         PlanInfeasibleError: (milp) no plan fits the measured problem's budgets.
     """
-    from lazytrain.planner import policy
-
     opts = (options or PlannerOptions()).replace(lp_bound=False)
     return policy.plan(problem, opts, warm_start=current)
 

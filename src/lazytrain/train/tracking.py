@@ -106,11 +106,11 @@ class Trackers:
         TensorBoard: events of an earlier process at steps >= `first_step` (a resumed run
         redoes the steps after its last checkpoint) are purged, as metrics.jsonl drops them."""
         if "tensorboard" in self.names and self._tb is None:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # lazy: optional dependency (the [all] extra)
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
                                      purge_step=first_step)
         if "wandb" in self.names and self._wandb is None:
-            import wandb
+            import wandb  # lazy: optional dependency (the [all] extra)
             self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "lazytrain"),
                                      name=self.run_dir.name, dir=str(self.run_dir),
                                      config=self.config,
