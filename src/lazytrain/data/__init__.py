@@ -20,7 +20,7 @@ from lazytrain.data.formats import (FORMATS, Example, Message, extract_final_ans
                                     load_examples, normalize_answer, read_dataset)
 from lazytrain.data.packing import check_packing_supported, packed_batch, real_token_count
 from lazytrain.data.registry import read_registry_dataset
-from lazytrain.data.sources import mix_examples
+from lazytrain.data.sources import looks_like_hub_id, mix_examples
 from lazytrain.data.synthetic import arithmetic_dataset
 from lazytrain.data.templates import TEMPLATES, stop_token_ids, use_template
 from lazytrain.data.tokenize import IGNORE_INDEX, Encoded, encode, encode_prompt, render
@@ -84,7 +84,6 @@ def _resolver(base_dir: str | Path | None):
     def resolve(p: str) -> str:
         if p.startswith(EMBEDDED_PREFIX) or Path(p).is_absolute():
             return p
-        from lazytrain.data.sources import looks_like_hub_id
         local = base / p
         return p if not local.exists() and looks_like_hub_id(p) else str(local)
 

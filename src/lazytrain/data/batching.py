@@ -13,6 +13,7 @@ opens the next one, so the position stays `(epoch, cursor)`. Knows nothing about
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from dataclasses import dataclass, field
@@ -192,8 +193,6 @@ class TrainStream:
     def fingerprint(self) -> str:
         """sha256 (16 hex) of every example's turns (role, text, trained) and answer, in order:
         other data of the same size has another fingerprint."""
-        import hashlib
-
         h = hashlib.sha256()
         for ex in self.examples:
             for m in ex.messages:

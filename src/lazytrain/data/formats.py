@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from lazytrain.data.sources import load_table
+
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class Message:
@@ -250,8 +252,6 @@ def read_dataset(path: str | Path, fmt: str = "auto", *, subset: str = "",
             has); see also `sources.load_table` (unreadable file, no records, bad split).
         FileNotFoundError, ConnectionError: see `sources.load_table`.
     """
-    from lazytrain.data.sources import load_table
-
     if fmt != "auto" and fmt not in FORMATS:
         raise ValueError(f"data.format: unknown format {fmt!r}; choose one of "
                          f"{['auto', *FORMATS]}")

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lazytrain.data.formats import Example, Message, extract_final_answer
+from lazytrain.data.sources import load_table
 
 FORMATTINGS = ("alpaca", "sharegpt")
 """Supported `formatting` values (LlamaFactory's two record layouts)."""
@@ -257,8 +258,6 @@ def sharegpt_example(record: Mapping, columns: Mapping[str, str | None],
 
 def _entry_table(entry: RegistryEntry):
     """The entry's records as a `datasets.Dataset` (its file or folder, or its Hub id)."""
-    from lazytrain.data.sources import load_table
-
     what = f"data.path: registry entry {entry.name!r}"
     if entry.path is not None:
         if not entry.path.exists():

@@ -12,8 +12,9 @@ once is found again with `HF_DATASETS_OFFLINE=1`. What `path` may be:
 | any other folder (data files, split names inferred from file names) | `load_dataset(folder)` |
 | `owner/name` or `name` that is not a local path | `load_dataset(id, subset, split=split)`      |
 
-`split` takes the `datasets` slicing syntax too (`train[:1000]`). `datasets` is imported here,
-inside the functions, so planning never loads it (nor torch). Knows nothing about formats:
+`split` takes the `datasets` slicing syntax too (`train[:1000]`). `datasets` is imported on the
+first read (`_datasets`), so a run that reads no file or Hub dataset (`embedded:arithmetic`)
+never loads it, nor pyarrow and pandas behind it. Knows nothing about formats:
 it returns a `datasets.Dataset` of raw records (`formats.py` turns them into examples).
 """
 
@@ -47,16 +48,21 @@ def looks_like_hub_id(path: str) -> bool:
     return bool(_HUB_ID_RE.match(path)) and Path(path).suffix.lower() not in FILE_BUILDERS
 
 
-def _cache_dir() -> str:
-    import datasets
+def _datasets() -> Any:
+    """The `datasets` module, imported at the first read of a file or Hub dataset."""
+    import datasets  # lazy: heavy (pyarrow, pandas); only reading a data.path needs it
 
+    return datasets
+
+
+def _cache_dir() -> str:
+    datasets = _datasets()
     return str(datasets.config.HF_DATASETS_CACHE)
 
 
 def _pick_split(loaded: Any, split: str, *, path: str, what: str) -> Any:
     """One split of a `load_from_disk` result (a Dataset is used as it is)."""
-    import datasets
-
+    datasets = _datasets()
     if not isinstance(loaded, datasets.DatasetDict):
         return loaded
     if split not in loaded:
@@ -66,8 +72,7 @@ def _pick_split(loaded: Any, split: str, *, path: str, what: str) -> Any:
 
 
 def _local(path: Path, *, subset: str, split: str, what: str) -> Any:
-    import datasets
-
+    datasets = _datasets()
     saved = (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
     if path.is_dir() and saved:  # Dataset(Dict).save_to_disk
         return _pick_split(datasets.load_from_disk(str(path)), split, path=str(path), what=what)
@@ -84,8 +89,7 @@ def _local(path: Path, *, subset: str, split: str, what: str) -> Any:
 
 
 def _hub(path: str, *, subset: str, split: str, data_dir: str, what: str) -> Any:
-    import datasets
-
+    datasets = _datasets()
     try:
         return datasets.load_dataset(path, subset or None, split=split, data_dir=data_dir or None)
     except ConnectionError as exc:
@@ -124,8 +128,7 @@ def load_table(path: str | Path, *, subset: str = "", split: str = "train", data
         ValueError: an unreadable file (bad JSON, naming the row), an unknown subset or split,
             or no records.
     """
-    import datasets
-
+    datasets = _datasets()
     text = str(path)
     local = Path(text).expanduser()
     try:
