@@ -28,7 +28,9 @@ from lazytrain.config import load_config
 from lazytrain.planner.bounds import lp_bound_ms, memory_bound_ms
 from lazytrain.planner.build import problem_from_config
 from lazytrain.planner.heuristics import best_fixed_k_plan, heuristic_plan, k_of, megatrain_plan
-from lazytrain.planner.milp import PlanInfeasibleError, build_milp, solve_milp
+from lazytrain.planner.infeasible import PlanInfeasibleError
+from lazytrain.planner.milp import build_milp
+from lazytrain.planner.milp_solve import solve_milp
 from lazytrain.planner.plan import Bounds
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.sim import disagreements, simulate

@@ -35,7 +35,9 @@ from lazytrain.planner.build import problem_from_config
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.planner.extract import start_from_plan
 from lazytrain.planner.heuristics import best_fixed_k_plan, heuristic_plan
-from lazytrain.planner.milp import PlanInfeasibleError, build_milp, solve_milp
+from lazytrain.planner.infeasible import PlanInfeasibleError
+from lazytrain.planner.milp import build_milp
+from lazytrain.planner.milp_solve import solve_milp
 from lazytrain.sim import simulate
 
 REPO = Path(__file__).resolve().parents[1]

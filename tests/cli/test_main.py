@@ -103,7 +103,7 @@ def test_version_prints_the_package_version(capsys):
 def _exit_code_cases():
     from lazytrain.dist.shared_masters import OwnerUpdateError
     from lazytrain.dist.rank import RankFailureError
-    from lazytrain.planner.milp import PlanInfeasibleError
+    from lazytrain.planner.infeasible import PlanInfeasibleError
     from lazytrain.planner.plan import PlanValidationError
     from lazytrain.runtime.errors import (CheckpointNotResidentError, HbmBudgetExceeded,
                                           HostBudgetExceeded, NvmeIOError, TransferOrderError)
@@ -194,7 +194,7 @@ def test_every_project_error_maps_to_its_exit_code_by_its_class_alone(plan_only,
 
 def test_plan_infeasible_is_a_job_failure_and_no_value_error():
     from lazytrain.errors import JobFailure
-    from lazytrain.planner.milp import PlanInfeasibleError
+    from lazytrain.planner.infeasible import PlanInfeasibleError
     assert issubclass(PlanInfeasibleError, JobFailure)
     assert not issubclass(PlanInfeasibleError, ValueError)
 

@@ -16,7 +16,8 @@ from lazytrain.contract import align_up
 from lazytrain.planner.budgets import plan_budgets, predicted_pinned_bytes
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.extract import start_from_plan
-from lazytrain.planner.milp import PlanInfeasibleError, build_milp
+from lazytrain.planner.infeasible import PlanInfeasibleError
+from lazytrain.planner.milp import build_milp
 from lazytrain.planner.plan import SolveRecord, Transfer
 from lazytrain.planner.windows import legal_ords, window_name
 from lazytrain.planner.policy import PlannerOptions, plan

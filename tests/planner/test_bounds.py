@@ -73,7 +73,7 @@ def _tight(**kw) -> PlanningProblem:
 @pytest.mark.parametrize("gpu", [True, False], ids=["overlap", "serial"])
 def test_roofline_le_lp_bound_le_milp_step(gpu):
     pytest.importorskip("highspy")
-    from lazytrain.planner.milp import solve_milp
+    from lazytrain.planner.milp_solve import solve_milp
 
     problem = _tight(copies_overlap_compute=gpu)
     plan = solve_milp(problem, gap=1e-6, time_limit_s=30)
@@ -122,7 +122,7 @@ def test_memory_bound_lies_between_the_roofline_and_every_plan_that_fits(hbm_u):
     pytest.importorskip("highspy")
     from lazytrain.planner.bounds import memory_bound_ms
     from lazytrain.planner.heuristics import heuristic_plan, megatrain_plan
-    from lazytrain.planner.milp import solve_milp
+    from lazytrain.planner.milp_solve import solve_milp
 
     problem = _tight(hbm_bytes=hbm_u * U, nvme_bytes=10**12)
     bound = memory_bound_ms(problem)

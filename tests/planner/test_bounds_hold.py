@@ -15,7 +15,7 @@ import pytest
 from lazytrain.planner.bounds import compute_bounds
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.planner.heuristics import best_fixed_k_plan, heuristic_plan
-from lazytrain.planner.milp import solve_milp
+from lazytrain.planner.milp_solve import solve_milp
 from test_milp import U, small_problem
 
 

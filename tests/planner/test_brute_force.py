@@ -20,7 +20,8 @@ import math
 import pytest
 
 from lazytrain.planner.evaluate import evaluate
-from lazytrain.planner.milp import build_milp, solve_milp
+from lazytrain.planner.milp import build_milp
+from lazytrain.planner.milp_solve import solve_milp
 from lazytrain.planner.milp_vars import WHOLE_TRANSFERS
 from lazytrain.planner.problem import PlanningProblem
 

@@ -8,9 +8,10 @@ import itertools
 import pytest
 
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
-from lazytrain.planner.feasibility import shortfall_fix
+from lazytrain.planner.infeasible import shortfall_fix
 from lazytrain.planner.heuristics import heuristic_plan, megatrain_plan
-from lazytrain.planner.milp import PlanInfeasibleError, solve_milp
+from lazytrain.planner.infeasible import PlanInfeasibleError
+from lazytrain.planner.milp_solve import solve_milp
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 

@@ -108,7 +108,8 @@ def test_negative_host_rate_is_refused_naming_the_field():
 def test_milp_predicts_the_same_host_bound_step(gpu):
     pytest.importorskip("highspy")
     from lazytrain.planner.extract import extract_plan
-    from lazytrain.planner.milp import build_milp, solve_record
+    from lazytrain.planner.gaps import solve_record
+    from lazytrain.planner.milp import build_milp
     from lazytrain.planner.solvers import solve
 
     problem = _problem(copies_overlap_compute=gpu)

@@ -13,7 +13,10 @@ import pytest
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.heuristics import heuristic_plan, megatrain_plan
 from lazytrain.planner.extract import extract_plan, start_from_plan
-from lazytrain.planner.milp import PlanInfeasibleError, build_milp, solve_milp, solve_record
+from lazytrain.planner.gaps import solve_record
+from lazytrain.planner.infeasible import PlanInfeasibleError
+from lazytrain.planner.milp import build_milp
+from lazytrain.planner.milp_solve import solve_milp
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.units import GB
@@ -201,7 +204,7 @@ def test_planner_imports_load_neither_torch_nor_a_solver():
 
 
 def test_gap_is_against_the_best_bound_known_including_the_lp_bound():
-    from lazytrain.planner.milp import gap_against_best_bound
+    from lazytrain.planner.gaps import gap_against_best_bound
 
     # a solver stopped before its first dual bound: none, or a trivial one (0 or tiny)
     assert gap_against_best_bound(100.3, None, 100.0) == pytest.approx(0.003)

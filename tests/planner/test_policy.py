@@ -70,7 +70,8 @@ def test_the_three_callers_get_the_same_plan_and_the_same_default_backend(
     if policy_name == "milp":
         pytest.importorskip("highspy")
     from lazytrain.planner.heuristics import megatrain_plan
-    from lazytrain.planner.topology import rank_problem, topology_of
+    from lazytrain.planner.build import topology_of
+    from lazytrain.planner.topology import rank_problem
     from lazytrain.train.replan import resolve
     from lazytrain.train.setup import costed_problem, make_plan
 

@@ -14,7 +14,7 @@ import pytest
 
 from lazytrain.contract import align_up
 from lazytrain.planner.evaluate import evaluate
-from lazytrain.planner.milp import solve_milp
+from lazytrain.planner.milp_solve import solve_milp
 from lazytrain.planner.problem import PlanningProblem
 
 pytest.importorskip("highspy", reason="the MILP needs a solver")

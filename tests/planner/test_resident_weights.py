@@ -74,7 +74,7 @@ def test_milp_prices_a_resident_plan_as_the_evaluator():
 
 def test_milp_returns_resident_weights_at_least_as_fast_as_the_hand_built_plan():
     pytest.importorskip("highspy")
-    from lazytrain.planner.milp import solve_milp
+    from lazytrain.planner.milp_solve import solve_milp
 
     problem = slow_h2d()
     hand = resident_plan(problem)
@@ -86,7 +86,7 @@ def test_milp_returns_resident_weights_at_least_as_fast_as_the_hand_built_plan()
 
 def test_extraction_returns_residency_separately_from_keep():
     pytest.importorskip("highspy")
-    from lazytrain.planner.milp import solve_milp
+    from lazytrain.planner.milp_solve import solve_milp
 
     plan = solve_milp(slow_h2d(), backend="highs", gap=1e-9, time_limit_s=30)
     assert set(plan.keep_internals) <= set(plan.resident_weights)
@@ -139,7 +139,7 @@ def test_milp_holds_resident_weights_only_on_blocks_that_end_their_segment():
     segment. Here 200 u boundaries in 600 u of HBM room (no DRAM room) force segments of two
     blocks with recompute; unrestricted, the model made blocks 0 and 2 resident inside them."""
     pytest.importorskip("highspy")
-    from lazytrain.planner.milp import solve_milp
+    from lazytrain.planner.milp_solve import solve_milp
 
     problem = slow_h2d(hbm_bytes=1600 * U, boundary_bytes=(200 * U,) * (L + 1),
                        dram_bytes=12 * L * 10**8, host_bytes_per_param=12.0)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
-from lazytrain.planner.milp import PlanInfeasibleError, solve_milp
+from lazytrain.planner.infeasible import PlanInfeasibleError
+from lazytrain.planner.milp_solve import solve_milp
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.planner.policy import PlannerOptions, plan
 from test_milp import U, small_problem

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from lazytrain.planner.build import topology_from_config
 from lazytrain.planner.policy import PlannerOptions
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.planner.topology import (Topology, allreduce_ms, assign_owners,
-                                        exposed_allreduce_ms, host_bytes_per_param_rank,
-                                        largest_owner_share, rank_problem, scaling_table,
-                                        topology_from_config)
+from lazytrain.planner.topology import (
+    Topology, allreduce_ms, assign_owners, exposed_allreduce_ms, host_bytes_per_param_rank,
+    largest_owner_share, rank_problem, scaling_table,
+)
 
 GB = 10**9
 SEED = "configs/qwen3.6-27b-h800.yaml"

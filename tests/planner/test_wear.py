@@ -20,7 +20,8 @@ from lazytrain.config import PlannerConfig, load_config
 from lazytrain.contract import align_up
 from lazytrain.errors import ConfigError
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
-from lazytrain.planner.milp import build_milp, solve_milp
+from lazytrain.planner.milp import build_milp
+from lazytrain.planner.milp_solve import solve_milp
 from lazytrain.planner.policy import PlannerOptions, plan, planner_options
 from lazytrain.planner.problem import PlanningProblem
 from tests.planner.test_brute_force import SCENARIOS, U, tiny_problem

@@ -77,7 +77,8 @@ def test_the_event_simulator_adds_the_same_overhead(case):
 def test_milp_objective_carries_the_overhead_of_every_window(case):
     pytest.importorskip("highspy")
     from lazytrain.planner.extract import start_from_plan
-    from lazytrain.planner.milp import build_milp, solve_record
+    from lazytrain.planner.gaps import solve_record
+    from lazytrain.planner.milp import build_milp
     from lazytrain.planner.solvers import solve
     from lazytrain.planner.extract import extract_plan
 

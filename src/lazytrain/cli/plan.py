@@ -145,8 +145,9 @@ def load_problem(args: argparse.Namespace, *, base: dict | None = None):
 def run(args: argparse.Namespace) -> int:
     """Plan, compare, print; write --out / --gantt. Returns the exit code."""
     from lazytrain.planner import policy
-    from lazytrain.planner.milp import PlanInfeasibleError
-    from lazytrain.planner.topology import rank_problem, topology_of
+    from lazytrain.planner.infeasible import PlanInfeasibleError
+    from lazytrain.planner.build import topology_of
+    from lazytrain.planner.topology import rank_problem
     from lazytrain.report.capacity import over_dram_hint
     from lazytrain.report.plan_table import format_plan_table, plan_comparison
     from lazytrain.profile.calibrate import costs_line_of
@@ -177,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     write_outputs(problem, plan, out=args.out, gantt=args.gantt)
     violations = plan.provenance.get("violations") or []
     if violations and options.policy != "ideal":
-        from lazytrain.planner.feasibility import shortfall_fix
+        from lazytrain.planner.infeasible import shortfall_fix
 
         fixes = [shortfall_fix(v.split()[0], problem) for v in violations]  # "HBM short by ..."
         print(f"error: the {options.policy} plan breaks {len(violations)} budget(s): "

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the plan, rebuild the problem, print the comparison. Returns the exit code."""
     from lazytrain.planner.evaluate import evaluate
     from lazytrain.planner.plan import Plan
-    from lazytrain.planner.topology import rank_problem_of
+    from lazytrain.planner.build import rank_problem_of
     from lazytrain.report.simulation import format_simulation, simulation_json
     from lazytrain.sim import SimOptions, disagreements, simulate
 

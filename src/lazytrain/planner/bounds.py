@@ -31,9 +31,11 @@ from __future__ import annotations
 
 from lazytrain.planner.duplex import effective_cap
 from lazytrain.planner.evaluate import Decisions, evaluate
-from lazytrain.planner.window_time import pre_ms
+from lazytrain.planner.milp import build_milp
 from lazytrain.planner.plan import Bounds
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.solvers import solve
+from lazytrain.planner.window_time import pre_ms
 
 
 def lp_bound_ms(problem: PlanningProblem, *, backend: str = "highs",
@@ -48,9 +50,6 @@ def lp_bound_ms(problem: PlanningProblem, *, backend: str = "highs",
     Raises:
         RuntimeError: the LP did not solve to optimality.
     """
-    from lazytrain.planner.milp import build_milp
-    from lazytrain.planner.solvers import solve
-
     milp = build_milp(problem, relax=True, tie_breakers=False, q8_penalty=False)
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=0.0, relax=True)
     if res.status == "infeasible":

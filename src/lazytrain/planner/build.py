@@ -2,8 +2,9 @@
 
 Owns the memory model around the activation checkpoints: the fixed HBM working set, the host
 bytes per parameter of the configured precision and the constant DRAM staging pools. Times and
-sizes per block come from `lazytrain.spec.costs`. Imports spec and the problem type only (no
-solver, no torch).
+sizes per block come from `lazytrain.spec.costs`. Also reads the data-parallel topology of a
+config (`topology_of`, `rank_problem_of`; the per-rank division is `planner/topology.py`'s).
+Imports spec, the problem type and the topology (no torch; the solver is never called here).
 
 Every count and byte size of a runtime buffer below is a `lazytrain.contract` constant, the
 numbers the runtime allocates by; this module restates none of them.
@@ -59,9 +60,11 @@ from lazytrain.contract import (
     OPTIMIZER_SCRATCH_BYTES_PER_PARAM, WEIGHT_STAGING_BUFFERS, align_up,
 )
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.topology import Topology, rank_problem
 from lazytrain.spec.costs import DTYPE_BYTES, ModelCosts, analytic_costs, profile_costs
 from lazytrain.spec.hardware import (
-    ACCUMULATE_TRAFFIC_PER_BYTE, CONVERT_TRAFFIC_PER_BYTE, PRESETS, HardwareSpec, get_hardware,
+    ACCUMULATE_TRAFFIC_PER_BYTE, CONVERT_TRAFFIC_PER_BYTE, OVERRIDE_FIELDS, PRESETS, HardwareSpec,
+    get_hardware,
 )
 from lazytrain.spec.model import ModelSpec
 
@@ -224,8 +227,6 @@ def hardware_from_config(cfg: RunConfig) -> HardwareSpec:
             one line naming the key (or the file's field), the value and the likely unit
             mistake; `hardware.allow_implausible: true` skips this check.
     """
-    from lazytrain.spec.hardware import OVERRIDE_FIELDS
-
     h = cfg.hardware
     overrides = {k: getattr(h, k) for k in (
         "hbm_gb", "dram_gb", "nvme_gb", "h2d_gb_per_s", "d2h_gb_per_s", "duplex_gb_per_s",
@@ -261,9 +262,48 @@ def rank_problem_from_config(cfg: RunConfig) -> PlanningProblem:
     Raises:
         as `problem_from_config`; ValueError: more ranks than `hardware.gpus_per_node`.
     """
-    from lazytrain.planner.topology import rank_problem_of
-
     return rank_problem_of(cfg, problem_from_config(cfg))
+
+
+def topology_from_config(cfg: RunConfig, hardware: HardwareSpec) -> Topology:
+    """The topology of `cfg` (dist section, hardware topology overrides) on `hardware`."""
+    h = cfg.hardware
+    pick = lambda override, default: default if override is None else override  # noqa: E731
+    return Topology(nproc_per_node=cfg.dist.nproc_per_node, nnodes=cfg.dist.nnodes,
+                    gpus_per_node=pick(h.gpus_per_node, hardware.gpus_per_node),
+                    gpus_per_pcie_switch=pick(h.gpus_per_pcie_switch,
+                                              hardware.gpus_per_pcie_switch),
+                    nvme_devices_per_node=pick(h.nvme_devices_per_node,
+                                               hardware.nvme_devices_per_node),
+                    allreduce_bytes_per_s=cfg.dist.allreduce_gb_per_s * 1e9,
+                    shared_masters=cfg.dist.shared_masters)
+
+
+def topology_of(cfg: RunConfig) -> Topology | None:
+    """The topology of a data-parallel `cfg` (`topology_from_config` on its hardware), or None
+    for one process (one rank on one node: nothing is shared).
+
+    Raises:
+        ValueError: more ranks than the node's GPUs, or an implausible hardware figure.
+    """
+    if cfg.dist.nproc_per_node == 1 and cfg.dist.nnodes == 1:
+        return None
+    return topology_from_config(cfg, hardware_from_config(cfg))
+
+
+def rank_problem_of(cfg: RunConfig, problem: PlanningProblem) -> PlanningProblem:
+    """The problem one rank of `cfg`'s job plans: `rank_problem(problem, topology_of(cfg))`,
+    or `problem` itself for one process.
+
+    Args:
+        cfg: the run config (dist section, hardware topology overrides).
+        problem: the node-level problem of `cfg`.
+
+    Raises:
+        ValueError: as `topology_of`.
+    """
+    topo = topology_of(cfg)
+    return problem if topo is None else rank_problem(problem, topo)
 
 
 def _costs(model: ModelSpec, hw: HardwareSpec, cfg: RunConfig) -> ModelCosts:

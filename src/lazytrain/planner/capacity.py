@@ -23,12 +23,14 @@ Knows no torch and no solver: plans through `policy.plan`. The table's text is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 from lazytrain.planner.evaluate import evaluate
+from lazytrain.planner.infeasible import PlanInfeasibleError
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.policy import PlannerOptions
+from lazytrain.planner.policy import plan as plan_problem
 from lazytrain.planner.problem import PlanningProblem
 
 MAX_MICRO_BATCH = 1 << 16
@@ -80,8 +82,6 @@ class BatchSearch:
 
     def to_dict(self) -> dict:
         """Plain data for `--json`."""
-        from dataclasses import asdict
-
         return {"max_micro_batch": self.max_micro_batch, "grad_accums": list(self.grad_accums),
                 "max_global_batch": self.max_global_batch, "policy": self.policy,
                 "probes": list(self.probes), "rows": [asdict(r) for r in self.rows]}
@@ -97,9 +97,6 @@ def plan_fits(problem: PlanningProblem, options: PlannerOptions
         options: planner options; policy "milp" or "heuristic" (those that respect budgets).
             No LP bound is computed and no least-wear phase runs.
     """
-    from lazytrain.planner.milp import PlanInfeasibleError
-    from lazytrain.planner.policy import plan as plan_problem
-
     try:
         # a probe asks whether a plan fits: no LP bound, no least-wear phase
         plan = plan_problem(problem, options.replace(lp_bound=False, least_wear_slack=None))

@@ -3,16 +3,18 @@
 Knows the execution model's equations (the same ones `planner/evaluate.py` implements) and
 nothing of torch; talks to solvers only through `solvers.LinearModel` / `solvers.solve`.
 
-This module owns the formulation (this docstring), `build_milp` (its table of contents), the
-capacity errors (`PlanInfeasibleError`) and the solve entry `solve_milp`. The parts live by
-concern beside it:
+This module owns the formulation (this docstring) and `build_milp` (its table of contents).
+The parts live by concern beside it:
     planner/milp_inputs.py   `Scaled`, `scale_inputs`: the parameters below, in model units
     planner/milp_vars.py     `MilpVars`, `add_variables`, `row_name`: the variable families
     planner/milp_loads.py    the window loads and held[o] as linear expressions
     planner/milp_rows.py     the constraint families 1-10, one `add_*` function each
+    planner/milp_solve.py    the solve entry `solve_milp` (its phases, in order)
     planner/extract.py       warm starts (`start_from_plan`) and plans from solutions
     planner/feasibility.py   the feasibility phase (`capacity="min_shortfall"`)
+    planner/infeasible.py    the capacity errors (`PlanInfeasibleError`, `Shortfall`)
     planner/wear.py          the least-wear phase after the step-time solve (`least_wear_slack`)
+    planner/gaps.py          a plan's gap against the best bound, the solve's `SolveRecord`
 
 Index legend
     j      block 0..L-1 (maps boundary j to boundary j+1)
@@ -119,10 +121,10 @@ Source: docs/execution_model.md (the equations) and docs/design.md ("The plan").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from lazytrain.errors import JobFailure
 from lazytrain.planner.milp_inputs import Scaled, scale_inputs
 from lazytrain.planner.milp_rows import (
     add_dram_capacity, add_hbm_capacity, add_keep, add_nvme_capacity, add_path, add_precedence,
@@ -130,82 +132,15 @@ from lazytrain.planner.milp_rows import (
     add_transfer_totals, add_window_time,
 )
 from lazytrain.planner.milp_vars import MilpVars, add_variables
-from lazytrain.planner.plan import Bounds, Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.planner.solvers import LinearModel, SolveResult, resolve_backend, solve
-from lazytrain.units import GB
+from lazytrain.planner.solvers import LinearModel
 
-SLACK_TOL_GB = 1e-6
-"""A capacity slack above this (1 kB) means the budget cannot be met: PlanInfeasibleError."""
 CAPACITY_MODES = ("hard", "min_shortfall")
 """`build_milp(capacity=...)`: "hard" budgets (the step-time model; slack columns fixed to 0)
 or "min_shortfall" (the feasibility phase: one HBM slack shared by every window plus the DRAM and
 NVMe slacks, objective their sum in GB, no time terms). Two phases instead of a slack penalty
 in one objective: no penalty weight is large enough for every link speed (at 0.01 GB/s one
 transfer costs more than any fixed penalty), so a penalty could trade a shortfall for time."""
-
-
-SHORTFALL_FIX = {
-    "HBM": "raise hardware.hbm_gb or shrink train.micro_batch / data.seq_len",
-    # DRAM holds the optimizer states (host_bytes_per_param x params) besides the checkpoints,
-    # so the batch is rarely what overflows it; `feasibility.shortfall_fix` drops the options a
-    # problem already uses.
-    "DRAM": "raise hardware.dram_gb, use train.master_dtype: bf16 (12 B/param instead of 16), "
-            "set planner.allow_q8: true (8-bit Adam states), or give checkpoints an NVMe budget "
-            "(hardware.nvme_gb)",
-    "NVMe": "raise hardware.nvme_gb or shrink train.micro_batch / data.seq_len",
-}
-"""What to change for each budget a plan overflows, every option (the `; <fix>` of the error
-line when the problem is unknown)."""
-
-
-@dataclass(kw_only=True, frozen=True, slots=True)
-class Shortfall:
-    """One budget a plan overflows: by how much, where, the need and the budget (bytes)."""
-
-    budget: str
-    """"HBM" | "DRAM" | "NVMe"."""
-    window: str | None
-    """The window of the peak (HBM); None for DRAM/NVMe, which hold for the whole step."""
-    short_bytes: float
-    need_bytes: float | None = None
-    budget_bytes: float | None = None
-
-    def text(self) -> str:
-        """`HBM short by 3.20 GB at window b17 (needs 83.20 GB, budget 80.00 GB)`."""
-        where = f"at window {self.window}" if self.window else "for the whole step"
-        out = f"{self.budget} short by {self.short_bytes / GB:.2f} GB {where}"
-        if self.need_bytes is not None and self.budget_bytes is not None:
-            out += f" (needs {self.need_bytes / GB:.2f} GB, budget {self.budget_bytes / GB:.2f} GB)"
-        return out
-
-
-class PlanInfeasibleError(JobFailure):
-    """A capacity budget cannot be met by any plan the model allows.
-
-    Fields: `budget` ("HBM" | "DRAM" | "NVMe"), `window` (window name, None for DRAM/NVMe which
-    hold for the whole step), `shortfall_bytes` (of the first short budget), `shortfalls` (every
-    short budget, `Shortfall`), `proven` (False: only the best plan found in the time limit),
-    `plan` (the plan that reaches the least shortfall, when known).
-    """
-
-    def __init__(self, *, budget: str | None = None, window: str | None = None,
-                 shortfall_bytes: float = 0.0, proven: bool = True,
-                 shortfalls: tuple[Shortfall, ...] = (), fixes: dict | None = None,
-                 plan: Plan | None = None) -> None:
-        if not shortfalls:
-            shortfalls = (Shortfall(budget=budget, window=window, short_bytes=shortfall_bytes),)
-        first = shortfalls[0]
-        self.budget, self.window, self.shortfall_bytes = first.budget, first.window, \
-            first.short_bytes
-        self.shortfalls, self.proven, self.plan = tuple(shortfalls), proven, plan
-        fixes = fixes or SHORTFALL_FIX
-        why = ("no plan fits" if proven else "the best plan found within the time limit "
-               "overflows (a longer planner.time_limit_s may find one that fits)")
-        names = " and ".join(dict.fromkeys(s.budget for s in shortfalls))
-        super().__init__("; ".join(s.text() for s in shortfalls)
-                         + f": {why} the {names} budget{'s' if len(shortfalls) > 1 else ''}; "
-                         + "; ".join(fixes[b] for b in dict.fromkeys(s.budget for s in shortfalls)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,183 +208,4 @@ def build_milp(problem: PlanningProblem, *, relax: bool = False,
 
 
 def _replace(p: Scaled, **changes) -> Scaled:
-    import dataclasses
     return dataclasses.replace(p, **changes)
-
-
-# ---------------------------------------------------------------------------------------------
-# Solve (warm start and extraction: planner/extract.py; feasibility phase: planner/feasibility.py)
-
-
-def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s: float = 10.0,
-               gap: float = 0.005, threads: int = 1, seed: int = 0,
-               node_limit: int | None = None, warm_start: Plan | None = None,
-               bounds: Bounds | None = None, least_wear_slack: float | None = None) -> Plan:
-    """Solve the placement MILP and return its plan (the incumbent on a time-out).
-
-    Up to three phases: when `warm_start` is missing or breaks a budget, the feasibility phase
-    (`feasibility.feasible_plan`) first finds a plan that fits, or raises naming every short
-    budget with its least shortfall; then the step-time model with hard budgets starts from it;
-    then, with `least_wear_slack`, the least-wear phase (`wear.least_wear_plan`) looks among the
-    plans within that slack of the faster of the step-time plan and the warm start for the one
-    writing the least to NVMe, then moving the least over the host link.
-
-    Args:
-        problem: the planning problem.
-        backend: "auto" (HiGHS up to 64 blocks, SCIP above; see solvers.resolve_backend),
-            "highs" or "scip".
-        time_limit_s: solver wall-clock limit of each phase, s (model building not counted);
-            math.inf: none.
-        node_limit: branch-and-bound node limit of each phase (None: none); with no time
-            limit the plan does not depend on the machine's load (`planner.deterministic`).
-        gap: relative gap at which the search stops.
-        threads, seed: solver threads and random seed (defaults: deterministic).
-        warm_start: a plan to start from (usually `heuristics.heuristic_plan`); when it fits the
-            budgets it is also the answer if the solver finds no incumbent in time.
-        bounds: filled into the plan's `bounds` as given; its largest bound also bounds the gap
-            (`gap_against_best_bound`).
-        least_wear_slack: relative step slack of the least-wear phase, >= 0 (config
-            `planner.least_wear_slack`); None: no such phase, the fastest plan found is returned.
-            The phase gets `wear.WEAR_TIME_SHARE` of `time_limit_s` and of `node_limit`.
-
-    Returns:
-        Plan whose `solver` record holds backend, status ("optimal", "time_limit", or
-        "no_incumbent" when the warm start is returned; "...; incumbent over budget, warm start
-        kept" when the solver's plan passes a budget by less than its row tolerance, which the
-        evaluator counts to the byte), solve_s (every phase after the
-        feasibility phase), gap (the plan's step, or the solver's objective, vs. the best bound
-        known: the step-time solve's dual bound or the LP bound), num_vars, num_rows. A
-        least-wear plan records its phase in provenance `least_wear`.
-
-    Raises:
-        PlanInfeasibleError: no plan fits (every short budget named; `proven` is False when the
-            feasibility phase timed out).
-        ValueError: unknown backend.
-    """
-    import dataclasses
-
-    from lazytrain.planner.extract import extract_plan, start_from_plan
-    from lazytrain.planner.feasibility import feasible_plan
-
-    backend = resolve_backend(backend, problem.num_blocks)
-    if warm_start is None or warm_start.provenance.get("violations"):
-        warm_start = feasible_plan(problem, backend=feasibility_backend(backend),
-                                   time_limit_s=time_limit_s, threads=threads, seed=seed,
-                                   start=warm_start, node_limit=node_limit)
-    milp = build_milp(problem)
-    start = start_from_plan(milp, warm_start)
-    res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=gap,
-                threads=threads, seed=seed, start=start, node_limit=node_limit)
-    lp = best_claimed_bound_ms(bounds)
-    record = solve_record(milp, res, lp_bound_ms=lp)
-    if res.values is None:
-        if res.status == "infeasible":
-            raise RuntimeError(f"{backend} reports the placement model infeasible although the "
-                               f"feasibility phase found a plan: a model bug (rows "
-                               f"{milp.model.num_rows})")
-        return dataclasses.replace(warm_start, solver=dataclasses.replace(
-            record, status="no_incumbent", gap=gap_against_best_bound(
-                warm_start.predicted.step_ms, dual_step_bound_ms(milp, res.dual_bound), lp)),
-            bounds=bounds or warm_start.bounds)
-    solved = extract_plan(milp, res.values, solver=record, bounds=bounds)
-    solved = dataclasses.replace(solved, solver=solve_record(
-        milp, res, lp_bound_ms=lp, step_ms=solved.predicted.step_ms))
-    if solved.provenance.get("violations"):
-        # within the solver's row tolerance (HiGHS: 1e-6 of a row in GB, about 1 kB) but over a
-        # budget by the evaluator's exact bytes; the warm start fits (feasibility phase)
-        solved = dataclasses.replace(warm_start, solver=dataclasses.replace(
-            record, status=f"{res.status}; incumbent over budget, warm start kept",
-            gap=gap_against_best_bound(warm_start.predicted.step_ms,
-                                       dual_step_bound_ms(milp, res.dual_bound), lp)),
-            bounds=bounds or warm_start.bounds)
-    if least_wear_slack is None:
-        return solved
-    from lazytrain.planner.wear import WEAR_TIME_SHARE, least_wear_plan
-
-    reference = solved
-    if (not warm_start.provenance.get("violations") and warm_start.predicted is not None
-            and warm_start.predicted.step_ms < solved.predicted.step_ms):
-        reference = warm_start
-    wear = least_wear_plan(
-        problem, reference, slack=least_wear_slack, backend=backend,
-        time_limit_s=time_limit_s * WEAR_TIME_SHARE, threads=threads, seed=seed,
-        node_limit=None if node_limit is None else math.ceil(node_limit * WEAR_TIME_SHARE),
-        dual_bound_ms=dual_step_bound_ms(milp, res.dual_bound), lp_bound_ms=lp, bounds=bounds)
-    if wear is None:
-        return solved
-    return dataclasses.replace(wear, solver=dataclasses.replace(
-        wear.solver, status=record.status, solve_s=record.solve_s + wear.solver.solve_s,
-        num_vars=record.num_vars, num_rows=record.num_rows))
-
-
-def feasibility_backend(backend: str) -> str:
-    """The solver of the feasibility phase: HiGHS when installed, else `backend`. Measured on
-    the NVMe-heavy 128-block benchmark (benchmarks/planner.py): HiGHS proves a fitting plan
-    in 0.9 s where SCIP needs 27 s, and SCIP ran out of a 30 s limit on 2 busy cores."""
-    try:
-        import highspy  # noqa: F401
-    except ImportError:
-        return backend
-    return "highs"
-
-
-def gap_against_best_bound(step_ms: float | None, dual_bound_ms: float | None,
-                           bound_ms: float | None) -> float | None:
-    """(step - best bound) / best bound with best bound = max(dual bound, `bound_ms`), unclamped.
-
-    `step_ms` is the evaluated step of the plan that is returned, `dual_bound_ms` a step-time
-    bound from the solver (`dual_step_bound_ms`), `bound_ms` the best claimed closed-form/LP
-    bound (`best_claimed_bound_ms`). A solver stopped before its first dual bound (a node limit of
-    1, a very short time limit) reports none or a trivial one; the LP relaxation bound is valid
-    for every plan, so the gap is never worse than against it. A negative gap means a bound lies
-    above the plan: a modelling error that is shown, not hidden by a clamp. None when no bound is
-    known (or positive).
-    """
-    known = [b for b in (dual_bound_ms, bound_ms) if b is not None and math.isfinite(b)
-             and b > 0]
-    if step_ms is None or not known:
-        return None
-    best = max(known)
-    return (step_ms - best) / best
-
-
-def best_claimed_bound_ms(bounds: Bounds | None) -> float | None:
-    """The largest of the plan's lower bounds (LP relaxation, memory, roofline), ms; None when
-    none is known. `ideal_step_ms` is a reference, not a bound, and is left out."""
-    if bounds is None:
-        return None
-    known = [b for b in (bounds.lp_step_ms, bounds.memory_step_ms, bounds.roofline_step_ms)
-             if b is not None and math.isfinite(b)]
-    return max(known) if known else None
-
-
-def dual_step_bound_ms(milp: Milp, dual_bound: float | None) -> float | None:
-    """A bound on the step time of every plan from the solver's bound on its objective, ms.
-
-    The objective is `step_ms` plus the tie-breakers and 8-bit penalties, each a non-negative
-    coefficient on a column bounded above, so objective - step <= sum_c obj[c] ub[c] over the
-    columns other than t[o]; subtracting that keeps the dual bound a bound on the step (it is
-    loose where 8-bit penalties are large; the LP bound then decides). None without a dual bound.
-    """
-    if dual_bound is None or not math.isfinite(dual_bound):
-        return None
-    m, times = milp.model, set(milp.v.t.values())
-    in_step = {c: milp.p.q8_update[j] for j, c in milp.v.q8.items()}  # U8[j]: part of the step
-    extra = math.fsum(max(0.0, m.obj[c] - in_step.get(c, 0.0)) * m.var_ub[c]
-                      for c in range(m.num_vars) if c not in times and m.obj[c] != 0.0)
-    return dual_bound - extra
-
-
-def solve_record(milp: Milp, res: SolveResult, *, lp_bound_ms: float | None = None,
-                 step_ms: float | None = None) -> SolveRecord:
-    """The Plan JSON `solver` object of one solve.
-
-    Its gap is `step_ms` (the returned plan's evaluated step; the solver's objective when not
-    given) against the best bound known: the solver's dual bound read as a step bound
-    (`dual_step_bound_ms`) or `lp_bound_ms` (the best claimed bound), unclamped.
-    """
-    step = step_ms if step_ms is not None else res.objective
-    return SolveRecord(backend=res.backend, status=res.status, solve_s=res.solve_s,
-                       gap=gap_against_best_bound(step, dual_step_bound_ms(milp, res.dual_bound),
-                                                  lp_bound_ms),
-                       num_vars=milp.model.num_vars, num_rows=milp.model.num_rows)

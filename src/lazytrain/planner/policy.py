@@ -16,8 +16,8 @@ heuristic plan, or `warm_start`'s decisions re-evaluated under `problem` when th
 predicted faster and fit (a re-plan starts from the running plan); policy heuristic returns
 that start.
 
-Importing this module loads no solver; `milp`/`solvers` are imported only when a policy needs
-them. Knows no torch.
+Importing this module loads no solver package: highspy and pyscipopt load only inside
+`planner/solvers.py`'s adapters, when a policy solves. Knows no torch.
 """
 
 from __future__ import annotations
@@ -27,8 +27,16 @@ import math
 from dataclasses import dataclass
 
 from lazytrain.config import PlannerConfig
+from lazytrain.planner import heuristics
+from lazytrain.planner.bounds import compute_bounds
+from lazytrain.planner.budgets import pinned_overrun_bytes, plan_budgets
+from lazytrain.planner.evaluate import Decisions, build_plan
+from lazytrain.planner.gaps import best_claimed_bound_ms, gap_against_best_bound
+from lazytrain.planner.infeasible import PlanInfeasibleError, Shortfall, shortfall_fix
+from lazytrain.planner.milp_solve import solve_milp
 from lazytrain.planner.plan import Bounds, Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.solvers import solver_installed
 
 POLICIES = ("milp", "heuristic", "megatrain", "ideal")
 """Planner policies (config `planner.policy`)."""
@@ -137,10 +145,6 @@ def _refuse_pinned_overrun(problem: PlanningProblem, chosen: Plan) -> None:
     (`budgets.plan_budgets`): the ledger would stop that plan mid-step. The DRAM row and the
     evaluator count the same NVMe bounce buffers (`planner/staging.py`), so this never fires
     for a plan they passed; it guards the agreement."""
-    from lazytrain.planner.budgets import pinned_overrun_bytes, plan_budgets
-    from lazytrain.planner.feasibility import shortfall_fix
-    from lazytrain.planner.milp import PlanInfeasibleError, Shortfall
-
     over = pinned_overrun_bytes(chosen)
     if over <= 0 or chosen.provenance.get("violations"):
         return
@@ -153,8 +157,6 @@ def _refuse_pinned_overrun(problem: PlanningProblem, chosen: Plan) -> None:
 
 def _plan(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | None) -> Plan:
     """`plan` with its options given."""
-    from lazytrain.planner import heuristics
-
     bounds = _bounds(problem, lp=opts.lp_bound,
                      lp_time_limit_s=solver_limits(opts)["time_limit_s"])
     if opts.policy == "megatrain":
@@ -165,8 +167,6 @@ def _plan(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | Non
     start = _start(problem, opts, warm_start)
     if opts.policy == "heuristic":
         return dataclasses.replace(start, bounds=bounds)
-    from lazytrain.planner.milp import best_claimed_bound_ms, gap_against_best_bound, solve_milp
-
     solved = solve_milp(problem, backend=opts.backend, **solver_limits(opts),
                         gap=opts.gap, threads=opts.threads, seed=opts.seed, warm_start=start,
                         bounds=bounds, least_wear_slack=opts.least_wear_slack)
@@ -188,9 +188,6 @@ def _plan(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | Non
 def _start(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | None) -> Plan:
     """The heuristic plan, or `warm_start` re-evaluated under `problem` when it fits and is
     predicted faster (or the heuristic's plan breaks a budget)."""
-    from lazytrain.planner import heuristics
-    from lazytrain.planner.evaluate import Decisions, build_plan
-
     budget_s = max(HEURISTIC_MIN_S, opts.time_limit_s * HEURISTIC_TIME_SHARE)
     start = heuristics.heuristic_plan(
         problem, time_budget_s=budget_s,
@@ -232,11 +229,5 @@ def _kept(start: Plan) -> str:
 def _bounds(problem: PlanningProblem, *, lp: bool, lp_time_limit_s: float) -> Bounds:
     """The plan's reference step times; the LP relaxation goes to HiGHS when it is installed
     (an LP solver), else SCIP, whichever backend the MILP itself uses."""
-    from lazytrain.planner.bounds import compute_bounds
-
-    lp_backend = "highs"
-    try:
-        import highspy  # noqa: F401
-    except ImportError:
-        lp_backend = "scip"
+    lp_backend = "highs" if solver_installed("highs") else "scip"
     return compute_bounds(problem, lp=lp, backend=lp_backend, lp_time_limit_s=lp_time_limit_s)

@@ -11,7 +11,8 @@ HiGHS MIP solves of GUARD_MIN_VARS columns or more run in a forked child with a 
 start is returned as the incumbent with status "time_limit".
 
 Must not know: tiers, windows or plans. The solver packages are imported lazily inside the
-adapters, so importing this module loads neither (and `lazytrain.planner` never imports it).
+adapters, so importing this module loads neither (and `lazytrain.planner` never imports it);
+`solver_installed` is the one probe of which are installed, and loads neither either.
 
 Statuses (`SolveResult.status`): "optimal" (proven within the requested gap), "time_limit"
 (stopped by the time limit; `values` holds the incumbent if one was found), "node_limit"
@@ -23,11 +24,14 @@ as "solution limit reached"), "infeasible",
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from lazytrain.planner.solver_guard import hard_deadline_s, run_guarded
 
@@ -134,6 +138,8 @@ class SolveResult:
 
 
 BACKENDS = ("highs", "scip")
+SOLVER_PACKAGES = {"highs": "highspy", "scip": "pyscipopt"}
+"""Backend -> the Python package that provides it (the `[highs]` and `[scip]` extras)."""
 GUARD_MIN_VARS = 1000
 """HiGHS MIPs with at least this many columns run under the hard-deadline guard (a fork per
 solve costs milliseconds, which brute-force loops over small models would pay thousands of
@@ -188,6 +194,16 @@ def _banner_discarded():
 # HiGHS warm 0.00% in 22 s, SCIP 2.14% at its 30 s limit. So HiGHS up to 64 blocks, SCIP
 # above (mixed at 128; HiGHS has also overrun its MIP time limit there, ERGO-Code/HiGHS#885).
 AUTO_HIGHS_MAX_BLOCKS = 64
+
+
+def solver_installed(backend: str) -> bool:
+    """True when the package of `backend` ("highs" or "scip", `SOLVER_PACKAGES`) is on the
+    path. Found, not imported: the probe loads no solver.
+
+    Raises:
+        KeyError: unknown backend name.
+    """
+    return importlib.util.find_spec(SOLVER_PACKAGES[backend]) is not None
 
 
 def resolve_backend(backend: str, num_blocks: int) -> str:
@@ -297,8 +313,7 @@ def _enforce_highs_deadline(h, highspy, *, deadline: float) -> None:
 
 def _solve_highs(model: LinearModel, *, time_limit_s, gap, threads, seed, start, relax,
                  fixed, node_limit=None) -> SolveResult:
-    import highspy
-    import numpy as np
+    import highspy  # lazy: optional dependency (the [highs] extra)
 
     with _banner_discarded():  # HiGHS prints its banner on the first instance
         h = highspy.Highs()
@@ -393,7 +408,7 @@ SCIP_NO_TIME_LIMIT_S = 1e20
 
 def _solve_scip(model: LinearModel, *, time_limit_s, gap, threads, seed, start, relax,
                 fixed, node_limit=None) -> SolveResult:
-    import pyscipopt
+    import pyscipopt  # lazy: optional dependency (the [scip] extra)
 
     m = pyscipopt.Model()
     m.hideOutput()

@@ -49,8 +49,9 @@ reduction ends; the ends' after the backward. What runs past the end of the back
 
     step_ms(N) = plan.step_ms(per-rank problem) + exposed_allreduce_ms      (ms)
 
-Imports only the planner's types (no torch; the solver only inside `scaling_table`). The table's
-text is `report/capacity.py`'s.
+Reads no config: the topology of a run config is `planner/build.py`'s (`topology_of`,
+`rank_problem_of`), which imports this module. No torch; the scaling table plans through
+`policy.plan`. The table's text is `report/capacity.py`'s.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ from dataclasses import dataclass
 
 from lazytrain.contract import (ADAM_MOMENT_BYTES, ADAM_MOMENT_BYTES_Q8, REDUCE_BYTES_PER_PARAM,
                                 backward_window)
-from lazytrain.planner.policy import PlannerOptions
+from lazytrain.planner.infeasible import PlanInfeasibleError
+from lazytrain.planner.policy import PlannerOptions, plan
 from lazytrain.planner.problem import PlanningProblem
 
 MOMENT_BYTES_PER_PARAM = float(ADAM_MOMENT_BYTES)
@@ -110,49 +112,6 @@ class Topology:
 
     def with_ranks(self, n: int) -> "Topology":
         return dataclasses.replace(self, nproc_per_node=n)
-
-
-def topology_from_config(cfg, hardware) -> Topology:
-    """The topology of `cfg` (dist section, hardware topology overrides) on `hardware`."""
-    h = cfg.hardware
-    pick = lambda override, default: default if override is None else override  # noqa: E731
-    return Topology(nproc_per_node=cfg.dist.nproc_per_node, nnodes=cfg.dist.nnodes,
-                    gpus_per_node=pick(h.gpus_per_node, hardware.gpus_per_node),
-                    gpus_per_pcie_switch=pick(h.gpus_per_pcie_switch,
-                                              hardware.gpus_per_pcie_switch),
-                    nvme_devices_per_node=pick(h.nvme_devices_per_node,
-                                               hardware.nvme_devices_per_node),
-                    allreduce_bytes_per_s=cfg.dist.allreduce_gb_per_s * 1e9,
-                    shared_masters=cfg.dist.shared_masters)
-
-
-def topology_of(cfg) -> Topology | None:
-    """The topology of a data-parallel `cfg` (`topology_from_config` on its hardware), or None
-    for one process (one rank on one node: nothing is shared).
-
-    Raises:
-        ValueError: more ranks than the node's GPUs, or an implausible hardware figure.
-    """
-    if cfg.dist.nproc_per_node == 1 and cfg.dist.nnodes == 1:
-        return None
-    from lazytrain.planner.build import hardware_from_config
-
-    return topology_from_config(cfg, hardware_from_config(cfg))
-
-
-def rank_problem_of(cfg, problem: PlanningProblem) -> PlanningProblem:
-    """The problem one rank of `cfg`'s job plans: `rank_problem(problem, topology_of(cfg))`,
-    or `problem` itself for one process.
-
-    Args:
-        cfg: the run config (dist section, hardware topology overrides).
-        problem: the node-level problem of `cfg`.
-
-    Raises:
-        ValueError: as `topology_of`.
-    """
-    topo = topology_of(cfg)
-    return problem if topo is None else rank_problem(problem, topo)
 
 
 def assign_owners(numels: dict[str, int], world_size: int) -> dict[str, int]:
@@ -304,9 +263,6 @@ def scaling_table(problem: PlanningProblem, topo: Topology, options: PlannerOpti
             rank count takes a solve each).
         counts: rank counts per node to predict.
     """
-    from lazytrain.planner.milp import PlanInfeasibleError
-    from lazytrain.planner.policy import plan
-
     opts = (options or PlannerOptions(policy="heuristic")).replace(lp_bound=False,
                                                                    least_wear_slack=None)
     rows = []

@@ -9,7 +9,7 @@ tie-breaker in the first objective cannot fix that: it must stay far below the s
 leave the step alone (`milp_inputs.TIE_REL`), so the search stops before it matters. This
 phase is lexicographic instead (first the step, then the wear):
 
-    phase 1 (`milp.solve_milp`): T* = the step of the faster of the solver's plan and the warm
+    phase 1 (`milp_solve.solve_milp`): T* = the step of the faster of the solver's plan and the warm
         start, ms.
     phase 2 (`least_wear_plan`), on the same model with the objective replaced:
         min   sum_i ga A[i] (W nvme[i] + 2 (dram[i] + nvme[i]))          GB per step
@@ -48,7 +48,8 @@ import time
 
 from lazytrain.planner.evaluate import Decisions, Evaluation, build_plan, evaluate
 from lazytrain.planner.extract import extract_plan, start_from_plan
-from lazytrain.planner.milp import Milp, build_milp, gap_against_best_bound
+from lazytrain.planner.gaps import gap_against_best_bound
+from lazytrain.planner.milp import Milp, build_milp
 from lazytrain.planner.milp_vars import row_name
 from lazytrain.planner.plan import Bounds, Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from lazytrain.contract import DEVICE_GRAD_BUFFERS, DEVICE_WEIGHT_SLOTS
+from lazytrain.planner.evaluate import evaluate
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.sim.events import STREAMS, run
@@ -270,8 +271,6 @@ def disagreements(problem: PlanningProblem, plan: Plan, *, options: SimOptions |
         waited for W4 recompute (weight load before use); ends with B5 on compute"; the step
         total comes last when it disagrees.
     """
-    from lazytrain.planner.evaluate import evaluate  # deferred: only disagreements needs it
-
     ev = evaluate(problem, plan)
     sim = simulate(problem, plan, options=options)
     out = []

@@ -190,7 +190,7 @@ def make_plan(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
         PlanInfeasibleError: (milp) no plan fits the budgets.
     """
     from lazytrain.planner import policy
-    from lazytrain.planner.topology import rank_problem_of
+    from lazytrain.planner.build import rank_problem_of
 
     problem = rank_problem_of(cfg, costed_problem(cfg, calibrate=calibrate, run_dir=run_dir,
                                                   log=log))
