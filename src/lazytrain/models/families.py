@@ -16,6 +16,8 @@ import inspect
 from dataclasses import dataclass
 
 from torch import nn
+from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from lazytrain.spec.model import check_relative_positions
 
@@ -138,7 +140,6 @@ def resolve_layout(model: nn.Module) -> DecoderLayout:
     check_relative_positions(model.config.to_dict())
     if mtype in LAYOUTS:
         return LAYOUTS[mtype]
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     registered = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(mtype)
     parts = ("embed", "layers", "norm", "rotary", "head")
     standard = all(_has(model, getattr(_STANDARD, p)) for p in parts)
@@ -202,7 +203,7 @@ def mask_builder(kind: str, *, cache=None):
     Raises:
         ValueError: a kind HF has no mask function for.
     """
-    from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING as table
+    table = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
     fn = table.get(kind)
     if fn is None or isinstance(fn, dict):
         raise ValueError(f"layer kind {kind!r} has no attention mask builder; "

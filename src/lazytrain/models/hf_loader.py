@@ -11,7 +11,11 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.conversion_mapping import extract_weight_conversions_for_model
 
 from lazytrain.atomic import atomic_path
 from lazytrain.models.adapter import ModelAdapter, check_distinct_layers
@@ -58,7 +62,6 @@ def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: st
         masters, fills_masters: where the store's masters live and whether this process
             writes them (`HostParams`; data parallel: one shared copy per node).
     """
-    from transformers import AutoModelForCausalLM
     hf_config = text_model_config(hf_config)
     if not fills_masters:  # another process writes the weights: never build them here
         return _layout_only_adapter(_meta_skeleton(hf_config)[0], master_dtype=master_dtype,
@@ -72,7 +75,6 @@ def load_adapter_from_config(hf_config, *, dtype: str = "fp32", master_dtype: st
 
 def _meta_skeleton(hf_config) -> tuple[nn.Module, object]:
     """(model on the meta device with a real rotary module, its layout): no weight memory."""
-    from transformers import AutoModelForCausalLM
     hf_config = text_model_config(hf_config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
@@ -148,8 +150,6 @@ def checkpoint_name(stored: str, layout) -> str | None:
 def _needs_hf_conversion(model_dir: Path, model: nn.Module, layout) -> bool:
     """True when some checkpoint tensor (after `checkpoint_name`) is not a model parameter and
     HF registers a checkpoint conversion for the model (reads the safetensors headers only)."""
-    from safetensors import safe_open
-    from transformers.conversion_mapping import extract_weight_conversions_for_model
     params = {n for n, _ in model.named_parameters()} | {f"{layout.head}.weight"}
     for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
@@ -185,8 +185,6 @@ def load_adapter_from_dir(model_dir: str | Path, *, dtype: str = "fp32",
         FileNotFoundError: no safetensors weights in the directory.
         KeyError: a tensor in the files that the model does not have, or a missing one.
     """
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
     model_dir = Path(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     model, layout = _meta_skeleton(config)
@@ -236,7 +234,6 @@ def save_hf_dir(adapter_or_state_dict, model_dir: str | Path, *, dtype: torch.dt
     Returns:
         model_dir as a Path.
     """
-    from safetensors.torch import save_file
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(adapter_or_state_dict, ModelAdapter):

