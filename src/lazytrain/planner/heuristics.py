@@ -59,11 +59,7 @@ def megatrain_plan(problem: PlanningProblem, k: int = 4) -> Plan:
     Raises:
         ValueError: k < 1 or k > problem.k_max.
     """
-    if not 1 <= k <= problem.k_max:
-        raise ValueError(f"megatrain k must be in 1..k_max={problem.k_max}; got {k}")
-    t0 = time.perf_counter()
-    tiers = megatrain_tiers(problem.num_blocks, k)
-    return _finish(problem, decisions_from_tiers(problem, tiers), "megatrain", t0)
+    return uniform_plan(problem, k, lifetime_tiers=False, rule="megatrain")
 
 
 def best_fixed_k_plan(problem: PlanningProblem) -> Plan | None:
@@ -103,19 +99,23 @@ def ideal_plan(problem: PlanningProblem) -> Plan:
     return _finish(problem, d, "ideal", t0, status="bound: ignores capacities, do not run")
 
 
-def uniform_plan(problem: PlanningProblem, k: int, *, lifetime_tiers: bool = True) -> Plan:
+def uniform_plan(problem: PlanningProblem, k: int, *, lifetime_tiers: bool = True,
+                 rule: str = "uniform") -> Plan:
     """Every k-th boundary materialized; tiers by lifetime (or all hbm); no keep, no repair.
+
+    `rule` names the plan's `solver.backend` and the error ("megatrain" for `megatrain_plan`,
+    which is this rule with every materialized boundary in hbm).
 
     Raises:
         ValueError: k < 1 or k > problem.k_max.
     """
     if not 1 <= k <= problem.k_max:
-        raise ValueError(f"uniform k must be in 1..k_max={problem.k_max}; got {k}")
+        raise ValueError(f"{rule} k must be in 1..k_max={problem.k_max}; got {k}")
     t0 = time.perf_counter()
     tiers = megatrain_tiers(problem.num_blocks, k)
     if lifetime_tiers:
         tiers = Search(problem, deadline=float("inf")).lifetime(tiers).tiers
-    return _finish(problem, decisions_from_tiers(problem, tiers), "uniform", t0)
+    return _finish(problem, decisions_from_tiers(problem, tiers), rule, t0)
 
 
 # ---------------------------------------------------------------------------------------------
