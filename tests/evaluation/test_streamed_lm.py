@@ -28,9 +28,9 @@ EOS, PAD = 5, 0
 SEQUENCES = [[1, 2, 3, 4, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17, 18], [19, 20]]
 PROMPTS = [[1, 2, 3], [4, 6, 7, 8, 9], [10], [11, 12, 13, 14]]
 NEW_TOKENS = 6
-CASES = [("llama", "host", "cpu"), ("llama", "stream", "cpu-checked"),
-         ("llama", "resident", "cpu-checked"), ("qwen3_5_text", "stream", "cpu"),
-         ("qwen3_moe", "stream", "cpu")]
+CASES = [("llama", "host", "cpu"), ("llama", "streamed", "cpu-checked"),
+         ("llama", "resident", "cpu-checked"), ("qwen3_5_text", "streamed", "cpu"),
+         ("qwen3_moe", "streamed", "cpu")]
 IDS = [f"{f}-{m}-{d}" for f, m, d in CASES]
 
 

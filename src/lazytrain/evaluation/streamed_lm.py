@@ -12,7 +12,7 @@ compute dtype runs on views of the masters).
 
 Everything runs in the compute dtype of the device weights (fp32 or bf16); log-probabilities
 and sampling are computed in fp32 from the head's logits, chunk by chunk along the sequence
-(`HEAD_CHUNK_TOKENS`), so [B, S, V] logits are never materialised.
+(`INFERENCE_HEAD_CHUNK_TOKENS`), so [B, S, V] logits are never materialised.
 
 Knows nothing about plans, trainers or tasks: the caller picks the weight mode, the device
 and the batch size. Every pass books its allocations and copies to the ledger window "eval".
@@ -32,21 +32,20 @@ from transformers import AutoTokenizer, DynamicCache
 
 from lazytrain.models.adapter import ModelAdapter
 from lazytrain.models.hf_loader import load_adapter_from_dir
+from lazytrain.planner.inference_plans import (FILES, INFERENCE_HEAD_CHUNK_TOKENS,
+                                               INFERENCE_WEIGHT_SLOTS, InferencePlan)
 from lazytrain.runtime.backends import make_device
 from lazytrain.runtime.device import Device
 from lazytrain.runtime.streams import DeviceWeights
 
 EVAL_WINDOW = "eval"
 """Ledger window of every evaluation pass (its bytes held and moved)."""
-HEAD_CHUNK_TOKENS = 4096
-"""Flattened tokens per head chunk: bounds the fp32 logits to HEAD_CHUNK_TOKENS * V * 4 bytes
-(SmolLM2's V = 49,152: 805 MB)."""
 PASS_TOKENS = 65536
 """Padded tokens of all batches run through one pass of the weights in `token_logprobs`: each
 block is loaded once per pass and runs every batch of it, so the hidden states of the pass
 (PASS_TOKENS * H * dtype bytes) stay on the device between blocks."""
-WEIGHT_MODES = ("stream", "resident", "host")
-"""`stream`: block weights through two device slots, reloaded every pass; `resident`: every
+WEIGHT_MODES = ("streamed", "resident", "host")
+"""`streamed`: block weights through INFERENCE_WEIGHT_SLOTS device slots, reloaded every pass; `resident`: every
 block loaded once and kept (the decode plan's choice when weights fit HBM); `host`: the cpu
 backend runs on views of the masters (masters in the compute dtype only)."""
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -71,14 +70,14 @@ class StreamedLM:
     """
 
     def __init__(self, adapter: ModelAdapter, tokenizer: Any, *, device: Device,
-                 compute_dtype: torch.dtype = torch.float32, weights: str = "stream",
+                 compute_dtype: torch.dtype = torch.float32, weights: str = "streamed",
                  batch_size: int = 8, eos_token_ids: set[int] | None = None) -> None:
         if weights not in WEIGHT_MODES:
             raise ValueError(f"weights: unknown mode {weights!r}; use one of {WEIGHT_MODES}")
         master_dtype = adapter.params.ends.master.dtype
         if weights == "host" and (device.is_cuda or master_dtype != compute_dtype):
             raise ValueError(f"weights=host needs the cpu backend and {compute_dtype} masters "
-                             f"(got {device.kind}, {master_dtype}); use weights=stream")
+                             f"(got {device.kind}, {master_dtype}); use weights=streamed")
         self.adapter, self.tokenizer, self.dev = adapter, tokenizer, device
         self.dtype, self.mode, self.batch_size = compute_dtype, weights, batch_size
         eos = tokenizer.eos_token_id
@@ -103,7 +102,8 @@ class StreamedLM:
         `train.compute_dtype`. The host store holds the weights once, in the compute dtype.
 
         Args:
-            weights: a `WEIGHT_MODES` value; None: `host` on cpu, else `stream`.
+            weights: a `WEIGHT_MODES` value; None: `host` on cpu, else the run's decode plan's
+                (decode_plan.json: resident when the weights fit HBM), else `streamed`.
 
         Raises:
             FileNotFoundError: no complete checkpoint in the run (names the run dir and the
@@ -114,7 +114,7 @@ class StreamedLM:
         adapter = load_adapter_from_dir(path, master_dtype=dtype_name)
         tokenizer = AutoTokenizer.from_pretrained(path)
         dev = make_device(device)
-        mode = weights or ("stream" if dev.is_cuda else "host")
+        mode = weights or ("host" if not dev.is_cuda else _planned_mode(Path(run_dir)))
         return cls(adapter, tokenizer, device=dev, compute_dtype=COMPUTE_DTYPES[dtype_name],
                    weights=mode, batch_size=batch_size)
 
@@ -127,7 +127,8 @@ class StreamedLM:
         if self.mode == "host":
             return
         if self._slots is None:
-            self._slots = DeviceWeights(params, self.dev, self.dtype, num_slots=2)
+            self._slots = DeviceWeights(params, self.dev, self.dtype,
+                                        num_slots=INFERENCE_WEIGHT_SLOTS)
         if self._ends is None:
             self._ends = self.dev.empty(params.ends.numel, self.dtype, name="eval ends weights")
             self.dev.wait_event(self.dev.compute,
@@ -236,7 +237,7 @@ class StreamedLM:
                          ends: dict[str, torch.Tensor]) -> torch.Tensor:
         """[B, S, H] hidden, [B, S] next tokens -> [B, S] fp32 log p(target), chunk by chunk."""
         out = torch.empty(targets.shape, dtype=torch.float32, device=h.device)
-        chunk = max(1, HEAD_CHUNK_TOKENS // h.shape[0])
+        chunk = max(1, INFERENCE_HEAD_CHUNK_TOKENS // h.shape[0])
         for a in range(0, h.shape[1], chunk):
             logits = self._logits(h[:, a:a + chunk], ends)
             out[:, a:a + chunk] = torch.log_softmax(logits, dim=-1).gather(
@@ -374,6 +375,14 @@ def _checkpoint_path(run_dir: Path, checkpoint: str | None) -> Path:
         raise FileNotFoundError(f"{run_dir}: no complete checkpoint under {root}; train the run "
                                 f"(lazytrain train) until it saves one")
     return done[-1]
+
+
+def _planned_mode(run_dir: Path) -> str:
+    """`resident` when the run's decode plan keeps the weights in HBM, else `streamed`."""
+    path = run_dir / FILES["decode"]
+    if path.is_file() and InferencePlan.load(path).weights == "resident":
+        return "resident"
+    return "streamed"
 
 
 def _run_compute_dtype(run_dir: Path) -> str:

@@ -1,0 +1,129 @@
+"""Forward-only and decode plans against numbers computed by hand: the KV cache bytes of
+full, sliding and linear-attention layers, the resident-vs-streamed choice at the budget's
+edge, predicted tokens/s on a GPU-like and a CPU-like problem, the shortfall error, and the
+JSON file's round trip and refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lazytrain.planner.inference_plans import (InferencePlan, KvLayout, kv_layout,
+                                               make_inference_plan, write_inference_plans)
+from lazytrain.planner.plan_checks import PlanValidationError
+from lazytrain.planner.problem import PlanningProblem
+from lazytrain.spec.model import ModelSpec
+
+L, P, H, V = 4, 1_000_000, 64, 100  # blocks; weight bytes per block; hidden; vocabulary
+PARAMS = P // 4  # fp32: 4 bytes per parameter
+TOKENS = 2 * 10  # training micro-batch 2 x seq 10
+
+
+def _problem(*, hbm_bytes: int, overlap: bool = True) -> PlanningProblem:
+    """Every block: forward 2 ms per 20 tokens, 1 MB of fp32 weights, 40,000 B saved
+    internals; h2d 1 GB/s (1 ms per block load); ends 1,000 params; embed 0.5 ms, head 3 ms."""
+    return PlanningProblem(
+        fwd_ms=(2.0,) * L, fwd_grad_ms=(2.4,) * L, bwd_ms=(4.0,) * L, weight_bytes=(P,) * L,
+        grad_bytes=(P,) * L, internal_bytes=(40_000,) * L, boundary_bytes=(5120,) * (L + 1),
+        params_per_block=(PARAMS,) * L, ends_params=1000, embed_ms=0.5, head_ms=3.0,
+        h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9, duplex_bytes_per_s=1.5e9,
+        nvme_read_bytes_per_s=1e9, nvme_write_bytes_per_s=1e9, hbm_bytes=hbm_bytes,
+        dram_bytes=10**12, tokens_per_micro_batch=TOKENS, copies_overlap_compute=overlap,
+        provenance={"seq_len": 10, "micro_batch": 2, "model_config_sha256": "abc",
+                    "dtype": "fp32"})
+
+
+KV = KvLayout(kv_bytes_per_token=(2 * 2 * 16 * 4,) * L, windows=(0,) * L, state_bytes_per_row=0)
+
+
+def _plan(kind: str, hbm_bytes: int, **kw) -> InferencePlan:
+    return make_inference_plan(_problem(hbm_bytes=hbm_bytes, **kw.pop("problem", {})),
+                               kind=kind, kv=KV, vocab_size=V, hidden_size=H, **kw)
+
+
+def test_kv_cache_bytes_of_full_sliding_and_linear_layers_by_hand():
+    hybrid = ModelSpec.from_hf_config(dict(
+        model_type="qwen3_5_text", vocab_size=96, hidden_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, max_position_embeddings=64,
+        layer_types=["linear_attention", "full_attention"] * 2))
+    kv = kv_layout(hybrid, {"num_key_value_heads": 2, "head_dim": 16}, dtype_bytes=2)
+    # 2 full layers x 2 (k, v) x 2 kv heads x 16 dims x 2 B x (8 rows x 100 tokens)
+    # + 8 rows x 2 linear layers x 4 heads x 16 x 16 x 2 B
+    assert kv.cache_bytes(batch=8, context_tokens=100) == (2 * 2 * 2 * 16 * 2 * 800
+                                                          + 8 * 2 * 4 * 16 * 16 * 2)
+    sliding = ModelSpec.from_hf_config(dict(
+        model_type="mistral", vocab_size=96, hidden_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+        sliding_window=4, max_position_embeddings=64))
+    kv = kv_layout(sliding, {"num_key_value_heads": 2, "head_dim": 16}, dtype_bytes=4)
+    # a 4-token window keeps 4 of the 100 tokens per row: 2 layers x 2 x 2 x 16 x 4 B x 8 x 4
+    assert kv.cache_bytes(batch=8, context_tokens=100) == 2 * 2 * 2 * 16 * 4 * 8 * 4
+
+
+# activations of a forward micro-batch (2 x 10 tokens, fp32): boundary in + out 2 x 20 x 64 x 4
+# = 10,240; workspace 40,000 (20 tokens, as trained); head chunk 8 x 20 x 100 = 16,000
+FORWARD_ACT = 10_240 + 40_000 + 16_000
+ENDS = 4_000  # 1,000 params x 4 B
+
+
+def test_forward_plan_is_resident_exactly_when_everything_fits():
+    need = 4 * P + ENDS + FORWARD_ACT
+    fits = _plan("forward", need)
+    assert (fits.weights, fits.weight_bytes, fits.peak_hbm_bytes) == ("resident", 4 * P, need)
+    one_short = _plan("forward", need - 1)
+    assert (one_short.weights, one_short.weight_bytes) == ("streamed", 2 * P)  # two slots
+
+
+def test_predicted_tokens_per_s_by_hand():
+    # resident: 0.5 embed + 4 x 2 ms + 3 / 3 head = 9.5 ms for 20 tokens
+    assert _plan("forward", 10**9).tokens_per_s == pytest.approx(20 * 1000 / 9.5)
+    # streamed on a GPU: each block max(2 ms compute, 1 ms load) -> the same 9.5 ms
+    gpu = _plan("forward", 3 * P)
+    assert gpu.weights == "streamed" and gpu.step_ms == pytest.approx(9.5)
+    # streamed on a CPU: compute + load = 3 ms per block -> 0.5 + 12 + 1 = 13.5 ms
+    cpu = _plan("forward", 3 * P, problem={"overlap": False})
+    assert cpu.step_ms == pytest.approx(13.5)
+    # decode, 8 rows: compute scales by 8 / 20 tokens: 0.5 x 0.4 + 4 x 0.8 + 1 x 0.4 = 3.8 ms
+    # resident; 8 tokens per step
+    dec = _plan("decode", 10**9, batch=8, context_tokens=50)
+    assert dec.step_ms == pytest.approx(3.8) and dec.tokens_per_s == pytest.approx(8000 / 3.8)
+    # streamed on a GPU: each block max(0.8, 1.0 load) = 1 ms: 0.2 + 4 + 0.4 = 4.6 ms
+    dec = _plan("decode", 4 * P, batch=8, context_tokens=50)  # 4 MB < 5.7 MB resident
+    assert dec.weights == "streamed" and dec.step_ms == pytest.approx(4.6)
+
+
+def test_decode_plan_counts_the_kv_cache_in_the_budget():
+    dec = _plan("decode", 10**9, batch=8, context_tokens=50)
+    assert dec.cache_bytes == L * 2 * 2 * 16 * 4 * 8 * 50  # 409,600
+    # prefill of 8 x 50 = 400 tokens: boundaries 2 x 400 x 64 x 4, workspace 2,000 x 400,
+    # head chunk 8 x 400 x 100
+    act = 2 * 400 * 64 * 4 + 2_000 * 400 + 8 * 400 * 100
+    assert dec.activation_bytes == act
+    assert dec.peak_hbm_bytes == 4 * P + ENDS + act + 409_600
+
+
+def test_a_budget_too_small_even_streamed_names_the_shortfall_and_the_fix():
+    with pytest.raises(PlanValidationError, match=r"over the HBM budget.*hardware\.hbm_gb"):
+        _plan("decode", 2 * P, batch=8, context_tokens=50)
+
+
+def test_plans_round_trip_through_their_files_and_bad_files_are_refused(tmp_path):
+    spec = ModelSpec.from_hf_config(dict(
+        model_type="llama", vocab_size=V, hidden_size=H, num_hidden_layers=L,
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        max_position_embeddings=64))
+    plans = write_inference_plans(tmp_path, _problem(hbm_bytes=10**9), model=spec,
+                                  hf_config={"num_key_value_heads": 2})
+    for kind, name in (("forward", "forward_plan.json"), ("decode", "decode_plan.json")):
+        assert InferencePlan.load(tmp_path / name) == plans[kind]
+        assert plans[kind].summary_line().startswith(f"{kind} plan: weights resident in HBM")
+    raw = json.loads((tmp_path / "decode_plan.json").read_text())
+    (tmp_path / "bad.json").write_text(json.dumps({**raw, "surprise": 1}))
+    with pytest.raises(PlanValidationError, match="surprise"):
+        InferencePlan.load(tmp_path / "bad.json")
+    (tmp_path / "bad.json").write_text(json.dumps({**raw, "kind": "forward"}))
+    with pytest.raises(PlanValidationError, match="forward plan: cache_bytes"):
+        InferencePlan.load(tmp_path / "bad.json")
