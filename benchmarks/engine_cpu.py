@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from lazytrain.models import adapter_from_model
 from lazytrain.planner.heuristics import megatrain_plan
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nvme_io import format_table, measure_nvme_path  # noqa: E402
@@ -122,8 +122,8 @@ def time_engine(config, state, args, k: int, nvme_dir: Path, *,
     model.load_state_dict(state)
     adapter = adapter_from_model(model)
     plan = megatrain_plan(make_problem(adapter, args), k=min(k, args.layers))
-    engine = Engine(adapter, plan, device="cpu", nvme_dir=nvme_dir, lr=1e-4,
-                    instrument=instrument)
+    engine = make_engine(adapter, plan, device="cpu", nvme_dir=nvme_dir, lr=1e-4,
+                         instrument=instrument)
     times = []
     try:
         for step in range(args.steps + 1):

@@ -324,9 +324,9 @@ def engine_grads(adapter, plan, ctx: Ctx, batches, *, dtype: str = "fp32", grad_
     """The engine's accumulated gradients (fp32 host copies) for one compute_gradients call.
     `wrap(engine)` may instrument the engine before the run (stress modes) and returns the
     function that undoes it."""
-    from lazytrain.runtime.engine import Engine
-    engine = Engine(adapter, plan, device=ctx.dev, nvme_dir=ctx.tmp / "nvme",
-                    compute_dtype=dtype, grad_accum=grad_accum, seed=0)
+    from lazytrain.runtime.build import make_engine
+    engine = make_engine(adapter, plan, device=ctx.dev, nvme_dir=ctx.tmp / "nvme",
+                         compute_dtype=dtype, grad_accum=grad_accum, seed=0)
     undo = wrap(engine) if wrap is not None else None
     try:
         engine.compute_gradients(batches)
@@ -810,15 +810,15 @@ def dropout_case(ctx: Ctx, shape: dict, drift_tol: float) -> dict:
 
 def adamw_steps(ctx: Ctx, config, shape: dict, batch: int, steps: int = 3) -> dict:
     """`steps` engine AdamW steps (mixed plan, grad_accum 2) vs torch.optim.AdamW on HF."""
-    from lazytrain.runtime.engine import Engine
+    from lazytrain.runtime.build import make_engine
     lr, wd = 1e-3, 0.01
     ref, adapter = model_pair(config, seed=5)
     initial = {n: p.detach().cpu().clone() for n, p in ref.named_parameters()}
     tiers, keep = plan_matrix(shape["layers"])["mixed"]
     plan = plan_of(hand_problem(adapter, batch=batch, seq=shape["seq"], act_bytes=4,
                                 grad_accum=2), tiers, keep)
-    engine = Engine(adapter, plan, device=ctx.dev, nvme_dir=ctx.tmp / "nvme", grad_accum=2,
-                    lr=lr, eps=ADAM_EPS, weight_decay=wd)
+    engine = make_engine(adapter, plan, device=ctx.dev, nvme_dir=ctx.tmp / "nvme", grad_accum=2,
+                         lr=lr, eps=ADAM_EPS, weight_decay=wd)
     opt = torch.optim.AdamW(ref.parameters(), lr=lr, eps=ADAM_EPS, weight_decay=wd)
     try:
         for step in range(steps):
@@ -1126,7 +1126,7 @@ def overlap_runs(engine, batches, ctx: Ctx) -> dict:
 def overlap(ctx: Ctx) -> dict:
     """Per-window overlap at a realistic shape, against the plan's prediction."""
     from lazytrain.planner.heuristics import heuristic_plan
-    from lazytrain.runtime.engine import Engine
+    from lazytrain.runtime.build import make_engine
     shape = overlap_shape(ctx.quick)
     config = llama_config(**shape)
     threads_before = fresh_thread_intra_op_threads()
@@ -1134,9 +1134,9 @@ def overlap(ctx: Ctx) -> dict:
     problem, measured = measured_problem(adapter, config, shape, ctx)
     tiers, keep = overlap_tiers(shape["layers"])
     plan = plan_of(problem, tiers, keep)
-    engine = Engine(adapter, plan, device=ctx.dev, nvme_dir=ctx.tmp / "nvme",
-                    compute_dtype="bf16",
-                    model_config_sha256=problem.provenance["model_config_sha256"])
+    engine = make_engine(adapter, plan, device=ctx.dev, nvme_dir=ctx.tmp / "nvme",
+                         compute_dtype="bf16",
+                         model_config_sha256=problem.provenance["model_config_sha256"])
     g = torch.Generator().manual_seed(6)
     ids = torch.randint(1, config.vocab_size, (shape["batch"], shape["seq"]), generator=g)
     try:

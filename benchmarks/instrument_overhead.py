@@ -27,7 +27,7 @@ from lazytrain.models import adapter_from_model
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 
 TIERS = {
     "mixed": lambda L: ["recompute", "dram", "hbm", "nvme"] * (L // 4) + ["hbm"] * (L % 4 + 1),
@@ -120,8 +120,8 @@ def main() -> None:
         engines = {}
         for on in (False, True):
             adapter = make_adapter(args)
-            engines[on] = Engine(adapter, make_plan(adapter, args), device="cpu",
-                                 nvme_dir=Path(tmp) / str(on), instrument=on)
+            engines[on] = make_engine(adapter, make_plan(adapter, args), device="cpu",
+                                      nvme_dir=Path(tmp) / str(on), instrument=on)
         try:
             for r in range(args.rounds + 1):
                 for on in ((False, True) if r % 2 else (True, False)):  # alternate order

@@ -115,13 +115,13 @@ def make_engine(adapter, plan, nvme_dir: Path, *, fault_hook=None, instrument: b
                 budgets: bool = True):
     """The engine as the trainer builds it (instrumented, budgets on) unless told otherwise."""
     from lazytrain.runtime.activations import ActivationStore
-    from lazytrain.runtime.engine import Engine
+    from lazytrain.runtime.build import make_engine
 
     store = ActivationStore(device=torch.device("cpu"), nvme_dir=nvme_dir, fault_hook=fault_hook,
                             hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
-    return Engine(adapter, plan, device="cpu", compute_dtype="fp32",
-                  lr=1e-5, clip_grad_norm=1.0, store=store, instrument=instrument,
-                  budgets=budgets, model_config_sha256=plan.provenance["model_config_sha256"])
+    return make_engine(adapter, plan, device="cpu", compute_dtype="fp32",
+                       lr=1e-5, clip_grad_norm=1.0, store=store, instrument=instrument,
+                       budgets=budgets, model_config_sha256=plan.provenance["model_config_sha256"])
 
 
 def measure_steps(engine, data: list[dict], *, warmup: int) -> list[float]:

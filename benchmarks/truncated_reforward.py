@@ -37,7 +37,7 @@ from transformers import AutoModelForCausalLM
 from lazytrain.models import adapter_from_model
 from lazytrain.planner.heuristics import megatrain_plan
 from lazytrain.runtime.block_autograd import grad_leaves
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_cpu import batch, make_config, make_problem  # noqa: E402
@@ -84,7 +84,7 @@ def run(args, tmp: Path) -> dict:
     model = AutoModelForCausalLM.from_config(make_config(args), dtype=torch.float32)
     adapter = adapter_from_model(model)
     plan = megatrain_plan(make_problem(adapter, args), k=1)
-    engine = Engine(adapter, plan, device="cpu", nvme_dir=tmp / "nvme", lr=1e-4)
+    engine = make_engine(adapter, plan, device="cpu", nvme_dir=tmp / "nvme", lr=1e-4)
     times: dict = {"truncated": [], "full": []}
     try:
         engine.step([batch(args, 0)])  # warm-up: allocator, threads

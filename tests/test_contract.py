@@ -21,6 +21,7 @@ from lazytrain.planner.plan import Transfer
 from lazytrain.planner.windows import TRANSFER_KINDS, window_names, window_ord
 from lazytrain.planner.staging import staging_by_window
 from lazytrain.runtime import engine, nvme
+from lazytrain.runtime.build import make_engine
 from lazytrain.runtime.device import Device
 from lazytrain.runtime.ends import ResidentEnds
 from lazytrain.runtime.optim import BlockOptimizer
@@ -86,7 +87,7 @@ def test_the_head_chunk_default_is_the_contracts_on_both_sides():
     assert contract.HEAD_CHUNK_TOKENS == 1024
     assert RuntimeConfig().head_chunk_tokens == contract.HEAD_CHUNK_TOKENS
     defaults = [inspect.signature(f).parameters["head_chunk_tokens"].default
-                for f in (engine.Engine, analytic_costs, profile_costs)]
+                for f in (make_engine, analytic_costs, profile_costs)]
     assert defaults == [contract.HEAD_CHUNK_TOKENS] * 3
 
 

@@ -36,8 +36,8 @@ j's own per-parameter gradients and their flat pack are in the block workspace
 HEAD_CHUNK_TOKENS = 1024
 """Default flattened tokens (micro-batch x positions) per LM-head/loss chunk: the logits exist
 for [B, max(1, HEAD_CHUNK_TOKENS // B), V] at a time. Runtime: the default of
-`runtime.head_chunk_tokens` (`config/sections.py`), of `Engine(head_chunk_tokens=...)` and the
-profiler's head (`runtime/ends.py`). Planner: the head workspace of `spec/costs.py`."""
+`runtime.head_chunk_tokens` (`config/sections.py`), of `EngineSettings(head_chunk_tokens=...)`
+and the profiler's head (`runtime/ends.py`). Planner: the head workspace of `spec/costs.py`."""
 
 ENDS_GRAD_BYTES_PER_PARAM = 4
 """The ends' (embedding, final norm, untied head) device gradient is one fp32 accumulator,

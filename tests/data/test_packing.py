@@ -21,7 +21,7 @@ from lazytrain.data import TrainStream, packed_batch, real_token_count  # noqa: 
 from lazytrain.data.packing import check_packing_supported, fill_rows  # noqa: E402
 from lazytrain.data.synthetic import arithmetic_dataset  # noqa: E402
 from lazytrain.data.tokenize import IGNORE_INDEX, Encoded  # noqa: E402
-from lazytrain.runtime.engine import Engine  # noqa: E402
+from lazytrain.runtime.build import make_engine  # noqa: E402
 
 ROWS, SEQ = 2, 12  # engine_helpers' BATCH and SEQ: the plan's batch shape
 R, H, D = "recompute", "hbm", "dram"
@@ -79,7 +79,8 @@ def test_packed_batch_loss_equals_token_weighted_loss_of_samples_run_one_by_one(
                                                                               tmp_path):
     ref, adapter = model_pair(tiny_config("llama"))
     batch, packed, _ = _pack(SAMPLES)
-    engine = Engine(adapter, plan_for(adapter, tiers), device="cpu", nvme_dir=tmp_path / "nvme")
+    engine = make_engine(adapter, plan_for(adapter, tiers), device="cpu",
+                         nvme_dir=tmp_path / "nvme")
     try:
         loss = engine.compute_gradients([batch])
         grads = {k: v.clone() for k, v in engine.gradients().items()}

@@ -96,13 +96,13 @@ def reference_params(plan_name: str, *, steps: int, world: int, clip: float, nvm
     Runs with one intra-op thread, as the ranks do (`dp_worker`): the reductions then sum in
     the same order whatever thread count an earlier test left, so the comparison does not
     depend on which tests ran before."""
-    from lazytrain.runtime.engine import Engine
+    from lazytrain.runtime.build import make_engine
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     adapter = tiny_adapter(master_dtype=master_dtype)
     plan = tiny_plan(adapter, *PLANS[plan_name])
-    engine = Engine(adapter, plan, **engine_kwargs(nvme_dir, clip=clip, grad_accum=world))
+    engine = make_engine(adapter, plan, **engine_kwargs(nvme_dir, clip=clip, grad_accum=world))
     try:
         for batches in global_batches(steps, world):
             engine.step(batches)

@@ -33,7 +33,7 @@ from engine_helpers import (HIDDEN, SEQ, VOCAB, micro_batches, plan_for,  # noqa
 from lazytrain.models import adapter_from_model  # noqa: E402
 from lazytrain.models.families import (layer_attention_type, layer_mask_key,  # noqa: E402
                                        layer_sliding_window)
-from lazytrain.runtime.engine import Engine  # noqa: E402
+from lazytrain.runtime.build import make_engine  # noqa: E402
 
 R, H, D, N = "recompute", "hbm", "dram", "nvme"
 PLANS = {
@@ -144,8 +144,8 @@ def _run(family: str, plan_kind: str, tmp_path, *, idle_expert: bool = False):
     ref, adapter = _pair(family_config(family), idle_expert=idle_expert)
     tiers, keep = PLANS[plan_kind]
     batches = micro_batches(1)  # last row right-padded: exercises the linear-attention mask
-    engine = Engine(adapter, plan_for(adapter, tiers, keep), device="cpu",
-                    nvme_dir=tmp_path / "nvme")
+    engine = make_engine(adapter, plan_for(adapter, tiers, keep), device="cpu",
+                         nvme_dir=tmp_path / "nvme")
     try:
         torch.manual_seed(123)
         loss = engine.compute_gradients(batches)
@@ -234,8 +234,8 @@ def test_router_aux_loss_is_in_the_loss_and_grads_as_in_hf(case, tmp_path):
     assert adapter.router_aux_enabled
     tiers, keep = PLANS[plan_kind]
     batches = micro_batches(n_micro)  # padded last row: HF weights the aux terms by the mask
-    engine = Engine(adapter, plan_for(adapter, tiers, keep, grad_accum=n_micro), device="cpu",
-                    nvme_dir=tmp_path / "nvme", grad_accum=n_micro)
+    engine = make_engine(adapter, plan_for(adapter, tiers, keep, grad_accum=n_micro), device="cpu",
+                         nvme_dir=tmp_path / "nvme", grad_accum=n_micro)
     try:
         loss = engine.compute_gradients(batches)
         grads = {k: v.clone() for k, v in engine.gradients().items()}

@@ -34,7 +34,7 @@ from engine_helpers import HIDDEN, micro_batches, plan_for, reference_grads  # n
 from lazytrain.models import adapter_from_model  # noqa: E402
 from lazytrain.models.families import LAYOUTS  # noqa: E402
 from lazytrain.runtime.backends import make_device  # noqa: E402
-from lazytrain.runtime.engine import Engine  # noqa: E402
+from lazytrain.runtime.build import make_engine  # noqa: E402
 from test_families import ATTN, _assert_grads_match, family_config  # noqa: E402
 
 H, D, R = "hbm", "dram", "recompute"
@@ -69,7 +69,8 @@ def _pair(config):
 
 
 def _engine_grads(adapter, tiers, device, tmp_path, *, inner: int = 1):
-    engine = Engine(adapter, plan_for(adapter, tiers), device=device, nvme_dir=tmp_path / "nvme")
+    engine = make_engine(adapter, plan_for(adapter, tiers), device=device,
+                         nvme_dir=tmp_path / "nvme")
     counter = _TailShapedProducts(inner)
     try:
         torch.manual_seed(123)

@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM
 from engine_helpers import micro_batches, plan_for, tiny_config
 from lazytrain.models import adapter_from_model
 from lazytrain.planner.build import HOST_BYTES_PER_PARAM, HOST_BYTES_PER_PARAM_Q8
+from lazytrain.runtime.build import make_engine
 from lazytrain.runtime.engine import Engine
 from lazytrain.runtime.optim import BlockOptimizer, lr_at
 from lazytrain.models.host_params import HostParams
@@ -103,8 +104,8 @@ def test_bf16_masters_from_an_allocator_are_views_of_its_bf16_buffer():
 
 def _engine(adapter, tmp_path, *, grad_accum: int = 1, **kw) -> Engine:
     plan = plan_for(adapter, TIERS, KEEP, grad_accum=grad_accum)
-    return Engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", grad_accum=grad_accum,
-                  **kw)
+    return make_engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme",
+                       grad_accum=grad_accum, **kw)
 
 
 @pytest.mark.parametrize("n_micro,tied", [(1, False), (2, False), (1, True)],
@@ -166,7 +167,7 @@ def test_host_bytes_per_param_after_a_step_match_the_planner(master_dtype, tmp_p
     model = AutoModelForCausalLM.from_config(tiny_config("llama", layers=2), dtype=torch.float32)
     adapter = adapter_from_model(model, master_dtype=master_dtype)
     plan = plan_for(adapter, [H, H, H])
-    engine = Engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", lr=1e-3)
+    engine = make_engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", lr=1e-3)
     try:
         engine.step(micro_batches(1))
         engine.optimizer.wait_all()

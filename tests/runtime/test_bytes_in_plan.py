@@ -19,7 +19,7 @@ import torch
 from engine_helpers import micro_batches, model_pair, tiny_config
 from ledger_helpers import real_plan
 from lazytrain.planner.budgets import predicted_pinned_bytes
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 
 R, H, D, N = "recompute", "hbm", "dram", "nvme"
 PLANS = {
@@ -40,9 +40,9 @@ BYTE_CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write")
 
 
 def _step(plan, adapter, tmp_path, **engine_kw):
-    engine = Engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", grad_accum=2,
-                    instrument=True, budgets=True,
-                    model_config_sha256=plan.provenance["model_config_sha256"], **engine_kw)
+    engine = make_engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", grad_accum=2,
+                         instrument=True, budgets=True,
+                         model_config_sha256=plan.provenance["model_config_sha256"], **engine_kw)
     try:
         return engine.step(micro_batches(2), lr=1e-3).windows
     finally:

@@ -13,7 +13,7 @@ from engine_helpers import micro_batches, model_pair, plan_for, tiny_config
 from test_engine_grads import PLANS
 from lazytrain.planner.windows import window_names
 from lazytrain.runtime.activations import ActivationStore
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 
 
 @pytest.mark.parametrize("n_micro", [1, 2], ids=["one_micro_batch", "grad_accum_2"])
@@ -23,7 +23,7 @@ def test_store_hbm_peak_stays_within_plan_in_every_window(plan_kind, n_micro, tm
     _, adapter = model_pair(tiny_config("llama"))
     plan = plan_for(adapter, tiers, keep, grad_accum=n_micro)
     store = ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme")
-    engine = Engine(adapter, plan, device="cpu", grad_accum=n_micro, store=store)
+    engine = make_engine(adapter, plan, device="cpu", grad_accum=n_micro, store=store)
     try:
         engine.compute_gradients(micro_batches(n_micro))
         peaks = store.peak_by_window()

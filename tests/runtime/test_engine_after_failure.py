@@ -8,7 +8,7 @@ import torch
 
 from engine_helpers import micro_batches, model_pair, plan_for, reference_grads, tiny_config
 from lazytrain.runtime.activations import ActivationStore
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 from lazytrain.runtime.errors import NvmeIOError
 from lazytrain.runtime.nvme import FaultInjector
 
@@ -19,9 +19,9 @@ def test_a_step_after_a_failed_step_runs_and_its_gradients_equal_autograd(tmp_pa
     ref, adapter = model_pair(tiny_config("llama", layers=3))
     plan = plan_for(adapter, [H, N, R, H])  # boundary 1 on the NVMe tier
     faults = FaultInjector()
-    engine = Engine(adapter, plan, device="cpu",
-                    store=ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
-                                          fault_hook=faults))
+    engine = make_engine(adapter, plan, device="cpu",
+                         store=ActivationStore(device=torch.device("cpu"),
+                                               nvme_dir=tmp_path / "nvme", fault_hook=faults))
     batches = micro_batches(1)
     try:
         faults.fail_next_write(boundary=1)
@@ -49,9 +49,9 @@ def test_a_flipped_bit_in_an_nvme_checkpoint_stops_the_step_instead_of_wrong_gra
 
     _, adapter = model_pair(tiny_config("llama", layers=3))
     plan = plan_for(adapter, [H, N, R, H])
-    engine = Engine(adapter, plan, device="cpu",
-                    store=ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
-                                          fault_hook=flip))
+    engine = make_engine(adapter, plan, device="cpu",
+                         store=ActivationStore(device=torch.device("cpu"),
+                                               nvme_dir=tmp_path / "nvme", fault_hook=flip))
     try:
         with pytest.raises(NvmeIOError, match="checksum mismatch") as info:
             engine.compute_gradients(micro_batches(1))
@@ -64,8 +64,8 @@ def test_a_step_failing_in_the_weight_conversion_gives_its_slots_back(tmp_path, 
     from lazytrain.runtime.streams import DeviceWeights
 
     ref, adapter = model_pair(tiny_config("llama", layers=3))
-    engine = Engine(adapter, plan_for(adapter, [H, H, H, H]), device="cpu",
-                    nvme_dir=tmp_path / "nvme")
+    engine = make_engine(adapter, plan_for(adapter, [H, H, H, H]), device="cpu",
+                         nvme_dir=tmp_path / "nvme")
     convert, calls = DeviceWeights.convert, []
 
     def failing_convert(self, staging, master):  # the second conversion of a step fails

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from engine_helpers import (micro_batches, model_pair, plan_for, reference_grads, tiny_config)
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 from lazytrain.runtime.optim import lr_at
 
 R, H, D, N = "recompute", "hbm", "dram", "nvme"
@@ -48,8 +48,8 @@ def _engine_grads(config, tiers, keep, tmp_path, *, n_micro=1, family_seed=0, ba
     ref, adapter = model_pair(config, seed=family_seed)
     plan = plan_for(adapter, tiers, keep, grad_accum=n_micro)
     batches = batches or micro_batches(n_micro)
-    engine = Engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", grad_accum=n_micro,
-                    **engine_kw)
+    engine = make_engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme",
+                         grad_accum=n_micro, **engine_kw)
     try:
         torch.manual_seed(123)
         loss = engine.compute_gradients(batches)
@@ -120,8 +120,8 @@ def test_three_engine_steps_match_fused_adamw_on_plain_model(clip, tmp_path):
     tiers, keep = PLANS["keep_after_recomputed_segment"]
     plan = plan_for(adapter, tiers, keep, grad_accum=2)
     lrs = [lr_at(s, base_lr=1e-2, warmup_steps=1, total_steps=3) for s in range(3)]
-    engine = Engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", grad_accum=2,
-                    lr=1e-2, weight_decay=0.01, clip_grad_norm=clip)
+    engine = make_engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", grad_accum=2,
+                         lr=1e-2, weight_decay=0.01, clip_grad_norm=clip)
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01, fused=True)
     try:
         for step, lr in enumerate(lrs):
@@ -143,8 +143,8 @@ def test_three_engine_steps_match_fused_adamw_on_plain_model(clip, tmp_path):
 def test_engine_refuses_plan_for_another_sequence_length(tmp_path):
     from lazytrain.planner.plan import PlanValidationError
     _, adapter = model_pair(tiny_config("llama", layers=2))
-    engine = Engine(adapter, plan_for(adapter, [H, H, H]), device="cpu",
-                    nvme_dir=tmp_path / "nvme")
+    engine = make_engine(adapter, plan_for(adapter, [H, H, H]), device="cpu",
+                         nvme_dir=tmp_path / "nvme")
     batch = micro_batches(1)[0]
     batch = {k: v[:, :8] for k, v in batch.items()}
     try:
@@ -162,6 +162,6 @@ def test_engine_refuses_store_settings_beside_a_given_store(tmp_path, extra):
     store = ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme", io_threads=1)
     try:
         with pytest.raises(ValueError, match="pass them to ActivationStore"):
-            Engine(adapter, plan_for(adapter, [H, H, H]), device="cpu", store=store, **extra)
+            make_engine(adapter, plan_for(adapter, [H, H, H]), device="cpu", store=store, **extra)
     finally:
         store.close()

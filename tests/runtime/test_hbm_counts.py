@@ -30,7 +30,7 @@ from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluat
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.runtime.block_autograd import grad_leaves
 from lazytrain.runtime.backends import make_device
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 from lazytrain.spec.costs import analytic_costs
 from lazytrain.spec.hardware import get_hardware
 from lazytrain.spec.model import ModelSpec
@@ -55,8 +55,9 @@ def _predicted_and_measured(adapter, tiers, tmp_path, *, device: str, seed: int 
     plan = build_plan(problem, decisions, solver=SolveRecord(backend="manual"))
     predicted = dict(zip((w.name for w in plan.windows), evaluate(problem, plan).hbm_by_window))
     dev = make_device(device, seed=seed)
-    engine = Engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2,
-                    instrument=True, model_config_sha256=plan.provenance["model_config_sha256"])
+    engine = make_engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2,
+                         instrument=True,
+                         model_config_sha256=plan.provenance["model_config_sha256"])
     try:
         records = engine.step(micro_batches(2), lr=1e-3).windows
     finally:
@@ -173,8 +174,8 @@ def test_a_budget_of_exactly_the_plans_peak_runs_with_a_16k_vocabulary(device, t
                       solver=SolveRecord(backend="manual"))
     assert problem.hbm_bytes >= plan.predicted.peak_hbm_bytes
     dev = make_device(device, seed=0)
-    engine = Engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2,
-                    budgets=True, model_config_sha256=plan.provenance["model_config_sha256"])
+    engine = make_engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2,
+                         budgets=True, model_config_sha256=plan.provenance["model_config_sha256"])
     try:
         engine.step(micro_batches(2), lr=1e-3)  # HbmBudgetExceeded at turn before
     finally:

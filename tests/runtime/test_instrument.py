@@ -20,7 +20,7 @@ from lazytrain.planner.plan import Plan
 from lazytrain.planner.windows import window_names
 from lazytrain.report.tables import plan_id_of_dict
 from lazytrain.runtime.activations import ActivationStore
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 from lazytrain.runtime.instrument import (BYTE_CHANNELS, CHANNELS, PEAK_TIERS, plan_id,
                                           write_windows_jsonl)
 from lazytrain.runtime.nvme import FaultInjector
@@ -37,8 +37,8 @@ def _engine(tiers, tmp_path, *, fault_hook=None, grad_accum=1, instrument=True):
     plan = plan_for(adapter, tiers, grad_accum=grad_accum, **HORIZONS)
     store = ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
                             fault_hook=fault_hook)
-    engine = Engine(adapter, plan, device="cpu", store=store, grad_accum=grad_accum,
-                    instrument=instrument)
+    engine = make_engine(adapter, plan, device="cpu", store=store, grad_accum=grad_accum,
+                         instrument=instrument)
     return engine, plan
 
 

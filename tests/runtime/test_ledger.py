@@ -17,7 +17,7 @@ from engine_helpers import HIDDEN, SEQ, micro_batches, model_pair, tiny_config
 from ledger_helpers import real_plan
 from lazytrain.runtime.device import Device
 from lazytrain.planner.budgets import plan_budgets
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 from lazytrain.runtime.errors import HbmBudgetExceeded, HostBudgetExceeded
 from lazytrain.runtime.ledger import Ledger
 
@@ -79,9 +79,9 @@ def test_copies_and_nvme_io_are_booked_to_their_window_and_channel(tmp_path):
 
 
 def _engine(adapter, plan, tmp_path, **kw):
-    return Engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", grad_accum=2,
-                  instrument=True, model_config_sha256=plan.provenance["model_config_sha256"],
-                  **kw)
+    return make_engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", grad_accum=2,
+                       instrument=True, model_config_sha256=plan.provenance["model_config_sha256"],
+                       **kw)
 
 
 def test_an_hbm_budget_one_boundary_short_of_the_need_is_a_named_ledger_error(tmp_path):
@@ -117,8 +117,8 @@ def test_the_checkers_hold_the_same_hbm_as_the_cpu_backend(tmp_path):
         _, adapter = model_pair(tiny_config("llama"))
         plan = real_plan(adapter, [N, R, R, D, H], (2, 3))
         dev = make_device(kind)
-        engine = Engine(adapter, plan, device=dev, nvme_dir=tmp_path / kind, grad_accum=2,
-                        model_config_sha256=plan.provenance["model_config_sha256"])
+        engine = make_engine(adapter, plan, device=dev, nvme_dir=tmp_path / kind, grad_accum=2,
+                             model_config_sha256=plan.provenance["model_config_sha256"])
         try:
             for s in range(2):
                 engine.step(micro_batches(2, seed=s))

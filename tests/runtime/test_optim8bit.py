@@ -22,7 +22,7 @@ pytest.importorskip("bitsandbytes", reason="8-bit optimizer states need the q8 e
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers  # noqa: E402
 from lazytrain.planner.plan import SolveRecord  # noqa: E402
 from lazytrain.runtime import optim8bit  # noqa: E402
-from lazytrain.runtime.engine import Engine  # noqa: E402
+from lazytrain.runtime.build import make_engine  # noqa: E402
 from lazytrain.runtime.optim import BlockOptimizer  # noqa: E402
 from lazytrain.models.host_params import HostParams  # noqa: E402
 
@@ -103,8 +103,8 @@ def test_engine_with_all_blocks_8bit_tracks_fp32_adamw_on_a_tiny_lm_for_200_step
     torch.manual_seed(0)
     ref, adapter = model_pair(tiny_config("llama", layers=2))
     plan = _plan(adapter, q8_blocks=(0, 1))
-    engine = Engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", lr=3e-3,
-                    weight_decay=0.0)
+    engine = make_engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", lr=3e-3,
+                         weight_decay=0.0)
     opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, weight_decay=0.0, fused=True)
     data = [micro_batches(1, seed=s, pad_last=False) for s in range(4)]  # cycled: memorised
     ours, theirs = [], []

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from engine_helpers import micro_batches, plan_for, reference_grads, tiny_config
 from lazytrain.models import adapter_from_model
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 
 H, R = "hbm", "recompute"
 
@@ -32,8 +32,8 @@ def _pair_with_an_unused_parameter(master_dtype: str):
 def test_a_parameter_without_gradient_is_not_decayed_as_in_torch_adamw(tmp_path, master_dtype):
     ref, adapter = _pair_with_an_unused_parameter(master_dtype)
     plan = plan_for(adapter, [H, R, H])
-    engine = Engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", lr=0.1,
-                    weight_decay=0.1)
+    engine = make_engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", lr=0.1,
+                         weight_decay=0.1)
     opt = torch.optim.AdamW(ref.parameters(), lr=0.1, weight_decay=0.1, fused=True)
     try:
         for step in range(3):

@@ -15,6 +15,7 @@ from engine_helpers import micro_batches, model_pair, plan_for, tiny_config
 from lazytrain.runtime import streams as streams_mod
 from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.device import Device
+from lazytrain.runtime.build import make_engine
 from lazytrain.runtime.engine import Engine
 from lazytrain.runtime.hb_checker import CheckedDevice, OrderingViolation
 
@@ -27,8 +28,8 @@ def _step_checked(tmp_path, *, tiers=KEEP_PLAN[0], keep=KEEP_PLAN[1], steps=1, c
     _, adapter = model_pair(tiny_config("llama"))
     plan = plan_for(adapter, tiers, keep, grad_accum=2)
     dev = device or CheckedDevice()
-    engine = Engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2,
-                    clip_grad_norm=clip)
+    engine = make_engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2,
+                         clip_grad_norm=clip)
     try:
         for s in range(steps):
             engine.step(micro_batches(2, seed=s), lr=1e-3)
@@ -181,8 +182,8 @@ def test_checker_numerics_equal_the_cpu_backend_bit_for_bit(tmp_path):
     def masters(device):
         _, adapter = model_pair(tiny_config("llama"))
         plan = plan_for(adapter, *KEEP_PLAN, grad_accum=2)
-        engine = Engine(adapter, plan, device=device, nvme_dir=tmp_path / str(device),
-                        grad_accum=2, clip_grad_norm=0.5)
+        engine = make_engine(adapter, plan, device=device, nvme_dir=tmp_path / str(device),
+                             grad_accum=2, clip_grad_norm=0.5)
         try:
             for s in range(2):
                 engine.step(micro_batches(2, seed=s), lr=1e-2)

@@ -17,7 +17,7 @@ from engine_helpers import (micro_batches, model_pair, problem_for, reference_gr
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.runtime.backends import make_device
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 from test_engine_grads import PLANS, _assert_grads_match
 
 BACKENDS = ["cpu-checked", "cpu-threaded"]
@@ -52,8 +52,8 @@ def test_engine_grads_equal_autograd_under_checker(backend, plan_kind, tmp_path)
     if plan_kind == "resident_weights":
         assert plan.resident_weights
     batches = micro_batches(2)
-    engine = Engine(adapter, plan, device=make_device(backend, seed=7),
-                    nvme_dir=tmp_path / "nvme", grad_accum=2)
+    engine = make_engine(adapter, plan, device=make_device(backend, seed=7),
+                         nvme_dir=tmp_path / "nvme", grad_accum=2)
     try:
         torch.manual_seed(123)
         loss = engine.compute_gradients(batches)
@@ -76,8 +76,8 @@ def _three_steps(device, tmp_path, *, plan_kind, master_dtype="fp32", q8_blocks=
         model = AutoModelForCausalLM.from_config(tiny_config("llama"), dtype=torch.float32)
         adapter = adapter_from_model(model, master_dtype=master_dtype)
     plan = _plan(adapter, plan_kind, q8_blocks=q8_blocks)
-    engine = Engine(adapter, plan, device=device, nvme_dir=tmp_path / "nvme", grad_accum=2,
-                    lr=1e-2, clip_grad_norm=0.5, instrument=instrument)
+    engine = make_engine(adapter, plan, device=device, nvme_dir=tmp_path / "nvme", grad_accum=2,
+                         lr=1e-2, clip_grad_norm=0.5, instrument=instrument)
     try:
         records = []
         for s in range(3):
@@ -118,8 +118,8 @@ def _threaded_grads_error(tmp_path, tiers) -> float:
     plan = build_plan(problem, decisions_from_tiers(problem, tuple(tiers), ()),
                       solver=SolveRecord(backend="manual"))
     batches = micro_batches(2)
-    engine = Engine(adapter, plan, device=make_device("cpu-threaded", seed=1),
-                    nvme_dir=tmp_path / "nvme", grad_accum=2)
+    engine = make_engine(adapter, plan, device=make_device("cpu-threaded", seed=1),
+                         nvme_dir=tmp_path / "nvme", grad_accum=2)
     try:
         engine.compute_gradients(batches)
         grads = {k: v.clone() for k, v in engine.gradients().items()}
@@ -161,8 +161,8 @@ def test_an_engine_leaves_a_device_it_was_given_open_for_the_next_engine(tmp_pat
     try:
         for run in range(2):  # the second engine would hang on a closed device
             _, adapter = model_pair(tiny_config("llama"))
-            engine = Engine(adapter, _plan(adapter, "mixed_tiers"), device=dev,
-                            nvme_dir=tmp_path / f"nvme{run}", grad_accum=2)
+            engine = make_engine(adapter, _plan(adapter, "mixed_tiers"), device=dev,
+                                 nvme_dir=tmp_path / f"nvme{run}", grad_accum=2)
             try:
                 engine.step(micro_batches(2))
             finally:

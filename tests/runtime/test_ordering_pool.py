@@ -17,7 +17,7 @@ import torch
 from engine_helpers import micro_batches, model_pair, plan_for, tiny_config
 from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.host_pool import HostBufferPool
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 from lazytrain.runtime.hb_checker import CheckedDevice, OrderingViolation
 
 R, H, D, N = "recompute", "hbm", "dram", "nvme"
@@ -28,7 +28,7 @@ def _steps_checked(tmp_path, *, steps: int = 2) -> CheckedDevice:
     _, adapter = model_pair(tiny_config("llama"))
     plan = plan_for(adapter, POOL_PLAN, (), grad_accum=2)
     dev = CheckedDevice()
-    engine = Engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2)
+    engine = make_engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2)
     try:
         for s in range(steps):
             engine.step(micro_batches(2, seed=s), lr=1e-3)

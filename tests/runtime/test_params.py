@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from engine_helpers import micro_batches, plan_for, reference_grads, tiny_config
 from lazytrain.models import adapter_from_model
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 from lazytrain.runtime.optim import lr_at
 from lazytrain.models.host_params import HostParams, check_master_dtype
 
@@ -50,8 +50,8 @@ def test_unused_parameter_gets_zero_gradient_and_the_others_are_not_shifted(tmp_
     twin.load_state_dict(ref.state_dict())
     adapter = adapter_from_model(twin)
     assert adapter.params.blocks[1].slots[0].name == "unused_gate"
-    engine = Engine(adapter, plan_for(adapter, ["hbm", "recompute", "hbm"]), device="cpu",
-                    nvme_dir=tmp_path)
+    engine = make_engine(adapter, plan_for(adapter, ["hbm", "recompute", "hbm"]), device="cpu",
+                         nvme_dir=tmp_path)
     try:
         adapter.params.blocks[1].grad.fill_(123.0)  # stale values must not survive
         batches = micro_batches(1)

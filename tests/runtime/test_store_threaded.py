@@ -12,7 +12,7 @@ import pytest
 
 from engine_helpers import micro_batches, model_pair, tiny_config
 from ledger_helpers import real_plan
-from lazytrain.runtime.engine import Engine
+from lazytrain.runtime.build import make_engine
 
 R, H, D, N = "recompute", "hbm", "dram", "nvme"
 PLANS = {
@@ -28,9 +28,9 @@ def test_pinned_bytes_and_accounting_hold_over_steps_with_late_copies(plan_kind,
     _, adapter = model_pair(tiny_config("llama"))
     plan = real_plan(adapter, PLANS[plan_kind], ())
     nvme = tmp_path / "nvme"
-    engine = Engine(adapter, plan, device="cpu-threaded", nvme_dir=nvme, grad_accum=2,
-                    instrument=True, budgets=True,
-                    model_config_sha256=plan.provenance["model_config_sha256"])
+    engine = make_engine(adapter, plan, device="cpu-threaded", nvme_dir=nvme, grad_accum=2,
+                         instrument=True, budgets=True,
+                         model_config_sha256=plan.provenance["model_config_sha256"])
     pool_bytes = []
     try:
         for step in range(STEPS):

@@ -56,14 +56,15 @@ def build_engine(adapter, plan, *, ctx: DistContext, lr: float, betas=(0.9, 0.99
     Args:
         adapter, plan: as `Engine`.
         ctx, lr, betas, eps, weight_decay, shared_masters: as `engine_parts`.
-        engine_kwargs: the other `Engine` arguments (device, clip_grad_norm, grad_accum, ...).
+        engine_kwargs: the other `make_engine` arguments (device, clip_grad_norm, grad_accum,
+            ...).
     """
-    from lazytrain.runtime.engine import Engine
+    from lazytrain.runtime.build import make_engine
 
     parts = engine_parts(adapter, ctx=ctx, lr=lr, betas=betas, eps=eps,
                          weight_decay=weight_decay, shared_masters=shared_masters)
-    return Engine(adapter, plan, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                  **parts, **engine_kwargs)
+    return make_engine(adapter, plan, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                       **parts, **engine_kwargs)
 
 
 def local_share(items: Sequence[T], *, ctx: DistContext, grad_accum: int) -> list[T]:

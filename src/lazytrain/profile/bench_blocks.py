@@ -25,7 +25,7 @@ from lazytrain.models.host_params import HostParams
 from lazytrain.runtime.block_autograd import flat_grad, grad_leaves
 from lazytrain.runtime.backends import as_device
 from lazytrain.runtime.ends import head_loss_chunks
-from lazytrain.runtime.engine import COMPUTE_DTYPES
+from lazytrain.runtime.engine_config import COMPUTE_DTYPES
 from lazytrain.runtime.steady import Timing, median_timing
 
 

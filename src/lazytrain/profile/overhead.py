@@ -18,8 +18,12 @@ import torch
 from lazytrain.models.adapter import ModelAdapter
 from lazytrain.models.cut import cut_config
 from lazytrain.models.hf_loader import load_adapter_from_config
+from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
+from lazytrain.planner.plan import SolveRecord
+from lazytrain.planner.problem import PlanningProblem
 from lazytrain.profile.bench_blocks import BlockBench, block_kind_times, sample_batch, time_ms
-from lazytrain.runtime.engine import COMPUTE_DTYPES
+from lazytrain.runtime.build import make_engine
+from lazytrain.runtime.engine_config import COMPUTE_DTYPES
 
 TWIN_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256}
@@ -52,10 +56,6 @@ def twin_adapter(adapter: ModelAdapter, *, blocks: int = 2) -> ModelAdapter:
 
 def _twin_plan(adapter: ModelAdapter, *, micro_batch: int, seq_len: int, compute_dtype: str):
     """An all-HBM Plan for `adapter` (no keep, no transfers), as `lazytrain plan` writes them."""
-    from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
-    from lazytrain.planner.plan import SolveRecord
-    from lazytrain.planner.problem import PlanningProblem
-
     L = adapter.num_blocks
     P = adapter.params.max_block_numel() * torch.empty((), dtype=COMPUTE_DTYPES[compute_dtype]
                                                        ).element_size()
@@ -87,16 +87,15 @@ def twin_residual_ms(twin: ModelAdapter, *, compute_dtype: str, device: torch.de
     Returns:
         {"step_ms", "compute_ms", "residual_ms", "windows" (2L + 3)}.
     """
-    from lazytrain.runtime.engine import Engine
-
     mb, seq = TWIN_TOKENS
     plan = _twin_plan(twin, micro_batch=mb, seq_len=seq, compute_dtype=compute_dtype)
     bench = BlockBench(twin, micro_batch=mb, seq_len=seq, dtype=compute_dtype, device=device)
     batch = sample_batch(twin.config.vocab_size, micro_batch=mb, seq_len=seq, device="cpu")
     batch["attention_mask"] = torch.ones_like(batch["input_ids"])
-    engine = Engine(twin, plan, device=device.type, nvme_dir=nvme_dir,
-                    compute_dtype=compute_dtype, io_threads=io_threads, instrument=True,
-                    budgets=True, clip_grad_norm=1.0, model_config_sha256=twin.hf_config_sha256)
+    engine = make_engine(twin, plan, device=device.type, nvme_dir=nvme_dir,
+                         compute_dtype=compute_dtype, io_threads=io_threads, instrument=True,
+                         budgets=True, clip_grad_norm=1.0,
+                         model_config_sha256=twin.hf_config_sha256)
     walls = []
     try:
         for n in range(warmup + max(1, steps)):

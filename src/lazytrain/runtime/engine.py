@@ -23,55 +23,25 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from lazytrain.contract import (
-    HEAD_CHUNK_TOKENS, TRANSFER_ORDER, TURN_WINDOW, backward_window, forward_window,
-)
+from lazytrain.contract import TRANSFER_ORDER, TURN_WINDOW, backward_window, forward_window
 from lazytrain.models.adapter import IGNORE_INDEX, ModelAdapter
 from lazytrain.planner.budgets import plan_budgets
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.block_autograd import flat_grad, grad_leaves, replay_rng, rng_state
-from lazytrain.runtime.backends import as_device
-from lazytrain.runtime.device import Device
+from lazytrain.runtime.engine_config import COMPUTE_DTYPES, EngineSettings, StepStats
 from lazytrain.runtime.ends import ResidentEnds
 from lazytrain.runtime.instrument import Instrument
 from lazytrain.runtime.micro_batch import MicroBatch, prepare_micro_batch
 from lazytrain.runtime.optim import BlockOptimizer, clip_scale, global_grad_norm
 from lazytrain.runtime.streams import DeviceWeights, GradDrain, WindowMeter
 
-COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-@dataclass(kw_only=True, frozen=True, slots=True)
-class StepStats:
-    """What one `Engine.step` measured."""
-
-    loss: float
-    """Mean next-token loss over the step's label tokens, plus `coef * aux` per micro-batch when
-    the MoE model enables the router aux loss (as HF's `*ForCausalLM`)."""
-    tokens: int
-    """Label tokens of the step (non-ignored positions), all micro-batches."""
-    step_s: float
-    """Wall time of the step, s (the optimizer tail overlaps the next step)."""
-    peak_bytes: dict[str, int] = field(default_factory=dict)
-    """Peak bytes per store accounting key over the step's windows."""
-    window_ms: dict[str, float] = field(default_factory=dict)
-    """Measured time per window, ms, summed over micro-batches."""
-    lr: float | None = None
-    grad_norm: float | None = None
-    """Global gradient norm before clipping (None when clipping is off)."""
-    windows: tuple[dict, ...] = ()
-    """Per micro-batch window records (runtime/instrument.py schema, without "step");
-    empty when the engine runs without instrumentation."""
-
 
 class Engine:
-    """Executes a Plan, step by step, on one device.
+    """Executes a Plan, step by step, on one device (`runtime.build.make_engine` builds one).
 
     Args:
         adapter: the model (weights in `adapter.params`: fp32 or bf16 masters and gradients;
@@ -79,107 +49,69 @@ class Engine:
             optimizer's fp32 scratch, `runtime/optim.py`).
         plan: the Plan; refused (PlanValidationError) if its provenance names another model,
             and at the first step another seq_len or micro_batch.
-        device: the device API (`runtime/device.py`) or a backend name: "cpu", "cuda",
-            "cpu-checked", "cpu-threaded" (chosen once; every stream, event, copy and
-            allocation goes through it). A given `store` must use the same device object.
-        nvme_dir: directory for the nvme tier's files of the store made here (default
-            "lazytrain_nvme"); only without `store`.
-        compute_dtype: "fp32" or "bf16" (device copies and activations).
-        lr, betas, eps, weight_decay: AdamW (torch semantics); `step(lr=...)` overrides lr.
-        clip_grad_norm: max global grad norm, or None/0 for no clipping.
-        grad_accum: micro-batches per optimizer step (checked against each step's list).
-        seed: seeds torch's RNG once here (dropout, repeatable runs).
-        io_threads: NVMe worker threads of the store made here (default: the store's, 2); only
-            without `store`.
-        model_config_sha256: the plan provenance's `model_config_sha256` to expect; default:
-            the adapter's `hf_config_sha256` (plans built by hand record it). A planner-made
-            plan records `ModelSpec.config_sha256` (the parsed architecture): pass that.
-        store: an existing ActivationStore (tests with fault hooks); default: a new one. It
-            has its own directory and threads: passing `nvme_dir` or `io_threads` with it is
-            a ValueError.
-        instrument: record every window's waits and bytes per channel (runtime/instrument.py)
-            into `StepStats.windows`.
-        head_chunk_tokens: flattened tokens per head/loss chunk (`runtime.head_chunk_tokens`);
-            a chunk covers max(1, head_chunk_tokens // micro_batch) positions.
-        budgets: reserve against the HBM and pinned budgets the plan was made for
-            (`plan_budgets`): an allocation past them raises HbmBudgetExceeded /
-            HostBudgetExceeded naming the owner and window, before the memory is requested.
-            False: book only. With `budgets` or `instrument` the ledger also books the compute
-            allocations (block workspace, kept graphs, head) through a dispatch mode on the CPU
-            backends; without both, only the device API's own allocations are booked.
-        optimizer: an existing optimizer with `BlockOptimizer`'s interface (data parallel:
-            `lazytrain.dist.sharding.ShardedOptimizer`); default: a new `BlockOptimizer`.
+        store: the activation store; its device (`store.dev`, `runtime/device.py`) is the
+            engine's: every stream, event, copy and allocation goes through it.
+        optimizer: `BlockOptimizer` or one with its interface (data parallel:
+            `lazytrain.dist.sharding.ShardedOptimizer`), bound to the device here.
         grad_sync: data parallel hook (`lazytrain.dist.reducer.GradReducer`): `all_sum(x)` sums a
             float over ranks (label tokens, loss), `grads_final(group)` starts the cross-rank
             reduction of a group once its host gradient is final (last micro-batch), and
             `global_grad_norm()` replaces the local norm. None: one process.
+        settings: dtype, learning rate, clipping, accumulation, seed, chunking, instrumentation,
+            budgets and the expected model hash (`EngineSettings`).
+        owns_device: `close` also closes the device (the factory made it from a name).
+
+    Raises:
+        ValueError: a plan with another number of blocks.
+        PlanValidationError: a plan of another model.
     """
 
-    def __init__(self, adapter: ModelAdapter, plan: Plan, *, device: str = "cpu",
-                 nvme_dir: str | Path | None = None, compute_dtype: str = "fp32", lr: float = 1e-4,
-                 betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
-                 clip_grad_norm: float | None = None, grad_accum: int = 1, seed: int = 0,
-                 io_threads: int | None = None, model_config_sha256: str | None = None,
-                 store: ActivationStore | None = None, optimizer: BlockOptimizer | None = None,
-                 grad_sync=None, instrument: bool = False,
-                 head_chunk_tokens: int = HEAD_CHUNK_TOKENS, budgets: bool = False) -> None:
-        if store is not None and (nvme_dir is not None or io_threads is not None):
-            raise ValueError("Engine: nvme_dir and io_threads configure the store made here; a "
-                             "given store has its own: pass them to ActivationStore instead")
-        dev = store.dev if store is not None and not isinstance(device, Device) else device
+    def __init__(self, adapter: ModelAdapter, plan: Plan, *, store: ActivationStore,
+                 optimizer: BlockOptimizer, grad_sync=None, settings: EngineSettings,
+                 owns_device: bool = False) -> None:
         if plan.num_blocks != adapter.num_blocks:
             raise ValueError(f"plan has {plan.num_blocks} blocks, model has {adapter.num_blocks}")
-        plan.check_matches(model_config_sha256=model_config_sha256 or adapter.hf_config_sha256)
-        if compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"train.compute_dtype: {compute_dtype!r}; use fp32 or bf16")
-        torch.manual_seed(seed)
+        plan.check_matches(
+            model_config_sha256=settings.model_config_sha256 or adapter.hf_config_sha256)
+        torch.manual_seed(settings.seed)
         self.adapter, self.plan, self.L = adapter, plan, plan.num_blocks
-        self._owns_device = not isinstance(dev, Device)  # made here from a name: ours to close
-        self.dev = as_device(dev)
-        if store is not None and store.dev is not self.dev:
-            raise ValueError("Engine: the store was built on another device object; pass "
-                             "device=store.dev (one device API per engine)")
+        self._owns_device = owns_device
+        self.dev = store.dev
         self.device = self.dev.torch_device
-        self.dtype = COMPUTE_DTYPES[compute_dtype]
+        self.dtype = COMPUTE_DTYPES[settings.compute_dtype]
         self.params = adapter.params
         for g in self.params.groups:  # host DRAM: the checker logs their accesses as host work
             self.dev.host_tensor(g.master, name=f"{g.name} master")
             self.dev.host_tensor(g.grad, name=f"{g.name} gradient accumulator")
         self.weights = DeviceWeights(self.params, self.dev, self.dtype)
-        if head_chunk_tokens < 1:
-            raise ValueError(f"runtime.head_chunk_tokens must be >= 1; got {head_chunk_tokens}")
         self.ends = ResidentEnds(adapter, self.dev, dtype=self.dtype,
-                                 head_chunk_tokens=head_chunk_tokens)
+                                 head_chunk_tokens=settings.head_chunk_tokens)
         self.ledger = self.dev.ledger
-        self.budgets = budgets
+        self.budgets = settings.budgets
         # compute allocations in the ledger (a dispatch mode on the CPU backends) when they are
         # checked or reported: budgets on, or instrumented (windows.jsonl carries the ledger)
-        self.track_compute = budgets or instrument
-        if budgets:
+        self.track_compute = settings.budgets or settings.instrument
+        if settings.budgets:
             hbm, pinned = plan_budgets(plan)
             self.ledger.set_limits(hbm_limits=None if hbm is None else {"*": hbm},
                                    pinned_limit_bytes=pinned)
         self.drain = GradDrain(self.dev, self.params.max_block_numel(), dtype=self.dtype)
         self.meter = WindowMeter(self.dev)
-        self.store = store or ActivationStore(
-            device=self.dev, nvme_dir=Path(nvme_dir or "lazytrain_nvme"),
-            **({} if io_threads is None else {"io_threads": io_threads}),
-            hbm_limits={w.name: w.hbm_checkpoint_bytes for w in plan.windows})
-        self.optimizer = optimizer or BlockOptimizer(self.params, lr=lr, betas=betas, eps=eps,
-                                                     weight_decay=weight_decay)
+        self.store = store
+        self.optimizer = optimizer
         self.optimizer.bind_device(self.dev)
         if grad_sync is not None and hasattr(grad_sync, "bind_device"):
             grad_sync.bind_device(self.dev)  # its async reductions, declared to the checker
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # the plan's 8-bit Adam states
         self.grad_sync = grad_sync
-        self.lr = lr
-        self.clip = clip_grad_norm or None
-        self.grad_accum = grad_accum
+        self.lr = settings.lr
+        self.clip = settings.clip_grad_norm or None
+        self.grad_accum = settings.grad_accum
         self.resident = set(plan.resident_weights) | set(plan.keep_internals)
         self.keep = set(plan.keep_internals)
         self._checked_shape = False
         self.instrument: Instrument | None = None
-        if instrument:
+        if settings.instrument:
             self.instrument = Instrument(device=self.dev, store=self.store, plan=plan)
             self.instrument.attach(self)
 
