@@ -73,7 +73,8 @@ def test_the_three_callers_get_the_same_plan_and_the_same_default_backend(
     from lazytrain.planner.build import topology_of
     from lazytrain.planner.topology import rank_problem
     from lazytrain.train.replan import resolve
-    from lazytrain.train.setup import costed_problem, make_plan
+    from lazytrain.profile.calibrate import costed_problem
+    from lazytrain.train.setup import make_plan
 
     path = write_config(tmp_path, policy_name=policy_name, ranks=RANKS[ranks])
     cfg = load_config(path)
@@ -91,7 +92,7 @@ def test_the_three_callers_get_the_same_plan_and_the_same_default_backend(
     first_cli = len(calls)
     assert cli_main.main(["plan", "--config", path, "--json"]) == 0
     cli = json.loads(capfd.readouterr().out)["plan"]
-    problem = costed_problem(cfg, calibrate=False, log=lambda msg: None)
+    problem = costed_problem(cfg, log=lambda msg: None)
     topo = topology_of(cfg)
     if topo is not None:
         problem = rank_problem(problem, topo)

@@ -13,6 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import yaml
+
+from lazytrain.atomic import write_text_atomic
+from lazytrain.config import SECTIONS, TrainConfig, config_from_dict
+from lazytrain.megatrain import DEFAULT_HARDWARE, convert_megatrain, with_train_keys
+
 EPILOG = """\
 examples:
   lazytrain convert megatrain path/to/megatrain/qwen3_8b.yaml --out qwen3-8b.yaml
@@ -23,8 +29,7 @@ examples:
 def register(subparsers) -> None:
     """Add the `convert` subcommand (one source format for now: `megatrain`)."""
     p = subparsers.add_parser(
-        "convert", help="convert another trainer's config to a LazyTrain run config",
-        description=__doc__.split("\n\n")[1], epilog=EPILOG,
+        "convert", description=__doc__.split("\n\n")[1], epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     kinds = p.add_subparsers(dest="source", metavar="SOURCE", required=True)
     m = kinds.add_parser("megatrain", help="a MegaTrain YAML (model/dataset/training/optimizer/"
@@ -40,12 +45,6 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Convert, validate, write; print the mapped/dropped report."""
-    import yaml
-
-    from lazytrain.atomic import write_text_atomic
-    from lazytrain.config import SECTIONS, TrainConfig, config_from_dict
-    from lazytrain.megatrain import DEFAULT_HARDWARE, convert_megatrain, with_train_keys
-
     source = Path(args.input)
     if not source.is_file():
         raise FileNotFoundError(f"MegaTrain config not found: {source}")

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 
+from lazytrain.config import load_config
+from lazytrain.train.preview import preview_lines
+
 EPILOG = """examples:
   lazytrain data configs/tiny-llama-cpu.yaml
   lazytrain data configs/qwen3-8b.yaml --samples 5 --set data.seq_len=2048
@@ -23,9 +26,7 @@ changes it, 0 counts them all."""
 
 def register(subparsers) -> None:
     """Add the `data` subcommand."""
-    p = subparsers.add_parser("data", help="show rendered training samples with their trained "
-                              "tokens marked, and what data.seq_len cuts",
-                              description=__doc__.split("\n\n")[1], epilog=EPILOG,
+    p = subparsers.add_parser("data", description=__doc__.split("\n\n")[1], epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", nargs="?", help="run config YAML (default: the embedded job)")
     p.add_argument("--samples", type=int, default=3, help="samples shown (default 3)")
@@ -38,9 +39,6 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the samples and the counts to stdout (`train.preview.preview_lines`)."""
-    from lazytrain.config import load_config
-    from lazytrain.train.preview import preview_lines
-
     if args.samples < 0 or args.count < 0:
         raise ValueError(f"--samples and --count must be >= 0; got {args.samples} and "
                          f"{args.count}")

@@ -1,7 +1,10 @@
 """`lazytrain` console entry point: one argparse subparser per verb, one module per verb.
 
 Each verb module exposes `register(subparsers)` (adds its parser, sets `func=run`) and
-`run(args) -> int`. Exit codes, the same for every verb (docs/design.md, "The parts"):
+`run(args) -> int`, and imports what it needs at its top. Only the verb being run is imported
+(`verb_module`, the one lazy import of the CLI): `lazytrain plan`, `simulate` and `report`
+then load neither torch nor transformers, and `lazytrain --help` loads no verb at all; the
+other verbs get a parser holding their one-line help. Exit codes, the same for every verb (docs/design.md, "The parts"):
 
 - 0 ok (also when the reader of stdout went away: `lazytrain report --json | head`);
 - 1 the job failed at run time: an infeasible budget, a preflight refusal, an I/O error or a
@@ -25,20 +28,30 @@ import sys
 from lazytrain import __version__
 from lazytrain.errors import EXIT_CODES, JobFailure, UserError
 
-# Verb -> module. Plain dict, read top to bottom (no registration side effects).
+# Verb -> (module, one-line help). Plain dict, read top to bottom (no registration side
+# effects).
 COMMANDS = {
-    "plan": "lazytrain.cli.plan",
-    "simulate": "lazytrain.cli.simulate",
-    "train": "lazytrain.cli.train",
-    "report": "lazytrain.cli.report",
-    "profile": "lazytrain.cli.profile",
-    "convert": "lazytrain.cli.convert",
-    "data": "lazytrain.cli.data",
+    "plan": ("lazytrain.cli.plan",
+             "choose where each block-boundary activation lives and print the plan"),
+    "simulate": ("lazytrain.cli.simulate",
+                 "re-evaluate a plan with both the window evaluator and the event simulator"),
+    "train": ("lazytrain.cli.train", "train a model with a planned streaming schedule"),
+    "report": ("lazytrain.cli.report",
+               "compare a run's measured windows with its plan's predictions"),
+    "profile": ("lazytrain.cli.profile",
+                "measure block times and transfer rates (or refit them from a run's measured "
+                "windows)"),
+    "convert": ("lazytrain.cli.convert",
+                "convert another trainer's config to a LazyTrain run config"),
+    "data": ("lazytrain.cli.data",
+             "show rendered training samples with their trained tokens marked, and what "
+             "data.seq_len cuts"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every verb in `COMMANDS` registered."""
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The top-level parser: the verb `argv` names registered by its module, every other verb
+    of `COMMANDS` by its one-line help (argparse then parses only the named verb's flags)."""
     parser = argparse.ArgumentParser(
         prog="lazytrain",
         description="Plan and run CPU-master layer-streaming training of LLMs larger than HBM.",
@@ -46,9 +59,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     parser.add_argument("--version", action="version", version=f"lazytrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in COMMANDS.values():
-        importlib.import_module(module_name).register(sub)
+    verb = verb_of(sys.argv[1:] if argv is None else argv)
+    for name, (_, summary) in COMMANDS.items():
+        if name == verb:
+            verb_module(name).register(sub)
+        else:
+            sub.add_parser(name, help=summary)
     return parser
+
+
+def verb_of(argv: list[str]) -> str | None:
+    """The verb `argv` runs: its first word that is not an option (the top-level options take
+    no value), when it names a verb of `COMMANDS`; else None."""
+    words = [a for a in argv if not a.startswith("-")]
+    return words[0] if words and words[0] in COMMANDS else None
+
+
+def verb_module(name: str):
+    """The module of verb `name` (`COMMANDS`), imported on first use."""
+    return importlib.import_module(COMMANDS[name][0])  # lazy: loads only the verb being run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     builtin ones Python and the libraries raise on bad input or a failing machine
     (`_builtin_exit_code`).
     """
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

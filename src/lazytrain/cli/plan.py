@@ -10,9 +10,10 @@ on stderr). The costs are those `lazytrain train` would plan with
 calibration, else the preset's analytic model); the table's `costs:` line says which (stderr
 with `--json`). Exit codes: 0 ok; 1 no plan fits the budgets; 2 bad usage or config.
 
-This module parses, calls and prints: the problem comes from `train.setup.costed_problem` (one
-rank's share through `planner.topology`), the plan from `planner.policy.plan`, the texts from
-`report.plan_table` and `report.capacity`.
+This module parses, calls and prints: the problem comes from
+`profile.calibrate.costed_problem` (one rank's share through `planner.topology`), the plan
+from `planner.policy.plan`, the texts from `report.plan_table` and `report.capacity`. It
+imports neither torch nor transformers, even with a calibration cached (`profile.machine`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,22 @@ import argparse
 import json
 import sys
 
-from lazytrain.planner.policy import BACKENDS, POLICIES
+from lazytrain.config import apply_overrides, config_from_dict, load_config
+from lazytrain.planner import policy
+from lazytrain.planner.build import rank_problem_from_config
+from lazytrain.planner.capacity import max_batch_search
+from lazytrain.planner.infeasible import shortfall_fix
+from lazytrain.planner.infeasible import PlanInfeasibleError
+from lazytrain.planner.policy import BACKENDS, POLICIES, planner_options
 from lazytrain.planner.solvers import solver_output_to_stderr
+from lazytrain.planner.build import topology_of
+from lazytrain.planner.topology import rank_problem, scaling_table
+from lazytrain.profile.calibrate import costed_problem, costs_line_of
+from lazytrain.report.capacity import format_batch_table, over_dram_hint
+from lazytrain.report.capacity import scaling_text as format_scaling
+from lazytrain.report.gantt import render_sim_gantt
+from lazytrain.report.plan_table import format_plan_table, plan_comparison
+from lazytrain.sim import simulate
 
 FLAG_KEYS = {
     "model": "model.config_path",
@@ -76,8 +91,7 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
 def register(subparsers) -> None:
     """Add the `plan` subcommand."""
     p = subparsers.add_parser(
-        "plan", help="choose where each block-boundary activation lives and print the plan",
-        description=__doc__.split("\n\n")[1], epilog=EPILOG,
+        "plan", description=__doc__.split("\n\n")[1], epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_flags(p)
     p.add_argument("--policy", choices=POLICIES, help="planner.policy")
@@ -121,37 +135,25 @@ def load_problem(args: argparse.Namespace, *, base: dict | None = None):
     """(RunConfig, PlanningProblem of the node) from `--config` (or `base`, a resolved config
     dict) + flags.
 
-    The costs are resolved as `lazytrain train` resolves them (`train.setup.costed_problem`),
-    except that a missing calibration is not measured here: the problem is then analytic and
-    its provenance `costs` note says that `lazytrain train` (or `lazytrain profile
+    The costs are resolved as `lazytrain train` resolves them
+    (`profile.calibrate.costed_problem`), except that a missing calibration is not measured
+    here: the problem is then analytic and its provenance `costs` note says that `lazytrain train` (or `lazytrain profile
     --calibrate`) measures one. The returned config is the one given (without the cache file as
     `hardware.profile_path`).
 
     Raises:
         ValueError, TypeError, FileNotFoundError: bad config (main prints one line, exit 2).
     """
-    from lazytrain.config import apply_overrides, config_from_dict, load_config
-    from lazytrain.train.setup import costed_problem
-
     overrides = config_overrides(args)
     if args.config is None and base is not None:
         cfg = apply_overrides(config_from_dict(base), overrides)
     else:
         cfg = load_config(args.config, overrides)
-    return cfg, costed_problem(cfg, calibrate=False,
-                               log=lambda msg: print(msg, file=sys.stderr))
+    return cfg, costed_problem(cfg, log=lambda msg: print(msg, file=sys.stderr))
 
 
 def run(args: argparse.Namespace) -> int:
     """Plan, compare, print; write --out / --gantt. Returns the exit code."""
-    from lazytrain.planner import policy
-    from lazytrain.planner.infeasible import PlanInfeasibleError
-    from lazytrain.planner.build import topology_of
-    from lazytrain.planner.topology import rank_problem
-    from lazytrain.report.capacity import over_dram_hint
-    from lazytrain.report.plan_table import format_plan_table, plan_comparison
-    from lazytrain.profile.calibrate import costs_line_of
-
     cfg, node_problem = load_problem(args)
     if getattr(args, "max_batch", False):
         return run_max_batch(args, cfg)
@@ -178,8 +180,6 @@ def run(args: argparse.Namespace) -> int:
     write_outputs(problem, plan, out=args.out, gantt=args.gantt)
     violations = plan.provenance.get("violations") or []
     if violations and options.policy != "ideal":
-        from lazytrain.planner.infeasible import shortfall_fix
-
         fixes = [shortfall_fix(v.split()[0], problem) for v in violations]  # "HBM short by ..."
         print(f"error: the {options.policy} plan breaks {len(violations)} budget(s): "
               f"{'; '.join(violations)}; {'; '.join(dict.fromkeys(fixes))}", file=sys.stderr)
@@ -190,12 +190,6 @@ def run(args: argparse.Namespace) -> int:
 def run_max_batch(args: argparse.Namespace, cfg) -> int:
     """`--max-batch`: search the largest feasible micro-batch (planner/capacity.py), print the
     table or `--json`. Exit 1 when not even one sequence fits."""
-    from lazytrain.config import apply_overrides
-    from lazytrain.planner.build import rank_problem_from_config
-    from lazytrain.planner.capacity import max_batch_search
-    from lazytrain.planner.policy import planner_options
-    from lazytrain.report.capacity import format_batch_table
-
     try:
         accums = ([int(x) for x in args.grad_accums.split(",")] if args.grad_accums
                   else [1, cfg.train.grad_accum])
@@ -226,14 +220,11 @@ def scaling_text(node_problem, topo, options) -> str:
     """The predicted scaling table (`planner.topology.scaling_table`, text from
     `report.capacity`); MILP is replaced by the heuristic there (four solves would take
     minutes)."""
-    from lazytrain.planner.topology import scaling_table
-    from lazytrain.report.capacity import scaling_text as text
-
     if options.policy == "milp":
         options = options.replace(policy="heuristic")
     with solver_output_to_stderr():
         rows = scaling_table(node_problem, topo, options)
-    return text(rows, topo, policy=options.policy)
+    return format_scaling(rows, topo, policy=options.policy)
 
 
 def write_outputs(problem, plan, *, out: str | None, gantt: str | None) -> None:
@@ -241,9 +232,6 @@ def write_outputs(problem, plan, *, out: str | None, gantt: str | None) -> None:
     if out:
         print(f"wrote {plan.save(out)}", file=sys.stderr)
     if gantt:
-        from lazytrain.report.gantt import render_sim_gantt
-        from lazytrain.sim import simulate
-
         title = f"{problem.name}: simulated micro-batch"
         print(f"wrote {render_sim_gantt(simulate(problem, plan), gantt, title=title)}",
               file=sys.stderr)

@@ -24,6 +24,16 @@ import json
 import sys
 from pathlib import Path
 
+from lazytrain.atomic import write_json_atomic
+from lazytrain.config import load_config
+from lazytrain.planner.build import problem_from_config
+from lazytrain.planner.plan import Plan
+from lazytrain.planner.refit import load_windows, refit_profile, select_windows
+from lazytrain.profile.calibrate import calibrate, config_for_plan, local_device
+from lazytrain.spec.model import ModelSpec
+from lazytrain.train import setup
+from lazytrain.units import GB
+
 EPILOG = """examples:
   lazytrain profile --config configs/tiny-llama-cpu.yaml --out profile.json
   lazytrain profile --calibrate
@@ -34,8 +44,7 @@ EPILOG = """examples:
 
 def register(subparsers) -> None:
     """Add the `profile` subcommand."""
-    p = subparsers.add_parser("profile", help="measure block times and transfer rates (or "
-                              "refit them from a run's measured windows)", epilog=EPILOG,
+    p = subparsers.add_parser("profile", epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--config", metavar="FILE.yaml", help="run config to measure for "
@@ -59,8 +68,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lazytrain.atomic import write_json_atomic
-
     if args.calibrate:
         if args.from_run or args.out:
             raise ValueError("--calibrate: measures into the calibration cache; drop "
@@ -78,10 +85,6 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace) -> dict:
     """Load the configured model and run `profile.profiler.measure_profile`
     (`train.setup.measure_config_profile`, `--repeats` / `--warmup` runs per figure)."""
-    from lazytrain.config import load_config
-    from lazytrain.profile.calibrate import local_device
-    from lazytrain.train import setup
-
     cfg = load_config(args.config, args.overrides)
     device = local_device(cfg.runtime.device)
     if device is None:
@@ -89,32 +92,20 @@ def measure(args: argparse.Namespace) -> dict:
                          "runtime.device=cpu")
     return setup.measure_config_profile(
         cfg, device, repeats=args.repeats, warmup=args.warmup,
-        log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        log=setup.to_stderr)
 
 
 def calibrate_cache(args: argparse.Namespace) -> int:
     """`--calibrate`: measure this machine's calibration for the config into the cache (the
     entry is replaced), print the file's path."""
-    from lazytrain.config import load_config
-    from lazytrain.profile.calibrate import calibrate
-    from lazytrain.train import setup
-
     cfg = load_config(args.config, args.overrides)
-    costs = calibrate(cfg, setup.measure_calibration,
-                      log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    costs = calibrate(cfg, setup.measure_calibration, log=setup.to_stderr)
     print(costs.path)
     return 0
 
 
 def refit_from_run(args: argparse.Namespace) -> dict:
     """The run's prior profile refitted to its measured windows (planner.refit)."""
-    from lazytrain.config import load_config
-    from lazytrain.planner.build import problem_from_config
-    from lazytrain.planner.plan import Plan
-    from lazytrain.planner.refit import load_windows, refit_profile, select_windows
-    from lazytrain.profile.calibrate import config_for_plan
-    from lazytrain.spec.model import ModelSpec
-
     run_dir = Path(args.from_run)
     for name in ("config.yaml", "plan.json"):
         if not (run_dir / name).is_file():
@@ -135,8 +126,6 @@ def refit_from_run(args: argparse.Namespace) -> dict:
 
 def analytic_profile(problem, kinds: list[str], cfg) -> dict:
     """A profile holding the problem's (analytic) times and rates: the prior of a refit."""
-    from lazytrain.units import GB
-
     block_kinds = {}
     for j, kind in enumerate(kinds):
         block_kinds.setdefault(kind, {"fwd_ms": problem.fwd_ms[j],

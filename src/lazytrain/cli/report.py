@@ -12,6 +12,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from statistics import median_low
+
+from lazytrain.atomic import read_jsonl
+from lazytrain.report.gantt import (bars_from_measured, bars_from_planned, render_panels,
+                                    spans_from_durations)
+from lazytrain.report.tables import compare_with_run, format_table, plan_id_of_dict
 
 EPILOG = """\
 examples:
@@ -24,8 +30,7 @@ examples:
 def register(subparsers) -> None:
     """Add the `report` subcommand."""
     p = subparsers.add_parser(
-        "report", help="compare a run's measured windows with its plan's predictions",
-        description=__doc__.split("\n\n")[1], epilog=EPILOG,
+        "report", description=__doc__.split("\n\n")[1], epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with windows.jsonl")
     p.add_argument("--plan", metavar="plan.json", help="the plan to compare with (default: "
@@ -41,9 +46,6 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load, compare, print; returns the exit code."""
-    from lazytrain.atomic import read_jsonl
-    from lazytrain.report.tables import compare_with_run, format_table
-
     run_dir = Path(args.run_dir)
     plan_path = Path(args.plan) if args.plan else run_dir / "plan.json"
     if args.skip_steps < 0:
@@ -81,8 +83,6 @@ def check_plan_of_run(plan_dict: dict, records: list[dict], *, plan_path: Path) 
     Raises:
         ValueError: one line naming the file, both digests and `--force`.
     """
-    from lazytrain.report.tables import plan_id_of_dict
-
     measured = sorted({r["plan_id"] for r in records if r.get("plan_id")})
     pid = plan_id_of_dict(plan_dict)
     if measured and pid not in measured:
@@ -95,11 +95,6 @@ def render_comparison_gantt(path, *, plan_dict: dict, records: list[dict], steps
                             plan_id: str) -> Path:
     """Planned timeline (plan windows back to back) above one measured micro-batch: the
     median-length step of `steps`, its micro-batch 0."""
-    from statistics import median_low
-
-    from lazytrain.report.gantt import (bars_from_measured, bars_from_planned, render_panels,
-                                        spans_from_durations)
-
     planned = list(plan_dict.get("windows", []))
     p_spans = spans_from_durations([w["name"] for w in planned], [w["time_ms"] for w in planned])
     mine = [r for r in records if r["step"] in steps and r["micro_batch"] == 0]

@@ -16,7 +16,12 @@ import json
 import sys
 
 from lazytrain.cli.plan import add_config_flags, load_problem
-from lazytrain.sim.simulate import SimOptions
+from lazytrain.planner.evaluate import evaluate
+from lazytrain.planner.plan import Plan
+from lazytrain.planner.build import rank_problem_of
+from lazytrain.report.gantt import render_sim_gantt
+from lazytrain.report.simulation import format_simulation, simulation_json
+from lazytrain.sim import SimOptions, disagreements, simulate
 
 SIM_WEIGHT_BUFFERS = SimOptions().weight_buffers
 """The simulated engine's weight buffers by default: the runtime's (`SimOptions`)."""
@@ -35,8 +40,7 @@ examples:
 def register(subparsers) -> None:
     """Add the `simulate` subcommand."""
     p = subparsers.add_parser(
-        "simulate", help="re-evaluate a plan with both the window evaluator and the event "
-        "simulator", description=__doc__.split("\n\n")[1], epilog=EPILOG,
+        "simulate", description=__doc__.split("\n\n")[1], epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("plan", metavar="plan.json", help="a plan written by `lazytrain plan --out`")
     add_config_flags(p)
@@ -51,12 +55,6 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the plan, rebuild the problem, print the comparison. Returns the exit code."""
-    from lazytrain.planner.evaluate import evaluate
-    from lazytrain.planner.plan import Plan
-    from lazytrain.planner.build import rank_problem_of
-    from lazytrain.report.simulation import format_simulation, simulation_json
-    from lazytrain.sim import SimOptions, disagreements, simulate
-
     plan = Plan.load(args.plan).validate()
     base = plan.provenance.get("config")
     if args.config is None and not base:
@@ -81,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_simulation(problem, ev, sim, diffs))
     if args.gantt:
-        from lazytrain.report.gantt import render_sim_gantt
-
         print(f"wrote {render_sim_gantt(sim, args.gantt, title=problem.name)}", file=sys.stderr)
     if ev.violations:
         print(f"error: {args.plan} breaks a budget of this problem: {'; '.join(ev.violations)}",

@@ -14,6 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from lazytrain.config import load_config
+from lazytrain.planner.plan import Plan
+from lazytrain.train.checkpoint import resume_checkpoint
+from lazytrain.train.loop import train
+from lazytrain.train.rank import launched_rank
+
 EPILOG = """examples:
   lazytrain train --run-dir runs/default
   lazytrain train --config configs/tiny-llama-cpu.yaml --steps 4 --set train.lr=3e-4
@@ -25,8 +31,8 @@ STOP_EXIT = {"SIGTERM": 143, "SIGINT": 130}
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train a model with a planned streaming schedule",
-                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("train", epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="run config YAML (default: the embedded default job)")
     p.add_argument("--run-dir", help="run directory (overrides train.run_dir)")
     p.add_argument("--steps", type=int, help="total optimizer steps (overrides train.steps)")
@@ -48,8 +54,6 @@ def register(subparsers) -> None:
 
 def resolve_config(args: argparse.Namespace):
     """The run config: --config (or the resumed run's config.yaml, or the default) + overrides."""
-    from lazytrain.config import load_config
-
     overrides = list(args.overrides)
     if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
@@ -58,8 +62,6 @@ def resolve_config(args: argparse.Namespace):
         overrides.append(f"train.run_dir={run_dir}")
     path = args.config
     if path is None and args.resume:
-        from lazytrain.train.checkpoint import resume_checkpoint
-
         resume_checkpoint(args.resume)  # names a missing run dir / checkpoint first
         path = Path(args.resume) / "config.yaml"
         if not path.is_file():
@@ -71,10 +73,6 @@ def resolve_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     """Train as the arguments say; errors go to `lazytrain.cli.main` (exit codes 1 and 2)."""
-    from lazytrain.planner.plan import Plan
-    from lazytrain.train.loop import train
-    from lazytrain.train.rank import launched_rank
-
     cfg = resolve_config(args)
     plan = Plan.load(args.plan) if args.plan else None
     summary = train(cfg, plan=plan, resume=bool(args.resume), overwrite=args.overwrite,

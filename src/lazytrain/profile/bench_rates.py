@@ -23,8 +23,10 @@ import torch
 from lazytrain.models.host_params import HostParams, ParamGroup
 from lazytrain.profile.bench_blocks import BlockBench, sync, time_ms
 from lazytrain.runtime import optim8bit
+from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.backends import as_device
-from lazytrain.runtime.optim import BlockOptimizer
+from lazytrain.runtime.nvme import aligned_empty
+from lazytrain.runtime.optim import BlockOptimizer, global_grad_norm
 from lazytrain.units import GB
 
 Q8_BENCH_NUMEL = 1 << 22
@@ -105,8 +107,6 @@ def nvme_rates(nvme_dir: Path | str, nbytes: int, *, io_threads: int = 2, repeat
     Returns:
         {"nvme_write": bytes/s, "nvme_read": bytes/s}.
     """
-    from lazytrain.runtime.activations import ActivationStore
-
     cpu = torch.device("cpu")
     data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8,
                          generator=torch.Generator().manual_seed(0))
@@ -264,8 +264,6 @@ def host_rates(bench: BlockBench, *, repeats: int = 5, warmup: int = 1) -> dict[
         "staging_copy_gb_per_s", "optimizer_ms_per_mparam" and, with bitsandbytes,
         "optimizer_q8_ms_per_mparam"}.
     """
-    from lazytrain.runtime.nvme import aligned_empty
-
     api, cpu = as_device("cpu"), torch.device("cpu")
     master = bench.params.blocks[0].master
     n, c_size = master.numel(), torch.empty((), dtype=bench.dtype).element_size()
@@ -296,8 +294,6 @@ def host_rates(bench: BlockBench, *, repeats: int = 5, warmup: int = 1) -> dict[
 def grad_norm_ms(params: HostParams, *, repeats: int = 5, warmup: int = 1) -> float:
     """`global_grad_norm` over the run's host gradients (the engine's per-step clipping pass
     before any update is queued), ms."""
-    from lazytrain.runtime.optim import global_grad_norm
-
     return time_ms(lambda: global_grad_norm(params), device=torch.device("cpu"),
                    repeats=repeats, warmup=warmup)
 

@@ -36,8 +36,10 @@ later one.
 The environment variable `LAZYTRAIN_CALIBRATE=off` overrides `runtime.calibrate: auto` (the
 test suite sets it, so no test writes to the user's cache unless it asks to).
 
-Imports torch only inside the functions that need the device (a plan for another machine, or
-with calibration off, never loads it); knows no planner internals.
+Never imports torch: the device, the torch version and thread count come from
+`profile.machine` (torch's own answers where the process loaded it, as `train` has; read from
+the install and the OS where not, as `plan` has). `costed_problem` turns a config and these
+costs into the node's `PlanningProblem`, the one place `train`, `plan` and `simulate` get it.
 """
 
 from __future__ import annotations
@@ -55,7 +57,11 @@ from typing import Any, Callable
 from lazytrain import __version__
 from lazytrain.atomic import write_json_atomic
 from lazytrain.config import RunConfig
+from lazytrain.planner.build import problem_from_config
+from lazytrain.planner.problem import PlanningProblem
+from lazytrain.profile import machine
 from lazytrain.spec.hardware import PRESETS
+from lazytrain.spec.model import ModelSpec
 
 CALIBRATE_ENV = "LAZYTRAIN_CALIBRATE"
 """Environment variable: `off` overrides `runtime.calibrate: auto` (tests, CI); `auto` or
@@ -163,20 +169,16 @@ def local_device(choice: str) -> str | None:
     when it names a CUDA device this process does not have."""
     if choice in ("cpu", "cpu-checked", "cpu-threaded"):
         return "cpu"
-    import torch
-
     if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cuda" if torch.cuda.is_available() else None
+        return "cuda" if machine.cuda_available() else "cpu"
+    return "cuda" if machine.cuda_available() else None
 
 
 def gpu_name(device: str) -> str:
     """`torch.cuda.get_device_name()` on CUDA, "none" on the CPU."""
     if device != "cuda":
         return "none"
-    import torch
-
-    return torch.cuda.get_device_name()
+    return machine.cuda_device_name()
 
 
 def preset_describes_gpu(preset: str, name: str) -> bool:
@@ -227,17 +229,13 @@ def cpu_model() -> str:
 
 def key_fields(cfg: RunConfig, *, device: str) -> dict:
     """The cache key's fields for `cfg` on `device` (`KEY_FIELDS`, in that order)."""
-    import torch
-
-    from lazytrain.spec.model import ModelSpec
-
     t = cfg.train
     spec = ModelSpec.from_hf_config(cfg.model.config_path, name=cfg.model.name)
     return {"cpu_model": cpu_model(), "gpu_name": gpu_name(device),
-            "torch_version": str(torch.__version__), "model_config_sha256": spec.config_sha256,
+            "torch_version": machine.torch_version(), "model_config_sha256": spec.config_sha256,
             "micro_batch": t.micro_batch, "seq_len": cfg.data.seq_len,
             "compute_dtype": t.compute_dtype, "master_dtype": t.master_dtype,
-            "torch_threads": cfg.runtime.threads or torch.get_num_threads(),
+            "torch_threads": cfg.runtime.threads or machine.torch_threads(),
             "io_threads": cfg.runtime.io_threads}
 
 
@@ -434,3 +432,23 @@ def config_for_plan(cfg: RunConfig, provenance: dict) -> RunConfig:
         return cfg
     return dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware,
                                                                  profile_path=str(path)))
+
+
+def costed_problem(cfg: RunConfig, *, measure: Measure | None = None,
+                   log: Callable[[str], None] = lambda msg: None) -> PlanningProblem:
+    """The node's `PlanningProblem` for `cfg` with the costs `resolve_profile` chooses
+    (`hardware.profile_path`, else this machine's cached calibration, else the preset's
+    analytic model; recorded as provenance `costs`). `lazytrain train` (measuring on a miss),
+    `plan` and `simulate` (never measuring) build their problem here.
+
+    Args:
+        cfg: the run config.
+        measure: `measure(cfg, device) -> profile` for a cache miss; None: a miss plans
+            analytic, and the provenance note says how to measure one.
+        log: calibration progress and warnings.
+
+    Raises:
+        FileNotFoundError, ValueError: as `planner.build.problem_from_config`.
+    """
+    costs = resolve_profile(cfg, measure=measure, log=log)
+    return costs.annotate(problem_from_config(costs.config))

@@ -11,6 +11,9 @@ nothing about the training loop.
 
 from __future__ import annotations
 
+import fcntl
+import functools
+import hashlib
 import json
 import os
 import sys
@@ -19,11 +22,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 from safetensors import SafetensorError, safe_open
+from transformers import AutoConfig, AutoTokenizer
 
 from lazytrain.atomic import open_nofollow, private_dir
+from lazytrain.data import EMBEDDED_PREFIX, TEMPLATES
+from lazytrain.data.tiny_tokenizer import train_tokenizer
 from lazytrain.errors import JobFailure, UserError
+from lazytrain.models import load_adapter_from_config, load_adapter_from_dir, smollm2
+from lazytrain.models.cut import cut_config, profile_layers
+from lazytrain.models.families import text_model_config
+from lazytrain.models.hf_loader import weight_files
+from lazytrain.planner import policy
 from lazytrain.planner.plan import Plan
+from lazytrain.planner.build import rank_problem_of
+from lazytrain.profile.calibrate import costed_problem, costs_line_of
+from lazytrain.profile.profiler import measure_profile
+from lazytrain.report.plan_table import plan_summary as summary_of
+from lazytrain.spec import hub
+from lazytrain.spec.model import ModelSpec
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -51,9 +69,6 @@ def resolve_model_source(config_path: str, *, weights: bool = True) -> ModelSour
             id is not cached while offline (`spec.hub.HubModelError`).
         OSError: a hub download failed.
     """
-    from lazytrain.models import smollm2
-    from lazytrain.spec import hub
-
     if config_path == smollm2.MODEL_NAME:
         directory = smollm2.ensure_model_dir()
     elif hub.is_hub_id(config_path):
@@ -82,8 +97,6 @@ def load_hf_config(source: ModelSource) -> Any:
     Raises:
         ValueError: the file is not a JSON HF config with a `model_type`.
     """
-    from transformers import AutoConfig
-
     if source.config_file is None:
         return AutoConfig.from_pretrained(source.directory)
     try:
@@ -108,8 +121,6 @@ def load_tokenizer(source: ModelSource, *, corpus=None, vocab_size: int | None =
         ValueError: no loadable tokenizer, missing or damaged (the data layer needs the
             model's own).
     """
-    from transformers import AutoTokenizer
-
     directory = source.directory
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -118,8 +129,6 @@ def load_tokenizer(source: ModelSource, *, corpus=None, vocab_size: int | None =
                 type(exc) is not Exception:
             raise
         if source.config_file is not None and corpus is not None:
-            from lazytrain.data.tiny_tokenizer import train_tokenizer
-
             return train_tokenizer(corpus(), vocab_size=vocab_size or 512)
         raise ValueError(f"model.config_path: no tokenizer in {directory} ({exc}); put the "
                          f"model's tokenizer files next to its config.json") from None
@@ -142,8 +151,6 @@ def check_weight_files(source: ModelSource) -> None:
     Raises:
         DamagedWeights: one line naming the file, safetensors' reason and the fix.
     """
-    from lazytrain.models.hf_loader import weight_files  # imports torch: train only
-
     if not source.has_weights:
         return
     for path in weight_files(source.directory):
@@ -159,8 +166,6 @@ def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, 
                  masters=None, fills_masters: bool = True):
     """The `ModelAdapter`: weights from the directory, or random init seeded by `seed`
     (`masters`, `fills_masters`: where the masters live, `models.host_params.HostParams`)."""
-    from lazytrain.models import load_adapter_from_config, load_adapter_from_dir
-
     where = dict(masters=masters, fills_masters=fills_masters)
     if source.has_weights:
         return load_adapter_from_dir(source.directory, dtype=compute_dtype,
@@ -171,58 +176,26 @@ def load_adapter(source: ModelSource, *, compute_dtype: str, master_dtype: str, 
 
 
 def make_plan(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
-              log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
-              ) -> Plan:
+              log: Callable[[str], None] | None = None) -> Plan:
     """Plan from the config through the one planning entry (`planner.policy.plan` with
     `planner_options(cfg.planner)`, as `lazytrain plan` and a re-plan do): with
-    `dist.nproc_per_node` > 1, one rank's share of the node, with the costs
-    `profile.calibrate.resolve_profile` chooses (recorded as the plan's provenance `costs`).
+    `dist.nproc_per_node` > 1, one rank's share of the node, with the costs of
+    `profile.calibrate.costed_problem` (recorded as the plan's provenance `costs`).
 
     Args:
         cfg: the run config.
         calibrate: measure this machine's calibration on a cache miss (`runtime.calibrate:
-            auto`; `measure_config_profile` in its quick mode). False: a miss plans analytic.
+            auto`; `measure_calibration`). False: a miss plans analytic.
         run_dir: the job's run directory (default `train.run_dir`), where a calibration times
             NVMe unless `runtime.nvme_dir` is set.
-        log: calibration progress and warnings.
+        log: calibration progress and warnings (default: stderr).
 
     Raises:
         PlanInfeasibleError: (milp) no plan fits the budgets.
     """
-    from lazytrain.planner import policy
-    from lazytrain.planner.build import rank_problem_of
-
-    problem = rank_problem_of(cfg, costed_problem(cfg, calibrate=calibrate, run_dir=run_dir,
-                                                  log=log))
+    measure = functools.partial(measure_calibration, run_dir=run_dir) if calibrate else None
+    problem = rank_problem_of(cfg, costed_problem(cfg, measure=measure, log=log or to_stderr))
     return policy.plan(problem, policy.planner_options(cfg.planner))
-
-
-def costed_problem(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
-                   log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr,
-                                                                  flush=True)):
-    """The node's `PlanningProblem` for `cfg` with the costs `profile.calibrate.resolve_profile`
-    chooses (`hardware.profile_path`, else this machine's cached calibration, else the preset's
-    analytic model; recorded as provenance `costs`). `make_plan` and `lazytrain plan` /
-    `simulate` build their problem here.
-
-    Args:
-        cfg: the run config.
-        calibrate: measure a calibration on a cache miss (False: a miss plans analytic, and
-            the provenance note says how to measure one).
-        run_dir: the job's run directory (where a calibration times NVMe).
-        log: calibration progress and warnings.
-
-    Raises:
-        FileNotFoundError, ValueError: as `planner.build.problem_from_config`.
-    """
-    from lazytrain.planner.build import problem_from_config
-    from lazytrain.profile.calibrate import resolve_profile
-
-    def measure(cfg_: Any, device: str) -> dict:
-        return measure_calibration(cfg_, device, run_dir=run_dir)
-
-    costs = resolve_profile(cfg, measure=measure if calibrate else None, log=log)
-    return costs.annotate(problem_from_config(costs.config))
 
 
 def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeats: int = 5,
@@ -251,16 +224,6 @@ def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeat
         FileNotFoundError, ValueError: the model cannot be resolved or cut.
         OSError: the NVMe scratch directory cannot be created.
     """
-    import tempfile
-
-    import torch
-
-    from lazytrain.models import load_adapter_from_config
-    from lazytrain.models.cut import cut_config, profile_layers
-    from lazytrain.models.families import text_model_config
-    from lazytrain.profile.profiler import measure_profile
-    from lazytrain.spec.model import ModelSpec
-
     if cfg.runtime.threads:
         torch.set_num_threads(cfg.runtime.threads)
     hf_config = load_hf_config(resolve_model_source(cfg.model.config_path, weights=False))
@@ -280,18 +243,21 @@ def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeat
             model_numel=spec.total_params)
 
 
+def to_stderr(msg: str) -> None:
+    """Print one progress or warning line on stderr (stdout carries the command's output)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
 def measure_calibration(cfg: Any, device: str, *, run_dir: Path | None = None) -> dict:
-    """The calibration measurement (`runtime.calibrate.Measure`): `measure_config_profile` in
+    """The calibration measurement (`profile.calibrate.Measure`): `measure_config_profile` in
     its quick mode, progress on stderr."""
     return measure_config_profile(cfg, device, quick=True, run_dir=run_dir,
-                                  log=lambda msg: print(msg, file=sys.stderr, flush=True))
+                                  log=to_stderr)
 
 
 def model_config_sha256(hf_config: Any) -> str:
     """The plan-provenance hash of a model: the planner's `ModelSpec.config_sha256`, so a plan
     made from a config file or a built-in name matches the loaded model of that architecture."""
-    from lazytrain.spec.model import ModelSpec
-
     return ModelSpec.from_hf_config(hf_config.to_dict()).config_sha256
 
 
@@ -302,10 +268,7 @@ def plan_summary(plan: Plan, *, source: str | None = None) -> str:
         plan: the plan.
         source: `model.config_path`, printed after the model's name.
     """
-    from lazytrain.report.plan_table import plan_summary as summary
-    from lazytrain.profile.calibrate import costs_line_of
-
-    return summary(plan, source=source, costs_line=costs_line_of(plan.provenance))
+    return summary_of(plan, source=source, costs_line=costs_line_of(plan.provenance))
 
 
 DATA_FILE_SUFFIXES = (".json", ".jsonl", ".parquet", ".arrow", ".csv")
@@ -349,8 +312,6 @@ def check_data_paths(data_cfg: Any, *, base_dir: str | Path | None = None) -> No
     Raises:
         FileNotFoundError: one line naming the key, the path and the fix.
     """
-    from lazytrain.data import EMBEDDED_PREFIX, TEMPLATES
-
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     checks = [("data.registry_path", data_cfg.registry_path),
               ("data.dataset_dir", data_cfg.dataset_dir),
@@ -425,8 +386,6 @@ def check_same_model(cfg: Any, saved: dict | None, checkpoint: Path) -> None:
     Raises:
         ValueError: names both models and the fix.
     """
-    from lazytrain.spec.model import ModelSpec
-
     want = str(cfg.model.config_path)
     had = str(((saved or {}).get("model") or {}).get("config_path", want))
     fix = (f"resume with the run's own config (drop --config / --set model.*), or start a new "
@@ -482,8 +441,6 @@ def job_nvme_dir(nvme_dir: str, *, run_dir: Path) -> Path:
     `runtime.nvme_dir` named after the run directory and a hash of its absolute path, so that
     jobs sharing one `runtime.nvme_dir` never read each other's files, while the ranks of one
     job (one run directory) share theirs."""
-    import hashlib
-
     if not nvme_dir:
         return run_dir / "nvme"
     digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
@@ -493,8 +450,6 @@ def job_nvme_dir(nvme_dir: str, *, run_dir: Path) -> Path:
 def _take_lock(lock_path: Path) -> tuple[Any, str | None]:
     """flock `lock_path` exclusively without waiting: (the open file holding this pid, None),
     or (None, the holder's pid as written in the file) when a live process holds it."""
-    import fcntl
-
     handle = os.fdopen(open_nofollow(lock_path, os.O_RDWR | os.O_CREAT, 0o600), "r+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
