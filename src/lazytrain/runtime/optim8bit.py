@@ -42,7 +42,7 @@ Q8_BYTES_PER_PARAM = 2 + 2 * 4 / QBLOCK
 def have_bitsandbytes() -> bool:
     """True when `bitsandbytes` (the `q8` extra) imports."""
     try:
-        import bitsandbytes  # noqa: F401
+        _bnb()
     except ImportError:
         return False
     return True
@@ -51,7 +51,7 @@ def have_bitsandbytes() -> bool:
 def _bnb():
     """The bitsandbytes module, or an ImportError naming the fix."""
     try:
-        import bitsandbytes
+        import bitsandbytes  # lazy: optional dependency (the [q8] extra)
     except ImportError as exc:
         raise ImportError("8-bit optimizer states (plan q8_blocks) need bitsandbytes>=0.50: "
                           "pip install -e '.[q8]'") from exc
