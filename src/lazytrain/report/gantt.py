@@ -7,8 +7,8 @@ windows from the runtime's instrumentation (`spans_from_durations`, `bars_from_m
 Every image is `FIG_WIDTH_PX` wide with a legend entry for every colour drawn; a long timeline
 (a 64-block step) is split into a forward and a backward panel so its window names stay legible.
 `bars_from_planned` draws a plan's windows without a simulator: compute from the window start,
-then the exposed remainder. matplotlib (Agg backend)
-is imported only when a chart is drawn; it is the `report` extra.
+then the exposed remainder. matplotlib (Agg backend) is imported only when a chart is drawn
+(`_matplotlib`); it is the `report` extra.
 """
 
 from __future__ import annotations
@@ -170,14 +170,25 @@ def render_panels(path: str | Path, *, panels: Sequence[tuple[Sequence[Bar], Seq
         ImportError: matplotlib is not installed (`pip install lazytrain[report]`).
     """
     fig = build_figure(panels, rows=rows)
-    import matplotlib.pyplot as plt  # after build_figure chose the Agg backend
-
     try:
         with atomic_path(Path(path)) as tmp:
             fig.savefig(tmp, format="png", dpi=DPI)
     finally:
-        plt.close(fig)
+        _matplotlib().pyplot.close(fig)
     return Path(path)
+
+
+def _matplotlib():
+    """The matplotlib package with `pyplot` (and with it `patches`) loaded, drawing on the Agg
+    backend: into files, no display needed.
+
+    Raises:
+        ImportError: matplotlib is not installed (`pip install lazytrain[report]`).
+    """
+    import matplotlib.pyplot  # lazy: optional dependency (the [report] extra)
+
+    matplotlib.use("Agg")  # a no-op once Agg is the backend, so open figures stay open
+    return matplotlib
 
 
 def build_figure(panels: Sequence[tuple[Sequence[Bar], Sequence[Span], str]], *,
@@ -187,11 +198,7 @@ def build_figure(panels: Sequence[tuple[Sequence[Bar], Sequence[Span], str]], *,
     Raises:
         ImportError: matplotlib is not installed (`pip install lazytrain[report]`).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _matplotlib().pyplot
     parts = [split_phases(bars, spans, title) for bars, spans, title in panels]
     drawn = [p[k] for k in range(max(len(p) for p in parts)) for p in parts if k < len(p)]
     used = {b.row for bars, _, _ in drawn for b in bars if b.end_ms > b.start_ms}
@@ -210,12 +217,12 @@ def build_figure(panels: Sequence[tuple[Sequence[Bar], Sequence[Span], str]], *,
 
 def _legend(fig, kinds: Sequence[str], *, other: bool) -> None:
     """One legend entry per colour drawn, and one for the window shading, under the panels."""
-    from matplotlib.patches import Patch
-    handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in kinds]
+    patches = _matplotlib().patches
+    handles = [patches.Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in kinds]
     if other:
-        handles.append(Patch(facecolor=OTHER_COLOR, label="other task"))
-    handles.append(Patch(facecolor=SHADE_COLOR, edgecolor="#999999", linewidth=0.5,
-                         label="window (shaded every other)"))
+        handles.append(patches.Patch(facecolor=OTHER_COLOR, label="other task"))
+    handles.append(patches.Patch(facecolor=SHADE_COLOR, edgecolor="#999999", linewidth=0.5,
+                                 label="window (shaded every other)"))
     ncol = len(handles) if len(handles) <= 7 else -(-len(handles) // 2)
     fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
 

@@ -14,10 +14,13 @@ import math
 from collections import Counter
 from dataclasses import asdict
 
+from lazytrain.planner.heuristics import best_fixed_k_plan, k_of
 from lazytrain.planner.plan import Plan
-from lazytrain.planner.windows import TIERS
 from lazytrain.planner.policy import PlannerOptions
+from lazytrain.planner.policy import plan as plan_problem
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.windows import TIERS
+from lazytrain.sim import disagreements, simulate
 from lazytrain.units import GB
 
 
@@ -77,10 +80,6 @@ def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOption
         options: the planner options (policy, megatrain_k; the rule is planned with the same
             options, without the LP bound).
     """
-    from lazytrain.planner.heuristics import best_fixed_k_plan, k_of
-    from lazytrain.planner.policy import plan as plan_problem
-    from lazytrain.sim import disagreements, simulate
-
     policy = options.policy
     # the rule at the longest segment the job allows (a segment beyond k_max is no valid plan)
     megatrain_k = options.megatrain_k if policy == "megatrain" else min(options.megatrain_k,
