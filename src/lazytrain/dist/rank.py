@@ -27,11 +27,14 @@ from typing import Any, Callable, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
+from lazytrain.config import apply_overrides
 from lazytrain.dist import parallel, shared_masters
 from lazytrain.dist.process_group import (DistContext, barrier, broadcast_object,
                                           init_from_env, shutdown)
 from lazytrain.dist.shared_masters import OwnerUpdateError
 from lazytrain.errors import JobFailure
+from lazytrain.planner.build import hardware_from_config
+from lazytrain.runtime.build import device_type, resolve_device
 
 T = TypeVar("T")
 
@@ -142,9 +145,6 @@ def launch_config(cfg, ctx: DistContext, log):
     `hardware.gpus_per_node` raised to the ranks per node when the preset has fewer), so each
     rank's plan gets its real share of the node and of the job
     (`planner.build.rank_problem_from_config`)."""
-    from lazytrain.config import apply_overrides
-    from lazytrain.planner.build import hardware_from_config
-
     n = ctx.local_world_size
     sets = [] if cfg.dist.nproc_per_node == n else [f"dist.nproc_per_node={n}"]
     if cfg.dist.nnodes != ctx.nnodes:
@@ -196,8 +196,6 @@ def join(cfg, *, run_dir: Path, log: Callable[[str], None]) -> tuple[DataParalle
         ValueError: a bad `dist.backend`; RuntimeError: the rendezvous failed or timed out, or
             a rank does not see `run_dir` (`check_shared_run_dir`).
     """
-    from lazytrain.runtime.build import device_type, resolve_device
-
     device = device_type(resolve_device(cfg.runtime.device))
     ctx = init_from_env(backend=cfg.dist.backend, device=device, timeout_s=cfg.dist.timeout_s)
     cfg = launch_config(cfg, ctx, log if ctx.is_main else (lambda msg: None))
