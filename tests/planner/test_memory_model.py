@@ -59,13 +59,17 @@ def test_pinned_bytes_are_dram_less_states_and_scratch_by_hand():
     assert model.dram_budget_bytes == 16_000
 
 
+RUN = [{"step": 1, "windows": [{"name": "f0", "wall_ms": 1.0, "compute_ms": 1.0,
+                                 "wait_ms": {c: 0.0 for c in ("h2d", "d2h", "nvme_read",
+                                                              "nvme_write")},
+                                 "bytes": {}, "peak_bytes": {"hbm": 0, "dram": 0, "nvme": 0}}]}]
+"""One recorded step of one window: enough for `compare_with_run`."""
+
+
 def test_budgets_and_the_report_agree_on_a_plan_without_predicted_pinned_bytes():
     plan = _plan(HAND, dram_bytes=12_000)
     assert predicted_pinned_bytes(plan) == 3_700  # 12000 - 8000 states - 300 scratch
-    window = {"name": "f0", "wall_ms": 1.0, "compute_ms": 1.0,
-              "wait_ms": {c: 0.0 for c in ("h2d", "d2h", "nvme_read", "nvme_write")},
-              "bytes": {}, "peak_bytes": {"hbm": 0, "dram": 0, "nvme": 0}}
-    report = compare_with_run(plan.to_dict(), [{"step": 1, "windows": [window]}], skip_steps=0)
+    report = compare_with_run(plan.to_dict(), RUN, skip_steps=0)
     assert report.predicted_pinned_bytes == 3_700
     # the runtime's limits: HBM 70000; pinned = budget 16000 - pageable 8300 = 1500 + 6500 - 300
     assert plan_budgets(plan) == (70_000, 7_700)
@@ -83,3 +87,9 @@ def test_a_damaged_memory_model_is_one_line_naming_the_key(memory, named):
         memory_model_of({"memory": memory})
     assert isinstance(info.value, UserError) and "\n" not in str(info.value)
     assert "re-plan" in str(info.value)
+
+
+def test_the_report_names_a_damaged_memory_model_in_one_line():
+    plan = _plan(dict(HAND, states_bytes="8 GB"), dram_bytes=12_000).to_dict()
+    with pytest.raises(UserError, match=r"provenance\.memory\.states_bytes"):
+        compare_with_run(plan, RUN, skip_steps=0)
