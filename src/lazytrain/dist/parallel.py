@@ -16,6 +16,7 @@ from lazytrain.dist.process_group import DistContext
 from lazytrain.dist.reducer import GradReducer
 from lazytrain.dist.shared_masters import BroadcastSync, SharedMasterSync
 from lazytrain.dist.sharding import ShardedOptimizer, group_owners
+from lazytrain.runtime.build import make_engine
 
 T = TypeVar("T")
 
@@ -59,8 +60,6 @@ def build_engine(adapter, plan, *, ctx: DistContext, lr: float, betas=(0.9, 0.99
         engine_kwargs: the other `make_engine` arguments (device, clip_grad_norm, grad_accum,
             ...).
     """
-    from lazytrain.runtime.build import make_engine
-
     parts = engine_parts(adapter, ctx=ctx, lr=lr, betas=betas, eps=eps,
                          weight_decay=weight_decay, shared_masters=shared_masters)
     return make_engine(adapter, plan, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
