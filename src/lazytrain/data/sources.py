@@ -50,7 +50,7 @@ def looks_like_hub_id(path: str) -> bool:
 
 def _datasets() -> Any:
     """The `datasets` module, imported at the first read of a file or Hub dataset."""
-    import datasets  # lazy: heavy (pyarrow, pandas); only reading a data.path needs it
+    import datasets  # lazy: keeps datasets (pyarrow, pandas) out of runs that read no data.path
 
     return datasets
 
