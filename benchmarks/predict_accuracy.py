@@ -49,14 +49,14 @@ def setup_run(root: Path, *, layers: int, hidden: int, seq: int, batch: int,
     from lazytrain.config import load_config
     from lazytrain.profile.profiler import measure_profile
     from lazytrain.spec.model import ModelSpec
-    from lazytrain.train import setup
+    from lazytrain.train import model_source
 
     model_dir = make_model_dir(root / "model", layers=layers, hidden=hidden)
     overrides = [f"model.config_path={model_dir / 'config.json'}", f"data.seq_len={seq}",
                  f"train.micro_batch={batch}", "runtime.device=cpu", "hardware.preset=cpu",
                  f"train.run_dir={root / 'run'}", "train.clip_grad_norm=1.0"]
     cfg = load_config(None, overrides)
-    adapter = setup.load_adapter(setup.resolve_model_source(cfg.model.config_path),
+    adapter = model_source.load_adapter(model_source.resolve_model_source(cfg.model.config_path),
                                  compute_dtype="fp32", master_dtype="fp32", seed=0)
     spec = ModelSpec.from_hf_config(adapter.config.to_dict())
     t0 = time.perf_counter()

@@ -113,7 +113,7 @@ def _exit_code_cases():
     from lazytrain.train.checkpoint import CheckpointError
     from lazytrain.train.loop import CheckpointSaveError
     from lazytrain.train.preflight import PreflightError
-    from lazytrain.train.setup import NvmeDirInUseError, RunDirInUseError
+    from lazytrain.train.locks import NvmeDirInUseError, RunDirInUseError
     return [
         (ValueError("train.lr must be > 0; got -1"), 2),
         (TypeError("train.steps must be int; got 'x'"), 2),
@@ -202,7 +202,7 @@ def test_plan_infeasible_is_a_job_failure_and_no_value_error():
 def test_run_and_nvme_locks_and_checkpoint_saves_keep_their_builtin_bases():
     from lazytrain.errors import JobFailure
     from lazytrain.train.loop import CheckpointSaveError
-    from lazytrain.train.setup import NvmeDirInUseError, RunDirInUseError
+    from lazytrain.train.locks import NvmeDirInUseError, RunDirInUseError
     assert issubclass(CheckpointSaveError, JobFailure) and issubclass(CheckpointSaveError, OSError)
     for cls in (NvmeDirInUseError, RunDirInUseError):
         assert issubclass(cls, JobFailure) and issubclass(cls, RuntimeError)

@@ -45,7 +45,7 @@ def test_a_configured_template_replaces_the_tokenizers_and_is_saved(arithmetic_m
 
 def test_a_missing_template_file_is_refused_before_planning_and_hub_eval_ids_pass(tmp_path):
     from lazytrain.config import DataConfig
-    from lazytrain.train.setup import check_data_paths
+    from lazytrain.train.checks import check_data_paths
 
     with pytest.raises(FileNotFoundError, match=r"^data.chat_template: 'chat.jinja' is neither "
                                                 r"a named template \(chatml, qwen, llama3\)"):

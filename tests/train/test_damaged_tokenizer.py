@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from lazytrain.train import setup
+from lazytrain.train import model_source
 
 
 @pytest.mark.parametrize("text", [
@@ -20,7 +20,7 @@ def test_a_damaged_tokenizer_json_is_one_line_naming_the_key(arithmetic_model_di
     model = tmp_path / "model"
     shutil.copytree(arithmetic_model_dir, model)
     (model / "tokenizer.json").write_text(text)
-    source = setup.ModelSource(directory=model, has_weights=True)
+    source = model_source.ModelSource(directory=model, has_weights=True)
     with pytest.raises(ValueError, match=r"^model.config_path: no tokenizer in ") as info:
-        setup.load_tokenizer(source)
+        model_source.load_tokenizer(source)
     assert "\n" not in str(info.value)

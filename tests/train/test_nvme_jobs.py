@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from lazytrain.runtime.nvme import supports_o_direct
-from lazytrain.train import setup
+from lazytrain.train import locks
 from lazytrain.train.loop import train
 from train_helpers import tiny_config
 
@@ -19,13 +19,13 @@ pytestmark = pytest.mark.slow
 
 def test_two_runs_on_one_nvme_dir_get_separate_job_directories(tmp_path):
     shared = str(tmp_path / "nvme")
-    a = setup.job_nvme_dir(shared, run_dir=tmp_path / "run_a")
-    b = setup.job_nvme_dir(shared, run_dir=tmp_path / "run_b")
+    a = locks.job_nvme_dir(shared, run_dir=tmp_path / "run_a")
+    b = locks.job_nvme_dir(shared, run_dir=tmp_path / "run_b")
     assert a != b and a.parent == b.parent == tmp_path / "nvme"
     assert a.name.startswith("job-run_a-") and b.name.startswith("job-run_b-")
     # the ranks of one job (one run directory, however spelled) share theirs
-    assert setup.job_nvme_dir(shared, run_dir=tmp_path / "x" / ".." / "run_a") == a
-    assert setup.job_nvme_dir("", run_dir=tmp_path / "run_a") == tmp_path / "run_a" / "nvme"
+    assert locks.job_nvme_dir(shared, run_dir=tmp_path / "x" / ".." / "run_a") == a
+    assert locks.job_nvme_dir("", run_dir=tmp_path / "run_a") == tmp_path / "run_a" / "nvme"
 
 
 def test_a_second_job_on_a_locked_nvme_directory_is_refused_naming_the_holder(
@@ -33,15 +33,15 @@ def test_a_second_job_on_a_locked_nvme_directory_is_refused_naming_the_holder(
     run = tmp_path / "run"
     cfg = tiny_config(arithmetic_model_dir, run, "train.steps=1", "data.num_eval=0",
                       f"runtime.nvme_dir={tmp_path / 'nvme'}")
-    job_dir = setup.job_nvme_dir(str(tmp_path / "nvme"), run_dir=run)
+    job_dir = locks.job_nvme_dir(str(tmp_path / "nvme"), run_dir=run)
     holder = subprocess.Popen(  # another job: holds the lock until its stdin closes
         [sys.executable, "-c", "import sys; from pathlib import Path; "
-         "from lazytrain.train.setup import lock_nvme_dir; "
+         "from lazytrain.train.locks import lock_nvme_dir; "
          f"h = lock_nvme_dir(Path({str(job_dir)!r})); print('locked', flush=True); "
          "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(setup.NvmeDirInUseError, match=rf"in use by another job \(pid "
+        with pytest.raises(locks.NvmeDirInUseError, match=rf"in use by another job \(pid "
                                                           rf"{holder.pid} holds"):
             train(cfg, plan=tiny_plan, progress=False)
     finally:
@@ -49,7 +49,7 @@ def test_a_second_job_on_a_locked_nvme_directory_is_refused_naming_the_holder(
         holder.wait(timeout=60)
     summary = train(cfg, plan=tiny_plan, progress=False, overwrite=True)  # the lock is free now
     assert summary["steps_completed"] == 1
-    setup.lock_nvme_dir(job_dir).close()  # and released again when the job ended
+    locks.lock_nvme_dir(job_dir).close()  # and released again when the job ended
 
 
 def test_the_summary_records_whether_o_direct_or_buffered_io_ran(arithmetic_model_dir,

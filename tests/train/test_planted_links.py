@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from lazytrain.train import setup
+from lazytrain.train import locks
 from lazytrain.train.loop import train
 from train_helpers import tiny_config
 
@@ -40,7 +40,7 @@ def test_a_job_folder_planted_as_a_symlink_is_refused(arithmetic_model_dir, nvme
                                                       tmp_path):
     shared, theirs, run = tmp_path / "shared", tmp_path / "theirs", tmp_path / "run"
     theirs.mkdir()
-    job = setup.job_nvme_dir(str(shared), run_dir=run)
+    job = locks.job_nvme_dir(str(shared), run_dir=run)
     shared.mkdir()
     job.symlink_to(theirs)
     with pytest.raises(OSError, match=r"runtime\.nvme_dir: .* is a symbolic link"):
@@ -51,7 +51,7 @@ def test_a_job_folder_planted_as_a_symlink_is_refused(arithmetic_model_dir, nvme
 def test_a_job_folder_of_another_user_is_refused(arithmetic_model_dir, nvme_plan, tmp_path,
                                                  monkeypatch):
     shared, run = tmp_path / "shared", tmp_path / "run"
-    job = setup.job_nvme_dir(str(shared), run_dir=run)
+    job = locks.job_nvme_dir(str(shared), run_dir=run)
     job.mkdir(parents=True)
     real_uid = os.getuid()
     monkeypatch.setattr(os, "getuid", lambda: real_uid + 4242)  # the folder is not "ours"
@@ -64,7 +64,7 @@ def test_nvme_files_planted_as_symlinks_are_not_followed(arithmetic_model_dir, n
                                                          tmp_path):
     shared, run, victim = tmp_path / "shared", tmp_path / "run", tmp_path / "victim.bin"
     victim.write_bytes(VICTIM)
-    job = setup.job_nvme_dir(str(shared), run_dir=run)
+    job = locks.job_nvme_dir(str(shared), run_dir=run)
     job.mkdir(parents=True, mode=0o700)
     for boundary in range(5):
         for micro_batch in range(2):
@@ -79,7 +79,7 @@ def test_a_new_job_folder_is_private_and_the_job_runs(arithmetic_model_dir, nvme
     shared, run = tmp_path / "shared", tmp_path / "run"
     summary = train(_cfg(arithmetic_model_dir, run, shared), plan=nvme_plan, progress=False)
     assert summary["steps_completed"] == 1 and "nvme" in summary["plan"]["tiers"]
-    job = setup.job_nvme_dir(str(shared), run_dir=run)
+    job = locks.job_nvme_dir(str(shared), run_dir=run)
     assert os.stat(job).st_mode & 0o777 == 0o700
 
 

@@ -230,14 +230,15 @@ def test_an_unwritable_run_dir_is_one_line_naming_the_key(arithmetic_model_dir, 
 
 def test_a_bad_data_path_is_reported_before_planning_and_loading(arithmetic_model_dir, tmp_path,
                                                                  monkeypatch):
-    from lazytrain.train import setup
+    from lazytrain.train import model_source, setup
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("reached planning or weight loading")
 
     monkeypatch.setattr(setup, "make_plan", must_not_run)
-    monkeypatch.setattr(setup, "load_adapter", must_not_run)
-    monkeypatch.setattr(setup, "resolve_model_source", must_not_run)  # a hub id downloads there
+    monkeypatch.setattr(model_source, "load_adapter", must_not_run)
+    # a hub id downloads there
+    monkeypatch.setattr(model_source, "resolve_model_source", must_not_run)
     run = tmp_path / "run"
     cfg = tiny_config(arithmetic_model_dir, run, f"data.path={tmp_path / 'nope.jsonl'}")
     with pytest.raises(FileNotFoundError, match=r"data\.path: .*nope\.jsonl does not exist"):
@@ -437,17 +438,17 @@ def test_report_json_into_a_closed_pipe_ends_quietly(arithmetic_model_dir, tiny_
 def test_a_second_job_in_a_run_directory_in_use_is_refused_before_it_touches_a_file(
         arithmetic_model_dir, tmp_path):
     """`--overwrite` while another job trains there: refused, the running job's files stay."""
-    from lazytrain.train import setup
+    from lazytrain.train import locks
 
     run_dir = tmp_path / "live"
     run_dir.mkdir()
     for name in ("metrics.jsonl", "config.yaml", "plan.json"):
         (run_dir / name).write_text("the running job's\n")
     (run_dir / "checkpoints" / "step-000700").mkdir(parents=True)
-    held = setup.lock_run_dir(run_dir)  # the running job
+    held = locks.lock_run_dir(run_dir)  # the running job
     try:
         cfg = tiny_config(arithmetic_model_dir, run_dir, "train.steps=1", "data.num_eval=0")
-        with pytest.raises(setup.RunDirInUseError, match=f"pid {os.getpid()}"):
+        with pytest.raises(locks.RunDirInUseError, match=f"pid {os.getpid()}"):
             train(cfg, run_dir=run_dir, overwrite=True, progress=False)
     finally:
         held.close()

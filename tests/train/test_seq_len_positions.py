@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from lazytrain.train import setup
+from lazytrain.train import checks, setup
 
 
 def test_seq_len_past_the_model_s_positions_is_refused_before_planning(arithmetic_model_dir,
@@ -31,7 +31,7 @@ def test_seq_len_past_the_model_s_positions_is_refused_before_planning(arithmeti
 
 
 def test_a_multimodal_config_is_checked_on_its_text_config():
-    setup.check_seq_len(4096, {"text_config": {"max_position_embeddings": 4096}})
+    checks.check_seq_len(4096, {"text_config": {"max_position_embeddings": 4096}})
     with pytest.raises(ValueError, match="max_position_embeddings 4096"):
-        setup.check_seq_len(4097, {"text_config": {"max_position_embeddings": 4096},
+        checks.check_seq_len(4097, {"text_config": {"max_position_embeddings": 4096},
                                    "max_position_embeddings": 10**6})

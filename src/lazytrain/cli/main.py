@@ -4,7 +4,8 @@ Each verb module exposes `register(subparsers)` (adds its parser, sets `func=run
 `run(args) -> int`, and imports what it needs at its top. Only the verb being run is imported
 (`verb_module`, the one lazy import of the CLI): `lazytrain plan`, `simulate` and `report`
 then load neither torch nor transformers, and `lazytrain --help` loads no verb at all; the
-other verbs get a parser holding their one-line help. Exit codes, the same for every verb (docs/design.md, "The parts"):
+other verbs get a parser holding their one-line help. Exit codes, the same for every verb
+(docs/design.md, "The parts"):
 
 - 0 ok (also when the reader of stdout went away: `lazytrain report --json | head`);
 - 1 the job failed at run time: an infeasible budget, a preflight refusal, an I/O error or a

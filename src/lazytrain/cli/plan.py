@@ -24,13 +24,11 @@ import sys
 
 from lazytrain.config import apply_overrides, config_from_dict, load_config
 from lazytrain.planner import policy
-from lazytrain.planner.build import rank_problem_from_config
+from lazytrain.planner.build import rank_problem_from_config, topology_of
 from lazytrain.planner.capacity import max_batch_search
-from lazytrain.planner.infeasible import shortfall_fix
-from lazytrain.planner.infeasible import PlanInfeasibleError
+from lazytrain.planner.infeasible import PlanInfeasibleError, shortfall_fix
 from lazytrain.planner.policy import BACKENDS, POLICIES, planner_options
 from lazytrain.planner.solvers import solver_output_to_stderr
-from lazytrain.planner.build import topology_of
 from lazytrain.planner.topology import rank_problem, scaling_table
 from lazytrain.profile.calibrate import costed_problem, costs_line_of
 from lazytrain.report.capacity import format_batch_table, over_dram_hint
@@ -137,9 +135,9 @@ def load_problem(args: argparse.Namespace, *, base: dict | None = None):
 
     The costs are resolved as `lazytrain train` resolves them
     (`profile.calibrate.costed_problem`), except that a missing calibration is not measured
-    here: the problem is then analytic and its provenance `costs` note says that `lazytrain train` (or `lazytrain profile
-    --calibrate`) measures one. The returned config is the one given (without the cache file as
-    `hardware.profile_path`).
+    here: the problem is then analytic and its provenance `costs` note says that `lazytrain
+    train` (or `lazytrain profile --calibrate`) measures one. The returned config is the one
+    given (without the cache file as `hardware.profile_path`).
 
     Raises:
         ValueError, TypeError, FileNotFoundError: bad config (main prints one line, exit 2).

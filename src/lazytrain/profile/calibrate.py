@@ -6,7 +6,7 @@ Where a plan's costs come from, decided in one place (`resolve_profile`) for `la
 1. `hardware.profile_path` set: that measured profile (`lazytrain profile` wrote it).
 2. `runtime.calibrate: auto` (the default) and the plan is for this machine: the cached
    calibration of this machine, measured on a cache miss by the caller's `measure` function
-   (`lazytrain train` passes `train.setup.measure_config_profile` in its quick mode, a few
+   (`lazytrain train` passes `train.setup.measure_calibration` in its quick mode, a few
    seconds, on a model cut to one block of each kind: host memory never holds the whole
    model; `lazytrain plan` passes none and plans analytic until one is cached).
 3. Otherwise the analytic model of the hardware preset.

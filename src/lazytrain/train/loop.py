@@ -15,7 +15,7 @@ micro-batch: every window's wall, compute, waits and bytes per channel; schema i
 `runtime/instrument.py`), `summary.json`, `checkpoints/step-N/` (see
 `checkpoint.py`), `nvme/` (the NVMe tier's scratch; with runtime.nvme_dir set, the job's own
 subdirectory `job-<run name>-<hash>` there, locked through `<that>.lock` so that a second job
-is refused: `setup.job_nvme_dir`), `tensorboard/` and `wandb/` when `train.report_to` names
+is refused: `locks.job_nvme_dir`), `tensorboard/` and `wandb/` when `train.report_to` names
 them (`tracking.py`). `summary.json` records the NVMe directory and whether O_DIRECT or
 buffered I/O ran there. Data parallel: `rank-R/plan.json` and `rank-R/windows.jsonl` per rank.
 
@@ -66,7 +66,7 @@ from lazytrain.planner.plan import Plan
 from lazytrain.planner.refit import load_windows
 from lazytrain.profile.calibrate import costs_line_of
 from lazytrain.train import checkpoint as ckpt
-from lazytrain.train import setup
+from lazytrain.train import locks
 from lazytrain.train.evaluate import sample_lines
 from lazytrain.train.preflight import free_bytes
 from lazytrain.train.rank import join_job, launched_rank, quiet_unless_main
@@ -226,7 +226,7 @@ def train(cfg: RunConfig, *, run_dir: str | Path | None = None, plan: Plan | Non
         make_run_dir(run_dir)  # one line naming train.run_dir when it is not a writable dir
     # one job per run directory, before anything in it is checked, deleted or written
     # (rank 0 holds it for the ranks of a data-parallel job)
-    run_lock = setup.lock_run_dir(run_dir) if locking else None
+    run_lock = locks.lock_run_dir(run_dir) if locking else None
     try:
         return _train(cfg, run_dir=run_dir, plan=plan, resume=resume, overwrite=overwrite,
                       hooks=hooks, progress=progress, log=log, clock=clock,

@@ -12,7 +12,7 @@ from typing import Any
 from lazytrain.data import build_data, corpus_texts, encode
 from lazytrain.data.preview import count_samples, marked_text
 from lazytrain.models.families import text_model_config
-from lazytrain.train import setup
+from lazytrain.train import checks, model_source
 
 
 def preview_lines(cfg: Any, *, samples: int, count: int) -> Iterator[str]:
@@ -25,10 +25,10 @@ def preview_lines(cfg: Any, *, samples: int, count: int) -> Iterator[str]:
             unknown template or format, a model without a tokenizer.
     """
     dc, tc = cfg.data, cfg.train
-    setup.check_data_paths(dc)
-    source = setup.resolve_model_source(cfg.model.config_path, weights=False)
-    hf_config = text_model_config(setup.load_hf_config(source))
-    tokenizer = setup.load_tokenizer(source, vocab_size=hf_config.vocab_size,
+    checks.check_data_paths(dc)
+    source = model_source.resolve_model_source(cfg.model.config_path, weights=False)
+    hf_config = text_model_config(model_source.load_hf_config(source))
+    tokenizer = model_source.load_tokenizer(source, vocab_size=hf_config.vocab_size,
                                      corpus=lambda: corpus_texts(dc, seed=tc.seed))
     data = build_data(dc, tokenizer, micro_batch=tc.micro_batch, seed=tc.seed,
                       hf_config=hf_config)

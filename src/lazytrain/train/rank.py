@@ -61,7 +61,7 @@ class RankContext(Protocol):
         """This rank's `grad_accum` micro-batches out of a step's world_size x grad_accum."""
 
     def master_store(self, *, shared: bool, shm_dir: str | Path) -> dict:
-        """`setup.load_adapter` arguments placing the masters in the node's shared memory
+        """`model_source.load_adapter` arguments placing the masters in the node's shared memory
         (`dist.shared_masters`), or {} for private masters. When not {}, the caller meets the
         node's ranks at a barrier after loading, so local rank 0 has written them."""
 

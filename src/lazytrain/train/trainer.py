@@ -40,7 +40,7 @@ from lazytrain.runtime.instrument import write_windows_jsonl
 from lazytrain.runtime.optim import lr_at, refit_note
 from lazytrain.spec.model import ModelSpec, read_hf_config
 from lazytrain.train import checkpoint as ckpt
-from lazytrain.train import setup
+from lazytrain.train import checks, locks, model_source, setup
 from lazytrain.train.evaluate import build_eval_model, evaluate_heldout, load_weights
 from lazytrain.train.preflight import preflight, preflight_host_floor
 from lazytrain.train.rank import RankContext
@@ -172,18 +172,19 @@ class Trainer:
             torch.set_num_threads(cfg.runtime.threads)
         # Everything that can reject the job runs before a file is written or a weight loaded.
         saved_state = self._check_resume(resume, verify=verify_checkpoint)
-        setup.check_data_paths(cfg.data)
-        setup.check_nvme_dir(cfg.runtime.nvme_dir)  # before a calibration times NVMe there
+        checks.check_data_paths(cfg.data)
+        locks.check_nvme_dir(cfg.runtime.nvme_dir)  # before a calibration times NVMe there
         self._preflight_host_floor()  # before a calibration builds the model
         self.plan = self._agreed_plan(plan)
         if self.resumed_from is not None:
-            source = setup.ModelSource(directory=self.resumed_from.path, has_weights=True)
+            source = model_source.ModelSource(directory=self.resumed_from.path, has_weights=True)
         else:  # after planning: a hub id downloads its weights here
-            source = setup.resolve_model_source(cfg.model.config_path, weights=True)
-            setup.check_weight_files(source)  # a cut download: refused before a file is touched
+            source = model_source.resolve_model_source(cfg.model.config_path, weights=True)
+            # a cut download: refused before a file is touched
+            model_source.check_weight_files(source)
         # the plan table is the run's result on stdout, as `lazytrain plan` prints it
         print(setup.plan_summary(self.plan, source=str(cfg.model.config_path)), flush=True)
-        self.nvme_dir = setup.job_nvme_dir(cfg.runtime.nvme_dir, run_dir=run_dir)
+        self.nvme_dir = locks.job_nvme_dir(cfg.runtime.nvme_dir, run_dir=run_dir)
         self._load_data(source, saved_state, overwrite=overwrite)
         # every check passed: the old run goes (--overwrite) and the new one's files come
         if ctx.is_main:
@@ -197,7 +198,7 @@ class Trainer:
         # one lock per job and node: local rank 0 takes it, the node's other ranks share the
         # dir; nodes lock their own file (the directory may be on a file system they share)
         if ctx.local_rank == 0:
-            self._nvme_lock = setup.lock_nvme_dir(
+            self._nvme_lock = locks.lock_nvme_dir(
                 self.nvme_dir, node=f"node{ctx.node_rank}" if ctx.nnodes > 1 else "")
         try:
             self.engine = self._make_engine()
@@ -230,8 +231,8 @@ class Trainer:
                      f"(--no-verify-checkpoint): sizes only, a same-size corruption would pass")
         ckpt.check_world_size(self.resumed_from, world_size=self.ctx.world_size)
         state = self.resumed_from.load_state()  # weights_only: refuses code objects
-        setup.check_same_model(self.cfg, state.get("config"), self.resumed_from.path)
-        setup.check_same_shape(self.cfg, state.get("config"), self.resumed_from.path)
+        checks.check_same_model(self.cfg, state.get("config"), self.resumed_from.path)
+        checks.check_same_shape(self.cfg, state.get("config"), self.resumed_from.path)
         self._own_state = self._agreed_shard(state)
         return state
 
@@ -262,7 +263,7 @@ class Trainer:
         checkpoint's config.json, else `model.config_path`): a machine that cannot hold the
         host states is refused before planning, whose calibration builds the whole model.
         A model whose config cannot be read here is left to planning to name. A data.seq_len
-        past the model's positions is refused here too (`setup.check_seq_len`).
+        past the model's positions is refused here too (`checks.check_seq_len`).
 
         Raises:
             PreflightError: the host states and evaluation copy exceed MemAvailable.
@@ -275,7 +276,7 @@ class Trainer:
             params = ModelSpec.from_hf_config(source).total_params
         except (OSError, ValueError, KeyError):
             return
-        setup.check_seq_len(cfg.data.seq_len, read_hf_config(source))
+        checks.check_seq_len(cfg.data.seq_len, read_hf_config(source))
         preflight_host_floor(
             states_bytes=int(HOST_BYTES_PER_PARAM[cfg.train.master_dtype] * params),
             eval_bytes=EVAL_COPY_BYTES_PER_PARAM * params if cfg.data.num_eval else 0)
@@ -297,7 +298,7 @@ class Trainer:
         position, which refuses other data or another seed); `train.epochs` becomes
         `train.steps` here (the same on every resume). Writes nothing and loads no weight."""
         cfg, tc = self.cfg, self.cfg.train
-        hf_config = text_model_config(setup.load_hf_config(source))  # a VLM trains its text
+        hf_config = text_model_config(model_source.load_hf_config(source))  # a VLM trains its text
         spec = ModelSpec.from_hf_config(hf_config.to_dict())
         self.flops_params = spec.model_flops_params  # N of 6 * N * tokens
         _run_preflight(cfg, self.plan, device=self.device, nvme_dir=self.nvme_dir,
@@ -305,7 +306,7 @@ class Trainer:
                        freed_bytes=run_state_bytes(self.run_dir) if overwrite else 0,
                        saves=None if tc.epochs else tc.steps - (
                            self.resumed_from.step if self.resumed_from is not None else 0))
-        self.tokenizer = setup.load_tokenizer(
+        self.tokenizer = model_source.load_tokenizer(
             source, vocab_size=hf_config.vocab_size,
             corpus=lambda: corpus_texts(cfg.data, seed=tc.seed))
         self.data = build_data(cfg.data, self.tokenizer, micro_batch=tc.micro_batch,
@@ -344,13 +345,13 @@ class Trainer:
             self.plan.save(path)
 
     def _load_adapter(self, source):
-        """The model with its weights in the host store (`setup.load_adapter`; on resume the
+        """The model with its weights in the host store (`model_source.load_adapter`; on resume the
         checkpoint's exact masters when it exported a narrower `model.dtype`); with
         `dist.shared_masters` and several ranks on the node the masters live in the node's
         shared mapping: local rank 0 writes them and the others wait for it."""
         tc, dc = self.cfg.train, self.cfg.dist
         store = self.ctx.master_store(shared=dc.shared_masters, shm_dir=dc.shm_dir)
-        adapter = setup.load_adapter(source, compute_dtype=tc.compute_dtype,
+        adapter = model_source.load_adapter(source, compute_dtype=tc.compute_dtype,
                                      master_dtype=tc.master_dtype, seed=tc.seed, **store)
         if self.resumed_from is not None and store.get("fills_masters", True):
             ckpt.load_masters(self.resumed_from, adapter.params)  # under a narrower model.dtype
@@ -369,7 +370,7 @@ class Trainer:
             self.cfg, self.adapter, self.plan, device_kind=self.device_kind,
             device_index=self.ctx.device_index, nvme_dir=self.nvme_dir / self.ctx.subdir,
             seed=self.ctx.seed(tc.seed), fault_hook=self.hooks.fault_hook,
-            model_config_sha256=setup.model_config_sha256(self.adapter.config), **parts)
+            model_config_sha256=model_source.model_config_sha256(self.adapter.config), **parts)
 
     def _restore(self, state: dict) -> None:
         own, self._own_state = self._own_state, None  # loaded and agreed on by `_check_resume`
@@ -555,7 +556,7 @@ class Trainer:
                 self.ctx.shutdown()
 
     _nvme_lock = None
-    """The open lock file of this job's NVMe directory (`setup.lock_nvme_dir`), or None."""
+    """The open lock file of this job's NVMe directory (`locks.lock_nvme_dir`), or None."""
 
     def _release_nvme_lock(self) -> None:
         if self._nvme_lock is not None:
