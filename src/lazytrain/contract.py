@@ -11,7 +11,7 @@ defaults and the planner's memory model and checks each against this module.
 Imports only the standard library (no torch, no solver), so every package may import it
 (`tests/test_layering.py`).
 
-Index legend: block j = 0..L-1; windows f0..f{L-1}, turn, b{L-1}..b0 (as in `planner/plan.py`).
+Index legend: block j = 0..L-1; windows f0..f{L-1}, turn, b{L-1}..b0 (as in `planner/windows.py`).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ TURN_WINDOW = "turn"
 
 The window names (`TURN_WINDOW`, `forward_window`, `backward_window`) are how a plan's
 windows, transfers and predictions meet the engine's: runtime `Engine` (the windows it runs
-and meters, `windows.jsonl`); planner `planner/plan.py` (`window_names`, `window_ord`),
+and meters, `windows.jsonl`); planner `planner/windows.py` (`window_names`, `window_ord`),
 `planner/refit.py`, `planner/topology.py` and the simulator's `sim/tasks.py`."""
 
 
