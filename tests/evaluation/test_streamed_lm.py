@@ -47,8 +47,9 @@ def pair(request):
     family, mode, device = request.param
     ref, adapter = model_pair(family_config(family))
     ref.eval()
+    # 3 of 4 rows: one full batch and one short one; the checker sees every op when booked
     lm = StreamedLM(adapter, _Tokenizer(), device=make_device(device), weights=mode,
-                    batch_size=3)  # 3 of 4 rows: one full batch and one short one
+                    batch_size=3, book_compute=device == "cpu-checked")
     yield ref, lm
     lm.close()
 
@@ -163,3 +164,18 @@ def test_from_run_dir_loads_the_newest_complete_checkpoint_with_its_tokenizer(tm
                                rtol=1e-5, atol=1e-5)
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         StreamedLM.from_run_dir(tmp_path)
+
+
+def test_the_ledger_books_one_load_of_the_model_per_streamed_pass():
+    """Streamed: the ends once, then every block once per pass of token_logprobs (all 4
+    sequences share one pass): the HF model's parameters x 4 B (fp32), on the h2d channel of
+    the window "eval"."""
+    ref, adapter = model_pair(family_config("llama"))
+    lm = StreamedLM(adapter, _Tokenizer(), device=make_device("cpu"), weights="streamed",
+                    batch_size=3)
+    lm.token_logprobs(SEQUENCES)
+    model_bytes = 4 * sum(p.numel() for p in ref.parameters())
+    assert lm.dev.ledger.moved_by_window()["eval"]["h2d"] == model_bytes
+    lm.token_logprobs(SEQUENCES)  # the ends stay on the device; the blocks stream again
+    ends = 4 * sum(p.numel() for n, p in ref.named_parameters() if ".layers." not in n)
+    assert lm.dev.ledger.moved_by_window()["eval"]["h2d"] == 2 * model_bytes - ends

@@ -63,6 +63,10 @@ class StreamedLM:
         weights: one of `WEIGHT_MODES`.
         batch_size: rows per forward or decode batch.
         eos_token_ids: tokens that end a generation (default: the tokenizer's eos).
+        book_compute: on the cpu backends, also book every op's fresh output (activations,
+            logits, the KV cache) to the ledger (`Device.compute_scope`): a dispatch mode
+            that made SmolLM2's greedy decoding 1.35x slower, so off by default; device
+            weights, the ends and every copy are booked either way.
 
     Raises:
         ValueError: an unknown weight mode, or `host` with masters in another dtype or a
@@ -71,7 +75,8 @@ class StreamedLM:
 
     def __init__(self, adapter: ModelAdapter, tokenizer: Any, *, device: Device,
                  compute_dtype: torch.dtype = torch.float32, weights: str = "streamed",
-                 batch_size: int = 8, eos_token_ids: set[int] | None = None) -> None:
+                 batch_size: int = 8, eos_token_ids: set[int] | None = None,
+                 book_compute: bool = False) -> None:
         if weights not in WEIGHT_MODES:
             raise ValueError(f"weights: unknown mode {weights!r}; use one of {WEIGHT_MODES}")
         master_dtype = adapter.params.ends.master.dtype
@@ -80,6 +85,7 @@ class StreamedLM:
                              f"(got {device.kind}, {master_dtype}); use weights=streamed")
         self.adapter, self.tokenizer, self.dev = adapter, tokenizer, device
         self.dtype, self.mode, self.batch_size = compute_dtype, weights, batch_size
+        self.book_compute = book_compute
         eos = tokenizer.eos_token_id
         self.eos_token_ids: set[int] = set(eos_token_ids if eos_token_ids is not None else
                                            ([] if eos is None else [eos]))
@@ -165,11 +171,11 @@ class StreamedLM:
 
     @contextlib.contextmanager
     def _window(self):
-        """No autograd, the ledger window "eval", compute ops booked (cpu backends)."""
+        """No autograd, the ledger window "eval" (compute ops booked with `book_compute`)."""
         ledger = self.dev.ledger
         ledger.begin_window(EVAL_WINDOW)
         try:
-            with torch.no_grad(), self.dev.compute_scope():
+            with torch.no_grad(), self.dev.compute_scope(allocations=self.book_compute):
                 self._prepare()
                 yield
         finally:
@@ -240,6 +246,8 @@ class StreamedLM:
         chunk = max(1, INFERENCE_HEAD_CHUNK_TOKENS // h.shape[0])
         for a in range(0, h.shape[1], chunk):
             logits = self._logits(h[:, a:a + chunk], ends)
+            # log_softmax as cross_entropy computes it (a second [B, C, V] tensor, counted by
+            # the forward plan's head chunk): the held-out loss rounds as the training loss
             out[:, a:a + chunk] = torch.log_softmax(logits, dim=-1).gather(
                 -1, targets[:, a:a + chunk, None])[..., 0]
         return out

@@ -49,9 +49,9 @@ from lazytrain.units import GB
 INFERENCE_WEIGHT_SLOTS = 2
 """Device weight slots of a streamed forward or decode pass: block j+1 loads while j runs
 (no recompute loads, unlike training's `contract.DEVICE_WEIGHT_SLOTS`)."""
-INFERENCE_HEAD_CHUNK_TOKENS = 4096
-"""Flattened tokens per head chunk of a forward pass: its fp32 logits and their log-softmax
-(2 x 4 B per logit) are the head's workspace."""
+INFERENCE_HEAD_CHUNK_TOKENS = 1024
+"""Flattened tokens per head chunk of a forward pass (training's `contract.HEAD_CHUNK_TOKENS`
+too): its fp32 logits and their log-softmax (2 x 4 B per logit) are the head's workspace."""
 HEAD_FORWARD_SHARE = 1 / 3
 """Share of `head_ms` (forward + backward) that is the forward: backward ~ 2 x forward
 (Kaplan et al., arXiv:2001.08361, section 2.1)."""
