@@ -1,5 +1,6 @@
 """The plan's index space: tier and transfer vocabulary, window names and ords, the legal
-windows of each transfer, and the recompute segments of a tier assignment.
+windows of each transfer (and the horizons that bound them), and the recompute segments of a
+tier assignment.
 
 Shared by the Plan JSON (`planner/plan.py`), its checks (`planner/plan_checks.py`), the
 evaluator, the scheduler and the MILP, so each spells a window and a legal window the same way.
@@ -13,8 +14,12 @@ Source: docs/execution_model.md, "Transfers and their legal windows".
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lazytrain.contract import TURN_WINDOW, backward_window, forward_window
-from lazytrain.planner.problem import PlanningProblem
+
+if TYPE_CHECKING:  # read for its fields only; keeps this module a leaf the runtime may import
+    from lazytrain.planner.problem import PlanningProblem
 
 TIERS = ("hbm", "dram", "nvme", "recompute")
 """Tier vocabulary; a boundary that is not materialized has tier `recompute`."""
@@ -22,6 +27,7 @@ OFFLOAD_TIERS = ("dram", "nvme")
 """Tiers whose boundaries leave HBM after the forward and come back before use."""
 TRANSFER_KINDS = ("d2h", "h2d", "nvme_write", "nvme_read")
 """Transfer kinds: HBM->DRAM, DRAM->HBM, DRAM->NVMe file, NVMe file->DRAM."""
+
 
 def window_names(num_blocks: int) -> list[str]:
     """Window names in execution order: f0..f{L-1}, turn, b{L-1}..b0 (2L+1 names; spelled by
