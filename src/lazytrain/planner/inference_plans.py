@@ -178,9 +178,11 @@ class InferencePlan:
                  f"fit beside the rest)")
         cache = f", KV cache {self.cache_bytes / GB:.3f} GB" if self.kind == "decode" else ""
         what = "tokens scored" if self.kind == "forward" else "tokens generated"
+        rate = f"{self.tokens_per_s:,.0f}" if self.tokens_per_s >= 100 else \
+            f"{self.tokens_per_s:.3g}"
         return (f"{self.kind} plan: {where}; {self.batch} x {self.context_tokens} tokens, "
                 f"{self.peak_hbm_bytes / GB:.3f} of {self.hbm_budget_bytes / GB:.3f} GB HBM"
-                f"{cache}; predicted {self.tokens_per_s:,.0f} {what}/s")
+                f"{cache}; predicted {rate} {what}/s")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
