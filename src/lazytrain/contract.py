@@ -74,11 +74,6 @@ the group being stepped), bytes per parameter of the largest group. Runtime:
 `runtime/optim.py` `BlockOptimizer.scratch`; planner: `planner/build.py`
 `optimizer_scratch_bytes`."""
 
-EVAL_COPY_BYTES_PER_PARAM = 4
-"""The held-out evaluation's fp32 copy of the weights in host memory, bytes per parameter.
-Runtime: `train/evaluate.py` `build_eval_model`; the preflight's host bytes
-(`train/trainer.py`)."""
-
 REDUCE_BYTES_PER_PARAM = 4
 """Bytes per parameter of each half of a data-parallel step's exchange as the planner times it:
 the gradient reduce and the master broadcast, both modelled in fp32 (`planner/topology.py`

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from lazytrain.planner.inference_plans import (InferencePlan, KvLayout, kv_layout,
-                                               make_inference_plan, write_inference_plans)
+                                               make_inference_plan, make_inference_plans)
 from lazytrain.planner.plan_checks import PlanValidationError
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.spec.model import ModelSpec
@@ -115,9 +115,10 @@ def test_plans_round_trip_through_their_files_and_bad_files_are_refused(tmp_path
         model_type="llama", vocab_size=V, hidden_size=H, num_hidden_layers=L,
         num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
         max_position_embeddings=64))
-    plans = write_inference_plans(tmp_path, _problem(hbm_bytes=10**9), model=spec,
-                                  hf_config={"num_key_value_heads": 2})
+    plans = make_inference_plans(_problem(hbm_bytes=10**9), model=spec,
+                                 hf_config={"num_key_value_heads": 2})
     for kind, name in (("forward", "forward_plan.json"), ("decode", "decode_plan.json")):
+        plans[kind].save(tmp_path / name)
         assert InferencePlan.load(tmp_path / name) == plans[kind]
         assert plans[kind].summary_line().startswith(f"{kind} plan: weights resident in HBM")
     raw = json.loads((tmp_path / "decode_plan.json").read_text())

@@ -22,7 +22,7 @@ def _must_not_run(*args, **kwargs):
 def test_too_little_host_memory_is_refused_before_planning_and_calibration(
         arithmetic_model_dir, tmp_path, monkeypatch, capsys):
     params = ModelSpec.from_hf_config(arithmetic_model_dir / "config.json").total_params
-    need = 16 * params + 4 * params  # fp32 master, gradient, two moments; the eval copy
+    need = 16 * params  # fp32 master, gradient, two moments (evaluation copies nothing)
     monkeypatch.setattr(preflight, "mem_available_bytes", lambda meminfo=None: need - 1)
     monkeypatch.setattr(setup, "make_plan", _must_not_run)
     monkeypatch.setattr(setup, "measure_calibration", _must_not_run)
@@ -52,5 +52,24 @@ def test_enough_host_memory_passes_the_floor(arithmetic_model_dir, tiny_plan, tm
     train(tiny_config(arithmetic_model_dir, tmp_path / "run", "train.steps=1",
                       "train.master_dtype=bf16", "data.num_eval=0"),
           plan=tiny_plan, progress=False)
-    # bf16 masters: master 2 + gradient 2 + moments 8 bytes per parameter, no eval copy
-    assert seen == [{"states_bytes": 12 * params, "eval_bytes": 0}]
+    # bf16 masters: master 2 + gradient 2 + moments 8 bytes per parameter
+    assert seen == [{"states_bytes": 12 * params}]
+
+
+def test_held_out_examples_add_no_model_copy_to_the_host_floor(arithmetic_model_dir, tmp_path,
+                                                               monkeypatch, capsys):
+    """Host memory of exactly the fp32 states (16 B/param) passes the floor with 4 held-out
+    examples: evaluation runs through the engine on the masters (it used to need 4 B/param
+    more for an fp32 HF copy). Planning is stubbed to stop the job right after the floor."""
+    params = ModelSpec.from_hf_config(arithmetic_model_dir / "config.json").total_params
+    monkeypatch.setattr(preflight, "mem_available_bytes", lambda meminfo=None: 16 * params)
+
+    def stop(*args, **kwargs):
+        raise SystemExit("planned")
+
+    monkeypatch.setattr(setup, "make_plan", stop)
+    with pytest.raises(SystemExit, match="planned"):
+        main(["train", "--run-dir", str(tmp_path / "run"), "--no-progress",
+              "--set", f"model.config_path={arithmetic_model_dir}", "--set", "runtime.device=cpu",
+              "--set", "data.num_eval=4", "--set", "train.master_dtype=fp32"])
+    assert "preflight" not in capsys.readouterr().err

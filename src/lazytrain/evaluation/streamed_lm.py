@@ -181,6 +181,12 @@ class StreamedLM:
         finally:
             ledger.end_window()
 
+    def refresh(self) -> None:
+        """Forget the device copies that outlive a pass (the ends; resident blocks): the next
+        pass loads them from the masters again. Call after the masters changed (a training
+        step); streamed blocks and host views read the masters on every pass anyway."""
+        self._resident, self._ends = None, None
+
     def close(self) -> None:
         """Free the device weights and stop the conversion worker."""
         if self._slots is not None:

@@ -298,17 +298,14 @@ def _step_ms(problem: PlanningProblem, *, scale: float, resident: bool) -> float
     return total
 
 
-def write_inference_plans(run_dir: str | Path, problem: PlanningProblem, *, model: ModelSpec,
-                          hf_config: dict) -> dict[str, InferencePlan]:
-    """Make, validate and write both plans beside plan.json (`FILES`); returns them by kind.
+def make_inference_plans(problem: PlanningProblem, *, model: ModelSpec,
+                         hf_config: dict) -> dict[str, InferencePlan]:
+    """Both plans of `model` at their defaults (`make_inference_plan`), by kind; each is
+    written beside plan.json as `FILES[kind]` (`InferencePlan.save`).
 
     Raises:
         PlanValidationError: a plan does not fit the HBM budget (`make_inference_plan`).
     """
-    b = _dtype_bytes(problem)
-    kv = kv_layout(model, hf_config, dtype_bytes=b)
-    plans = {kind: make_inference_plan(problem, kind=kind, kv=kv, vocab_size=model.vocab_size,
-                                       hidden_size=model.hidden_size) for kind in KINDS}
-    for kind, plan in plans.items():
-        plan.save(Path(run_dir) / FILES[kind])
-    return plans
+    kv = kv_layout(model, hf_config, dtype_bytes=_dtype_bytes(problem))
+    return {kind: make_inference_plan(problem, kind=kind, kv=kv, vocab_size=model.vocab_size,
+                                      hidden_size=model.hidden_size) for kind in KINDS}

@@ -1,10 +1,11 @@
-"""The run's forward-only and decode plans: made at run start beside plan.json, and the weight
-mode the trainer's evaluation runs in.
+"""The run's forward-only and decode plans: made at run start beside plan.json, and the
+`StreamedLM` the trainer's evaluation runs on.
 
 Owns the glue between the run config and `planner.inference_plans`: the costed problem the
 training plan was made from (the same costs: `profile.calibrate.costed_problem`, never
 measuring here: the training plan's calibration is cached by then), the model's parsed spec
-and its HF config for the KV heads. Knows nothing of torch.
+and its HF config for the KV heads; and the evaluation model over the engine's own device,
+compute dtype and host masters in the weight mode the decode plan chose.
 """
 
 from __future__ import annotations
@@ -13,19 +14,21 @@ from pathlib import Path
 from typing import Callable
 
 from lazytrain.config import RunConfig
+from lazytrain.data import stop_token_ids
+from lazytrain.evaluation.streamed_lm import StreamedLM
 from lazytrain.planner.build import rank_problem_of
-from lazytrain.planner.inference_plans import FILES, KINDS, InferencePlan, write_inference_plans
+from lazytrain.planner.inference_plans import FILES, KINDS, InferencePlan, make_inference_plans
+from lazytrain.planner.plan_checks import PlanValidationError
 from lazytrain.profile.calibrate import costed_problem
 from lazytrain.spec.model import ModelSpec, read_hf_config
 
 
-def make_eval_plans(cfg: RunConfig, run_dir: str | Path, *, config_source=None,
+def make_eval_plans(cfg: RunConfig, *, config_source=None,
                     log: Callable[[str], None] = lambda msg: None) -> dict[str, InferencePlan]:
-    """Write forward_plan.json and decode_plan.json into `run_dir` and return them by kind.
+    """The forward and decode plans of the run, by kind (`save_eval_plans` writes them).
 
     Args:
         cfg: the run config (model, batch shape, dtypes, hardware).
-        run_dir: where plan.json is (a data-parallel rank's own directory).
         config_source: the HF config to read (a resumed checkpoint's config.json); default
             `model.config_path`.
         log: calibration notes (a cache miss plans analytic; nothing is measured).
@@ -37,8 +40,36 @@ def make_eval_plans(cfg: RunConfig, run_dir: str | Path, *, config_source=None,
     source = config_source or cfg.model.config_path
     hf_config = read_hf_config(source)
     problem = rank_problem_of(cfg, costed_problem(cfg, measure=None, log=log))
-    return write_inference_plans(run_dir, problem, model=ModelSpec.from_hf_config(hf_config),
-                                 hf_config=hf_config)
+    return make_inference_plans(problem, model=ModelSpec.from_hf_config(hf_config),
+                                hf_config=hf_config)
+
+
+def start_eval_plans(cfg: RunConfig, *, config_source=None, show: bool,
+                     log: Callable[[str], None]) -> dict[str, InferencePlan]:
+    """The run's plans at start (`make_eval_plans`), their lines on stdout under the plan
+    table when `show`. A plan that does not fit even streamed stops a run with held-out
+    examples (before a file is written: the caller saves them later) and is one line of
+    `log` otherwise (no plans).
+
+    Raises:
+        PlanValidationError: with `data.num_eval` > 0, as `make_eval_plans`.
+    """
+    try:
+        plans = make_eval_plans(cfg, config_source=config_source, log=log)
+    except PlanValidationError as exc:
+        if cfg.data.num_eval:
+            raise
+        log(f"note: no evaluation plans: {exc}")
+        return {}
+    if show:
+        print("\n".join(p.summary_line() for p in plans.values()), flush=True)
+    return plans
+
+
+def save_eval_plans(plans: dict[str, InferencePlan], run_dir: str | Path) -> None:
+    """Write each plan atomically beside plan.json (`inference_plans.FILES`)."""
+    for kind, plan in plans.items():
+        plan.save(Path(run_dir) / FILES[kind])
 
 
 def load_eval_plans(run_dir: str | Path) -> dict[str, InferencePlan]:
@@ -57,11 +88,23 @@ def load_eval_plans(run_dir: str | Path) -> dict[str, InferencePlan]:
 
 def eval_weights_mode(plans: dict[str, InferencePlan], *, is_cuda: bool,
                       same_dtype: bool) -> str:
-    """The `StreamedLM` weight mode of the trainer's evaluation: `host` on the cpu backend
+    """The `StreamedLM` weight mode of the trainer's evaluation: on the cpu backends `host`
     when the masters are in the compute dtype (the blocks run on the masters, nothing is
-    copied), else the decode plan's choice (`resident` or `streamed`), `streamed` without a
-    plan."""
-    if not is_cuda and same_dtype:
-        return "host"
+    copied), else `streamed` (the cpu's "device" memory is host memory: resident blocks would
+    be a second copy of the model there); on CUDA the decode plan's choice (`resident` or
+    `streamed`), `streamed` without a plan."""
+    if not is_cuda:
+        return "host" if same_dtype else "streamed"
     decode = plans.get("decode")
     return "resident" if decode is not None and decode.weights == "resident" else "streamed"
+
+
+def heldout_lm(adapter, tokenizer, engine, plans: dict[str, InferencePlan]) -> StreamedLM:
+    """The trainer's evaluation model: `adapter`'s host masters on the engine's device API, in
+    its compute dtype (`eval_weights_mode`), stopping at eos and the chat template's
+    end-of-turn token (`data.stop_token_ids`). No second copy of the model."""
+    dev = engine.dev
+    same = adapter.params.ends.master.dtype == engine.dtype
+    return StreamedLM(adapter, tokenizer, device=dev, compute_dtype=engine.dtype,
+                      weights=eval_weights_mode(plans, is_cuda=dev.is_cuda, same_dtype=same),
+                      eos_token_ids=set(stop_token_ids(tokenizer)))

@@ -67,12 +67,12 @@ from lazytrain.planner.refit import load_windows
 from lazytrain.profile.calibrate import costs_line_of
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import locks
-from lazytrain.train.evaluate import sample_lines
+from lazytrain.train.evaluate import eval_line, sample_lines
 from lazytrain.train.preflight import free_bytes
 from lazytrain.train.rank import join_job, launched_rank, quiet_unless_main
 from lazytrain.train.rundir import check_run_dir
 from lazytrain.train.recalibrate import recalibrate_from_run
-from lazytrain.train.trainer import Trainer, _eval_line, stderr_log
+from lazytrain.train.trainer import Trainer, stderr_log
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class TrainHooks:
@@ -261,7 +261,8 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
         timings["eval_before_s"] = time.perf_counter() - mark
         mark = time.perf_counter()
         if before is not None:
-            log(_eval_line("before", before, seq_len=cfg.data.seq_len))
+            log(eval_line("before", before, seq_len=cfg.data.seq_len))
+            trainer.track_eval(before)  # as the periodic ones: eval/* at the start step
             for line in sample_lines("before", before):  # learning a person can see
                 log(line)
         bar = tqdm(total=cfg.train.steps, initial=trainer.step, file=sys.stderr,
@@ -300,7 +301,8 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
         after = trainer.evaluate() if stopped_by is None else None
         timings["eval_after_s"] = time.perf_counter() - mark
         if after is not None:
-            log(_eval_line("after", after, seq_len=cfg.data.seq_len))
+            log(eval_line("after", after, seq_len=cfg.data.seq_len))
+            trainer.track_eval(after)
             for line in sample_lines("after", after):  # learning a person can see
                 log(line)
         refit = _recalibrate(cfg, trainer, run_dir=run_dir, log=log) if trainer.is_main else None

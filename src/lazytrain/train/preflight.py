@@ -124,7 +124,7 @@ def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: in
 
     Args:
         device: "cpu" or "cuda".
-        host_bytes: host DRAM the run needs (plan DRAM bytes + evaluation copy), bytes.
+        host_bytes: host DRAM the run needs (the plan's DRAM bytes), bytes.
         hbm_bytes: the plan's peak device bytes (counted as host memory on CPU), bytes.
         pinned_bytes: page-locked host bytes the CUDA path allocates, bytes.
         nvme_bytes: the plan's NVMe checkpoint bytes, bytes.
@@ -184,26 +184,25 @@ def preflight(**kwargs) -> list[Check]:
     return checks
 
 
-def preflight_host_floor(*, states_bytes: int, eval_bytes: int,
-                         meminfo: str | Path = "/proc/meminfo") -> Check:
+def preflight_host_floor(*, states_bytes: int, meminfo: str | Path = "/proc/meminfo") -> Check:
     """The host-memory check on what every plan needs, before planning and calibrating: the
     model's host states (master, gradient and AdamW moments: `contract.HOST_BYTES_PER_PARAM`
-    per parameter, as the planner's `states_bytes`) and the evaluation copy fit in
-    `MemAvailable`. The full `preflight` follows once the plan is known.
+    per parameter, as the planner's `states_bytes`) fit in `MemAvailable` (evaluation runs on
+    them through the engine: no copy of the model). The full `preflight` follows once the
+    plan is known.
 
     Args:
         states_bytes: the host states of this rank's model, bytes.
-        eval_bytes: the evaluation model copy (0 without held-out examples), bytes.
         meminfo: the meminfo file (tests pass a fake one).
 
     Raises:
         PreflightError: one line with both numbers, said to come before planning.
     """
-    check = Check(name="host memory", need_bytes=states_bytes + eval_bytes,
+    check = Check(name="host memory", need_bytes=states_bytes,
                   have_bytes=mem_available_bytes(meminfo), where="MemAvailable")
     if not check.ok:
-        raise PreflightError(f"preflight: {check.describe()} for the model's host states and "
-                             f"evaluation copy alone, checked before planning and calibrating; "
+        raise PreflightError(f"preflight: {check.describe()} for the model's host states "
+                             f"alone, checked before planning and calibrating; "
                              f"use a machine with more memory, train.master_dtype=bf16, or a "
                              f"smaller model")
     return check

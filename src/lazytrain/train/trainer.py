@@ -25,7 +25,7 @@ import torch
 
 from lazytrain.atomic import append_jsonl, read_jsonl, write_text_atomic
 from lazytrain.config import RunConfig, apply_overrides, save_config
-from lazytrain.contract import EVAL_COPY_BYTES_PER_PARAM, HOST_BYTES_PER_PARAM
+from lazytrain.contract import HOST_BYTES_PER_PARAM
 from lazytrain.data import build_data, corpus_texts, real_token_count
 from lazytrain.data.batching import steps_for_epochs
 from lazytrain.models.families import text_model_config
@@ -40,8 +40,8 @@ from lazytrain.runtime.instrument import write_windows_jsonl
 from lazytrain.runtime.optim import lr_at, refit_note
 from lazytrain.spec.model import ModelSpec, read_hf_config
 from lazytrain.train import checkpoint as ckpt
-from lazytrain.train import checks, locks, model_source, setup
-from lazytrain.train.evaluate import build_eval_model, evaluate_heldout, load_weights
+from lazytrain.train import checks, eval_plans, locks, model_source, setup
+from lazytrain.train.evaluate import eval_line, evaluate_shared
 from lazytrain.train.preflight import preflight, preflight_host_floor
 from lazytrain.train.rank import RankContext
 from lazytrain.train.replan import OnlineReplanner, resolve
@@ -114,14 +114,13 @@ def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, r
     pred = plan.predicted
     fp32_states = int(HOST_BYTES_PER_PARAM["fp32"] * num_params)
     dram = int(pred.dram_bytes) if pred else fp32_states
-    eval_copy = EVAL_COPY_BYTES_PER_PARAM * num_params if cfg.data.num_eval else 0
     # dram-tier checkpoints + staging pools: the plan's DRAM less the host states (which depend
     # on train.master_dtype: 16 or 12 B/param) and the optimizer's pageable scratch
     pinned = memory_model_of(plan.provenance).pinned_bytes_of(dram)
     if pinned is None:  # no memory model: fp32 masters' states (the larger), no scratch
         pinned = dram - fp32_states
     pinned = max(0, pinned)
-    preflight(device=device, host_bytes=dram + eval_copy,
+    preflight(device=device, host_bytes=dram,
               hbm_bytes=int(pred.peak_hbm_bytes) if pred else 0, pinned_bytes=pinned,
               nvme_bytes=int(pred.nvme_bytes) if pred else 0, nvme_dir=nvme_dir,
               checkpoint_bytes=num_params * ckpt.checkpoint_bytes_per_param(
@@ -184,6 +183,9 @@ class Trainer:
             model_source.check_weight_files(source)
         # the plan table is the run's result on stdout, as `lazytrain plan` prints it
         print(setup.plan_summary(self.plan, source=str(cfg.model.config_path)), flush=True)
+        self.eval_plans = eval_plans.start_eval_plans(
+            cfg, config_source=self.resumed_from.path if self.resumed_from else None,
+            show=self.is_main, log=self.log)
         self.nvme_dir = locks.job_nvme_dir(cfg.runtime.nvme_dir, run_dir=run_dir)
         self._load_data(source, saved_state, overwrite=overwrite)
         # every check passed: the old run goes (--overwrite) and the new one's files come
@@ -193,6 +195,7 @@ class Trainer:
             save_config(cfg, run_dir / "config.yaml")  # train.epochs as given
         ctx.barrier()  # the other ranks write only into a cleared run directory
         self._save_plan()
+        eval_plans.save_eval_plans(self.eval_plans, self.run_dir / self.ctx.subdir)
         self.trackers = Trackers(tracker_names, run_dir=run_dir, config=cfg.to_dict())
         self.adapter = self._load_adapter(source)
         # one lock per job and node: local rank 0 takes it, the node's other ranks share the
@@ -211,7 +214,6 @@ class Trainer:
         self.step = 0
         if saved_state is not None:
             self._restore(saved_state)
-        self.eval_model = None
 
     def _check_resume(self, resume: bool, *, verify: bool) -> dict | None:
         """With `resume`: the newest checkpoint (`self.resumed_from`; with `verify` its files
@@ -266,7 +268,7 @@ class Trainer:
         past the model's positions is refused here too (`checks.check_seq_len`).
 
         Raises:
-            PreflightError: the host states and evaluation copy exceed MemAvailable.
+            PreflightError: the host states exceed MemAvailable.
             ValueError: data.seq_len exceeds max_position_embeddings.
         """
         cfg = self.cfg
@@ -278,8 +280,7 @@ class Trainer:
             return
         checks.check_seq_len(cfg.data.seq_len, read_hf_config(source))
         preflight_host_floor(
-            states_bytes=int(HOST_BYTES_PER_PARAM[cfg.train.master_dtype] * params),
-            eval_bytes=EVAL_COPY_BYTES_PER_PARAM * params if cfg.data.num_eval else 0)
+            states_bytes=int(HOST_BYTES_PER_PARAM[cfg.train.master_dtype] * params))
 
     def _agreed_plan(self, plan: Plan | None) -> Plan:
         """The main rank's plan (`_get_plan`) on every rank: every rank runs one plan, even
@@ -464,20 +465,25 @@ class Trainer:
             return self.ctx.all_sum(1.0 if flag else 0.0) > 0
 
     def evaluate(self):
-        """Loss and exact match on the held-out examples with the current weights (the main
-        rank; None elsewhere or without held-out examples)."""
-        if not self.is_main or not self.data.eval_examples:
+        """Loss and exact match on the held-out examples with the current weights, through the
+        engine's weight path (`eval_plans.heldout_lm`); every rank evaluates its share
+        (`evaluate.evaluate_shared`). The main rank gets the result; None elsewhere or without
+        held-out examples."""
+        if not self.data.eval_examples:
             return None
-        # The random init of the evaluation model (and any sampling in it) must not move the
-        # training RNG, or a resumed run's dropout masks would differ from a straight run's.
+        if self.eval_lm is None:
+            self.eval_lm = eval_plans.heldout_lm(self.adapter, self.tokenizer, self.engine,
+                                                 self.eval_plans)
+        self.engine.named_masters()  # waits for every queued optimizer update
+        self.eval_lm.refresh()  # the masters moved since the last evaluation
+        # any sampling must not move the training RNG, or a resumed run's dropout would differ
         devices = [torch.cuda.current_device()] if self.device == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            if self.eval_model is None:
-                self.eval_model = build_eval_model(self.adapter.config)
-            load_weights(self.eval_model, self.engine.named_masters())
-            return evaluate_heldout(self.eval_model, self.tokenizer, list(self.data.eval_examples),
-                            seq_len=self.cfg.data.seq_len, pad_id=self.data.train.pad_id,
-                            data_format=self.data.format)
+        with torch.random.fork_rng(devices=devices), self._collective():
+            result = evaluate_shared(
+                self.eval_lm, list(self.data.eval_examples), rank=self.ctx.rank,
+                world_size=self.world_size, all_sum=self.ctx.all_sum,
+                seq_len=self.cfg.data.seq_len, data_format=self.data.format)
+        return result if self.is_main else None
 
     def evaluate_and_record(self, log) -> None:
         """A periodic evaluation (`train.eval_every`): its line in the log, an `"event":
@@ -485,11 +491,15 @@ class Trainer:
         result = self.evaluate()
         if result is None or not self.is_main:
             return
-        log(_eval_line(f"at step {self.step}", result, seq_len=self.cfg.data.seq_len))
+        log(eval_line(f"at step {self.step}", result, seq_len=self.cfg.data.seq_len))
         record = {"step": self.step, "event": "eval", "eval_loss": result.loss,
                   "exact_match": result.exact_match, "num_correct": result.num_correct,
                   "num_scored": result.num_scored}
         append_jsonl(self.run_dir / "metrics.jsonl", [record])
+        self.track_eval(result)
+
+    def track_eval(self, result) -> None:
+        """An evaluation's eval/loss and eval/exact_match to the trackers, at this step."""
         self.trackers.log(self.step, {f"eval/{k}": v for k, v in
                                       (("loss", result.loss), ("exact_match", result.exact_match))
                                       if v is not None})
@@ -544,6 +554,8 @@ class Trainer:
                     if self.replanner is not None:
                         self.replanner.close()
                     self.trackers.close()
+                    if self.eval_lm is not None:
+                        self.eval_lm.close()  # its weight slots and conversion worker
                     self.engine.close()
                     self.engine.dev.close()  # made by engine_from_config: its threads
                 finally:
@@ -556,6 +568,7 @@ class Trainer:
                 self.ctx.shutdown()
 
     _nvme_lock = None
+    eval_lm = None  # the evaluation's StreamedLM (`evaluate`), made at the first evaluation
     """The open lock file of this job's NVMe directory (`locks.lock_nvme_dir`), or None."""
 
     def _release_nvme_lock(self) -> None:
@@ -567,14 +580,3 @@ class Trainer:
         """"O_DIRECT" or "buffered": how the NVMe tier's files are read and written here (the
         fallback to buffered I/O when the filesystem refuses O_DIRECT is silent otherwise)."""
         return "O_DIRECT" if self.engine.store.io.direct else "buffered"
-
-
-def _eval_line(when: str, result, *, seq_len: int) -> str:
-    """"eval before: loss 1.2345, exact match 0.25"; a loss of None (no held-out example keeps
-    a trained token within seq_len) is said in words, with the fix."""
-    loss = (f"{result.loss:.4f}" if result.loss is not None else
-            f"n/a (no held-out example keeps an answer token within data.seq_len={seq_len}; "
-            f"raise data.seq_len)")
-    match = (f"{result.exact_match} ({result.num_correct}/{result.num_scored})"
-             if result.exact_match is not None else "n/a (no checkable answers)")
-    return f"eval {when}: loss {loss}, exact match {match}"
