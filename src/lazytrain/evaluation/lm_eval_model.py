@@ -16,8 +16,9 @@ streaming engine's forward-only and decode passes (`StreamedLM.token_logprobs`, 
 Whether a continuation is the greedy one (lm-eval's `is_greedy`, behind the `acc` of
 loglikelihood tasks and the `exact_match` of multiple choice) needs the argmax at every position,
 which a log-probability alone does not give: a token of probability above 1/2 is the argmax (the
-others share less than 1/2); otherwise a greedy decode from the context, stopped at the first
-token that differs, decides.
+others share less than 1/2); otherwise a greedy decode from the context decides: the first
+tokens of a scored batch in one batched decode step, then, for a continuation whose first
+token matches, a decode of its own stopped at the first token that differs.
 
 Needs lm-eval (the `eval` extra); only `lazytrain eval` imports this module. Runs in one process
 (lm-eval's rank 0 of 1).
@@ -143,12 +144,13 @@ class StreamedEvalLM(TemplateLM):
         for start in range(0, len(requests), self.batch_size):
             batch = requests[start:start + self.batch_size]
             windows = [self._window(context, continuation) for _, context, continuation in batch]
-            for (key, _, continuation), window, logprobs in zip(
-                    batch, windows, self.lm.token_logprobs(windows)):
-                scored = logprobs[-len(continuation):]
-                greedy = with_greedy and self._is_greedy(
-                    window[:-len(continuation)], continuation, scored)
-                answer = (float(scored.sum()), greedy)
+            scored = [logprobs[-len(continuation):] for (_, _, continuation), logprobs in
+                      zip(batch, self.lm.token_logprobs(windows))]
+            flags = (self._greedy_flags([(w[:-len(c)], c, lp) for (_, _, c), w, lp in
+                                         zip(batch, windows, scored)])
+                     if with_greedy else [False] * len(batch))
+            for (key, _, _), logprobs, greedy in zip(batch, scored, flags):
+                answer = (float(logprobs.sum()), greedy)
                 if key is not None:
                     self.cache_hook.add_partial("loglikelihood", key, answer)
                 answers.append(answer)
@@ -162,16 +164,28 @@ class StreamedEvalLM(TemplateLM):
                              f"tokens (the model's max_length); got {len(continuation)}")
         return (context + continuation)[-(self.max_length + 1):]
 
-    def _is_greedy(self, context: list[int], continuation: list[int], scored) -> bool:
-        """True when greedy decoding from `context` gives `continuation`.
+    def _greedy_flags(self, items) -> list[bool]:
+        """Per (context ids, continuation ids, float32 [len(continuation)] log p of each
+        continuation token) item: True when greedy decoding from the context gives the
+        continuation.
 
-        Args:
-            context: the scored window's context ids (at least one).
-            continuation: the continuation ids.
-            scored: float32 [len(continuation)], log p of each continuation token (natural log).
+        Sure from the log-probabilities when every token is above 1/2; otherwise the first
+        tokens of all such items come from one batched decode step (most continuations differ
+        there), and a continuation whose first token matches is decoded on alone.
         """
-        if bool((scored > SURE_GREEDY_LOGPROB).all()):
-            return True
+        flags = [bool((logprobs > SURE_GREEDY_LOGPROB).all()) for _, _, logprobs in items]
+        unsure = [k for k, sure in enumerate(flags) if not sure]
+        if unsure:
+            firsts = self.lm.generate([items[k][0] for k in unsure], max_new_tokens=1)
+            for k, first in zip(unsure, firsts):
+                context, continuation, _ = items[k]
+                flags[k] = first == continuation[:1] and (
+                    len(continuation) == 1 or self._decodes_to(context, continuation))
+        return flags
+
+    def _decodes_to(self, context: list[int], continuation: list[int]) -> bool:
+        """True when greedy decoding from `context` gives `continuation`; the decode stops at
+        the first token that differs."""
         done = 0
         while done < len(continuation):  # more than one pass only past an EOS in `continuation`
             wanted = continuation[done:]
