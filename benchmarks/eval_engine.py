@@ -20,6 +20,14 @@ per-example losses, whether every greedy generation is equal, the wall time of e
 their ratio (engine / old), and the host memory each adds (peak RSS growth, read from
 /proc/self/status VmHWM, reset before each part through /proc/self/clear_refs where allowed).
 Wall times depend on the machine's load; run it on a quiet machine.
+
+Measured here (2 shared cores, load average 2-4; 16 held-out problems, 48 new tokens, fp32):
+held-out loss 1.29037 both ways (mean |diff| per example 8.6e-8), all 16 greedy generations
+equal; `--weights host` (what the trainer runs on cpu with fp32 masters and compute) 21.0 s
+against 24.0 s for the HF copy (ratio 0.87; 0.65 in a busier run), host peak growth 0.34 GB
+(the head chunk's logits and log-softmax) against 0.99 GB (the 0.54 GB fp32 copy plus whole
+logits); `--weights streamed` (every block copied to a device slot for every decode step: the
+cpu backend with bf16 compute) 31.7 s against 23.0 s (ratio 1.38).
 """
 
 from __future__ import annotations
