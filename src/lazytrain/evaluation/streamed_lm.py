@@ -63,6 +63,11 @@ class StreamedLM:
         weights: one of `WEIGHT_MODES`.
         batch_size: rows per forward or decode batch.
         eos_token_ids: tokens that end a generation (default: the tokenizer's eos).
+        slots: device weight slots to share (the engine's `DeviceWeights`: the trainer
+            evaluates between steps, when they are idle; a pass holds two); None: its own
+            INFERENCE_WEIGHT_SLOTS slots and staging buffers.
+        hbm_limit_bytes: the ledger's budget for the window "eval" (the decode plan's HBM
+            budget); None: whatever the ledger applies to other windows.
         book_compute: on the cpu backends, also book every op's fresh output (activations,
             logits, the KV cache) to the ledger (`Device.compute_scope`): a dispatch mode
             that made SmolLM2's greedy decoding 1.35x slower, so off by default; device
@@ -76,6 +81,7 @@ class StreamedLM:
     def __init__(self, adapter: ModelAdapter, tokenizer: Any, *, device: Device,
                  compute_dtype: torch.dtype = torch.float32, weights: str = "streamed",
                  batch_size: int = 8, eos_token_ids: set[int] | None = None,
+                 slots: DeviceWeights | None = None, hbm_limit_bytes: int | None = None,
                  book_compute: bool = False) -> None:
         if weights not in WEIGHT_MODES:
             raise ValueError(f"weights: unknown mode {weights!r}; use one of {WEIGHT_MODES}")
@@ -93,7 +99,9 @@ class StreamedLM:
         self.max_length: int = int(getattr(config, "max_position_embeddings", 0) or 2**31 - 1)
         pad = tokenizer.pad_token_id
         self.pad_id: int = int(pad if pad is not None else (eos if eos is not None else 0))
-        self._slots: DeviceWeights | None = None
+        self._slots: DeviceWeights | None = slots
+        self._own_slots = slots is None
+        self.hbm_limit_bytes = hbm_limit_bytes
         self._resident: list[torch.Tensor] | None = None
         self._ends: torch.Tensor | None = None
 
@@ -173,6 +181,10 @@ class StreamedLM:
     def _window(self):
         """No autograd, the ledger window "eval" (compute ops booked with `book_compute`)."""
         ledger = self.dev.ledger
+        if self.hbm_limit_bytes is not None and \
+                ledger.hbm_limits.get(EVAL_WINDOW) != self.hbm_limit_bytes:
+            ledger.set_limits(hbm_limits={**ledger.hbm_limits, EVAL_WINDOW: self.hbm_limit_bytes},
+                              pinned_limit_bytes=ledger.pinned_limit_bytes)
         ledger.begin_window(EVAL_WINDOW)
         try:
             with torch.no_grad(), self.dev.compute_scope(allocations=self.book_compute):
@@ -188,10 +200,12 @@ class StreamedLM:
         self._resident, self._ends = None, None
 
     def close(self) -> None:
-        """Free the device weights and stop the conversion worker."""
-        if self._slots is not None:
+        """Free the device weights and stop the conversion worker (of its own slots; shared
+        slots stay with their owner)."""
+        if self._slots is not None and self._own_slots:
             self._slots.close()
-        self._slots, self._resident, self._ends = None, None, None
+            self._slots = None
+        self._resident, self._ends = None, None
 
     # --- forward-only: per-token log-probabilities ------------------------------------------
 

@@ -100,11 +100,21 @@ def eval_weights_mode(plans: dict[str, InferencePlan], *, is_cuda: bool,
 
 
 def heldout_lm(adapter, tokenizer, engine, plans: dict[str, InferencePlan]) -> StreamedLM:
-    """The trainer's evaluation model: `adapter`'s host masters on the engine's device API, in
-    its compute dtype (`eval_weights_mode`), stopping at eos and the chat template's
-    end-of-turn token (`data.stop_token_ids`). No second copy of the model."""
+    """The trainer's evaluation model: `adapter`'s host masters on the engine's device API and
+    weight slots (idle between steps), in its compute dtype, stopping at eos and the chat
+    template's end-of-turn token (`data.stop_token_ids`). No second copy of the model.
+
+    The weight mode is `eval_weights_mode`'s, except that resident weights on CUDA need the
+    decode plan's peak beside what the engine holds between steps (the ledger's HBM bytes
+    now); the ledger checks the window "eval" against the decode plan's HBM budget.
+    """
     dev = engine.dev
     same = adapter.params.ends.master.dtype == engine.dtype
-    return StreamedLM(adapter, tokenizer, device=dev, compute_dtype=engine.dtype,
-                      weights=eval_weights_mode(plans, is_cuda=dev.is_cuda, same_dtype=same),
-                      eos_token_ids=set(stop_token_ids(tokenizer)))
+    mode = eval_weights_mode(plans, is_cuda=dev.is_cuda, same_dtype=same)
+    decode = plans.get("decode")
+    if mode == "resident" and (decode.peak_hbm_bytes + dev.ledger.held_bytes("hbm")
+                               > decode.hbm_budget_bytes):
+        mode = "streamed"
+    return StreamedLM(adapter, tokenizer, device=dev, compute_dtype=engine.dtype, weights=mode,
+                      eos_token_ids=set(stop_token_ids(tokenizer)), slots=engine.weights,
+                      hbm_limit_bytes=decode.hbm_budget_bytes if decode else None)
