@@ -28,6 +28,8 @@ from lazytrain.data import Example, encode, encode_prompt, extract_final_answer
 from lazytrain.evaluation.streamed_lm import EVAL_WINDOW, StreamedLM
 from lazytrain.units import GB
 
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+"""Compute dtype -> its `train.compute_dtype` name, for the eval line."""
 EVAL_BATCH = 8
 """Examples per evaluation forward / generation batch (`StreamedLM.batch_size`)."""
 MAX_NEW_TOKENS = {"arithmetic": 48}
@@ -60,6 +62,8 @@ class EvalResult:
     """Device memory the ledger saw held during the evaluation (window "eval"), bytes."""
     h2d_bytes: int = 0
     """Weight bytes copied host-to-device by the evaluation (window "eval"), bytes."""
+    dtype: str = ""
+    """The compute dtype it ran in ("fp32" or "bf16": `train.compute_dtype`)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -134,7 +138,8 @@ def evaluate_shared(lm: StreamedLM, examples: list[Example], *, rank: int, world
     part = evaluate_heldout(lm, share_of(examples, rank=rank, world_size=world_size),
                             seq_len=seq_len, data_format=data_format)
     part = dataclasses.replace(
-        part, device_peak_bytes=ledger.peak_by_window().get(EVAL_WINDOW, 0),
+        part, dtype=DTYPE_NAMES.get(lm.dtype, str(lm.dtype)),
+        device_peak_bytes=ledger.peak_by_window().get(EVAL_WINDOW, 0),
         h2d_bytes=ledger.moved_by_window().get(EVAL_WINDOW, {}).get("h2d", 0) - moved)
     return combine(part, all_sum) if world_size > 1 else part
 
@@ -175,8 +180,9 @@ def grade(texts: list[str], examples: list[Example]) -> tuple[list[str | None], 
 
 
 def eval_line(when: str, result: EvalResult, *, seq_len: int) -> str:
-    """"eval before: loss 1.2345, exact match 0.25 (4/16)", then the device bytes the ledger
-    booked to it when any ("; device peak 0.612 GB, 0.27 GB host-to-device"); a loss of None
+    """"eval before: loss 1.2345, exact match 0.25 (4/16)", then the compute dtype it ran in
+    and the device bytes the ledger booked to it when any ("; in fp32, device peak 0.612 GB,
+    0.27 GB host-to-device"); a loss of None
     (no held-out example keeps a trained token within seq_len) is said in words, with the
     fix."""
     loss = (f"{result.loss:.4f}" if result.loss is not None else
@@ -184,10 +190,11 @@ def eval_line(when: str, result: EvalResult, *, seq_len: int) -> str:
             f"raise data.seq_len)")
     match = (f"{result.exact_match} ({result.num_correct}/{result.num_scored})"
              if result.exact_match is not None else "n/a (no checkable answers)")
-    device = (f"; device peak {result.device_peak_bytes / GB:.3g} GB, "
+    device = (f", device peak {result.device_peak_bytes / GB:.3g} GB, "
               f"{result.h2d_bytes / GB:.3g} GB host-to-device"
               if result.device_peak_bytes or result.h2d_bytes else "")
-    return f"eval {when}: loss {loss}, exact match {match}{device}"
+    dtype = f"; in {result.dtype}{device}" if result.dtype else ""
+    return f"eval {when}: loss {loss}, exact match {match}{dtype}"
 
 
 def sample_lines(when: str, result: EvalResult) -> list[str]:
