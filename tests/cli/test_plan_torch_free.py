@@ -1,9 +1,9 @@
-"""`lazytrain plan` reads this machine's cached calibration without loading torch.
+"""`lazytrain plan` and `simulate` read this machine's cached calibration without loading torch.
 
 The cache entry is written the way `lazytrain train` writes one, in a process where torch is
 loaded and answers for itself (version, thread count); `lazytrain plan` then runs in a fresh
-process that must find that same entry (its costs line says "calibrated") while neither torch
-nor transformers is ever imported.
+process that must find that same entry (its costs line says "calibrated"), and `simulate`
+re-evaluates the written plan, while neither torch nor transformers is ever imported.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ cfg = load_config(sys.argv[1], sys.argv[2:])
 spec = ModelSpec.from_hf_config(cfg.model.config_path)
 profile = analytic_profile(problem_from_config(cfg), [b.kind for b in spec.blocks], cfg)
 profile["model_config_sha256"] = spec.config_sha256
+for times in profile["block_kinds"].values():  # not the analytic times: a fallback would show
+    times.update({k: 2 * v for k, v in times.items()})
 fields = calibrate.key_fields(cfg, device="cpu")
 assert fields["torch_version"] == torch.__version__
 assert fields["torch_threads"] == torch.get_num_threads()
@@ -34,10 +36,10 @@ calibrate.write_cache(path, profile, fields)
 print(path)
 """
 
-RUN_PLAN = """
+RUN_VERB = """
 import sys
 from lazytrain.cli.main import main
-rc = main(["plan", "--config", sys.argv[1], *sum((["--set", s] for s in sys.argv[2:]), [])])
+rc = main(sys.argv[1:])
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
 print("LOADED " + " ".join(heavy))
 sys.exit(rc)
@@ -67,11 +69,18 @@ def test_plan_uses_the_cached_calibration_and_never_imports_torch(repo_root, tmp
                            capture_output=True, text=True, env=_env())
     assert wrote.returncode == 0, wrote.stderr[-2000:]
     cache = wrote.stdout.strip().splitlines()[-1]
-    res = subprocess.run([sys.executable, "-c", RUN_PLAN, config, *sets],
-                         capture_output=True, text=True, env=_env())
+    flags = [arg for s in sets for arg in ("--set", s)]
+    plan = str(tmp_path / "plan.json")
+    res = subprocess.run([sys.executable, "-c", RUN_VERB, "plan", "--config", config, *flags,
+                          "--out", plan], capture_output=True, text=True, env=_env())
     assert res.returncode == 0, res.stdout[-1000:] + res.stderr[-2000:]
     assert f"costs: calibrated on this machine (cache {cache}, measured " in res.stdout
     assert res.stdout.strip().splitlines()[-1] == "LOADED"
+    sim = subprocess.run([sys.executable, "-c", RUN_VERB, "simulate", plan, *flags],
+                         capture_output=True, text=True, env=_env())
+    assert sim.returncode == 0, sim.stdout[-1000:] + sim.stderr[-2000:]
+    assert "warning" not in sim.stderr  # the same calibrated costs as the plan's
+    assert sim.stdout.strip().splitlines()[-1] == "LOADED"
 
 
 TORCH_SAYS = ("import json, torch; print(json.dumps({'version': torch.__version__, "
