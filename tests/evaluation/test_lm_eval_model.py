@@ -10,6 +10,7 @@ lm-eval side alone: tokenization, windows, greedy checks, stops and metrics. A `
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytest.importorskip("lm_eval", reason="lazytrain eval needs the eval extra (lm-eval)")
 
@@ -19,7 +20,8 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 from lazytrain.evaluation.lm_eval_model import StreamedEvalLM  # noqa: E402
-from lm_eval_fixtures import TASK_NAMES, HFStandIn, fitted_model_dir, write_local_tasks  # noqa: E402
+from lm_eval_fixtures import (QUESTIONS, TASK_NAMES, HFStandIn, fitted_model_dir,  # noqa: E402
+                              write_local_tasks)
 
 pytestmark = pytest.mark.slow
 
@@ -126,3 +128,27 @@ def test_sampling_kwargs_reach_generate_with_one_seed_per_request(model_dir):
 def test_a_generation_kwarg_it_cannot_honour_is_refused_naming_it(model_dir):
     with pytest.raises(ValueError, match=r"^generation_kwargs: \['top_k'\] not supported"):
         StreamedEvalLM(HFStandIn(model_dir)).generate_until(_requests({"top_k": 5}))
+
+
+def test_greedy_flags_equal_the_argmax_at_every_position(model_dir):
+    """Reference: the HF model's argmax at each continuation position (the flag's definition),
+    over greedy continuations, ones changed at the first or the last token, and in batches
+    that mix them (the batched decode stops each row at its own first difference)."""
+    lm = HFStandIn(model_dir)
+    requests = []
+    for question, _ in QUESTIONS[:4]:
+        context = lm.tokenizer.encode(f"Question: {question} = ? Answer:")
+        greedy = lm.generate([context], max_new_tokens=3)[0]
+        other = (greedy[-1] + 7) % len(lm.tokenizer)
+        requests += [(None, context, greedy), (None, context, greedy[:-1] + [other]),
+                     (None, context, [other] + greedy[1:]), (None, context, greedy[:1])]
+    expected = []
+    for _, context, continuation in requests:
+        with torch.no_grad():
+            logits = lm.model(torch.tensor([context + continuation])).logits[0]
+        picks = logits[len(context) - 1:-1].argmax(-1).tolist()
+        expected.append(picks == continuation)
+    flags = [greedy for _, greedy in StreamedEvalLM(lm, batch_size=5)._loglikelihood_tokens(
+        requests)]
+    assert flags == expected
+    assert expected.count(True) >= 4 and expected.count(False) >= 4

@@ -16,9 +16,9 @@ streaming engine's forward-only and decode passes (`StreamedLM.token_logprobs`, 
 Whether a continuation is the greedy one (lm-eval's `is_greedy`, behind the `acc` of
 loglikelihood tasks and the `exact_match` of multiple choice) needs the argmax at every position,
 which a log-probability alone does not give: a token of probability above 1/2 is the argmax (the
-others share less than 1/2); otherwise a greedy decode from the context decides: the first
-tokens of a scored batch in one batched decode step, then, for a continuation whose first
-token matches, a decode of its own stopped at the first token that differs.
+others share less than 1/2); otherwise a greedy decode from the context decides, the unsure
+requests of a scored batch decoded together, each row stopped once it differs from every
+continuation of the batch.
 
 Needs lm-eval (the `eval` extra); only `lazytrain eval` imports this module. Runs in one process
 (lm-eval's rank 0 of 1).
@@ -169,18 +169,31 @@ class StreamedEvalLM(TemplateLM):
         continuation token) item: True when greedy decoding from the context gives the
         continuation.
 
-        Sure from the log-probabilities when every token is above 1/2; otherwise the first
-        tokens of all such items come from one batched decode step (most continuations differ
-        there), and a continuation whose first token matches is decoded on alone.
+        Sure from the log-probabilities when every token is above 1/2. The other items are
+        decoded together in one batched `generate` call, a row stopped as soon as its tokens
+        start no continuation of the batch (so at its first differing token, or soon after);
+        a row whose decode ended early at an EOS that its continuation also holds, or whose
+        context leaves no room for the batch's longest continuation, is decoded on alone.
         """
         flags = [bool((logprobs > SURE_GREEDY_LOGPROB).all()) for _, _, logprobs in items]
         unsure = [k for k, sure in enumerate(flags) if not sure]
-        if unsure:
-            firsts = self.lm.generate([items[k][0] for k in unsure], max_new_tokens=1)
-            for k, first in zip(unsure, firsts):
-                context, continuation, _ = items[k]
-                flags[k] = first == continuation[:1] and (
-                    len(continuation) == 1 or self._decodes_to(context, continuation))
+        if not unsure:
+            return flags
+        steps = max(len(items[k][1]) for k in unsure)
+        batched = [k for k in unsure if len(items[k][0]) + steps <= self.lm.max_length]
+        continuations = [items[k][1] for k in batched]
+        decoded = dict(zip(batched, self.lm.generate(
+            [items[k][0] for k in batched], max_new_tokens=steps,
+            stop=lambda toks: not any(c[:len(toks)] == toks for c in continuations))
+            if batched else []))
+        for k in unsure:
+            context, continuation, _ = items[k]
+            head = decoded[k][:len(continuation)] if k in decoded else None
+            if head is None or (len(head) < len(continuation)
+                                and head == continuation[:len(head)]):
+                flags[k] = self._decodes_to(context, continuation)
+            else:
+                flags[k] = head == continuation
         return flags
 
     def _decodes_to(self, context: list[int], continuation: list[int]) -> bool:
