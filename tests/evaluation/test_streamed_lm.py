@@ -179,3 +179,23 @@ def test_the_ledger_books_one_load_of_the_model_per_streamed_pass():
     lm.token_logprobs(SEQUENCES)  # the ends stay on the device; the blocks stream again
     ends = 4 * sum(p.numel() for n, p in ref.named_parameters() if ".layers." not in n)
     assert lm.dev.ledger.moved_by_window()["eval"]["h2d"] == 2 * model_bytes - ends
+
+
+def test_a_pass_that_fails_returns_every_weight_slot(monkeypatch):
+    """An error inside a streamed pass (here: block 1) frees the running block's slot and the
+    prefetched one: the next pass finds both slots free (shared engine slots stay usable)."""
+    _, adapter = model_pair(family_config("llama"))
+    lm = StreamedLM(adapter, _Tokenizer(), device=make_device("cpu"), weights="streamed")
+    real = adapter.forward_block
+
+    def failing(j, *args, **kwargs):
+        if j == 1:
+            raise RuntimeError("block 1 failed")
+        return real(j, *args, **kwargs)
+
+    monkeypatch.setattr(adapter, "forward_block", failing)
+    with pytest.raises(RuntimeError, match="block 1 failed"):
+        lm.token_logprobs(SEQUENCES)
+    assert sorted(lm._slots.free) == [0, 1]
+    monkeypatch.setattr(adapter, "forward_block", real)
+    assert len(lm.token_logprobs(SEQUENCES)) == len(SEQUENCES)

@@ -169,13 +169,17 @@ class StreamedLM:
                 yield j, g.views(self._resident[j])
             return
         handle = self._slots.load(groups[0], 0)
-        for j, g in enumerate(groups):
-            nxt = self._slots.load(groups[j + 1], j + 1) if j + 1 < len(groups) else None
-            try:
-                yield j, g.views(self._slots.ready(handle))
-            finally:
+        try:
+            for j, g in enumerate(groups):
+                nxt = self._slots.load(groups[j + 1], j + 1) if j + 1 < len(groups) else None
+                try:
+                    yield j, g.views(self._slots.ready(handle))
+                finally:
+                    self._slots.release(handle)
+                    handle = nxt
+        finally:  # a pass that stopped early (an error) returns the prefetched slot too
+            if handle is not None:
                 self._slots.release(handle)
-            handle = nxt
 
     @contextlib.contextmanager
     def _window(self):
