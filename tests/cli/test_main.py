@@ -30,7 +30,7 @@ def test_hbm_budget_exceeded_during_a_job_exits_1_with_one_line(plan_only, monke
     monkeypatch.setattr(cli_plan, "run", _raising(exc))
     assert main(["plan"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err == ("error: window b3: checkpoint store holds 12 HBM bytes, over the plan's "
+    assert err == ("error: window b3: activation store holds 12 HBM bytes, over the plan's "
                    "hbm_checkpoint_bytes 10 by 2")
 
 

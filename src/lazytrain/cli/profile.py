@@ -2,7 +2,7 @@
 
 Measure (`--config`): per block kind forward / forward-with-autograd / backward time for the
 configured micro-batch and sequence length, head and embedding time, H2D / D2H / duplex copy
-rates and NVMe write / read through the checkpoint store, each also while the CPU optimizer
+rates and NVMe write / read through the activation store, each also while the CPU optimizer
 runs, and on a CPU the contention model (`lazytrain.profile.profiler`). Refit (`--from-run
 RUN_DIR`): least squares on the run's measured windows (`RUN_DIR/windows.jsonl`) under its
 plan (`lazytrain.planner.refit`), starting from the profile the run used (or `--profile`).

@@ -4,7 +4,7 @@ Implements the equations of `docs/execution_model.md` exactly (per-window comput
 NVMe bytes and host time; window time as max of channels and the host on a GPU or their sum on a
 CPU, and on a GPU at
 least the in-window stream order of `planner/chains.py`; step time with
-the `pre`/`post` terms; HBM bytes held by the checkpoint store with the exact holding
+the `pre`/`post` terms; HBM bytes held by the activation store with the exact holding
 intervals; peak HBM with fixed and keep terms; DRAM and NVMe bytes). It also owns `build_plan`,
 the one place a `Plan` is assembled from decisions; the transfer scheduler is
 `planner/schedule.py`, and the per-window primitives both use are `planner/window_time.py`'s.
@@ -149,7 +149,7 @@ def checkpoint_bytes(problem: PlanningProblem, tiers, transfers) -> list[float]:
     [use, 2L-k] with use = 2L-e+1; boundary 0 recompute: [use(0, e), 2L]. An offloaded boundary
     without d2h (or h2d) is held from production to use (or from use to release).
 
-    Source: docs/execution_model.md, "HBM bytes held by the checkpoint store".
+    Source: docs/execution_model.md, "HBM bytes held by the activation store".
     """
     L, A = problem.num_blocks, problem.boundary_bytes
     diff = [0.0] * (2 * L + 2)

@@ -60,7 +60,7 @@ class WindowRecord:
     time_ms: float
     exposed_ms: float
     hbm_checkpoint_bytes: float
-    """Peak bytes of boundary tensors the checkpoint store holds in HBM during the window."""
+    """Peak bytes of boundary tensors the activation store holds in HBM during the window."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

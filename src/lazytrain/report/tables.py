@@ -44,7 +44,7 @@ class WindowRow:
     exposed_ms: dict[str, float]
     """Measured median wait per channel, ms."""
     predicted_hbm_bytes: float | None
-    """The plan's hbm_checkpoint_bytes of the window (checkpoint store only)."""
+    """The plan's hbm_checkpoint_bytes of the window (activation store only)."""
     measured_hbm_bytes: int
     """The store's measured checkpoint bytes (max over samples)."""
     predicted_bytes: dict[str, float] | None = None
@@ -74,7 +74,7 @@ class Comparison:
     measured_exposed_ms: dict[str, float]
     """Per channel: median over steps of the step's summed waits, ms."""
     predicted_peak_checkpoint_bytes: float
-    """Max over windows of the plan's hbm_checkpoint_bytes (checkpoint store only)."""
+    """Max over windows of the plan's hbm_checkpoint_bytes (activation store only)."""
     measured_peak_checkpoint_bytes: int
     """Max over windows of the store's measured checkpoint bytes."""
     windows: list[WindowRow]

@@ -66,7 +66,7 @@ class HbmBudgetExceeded(JobFailure):
     def __init__(self, *, window: str, held_bytes: int, limit_bytes: int, detail: str = "",
                  owner: str | None = None) -> None:
         if owner is None:
-            msg = (f"window {window}: checkpoint store holds {held_bytes} HBM bytes, over the "
+            msg = (f"window {window}: activation store holds {held_bytes} HBM bytes, over the "
                    f"plan's hbm_checkpoint_bytes {limit_bytes} by {held_bytes - limit_bytes}")
         else:
             msg = (f"window {window}: reserving HBM for {owner} would hold {held_bytes} bytes, "

@@ -83,7 +83,7 @@ class TrainHooks:
     before_marker: Callable[[Path], None] | None = None
     """Passed to `save_checkpoint` (raise there to simulate a crash mid-save)."""
     fault_hook: Callable[[Any], None] | None = None
-    """NVMe fault injector for the engine's checkpoint store (`runtime.nvme.FaultInjector`)."""
+    """NVMe fault injector for the engine's activation store (`runtime.nvme.FaultInjector`)."""
 
 
 STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
