@@ -210,7 +210,6 @@ def test_no_import_cycle_between_packages():
     assert not found, "import cycles between packages:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(strict=False, reason="the last file cycles (planner) are being broken")
 def test_no_import_cycle_between_files():
     graph = pg.build_file_graph(PACKAGE)
     found = [" -> ".join(cyc) + "  (" + ", ".join(graph.sites[(a, b)]
@@ -220,7 +219,6 @@ def test_no_import_cycle_between_files():
                        "module or a new small one):\n" + "\n".join(found))
 
 
-@pytest.mark.xfail(strict=False, reason="function-level imports are coming down to 25")
 def test_function_level_imports_are_few_and_each_says_why():
     lazy = pg.build_file_graph(PACKAGE).function_imports
     bare = [f"{imp.where}: {imp.text}" for imp in lazy if imp.reason == pg.NO_REASON]
