@@ -41,8 +41,9 @@ def test_a_plain_assertion_error_is_a_bug_and_keeps_its_traceback(plan_only, mon
 
 
 def test_plan_loads_neither_torch_nor_the_runtime(repo_root):
-    # the calibration cache's resolver is the one runtime module plan reads; with calibration
-    # off (the suite's LAZYTRAIN_CALIBRATE=off, inherited here) it loads no torch
+    # plan reads the calibration cache through profile/calibrate.py, never the runtime; with
+    # calibration off (the suite's LAZYTRAIN_CALIBRATE=off, inherited here) it loads no torch
+    # (on: tests/cli/test_plan_torch_free.py)
     allowed = ("lazytrain.runtime", "lazytrain.profile.calibrate")
     code = ("import sys; from lazytrain.cli.main import main; "
             f"rc = main(['plan', '--policy', 'megatrain', '--config', "
