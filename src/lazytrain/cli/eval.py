@@ -38,7 +38,7 @@ def register(subparsers) -> None:
                    help="few-shot examples per prompt (default: each task's own)")
     p.add_argument("--apply-chat-template", action="store_true",
                    help="render prompts with the checkpoint's chat template")
-    p.add_argument("--seed", type=int, default=1234,
+    p.add_argument("--seed", type=int, default=1234, metavar="N",
                    help="seed of the first sampled generation (default 1234)")
     p.add_argument("--output", metavar="FILE", help="write lm-eval's results JSON here")
     add_model_flags(p)

@@ -40,13 +40,13 @@ def register(subparsers) -> None:
                    help="a prompt (repeatable)")
     p.add_argument("--prompts", metavar="FILE",
                    help="prompts, one a line (or a .jsonl file of {\"prompt\": TEXT} records)")
-    p.add_argument("--max-new-tokens", type=int, default=256,
+    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
                    help="tokens generated at most per prompt (default 256)")
-    p.add_argument("--temperature", type=float, default=0.0,
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="0: greedy (default); above 0: sample at this temperature")
-    p.add_argument("--top-p", type=float, default=1.0,
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
                    help="nucleus sampling: keep the most likely tokens up to this mass (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="sampling seed (default 0)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end a completion at this string, cut off (repeatable; \\n and \\t "
                         "are a newline and a tab)")
@@ -64,7 +64,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="a checkpoint of the run (step-000012, or 12; default: the newest)")
     p.add_argument("--device", choices=("cpu", "cuda"),
                    help="where the blocks run (default: cuda when there is one, else cpu)")
-    p.add_argument("--batch-size", type=int, default=8,
+    p.add_argument("--batch-size", type=int, default=8, metavar="N",
                    help="sequences per forward or decode batch (default 8)")
 
 
