@@ -17,7 +17,7 @@ from pathlib import Path
 from lazytrain.config import load_config
 from lazytrain.planner.plan import Plan
 from lazytrain.train.checkpoint import resume_checkpoint
-from lazytrain.train.loop import train
+from lazytrain.train import loop  # loop.train read at the call: tests wrap it with hooks
 from lazytrain.train.rank import launched_rank
 
 EPILOG = """examples:
@@ -75,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
     """Train as the arguments say; errors go to `lazytrain.cli.main` (exit codes 1 and 2)."""
     cfg = resolve_config(args)
     plan = Plan.load(args.plan) if args.plan else None
-    summary = train(cfg, plan=plan, resume=bool(args.resume), overwrite=args.overwrite,
-                    progress=not args.no_progress,
-                    verify_checkpoint=not args.no_verify_checkpoint)
+    summary = loop.train(cfg, plan=plan, resume=bool(args.resume), overwrite=args.overwrite,
+                         progress=not args.no_progress,
+                         verify_checkpoint=not args.no_verify_checkpoint)
     if launched_rank() == 0:  # torchrun: rank 0 alone reports
         print(_final_line(summary))
         if summary["stopped_by"]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+import safetensors.torch  # save_file read at the call, so a test can make the disk full
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.conversion_mapping import extract_weight_conversions_for_model
@@ -258,8 +258,8 @@ def save_hf_dir(adapter_or_state_dict, model_dir: str | Path, *, dtype: torch.dt
         # clone: views of one flat buffer share storage, which safetensors refuses
         out = {name: (t if dtype is None else t.to(dtype)).detach().clone().contiguous()
                for name, t in shard.items()}
-        _atomic(model_dir / fname, lambda p, out=out: save_file(out, str(p),
-                                                                  metadata={"format": "pt"}))
+        _atomic(model_dir / fname, lambda p, out=out: safetensors.torch.save_file(
+            out, str(p), metadata={"format": "pt"}))
         for name, t in out.items():
             weight_map[name] = fname
             total += t.numel() * t.element_size()
