@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lazytrain.planner.chains import stream_bounds_ms
+from lazytrain.planner.host_bound import host_record
 from lazytrain.planner.plan import Bounds, Plan, Predicted, SolveRecord, Transfer, WindowRecord
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.schedule import schedule_transfers
@@ -308,8 +309,8 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
                bounds: Bounds | None = None) -> Plan:
     """Evaluate `decisions`, assemble the Plan (windows, predicted, provenance) and validate it.
 
-    Provenance is `problem.provenance` plus `horizons`, `k_max`, `step_terms` (`step_terms_of`)
-    and, when a capacity is violated, `violations` (the plan is still returned; callers decide
+    Provenance is `problem.provenance` plus `horizons`, `k_max`, `step_terms` (`step_terms_of`),
+    `host` (`host_bound.host_record`: assumed host rates, host-bound windows) and, when a capacity is violated, `violations` (the plan is still returned; callers decide
     whether to raise).
 
     Raises:
@@ -325,6 +326,7 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
     prov["horizons"] = horizons_of(problem)
     prov["k_max"] = problem.k_max
     prov["step_terms"] = step_terms_of(problem)
+    prov["host"] = host_record(problem, ev.windows, ev.host_ms_by_window, ev.binding_by_window)
     if ev.violations:
         prov["violations"] = list(ev.violations)
     plan = Plan(provenance=prov, tiers=tuple(decisions.tiers),

@@ -14,7 +14,10 @@ predicted step time (the solver's least-wear plan, `planner/wear.py`, counts as 
 within `least_wear_slack` of the start: it was chosen to write less to NVMe). The start is the
 heuristic plan, or `warm_start`'s decisions re-evaluated under `problem` when those are
 predicted faster and fit (a re-plan starts from the running plan); policy heuristic returns
-that start.
+that start. With neither HiGHS nor SCIP installed (`solvers.installed_backends`), policy milp
+returns that start too, with provenance `milp_unavailable` (`MILP_UNAVAILABLE`), and no plan
+carries an LP bound: the other three bounds are closed forms and evaluator runs, valid for
+every plan without a solver.
 
 Importing this module loads no solver package: highspy and pyscipopt load only inside
 `planner/solvers.py`'s adapters, when a policy solves. Knows no torch.
@@ -36,12 +39,17 @@ from lazytrain.planner.infeasible import PlanInfeasibleError, Shortfall, shortfa
 from lazytrain.planner.milp_solve import solve_milp
 from lazytrain.planner.plan import Bounds, Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.planner.solvers import solver_installed
+from lazytrain.planner.solvers import SOLVER_PACKAGES, installed_backends
 
 POLICIES = ("milp", "heuristic", "megatrain", "ideal")
 """Planner policies (config `planner.policy`)."""
 BACKENDS = ("auto", "highs", "scip")
 """MILP backends (config `planner.backend`)."""
+MILP_UNAVAILABLE = (f"MILP unavailable: neither {' nor '.join(SOLVER_PACKAGES.values())} is "
+                    f"installed, so the heuristic planned and no LP bound was computed (pip "
+                    f"install highspy for the MILP)")
+"""Plan provenance `milp_unavailable` of a milp-policy plan made without a solver (the plan
+summary and table print it as one line)."""
 HEURISTIC_TIME_SHARE = 0.1
 """The heuristic start gets this share of `time_limit_s` (at least HEURISTIC_MIN_S): the MILP
 improves on it, so it only needs a good incumbent."""
@@ -86,8 +94,8 @@ class PlannerOptions:
     """Relative step slack of the MILP's least-wear phase (`planner/wear.py`); None: no such
     phase (config `planner.least_wear: false`)."""
     lp_bound: bool = True
-    """Compute the LP-relaxation bound (one more solve; needs a solver package). The scaling
-    table, the batch search and re-plans turn it off."""
+    """Compute the LP-relaxation bound (one more solve; skipped when no solver package is
+    installed). The scaling table, the batch search and re-plans turn it off."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -156,8 +164,11 @@ def _refuse_pinned_overrun(problem: PlanningProblem, chosen: Plan) -> None:
 
 
 def _plan(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | None) -> Plan:
-    """`plan` with its options given."""
-    bounds = _bounds(problem, lp=opts.lp_bound,
+    """`plan` with its options given. Without a solver package the LP bound is left out (the
+    memory, roofline and ideal figures need none) and policy milp returns the heuristic plan
+    with provenance `milp_unavailable`."""
+    solvers = installed_backends()
+    bounds = _bounds(problem, lp=opts.lp_bound and bool(solvers),
                      lp_time_limit_s=solver_limits(opts)["time_limit_s"])
     if opts.policy == "megatrain":
         return dataclasses.replace(heuristics.megatrain_plan(problem, k=opts.megatrain_k),
@@ -167,6 +178,9 @@ def _plan(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | Non
     start = _start(problem, opts, warm_start)
     if opts.policy == "heuristic":
         return dataclasses.replace(start, bounds=bounds)
+    if not solvers:
+        return dataclasses.replace(start, bounds=bounds, provenance={
+            **start.provenance, "milp_unavailable": MILP_UNAVAILABLE})
     solved = solve_milp(problem, backend=opts.backend, **solver_limits(opts),
                         gap=opts.gap, threads=opts.threads, seed=opts.seed, warm_start=start,
                         bounds=bounds, least_wear_slack=opts.least_wear_slack)
@@ -228,6 +242,7 @@ def _kept(start: Plan) -> str:
 
 def _bounds(problem: PlanningProblem, *, lp: bool, lp_time_limit_s: float) -> Bounds:
     """The plan's reference step times; the LP relaxation goes to HiGHS when it is installed
-    (an LP solver), else SCIP, whichever backend the MILP itself uses."""
-    lp_backend = "highs" if solver_installed("highs") else "scip"
+    (an LP solver), else SCIP, whichever backend the MILP itself uses (`lp` is False when
+    neither is installed)."""
+    lp_backend = (installed_backends() or ("scip",))[0]
     return compute_bounds(problem, lp=lp, backend=lp_backend, lp_time_limit_s=lp_time_limit_s)

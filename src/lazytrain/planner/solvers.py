@@ -206,17 +206,34 @@ def solver_installed(backend: str) -> bool:
     return importlib.util.find_spec(SOLVER_PACKAGES[backend]) is not None
 
 
+def installed_backends() -> tuple[str, ...]:
+    """The backends whose package is installed (`solver_installed`), in `BACKENDS` order;
+    empty when neither HiGHS nor SCIP is (the planner then plans by the heuristic)."""
+    return tuple(b for b in BACKENDS if solver_installed(b))
+
+
 def resolve_backend(backend: str, num_blocks: int) -> str:
     """The concrete solver for `backend` ("auto", "highs" or "scip") on an L-block problem.
 
+    "auto" takes HiGHS up to AUTO_HIGHS_MAX_BLOCKS blocks and SCIP above, or the other one when
+    only that one is installed (with neither installed, the size rule's pick).
+
     Raises:
-        ValueError: unknown backend name.
+        ValueError: unknown backend name, or a named backend whose package is not installed
+            while the other one is (the message names `planner.backend` and the fix).
     """
     if backend == "auto":
-        return "highs" if num_blocks <= AUTO_HIGHS_MAX_BLOCKS else "scip"
+        preferred = "highs" if num_blocks <= AUTO_HIGHS_MAX_BLOCKS else "scip"
+        installed = installed_backends()
+        return preferred if preferred in installed or not installed else installed[0]
     if backend not in BACKENDS:
         raise ValueError(f"planner.backend must be one of {('auto',) + tuple(BACKENDS)}; "
                          f"got {backend!r}")
+    installed = installed_backends()
+    if installed and backend not in installed:
+        raise ValueError(f"planner.backend: {backend} needs the {SOLVER_PACKAGES[backend]} "
+                         f"package, which is not installed; set planner.backend: auto (uses "
+                         f"{installed[0]}) or pip install {SOLVER_PACKAGES[backend]}")
     return backend
 
 

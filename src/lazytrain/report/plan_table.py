@@ -55,6 +55,37 @@ def nvme_writes_line(plan: Plan, grad_accum: int) -> str:
     return line
 
 
+HOST_BOUND_NAMES_SHOWN = 8
+"""Host-bound windows named in the host line; the rest are counted."""
+
+
+def host_line(plan: Plan) -> str | None:
+    """`host (assumed): convert 3.17 GB/s, accumulate 3.05 GB/s, 1.20 ms per micro-batch;
+    host-bound windows (2 of 9): f1, b2` from plan provenance `host` (`planner/host_bound.py`;
+    1 GB = 1e9 bytes; a rate of 0 prints "not modelled"). None for a plan without that record
+    (one written before it existed)."""
+    rec = plan.provenance.get("host")
+    if not rec:
+        return None
+    rate = lambda bps: f"{bps / 1e9:.3g} GB/s" if bps > 0 else "not modelled"  # noqa: E731
+    bound = list(rec["bound_windows"])
+    names = ", ".join(bound[:HOST_BOUND_NAMES_SHOWN]) or "none"
+    if len(bound) > HOST_BOUND_NAMES_SHOWN:
+        names += f", ... {len(bound) - HOST_BOUND_NAMES_SHOWN} more"
+    return (f"host (assumed): convert {rate(rec['convert_bytes_per_s'])}, accumulate "
+            f"{rate(rec['accumulate_bytes_per_s'])}, {rec['host_ms']:.2f} ms per micro-batch; "
+            f"host-bound windows ({len(bound)} of {len(plan.windows)}): {names}")
+
+
+def planner_lines(plan: Plan) -> list[str]:
+    """The lines every plan report carries beside the solver's: that the MILP was unavailable
+    (provenance `milp_unavailable`, `planner.policy.MILP_UNAVAILABLE`) and `host_line`."""
+    out = [plan.provenance["milp_unavailable"]] if plan.provenance.get("milp_unavailable") \
+        else []
+    host = host_line(plan)
+    return out + ([host] if host else [])
+
+
 def _row(problem, plan) -> dict:
     pr = plan.predicted
     row = throughput(problem, pr.step_ms if pr else None)
@@ -170,6 +201,7 @@ def format_plan_table(problem: PlanningProblem, plan: Plan, report: dict, *,
         took = f"{s['solve_s']:.2f} s" if s['solve_s'] else "solve time not recorded"
         lines.append(f"solver: {s['backend']} ({s['status']}), {took}, gap {gap}, "
                      f"{s['num_vars']} vars, {s['num_rows']} rows")
+    lines += planner_lines(plan)
     lines.append("")
     lines.append(f"boundaries ({L + 1}): " + "  ".join(
         f"{t} {plan.tiers.count(t)}" for t in TIERS))
@@ -224,7 +256,9 @@ BOUND_NOTES = (
 
 
 def _check_lines(report: dict) -> list[str]:
-    out = [f"  {n}" for n in BOUND_NOTES] + [""]
+    shown = [n for n in BOUND_NOTES  # a bound not computed (no LP without a solver): no note
+             if any(label.startswith(n.split("  ")[0]) for label in report["rows"])]
+    out = [f"  {n}" for n in shown] + [""]
     if report["speedup_vs_megatrain"]:
         out.append(f"speedup over the MegaTrain rule: {report['speedup_vs_megatrain']:.3f}x "
                    f"against the fastest fixed K that fits ({report['baseline']}; the paper's K "
@@ -244,7 +278,8 @@ def _check_lines(report: dict) -> list[str]:
 
 def plan_summary(plan: Plan, *, source: str | None = None, costs_line: str = "") -> str:
     """A few lines describing the plan (model and where it came from, tiers, segments, kept
-    blocks, prediction, solver).
+    blocks, prediction, solver, whether the MILP was unavailable, the host rates assumed and
+    the host-bound windows: `planner_lines`).
 
     Args:
         plan: the plan.
@@ -272,6 +307,7 @@ def plan_summary(plan: Plan, *, source: str | None = None, costs_line: str = "")
     if plan.solver is not None:
         s = plan.solver
         lines.append(f"  solver: {s.backend} {s.status} in {s.solve_s:.2f} s")
+    lines += [f"  {line}" for line in planner_lines(plan)]
     if costs_line:
         lines.append(f"  {costs_line}")
     return "\n".join(lines)
