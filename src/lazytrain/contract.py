@@ -44,6 +44,21 @@ ENDS_GRAD_BYTES_PER_PARAM = 4
 bytes per parameter, whatever the compute dtype. Runtime: `runtime/ends.py`
 `ResidentEnds.reset_gradient`. Planner: `planner/build.py` `ends_bytes`."""
 
+WEIGHT_PATH_NAMES = ("host_convert", "pinned_copy", "gpu_cast")
+"""How a block's weights reach the device, per block (Plan JSON `weight_paths`; absent: every
+block "host_convert"): the master converted to the compute dtype on the host into a staging
+buffer per load; an H2D from a pinned compute-dtype copy the optimizer refreshes in its update
+(with masters already in the compute dtype: from the pinned masters themselves, no copy); the
+master's H2D into an fp32 landing slot and a cast on the device. Runtime: `runtime/streams.py`
+`DeviceWeights`, `runtime/optim.py`; planner: `planner/weight_paths.py`, PlanningProblem
+`load_bytes` / `convert_bytes`."""
+
+GPU_CAST_LANDING_SLOTS = 2
+"""Device landing buffers (master dtype, the largest gpu_cast block each) the gpu_cast path
+lands masters in before the cast into a weight slot: one copy lands while the previous one is
+cast. Runtime: `runtime/streams.py` `DeviceWeights`; planner: `planner/weight_paths.py` counts
+this many in `fixed_hbm_bytes`."""
+
 # --- host state (DRAM) ------------------------------------------------------------------------
 
 MASTER_BYTES = {"fp32": 4, "bf16": 2}

@@ -59,7 +59,7 @@ def recompute_chain_ms(problem: PlanningProblem, s: int, e: int) -> float:
     bw_ms = problem.h2d_bytes_per_s / 1e3
     best, loaded = 0.0, 0.0
     for k in range(s, e - 1):
-        loaded += problem.weight_bytes[k] / bw_ms
+        loaded += problem.load_bytes[k] / bw_ms
         best = max(best, loaded + sum(problem.fwd_ms[k:e - 1]))
     return best
 
@@ -132,11 +132,11 @@ def _next_load_bytes(p: PlanningProblem, o: int, resident: set) -> float:
     P[j-1] (resident blocks' backward loads are skipped), bytes."""
     L = p.num_blocks
     if o < L:
-        return float(p.weight_bytes[o + 1]) if o + 1 < L else 0.0
+        return float(p.load_bytes[o + 1]) if o + 1 < L else 0.0
     if o == L:
-        return 0.0 if L - 1 in resident else float(p.weight_bytes[L - 1])
+        return 0.0 if L - 1 in resident else float(p.load_bytes[L - 1])
     j = 2 * L - o
-    return float(p.weight_bytes[j - 1]) if j >= 1 and j - 1 not in resident else 0.0
+    return float(p.load_bytes[j - 1]) if j >= 1 and j - 1 not in resident else 0.0
 
 
 def recompute_terms(problem: PlanningProblem, tiers, keep_internals=()
@@ -156,7 +156,7 @@ def recompute_terms(problem: PlanningProblem, tiers, keep_internals=()
             o = 2 * L - j
             rec_ms[o] = (recompute_chain_ms(p, s, e) + p.bwd_ms[j]
                          + (0.0 if j in keep else p.fwd_grad_ms[j]))
-            rec_bytes[o] = float(sum(p.weight_bytes[s:e - 1]))
+            rec_bytes[o] = float(sum(p.load_bytes[s:e - 1]))
     return rec_ms, rec_bytes
 
 

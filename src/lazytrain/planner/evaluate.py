@@ -15,6 +15,7 @@ window ord o = 0..2L (f{j} -> j, turn -> L, b{j} -> 2L - j).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from lazytrain.planner.chains import stream_bounds_ms
@@ -23,8 +24,9 @@ from lazytrain.planner.plan import Bounds, Plan, Predicted, SolveRecord, Transfe
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.schedule import schedule_transfers
 from lazytrain.planner.staging import bounce_bound_by_window
+from lazytrain.planner.weight_paths import with_weight_paths
 from lazytrain.planner.window_time import (
-    binding_term, fixed_loads, host_loads_ms, post_ms, pre_ms, q8_update_ms, window_time_ms,
+    binding_term, fixed_loads, host_by_window_ms, post_ms, pre_ms, q8_update_ms, window_time_ms,
 )
 from lazytrain.planner.windows import (
     OFFLOAD_TIERS, TRANSFER_KINDS, check_tiers, horizons_of, segment_ends, segments_of, use_ord,
@@ -45,6 +47,8 @@ class Decisions:
     resident_weights: tuple[int, ...] | None = None
     q8_blocks: tuple[int, ...] = ()
     transfers: tuple[Transfer, ...] = ()
+    weight_paths: tuple[str, ...] | None = None
+    """One weight path per block (`PlanningProblem.weight_paths`); None: the problem's."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -54,13 +58,15 @@ class Decisions:
         set_(self, "resident_weights", tuple(sorted(res)))
         set_(self, "q8_blocks", tuple(sorted(self.q8_blocks)))
         set_(self, "transfers", tuple(self.transfers))
+        if self.weight_paths is not None:
+            set_(self, "weight_paths", tuple(self.weight_paths))
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "Decisions":
         """The decisions a plan carries."""
         return cls(tiers=plan.tiers, keep_internals=plan.keep_internals,
                    resident_weights=plan.resident_weights, q8_blocks=plan.q8_blocks,
-                   transfers=plan.transfers)
+                   transfers=plan.transfers, weight_paths=plan.weight_paths)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -198,11 +204,13 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
     d = decisions_or_plan
     if isinstance(d, Plan):
         d = Decisions.from_plan(d)
+    if d.weight_paths is not None:
+        problem = with_weight_paths(problem, d.weight_paths)
     p, L = problem, problem.num_blocks
     tiers = check_tiers(p, d.tiers)
     A = p.boundary_bytes
     comp, h2d, d2h = fixed_loads(p, tiers, d.keep_internals, d.resident_weights)
-    host = host_loads_ms(p, h2d, d2h)  # before the transfers join h2d/d2h: weights, grads only
+    host = host_by_window_ms(p, tiers, d.resident_weights, d2h)  # drains only, no transfers
     nr, nw = [0.0] * (2 * L + 1), [0.0] * (2 * L + 1)
     chan = {"h2d": h2d, "d2h": d2h, "nvme_read": nr, "nvme_write": nw}
     for t in d.transfers:
@@ -316,6 +324,8 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
     Raises:
         PlanValidationError: the decisions break the execution-model contract.
     """
+    decisions = _final_paths(problem, decisions)
+    problem = with_weight_paths(problem, decisions.weight_paths)
     ev = evaluate(problem, decisions)
     L = problem.num_blocks
     kind_rank = {k: n for n, k in enumerate(TRANSFER_KINDS)}
@@ -332,9 +342,23 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
     plan = Plan(provenance=prov, tiers=tuple(decisions.tiers),
                 keep_internals=decisions.keep_internals,
                 resident_weights=tuple(decisions.resident_weights),
-                q8_blocks=decisions.q8_blocks, windows=ev.windows, transfers=transfers,
-                predicted=ev.predicted, solver=solver, bounds=bounds or Bounds())
+                q8_blocks=decisions.q8_blocks, weight_paths=decisions.weight_paths,
+                windows=ev.windows, transfers=transfers, predicted=ev.predicted, solver=solver, bounds=bounds or Bounds())
     return plan.validate()
+
+
+def _final_paths(problem: PlanningProblem, decisions: Decisions) -> Decisions:
+    """`decisions` with their weight paths set: the problem's when they carry none, and
+    host_convert for 8-bit blocks that would refresh a pinned copy (their update does not
+    refresh one; masters in the compute dtype need no copy and keep their pinned path)."""
+    paths = list(problem.paths if decisions.weight_paths is None else decisions.weight_paths)
+    if problem.master_bytes_ratio != 1:
+        for j in decisions.q8_blocks:
+            if paths[j] == "pinned_copy":
+                paths[j] = "host_convert"
+    if set(paths) == {"host_convert"}:
+        paths = []  # the Plan JSON leaves the field out: today's path
+    return dataclasses.replace(decisions, weight_paths=tuple(paths))
 
 
 def decisions_from_tiers(problem: PlanningProblem, tiers, keep_internals=(), *,

@@ -32,6 +32,10 @@ class Scaled:
     Fg: tuple[float, ...]
     B: tuple[float, ...]
     P: tuple[float, ...]
+    Pl: tuple[float, ...]
+    """H2D GB of one load of block j (P[j], or the master's bytes on the gpu_cast path)."""
+    Pc: tuple[float, ...]
+    """GB the host converts per load of block j (P[j] on the host_convert path, else 0)."""
     G: tuple[float, ...]
     I: tuple[float, ...]  # noqa: E741
     A: tuple[float, ...]
@@ -83,7 +87,8 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
     ref_ms = max(compute, 1e-3)
     return Scaled(
         L=L, F=tuple(p.fwd_ms), Fg=tuple(p.fwd_grad_ms), B=tuple(p.bwd_ms),
-        P=gb(p.weight_bytes), G=gb(p.grad_bytes), I=gb(p.internal_bytes), A=gb(p.boundary_bytes),
+        P=gb(p.weight_bytes), Pl=gb(p.load_bytes), Pc=gb(p.convert_bytes), G=gb(p.grad_bytes),
+        I=gb(p.internal_bytes), A=gb(p.boundary_bytes),
         A_padded=gb(align_up(a) for a in p.boundary_bytes),
         bw_h2d=per_ms(p.h2d_bytes_per_s), bw_d2h=per_ms(p.d2h_bytes_per_s),
         bw_x=per_ms(p.duplex_bytes_per_s), bw_nr=per_ms(p.nvme_read_bytes_per_s),

@@ -29,44 +29,46 @@ def lin_scale(lin: Lin, k: float) -> Lin:
     return {x: a * k for x, a in lin[0].items()}, lin[1] * k
 
 
-def window_fixed_loads(v: MilpVars, p: Scaled, o: int) -> tuple[Lin, Lin, Lin]:
+def window_fixed_loads(v: MilpVars, p: Scaled, o: int, per_load=None) -> tuple[Lin, Lin, Lin]:
     """(compute ms, weight H2D GB, gradient D2H GB) of window o: the window loads before the
-    plan's activation transfers (`planner/milp.py`, "Window loads")."""
+    plan's activation transfers (`planner/milp.py`, "Window loads"). A load of block j counts
+    `per_load[j]` GB (default `p.Pl`, its H2D bytes; `p.Pc` gives the converted bytes)."""
     L = p.L
+    W = p.Pl if per_load is None else per_load
     comp: dict[int, float] = {}
     h2d: dict[int, float] = {}
     d2h: dict[int, float] = {}
     if o < L:
         j = o
-        c0, h0, d0 = p.F[j], (p.P[j + 1] if j + 1 < L else 0.0), 0.0
+        c0, h0, d0 = p.F[j], (W[j + 1] if j + 1 < L else 0.0), 0.0
         if j in v.keep:
             comp[v.keep[j]] = p.Fg[j] - p.F[j]
     elif o == L:
-        c0, h0, d0 = p.head, p.P[L - 1], 0.0
+        c0, h0, d0 = p.head, W[L - 1], 0.0
         if L - 1 in v.resident:
-            h2d[v.resident[L - 1]] = -p.P[L - 1]
+            h2d[v.resident[L - 1]] = -W[L - 1]
     else:
         j = 2 * L - o
-        c0, h0 = p.B[j] + p.Fg[j], (p.P[j - 1] if j >= 1 else 0.0)
+        c0, h0 = p.B[j] + p.Fg[j], (W[j - 1] if j >= 1 else 0.0)
         d0 = p.G[j + 1] if j + 1 < L else 0.0
         if j in v.keep:
             comp[v.keep[j]] = -p.Fg[j]
         if j >= 1 and j - 1 in v.resident:
-            h2d[v.resident[j - 1]] = -p.P[j - 1]
+            h2d[v.resident[j - 1]] = -W[j - 1]
         for (s, e), x in v.seg.items():
             if e == j + 1 and e - s >= 2:
                 comp[x] = sum(p.F[s:j])
-                h2d[x] = sum(p.P[s:j])
+                h2d[x] = sum(W[s:j])
         if j + 1 in v.emb and p.embed:
             comp[v.emb[j + 1]] = p.embed
     return (comp, c0), (h2d, h0), (d2h, d0)
 
 
 def window_host(v: MilpVars, p: Scaled, o: int) -> Lin:
-    """HOST[o] = PW[o]/host_conv + GD[o]/host_acc, ms: the weight bytes the window loads (all
-    of them are converted into staging) and the gradient bytes it drains (all of them are
+    """HOST[o] = PW[o]/host_conv + GD[o]/host_acc, ms: the weight bytes the window converts
+    (its loads of host_convert blocks, `p.Pc`) and the gradient bytes it drains (all of them are
     added into the host accumulator); a rate of 0 is not modelled and adds nothing."""
-    _, (pw, pw0), (gd, gd0) = window_fixed_loads(v, p, o)
+    _, (pw, pw0), (gd, gd0) = window_fixed_loads(v, p, o, p.Pc)
     parts = []
     if p.host_conv > 0:
         parts.append(lin_scale((pw, pw0), 1 / p.host_conv))

@@ -214,13 +214,13 @@ def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
                 if e == j + 1}
         if not segs:
             continue
-        const = p.P[j - 1] / p.bw_h2d
+        const = p.Pl[j - 1] / p.bw_h2d
         row = {v.t[o]: 1.0, **{x: -r for x, r in segs.items()}}
         if j in v.keep:
             row[v.keep[j]] = p.Fg[j]
         if j - 1 in v.resident:
             # moves -P(1-resident)/bw's resident part left
-            row[v.resident[j - 1]] = p.P[j - 1] / p.bw_h2d
+            row[v.resident[j - 1]] = p.Pl[j - 1] / p.bw_h2d
         for (i, q), x in v.h2d.items():
             if q == o:
                 row[x] = -p.A[i] / p.bw_h2d

@@ -132,6 +132,9 @@ class Plan:
     keep_internals: tuple[int, ...] = ()
     resident_weights: tuple[int, ...] = ()
     q8_blocks: tuple[int, ...] = ()
+    weight_paths: tuple[str, ...] = ()
+    """How each block's weights reach the device, one per block (`lazytrain.contract`
+    `WEIGHT_PATH_NAMES`); empty (JSON: absent): every block host_convert."""
     windows: tuple[WindowRecord, ...] = ()
     transfers: tuple[Transfer, ...] = ()
     predicted: Predicted | None = None
@@ -165,6 +168,10 @@ class Plan:
                 return e
         raise ValueError(f"boundary {i} has no later materialized boundary (L={self.num_blocks})")
 
+    def path_of(self, j: int) -> str:
+        """Block j's weight path ("host_convert" when the plan has none)."""
+        return self.weight_paths[j] if self.weight_paths else "host_convert"
+
     def transfers_in(self, window: str) -> list[Transfer]:
         """Transfers the plan issues in `window`, in plan order."""
         return [t for t in self.transfers if t.window == window]
@@ -196,6 +203,7 @@ class Plan:
             "keep_internals": list(self.keep_internals),
             "resident_weights": list(self.resident_weights),
             "q8_blocks": list(self.q8_blocks),
+            **({"weight_paths": list(self.weight_paths)} if self.weight_paths else {}),
             "windows": [asdict(w) for w in self.windows],
             "transfers": [asdict(t) for t in self.transfers],
             "predicted": None if self.predicted is None else asdict(self.predicted),
@@ -232,6 +240,7 @@ class Plan:
                 resident_weights=keep if resident is None else tuple(
                     as_int(j, "resident_weights") for j in resident),
                 q8_blocks=tuple(as_int(j, "q8_blocks") for j in d.get("q8_blocks", ())),
+                weight_paths=tuple(str(w) for w in d.get("weight_paths") or ()),
                 windows=tuple(WindowRecord(**w) for w in d.get("windows", ())),
                 transfers=tuple(Transfer(boundary=as_int(t["boundary"], "transfer boundary"),
                                          kind=str(t["kind"]),

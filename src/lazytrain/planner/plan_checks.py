@@ -12,6 +12,7 @@ import numbers
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from lazytrain.contract import WEIGHT_PATH_NAMES
 from lazytrain.errors import UserError
 from lazytrain.planner.windows import (
     OFFLOAD_TIERS, TIERS, TRANSFER_KINDS, legal_ords, window_name, window_names, window_ord,
@@ -123,6 +124,10 @@ def _check_structure(plan: Plan) -> None:
                 _fail(f"{label}: block {j} outside 0..{L - 1}")
         if len(set(blocks)) != len(blocks):
             _fail(f"{label}: duplicate block indices {sorted(blocks)}")
+    paths = plan.weight_paths
+    if paths and (len(paths) != L or set(paths) - set(WEIGHT_PATH_NAMES)):
+        _fail(f"weight_paths: give one of {WEIGHT_PATH_NAMES} per block ({L}); got "
+              f"{list(paths)}")
     resident = set(plan.resident_weights)
     for j in plan.keep_internals:
         if j not in resident:

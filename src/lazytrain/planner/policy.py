@@ -37,6 +37,7 @@ from lazytrain.planner.evaluate import Decisions, build_plan
 from lazytrain.planner.gaps import best_claimed_bound_ms, gap_against_best_bound
 from lazytrain.planner.infeasible import PlanInfeasibleError, Shortfall, shortfall_fix
 from lazytrain.planner.milp_solve import solve_milp
+from lazytrain.planner.path_choice import choose_weight_paths
 from lazytrain.planner.plan import Bounds, Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.solvers import SOLVER_PACKAGES, installed_backends
@@ -142,6 +143,7 @@ def plan(problem: PlanningProblem, options: PlannerOptions | None = None,
         PlanInfeasibleError: (milp) no plan fits the HBM, DRAM or NVMe budget.
     """
     opts = options or PlannerOptions()
+    problem = choose_weight_paths(problem)  # each block's weight path, then the plan
     chosen = _plan(problem, opts, warm_start)
     _refuse_pinned_overrun(problem, chosen)
     return _without_solve_times(chosen) if opts.deterministic else chosen

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from lazytrain.contract import HOST_BYTES_PER_PARAM, HOST_BYTES_PER_PARAM_Q8
+from lazytrain.contract import HOST_BYTES_PER_PARAM, HOST_BYTES_PER_PARAM_Q8, WEIGHT_PATH_NAMES
 from lazytrain.spec.hardware import HOST_RATE_FIELDS, Q8_UPDATE_EXTRA_MS_PER_GPARAM, Bandwidths
 
 LINK_FIELDS = tuple(f.name for f in dataclasses.fields(Bandwidths)
@@ -106,6 +106,23 @@ class PlanningProblem(Bandwidths):
     """Host bytes per parameter for a block whose Adam moments are 8-bit (fp32 master 4 + fp32
     grad 4 + 2 x 1 B moments; block-wise scales are negligible):
     `lazytrain.contract.HOST_BYTES_PER_PARAM_Q8`."""
+    weight_paths: tuple[str, ...] = ()
+    """How each block's weights reach the device (`planner/weight_paths.py` `WEIGHT_PATHS`):
+    "host_convert" (master -> compute dtype on the host per load), "pinned_copy" (H2D from a
+    pinned compute-dtype copy the optimizer refreshes; with masters already in the compute
+    dtype, from the pinned masters themselves) or "gpu_cast" (H2D of the master, cast on the
+    device). Empty: every block "host_convert". Set through `weight_paths.with_weight_paths`,
+    which also folds the paths' memory into `fixed_hbm_bytes` and `nvme_staging_bytes`."""
+    weight_path_hbm_bytes: int = 0
+    """The share of `fixed_hbm_bytes` the weight paths add (gpu_cast landing slots), bytes."""
+    weight_path_dram_bytes: int = 0
+    """The share of `nvme_staging_bytes` the weight paths add (pinned copies), bytes."""
+    weight_path_choice: bool = False
+    """Whether the policy chooses the weight paths before planning (`planner/path_choice.py`);
+    `planner/build.py` sets it for a run's problem, hand-made problems keep their paths."""
+    master_bytes_ratio: float = 2.0
+    """Master-dtype bytes / compute-dtype bytes of a weight (fp32 master, bf16 compute: 2;
+    masters in the compute dtype: 1): a gpu_cast load moves P[j] x this over the link."""
     q8_penalty_ms_per_gparam: float = 1.0
     """Objective penalty for 8-bit states, ms per 1e9 parameters (keeps q8 for when DRAM needs it)."""
     q8_update_ms_per_gparam: float = Q8_UPDATE_EXTRA_MS_PER_GPARAM
@@ -175,8 +192,36 @@ class PlanningProblem(Bandwidths):
         for name in ("drain_windows", "prefetch_windows", "k_max", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        bad = sorted(set(self.weight_paths) - set(WEIGHT_PATH_NAMES))
+        if bad or len(self.weight_paths) not in (0, L):
+            raise ValueError(f"weight_paths must be empty or one of {WEIGHT_PATH_NAMES} per "
+                             f"block ({L}); got {len(self.weight_paths)} entries, unknown {bad}")
+        if not self.master_bytes_ratio > 0:
+            raise ValueError(f"master_bytes_ratio must be > 0 (master bytes / compute bytes); "
+                             f"got {self.master_bytes_ratio}")
         if self.nvme_lead_windows < 0:
             raise ValueError(f"nvme_lead_windows must be >= 0; got {self.nvme_lead_windows}")
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """`weight_paths`, one per block ("host_convert" where empty)."""
+        return self.weight_paths or ("host_convert",) * self.num_blocks
+
+    @property
+    def load_bytes(self) -> tuple[float, ...]:
+        """H2D bytes of one load of each block: P[j], or P[j] x `master_bytes_ratio` for
+        gpu_cast (the master crosses the link). Source: docs/execution_model.md, "Weight
+        paths"."""
+        r = self.master_bytes_ratio
+        return tuple(float(b) * (r if path == "gpu_cast" else 1.0)
+                     for b, path in zip(self.weight_bytes, self.paths))
+
+    @property
+    def convert_bytes(self) -> tuple[float, ...]:
+        """Compute-dtype bytes the host converts per load of each block: P[j] for
+        host_convert, 0 otherwise. Source: docs/execution_model.md, "Weight paths"."""
+        return tuple(float(b) if path == "host_convert" else 0.0
+                     for b, path in zip(self.weight_bytes, self.paths))
 
     @property
     def num_blocks(self) -> int:

@@ -15,7 +15,9 @@ from lazytrain.planner.chains import recompute_bound_ms, recompute_terms
 from lazytrain.planner.duplex import effective_cap
 from lazytrain.planner.plan import Transfer
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.planner.window_time import fixed_loads, host_loads_ms, window_time_ms
+from lazytrain.planner.window_time import (
+    fixed_loads, host_by_window_ms, host_loads_ms, window_time_ms,
+)
 from lazytrain.planner.windows import (
     OFFLOAD_TIERS, TRANSFER_KINDS, check_tiers, horizons_of, legal_ords, segment_ends, use_ord,
     window_name,
@@ -33,9 +35,9 @@ class Loads:
         self.chan = {"h2d": h2d, "d2h": d2h, "nvme_read": [0.0] * n, "nvme_write": [0.0] * n}
         self.rec_ms, self.rec_bytes = rec if rec is not None else ([0.0] * n, [0.0] * n)
         """`chains.recompute_terms`: the recompute-behind-its-weights bound per window."""
-        self.host = host if host is not None else host_loads_ms(problem, h2d, d2h)
-        """Host ms per window (`window_time.host_loads_ms`): by default from `h2d`/`d2h`, which
-        must then be the weight loads and gradient drains only (before any transfer)."""
+        self.host = host if host is not None else host_loads_ms(problem, [0.0] * n, d2h)
+        """Host ms per window (`window_time.host_loads_ms`): by default the gradient drains of
+        `d2h` only (no weight conversion); `schedule_loads` passes the plan's."""
 
     def time_ms(self, o: int, kind: str | None = None, extra: float = 0.0) -> float:
         """Window o's time with `extra` bytes of `kind` added (fluid max + recompute order)."""
@@ -174,8 +176,10 @@ def schedule_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_
     """The schedule as {boundary: {kind: {ord: fraction}}} and the resulting window loads."""
     L = problem.num_blocks
     tiers = check_tiers(problem, tiers)
-    loads = Loads(problem, *fixed_loads(problem, tiers, keep_internals, resident_weights),
-                   rec=recompute_terms(problem, tiers, keep_internals))
+    comp, h2d, d2h = fixed_loads(problem, tiers, keep_internals, resident_weights)
+    resident = keep_internals if resident_weights is None else resident_weights
+    loads = Loads(problem, comp, h2d, d2h, rec=recompute_terms(problem, tiers, keep_internals),
+                  host=host_by_window_ms(problem, tiers, resident, d2h))
     ends = segment_ends(tiers)
     offloaded = [i for i in range(L) if tiers[i] in OFFLOAD_TIERS]
     sched = {i: schedule_offload(loads, problem, i, tiers[i], ends[i]) for i in offloaded}

@@ -213,8 +213,8 @@ class Search:
                 o = 2 * L - e + 1
                 loads.comp[o] += sign * (sum(p.fwd_ms[s:e - 1]) + (p.embed_ms if s == 0 and emb
                                                                    else 0.0))
-                loads.chan["h2d"][o] += sign * sum(p.weight_bytes[s:e - 1])
-                loads.host[o] += sign * host_ms(p, sum(p.weight_bytes[s:e - 1]), 0.0)
+                loads.chan["h2d"][o] += sign * sum(p.load_bytes[s:e - 1])
+                loads.host[o] += sign * host_ms(p, sum(p.convert_bytes[s:e - 1]), 0.0)
                 touched.add(o)
         if emb_old != emb_new:  # boundary 0's segment may be unchanged while its tier toggles
             e = next(e for s, e in new if s == 0)
@@ -230,8 +230,8 @@ class Search:
         for j in set(res) ^ set(cur.res):
             sign = 1 if j in res else -1
             o = L if j == L - 1 else 2 * L - j - 1  # where block j's weights would reload
-            loads.chan["h2d"][o] -= sign * p.weight_bytes[j]
-            loads.host[o] -= sign * host_ms(p, p.weight_bytes[j], 0.0)
+            loads.chan["h2d"][o] -= sign * p.load_bytes[j]
+            loads.host[o] -= sign * host_ms(p, p.convert_bytes[j], 0.0)
             touched.add(o)
         rec_ms, rec_bytes = recompute_terms(p, tiers, keep)
         for o in touched:  # segments and keep toggles move the recompute-order terms

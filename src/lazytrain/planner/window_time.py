@@ -36,10 +36,19 @@ def host_ms(problem: PlanningProblem, weight_bytes: float, grad_bytes: float) ->
     return out
 
 
-def host_loads_ms(problem: PlanningProblem, weight_h2d, grad_d2h) -> list[float]:
-    """Per-window host time, ms, from `fixed_loads`' H2D bytes (exactly the weight loads) and
-    D2H bytes (exactly the gradient drains), both by ord."""
-    return [host_ms(problem, w, g) for w, g in zip(weight_h2d, grad_d2h)]
+def host_loads_ms(problem: PlanningProblem, converted, grad_d2h) -> list[float]:
+    """Per-window host time, ms, from the weight bytes converted on the host (`weight_loads`
+    with `problem.convert_bytes`) and `fixed_loads`' D2H bytes (exactly the gradient drains),
+    both by ord."""
+    return [host_ms(problem, w, g) for w, g in zip(converted, grad_d2h)]
+
+
+def host_by_window_ms(problem: PlanningProblem, tiers, resident_weights, grad_d2h
+                      ) -> list[float]:
+    """`host_loads_ms` of a plan's loads: the converted weight bytes of each window from its
+    tiers and resident weights, and the gradient drains `grad_d2h` (by ord)."""
+    return host_loads_ms(problem, weight_loads(problem, tiers, resident_weights,
+                                               problem.convert_bytes), grad_d2h)
 
 
 def window_terms_ms(problem: PlanningProblem, comp: float, h2d: float, d2h: float, nr: float,
@@ -98,12 +107,12 @@ def q8_update_ms(problem: PlanningProblem, q8_blocks) -> float:
 
 
 def pre_ms(problem: PlanningProblem) -> float:
-    """The `pre` term, ms: the embedding forward, block 0's weight load and its conversion on
-    the host, side by side on a GPU (max: the load runs on the H2D stream while the embedding
+    """The `pre` term, ms: the embedding forward, block 0's weight load (`load_bytes[0]`) and
+    its conversion on the host (`convert_bytes[0]`: 0 off the host_convert path), side by side on a GPU (max: the load runs on the H2D stream while the embedding
     computes), one after the other on a CPU (sum). Source: docs/execution_model.md, "Step
     time"), plus the window overhead `window_overhead_ms`."""
-    load = _ms(problem.weight_bytes[0], problem.h2d_bytes_per_s)
-    host = host_ms(problem, problem.weight_bytes[0], 0.0)
+    load = _ms(problem.load_bytes[0], problem.h2d_bytes_per_s)
+    host = host_ms(problem, problem.convert_bytes[0], 0.0)
     if problem.copies_overlap_compute:
         return max(problem.embed_ms, load, host) + problem.window_overhead_ms
     return problem.embed_ms + load + host + problem.window_overhead_ms
@@ -129,25 +138,39 @@ def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_wei
     f{j}: F[j] (Fg[j] if kept); H2D P[j+1].  turn: head_ms; H2D P[L-1] unless resident.
     b{j}: B[j] + (Fg[j] unless kept) + segment recompute sum F[s..e-2] (+ embed_ms when s == 0
     is recompute) when j = e-1; H2D P[j-1] unless resident + sum P[s..e-2]; D2H G[j+1].
+    The H2D of a load is `problem.load_bytes` (P[j], or the master's bytes for gpu_cast).
     """
     p, L = problem, problem.num_blocks
     keep = set(keep_internals)
-    resident = keep if resident_weights is None else set(resident_weights)
     n = 2 * L + 1
-    comp, h2d, d2h = [0.0] * n, [0.0] * n, [0.0] * n
+    comp, d2h = [0.0] * n, [0.0] * n
     for j in range(L):
         comp[j] = p.fwd_grad_ms[j] if j in keep else p.fwd_ms[j]
-        h2d[j] = float(p.weight_bytes[j + 1]) if j + 1 < L else 0.0
         o = 2 * L - j
         comp[o] = p.bwd_ms[j] + (0.0 if j in keep else p.fwd_grad_ms[j])
-        h2d[o] = float(p.weight_bytes[j - 1]) if j >= 1 and j - 1 not in resident else 0.0
         d2h[o] = float(p.grad_bytes[j + 1]) if j + 1 <= L - 1 else 0.0
     comp[L] = p.head_ms
-    h2d[L] = 0.0 if L - 1 in resident else float(p.weight_bytes[L - 1])
     for s, e in segments_of(tiers):
         o = 2 * L - (e - 1)
         comp[o] += sum(p.fwd_ms[s:e - 1])
-        h2d[o] += float(sum(p.weight_bytes[s:e - 1]))
         if s == 0 and tiers[0] == "recompute":
             comp[o] += p.embed_ms
-    return comp, h2d, d2h
+    resident = keep if resident_weights is None else resident_weights
+    return comp, weight_loads(p, tiers, resident, p.load_bytes), d2h
+
+
+def weight_loads(problem: PlanningProblem, tiers, resident_weights, per_load) -> list[float]:
+    """Per-window sum of `per_load[j]` over the weight loads each window issues, by ord:
+    f{j} loads block j+1; turn block L-1 unless resident; b{j} block j-1 unless resident, and
+    blocks s..e-2 when j = e-1 ends segment (s, e) (recompute reloads). With
+    `problem.convert_bytes` it is the bytes the host converts per window."""
+    L = problem.num_blocks
+    resident = set(resident_weights)
+    out = [0.0] * (2 * L + 1)
+    for j in range(L):
+        out[j] = float(per_load[j + 1]) if j + 1 < L else 0.0
+        out[2 * L - j] = float(per_load[j - 1]) if j >= 1 and j - 1 not in resident else 0.0
+    out[L] = 0.0 if L - 1 in resident else float(per_load[L - 1])
+    for s, e in segments_of(tiers):
+        out[2 * L - (e - 1)] += float(sum(per_load[s:e - 1]))
+    return out

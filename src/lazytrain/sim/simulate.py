@@ -20,6 +20,7 @@ from lazytrain.contract import DEVICE_GRAD_BUFFERS, DEVICE_WEIGHT_SLOTS
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.weight_paths import with_weight_paths
 from lazytrain.sim.events import STREAMS, run
 from lazytrain.sim.tasks import build_tasks
 
@@ -165,6 +166,7 @@ def simulate(problem: PlanningProblem, plan: Plan, *,
         ValueError: the plan does not fit the problem or breaks transfer precedence.
     """
     opts = options or SimOptions()
+    problem = with_weight_paths(problem, plan.weight_paths)  # the plan's paths and their bytes
     graph = build_tasks(problem, plan)
     per_ms = 1e-3  # bytes/s -> bytes/ms
     rates = {"compute": 1.0, "host": 1.0, "h2d": problem.h2d_bytes_per_s * per_ms,

@@ -108,13 +108,14 @@ class _Builder:
         return tid
 
     def load(self, block: int, window: str, why: str, *, resident: bool = False) -> int:
-        """Weight load of `block` (h2d, P[block]) into a `weights` pool slot (a resident
-        block's forward load goes to its own buffer instead: no slot)."""
-        tid = self.add(f"W{block} {why}", "h2d", window, self.p.weight_bytes[block],
+        """Weight load of `block` (h2d, `load_bytes[block]`; host conversion of
+        `convert_bytes[block]` on the host_convert path only) into a `weights` pool slot (a
+        resident block's forward load goes to its own buffer instead: no slot)."""
+        tid = self.add(f"W{block} {why}", "h2d", window, self.p.load_bytes[block],
                        kind="weights", block=block, acquire=None if resident else "weights")
-        if self.p.host_convert_bytes_per_s > 0:
+        if self.p.host_convert_bytes_per_s > 0 and self.p.convert_bytes[block] > 0:
             self.add(f"convert W{block} {why}", "host", window,
-                     self.p.weight_bytes[block] / self.p.host_convert_bytes_per_s * 1e3,
+                     self.p.convert_bytes[block] / self.p.host_convert_bytes_per_s * 1e3,
                      kind="convert", block=block)
         self.users[tid] = []
         self.open_loads.add(tid)
