@@ -18,10 +18,10 @@ How the page cache is kept out of the numbers:
   refuses it, ``posix_fadvise(DONTNEED)`` after the fsync and a buffered read.
 On tmpfs all of this is RAM bandwidth (the store warns).
 
-Integrity cost (second table): the store's round trip with the xxh3-64 page digests that
+Integrity cost (second table): the store's round trip with the xxh3-64 extent digests that
 ``NvmeIO`` computes on every write and checks on every read, against the same round trip with
 the two digest calls replaced by no-ops inside this benchmark only (the runtime has no switch to
-turn them off), and the digest rate of one thread alone (GB/s over 4 KiB pages). Ratios
+turn them off), and the digest rate of one thread alone (GB/s over write requests). Ratios
 (checked / unchecked) are what to compare across machines.
 """
 
@@ -43,6 +43,7 @@ from lazytrain.runtime import nvme
 from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.filesystem import filesystem_type
 from lazytrain.runtime.nvme import CHUNK_BYTES, aligned_empty, supports_o_direct
+from lazytrain.runtime.nvme_digest import ExtentSums
 from lazytrain.units import GB
 
 
@@ -173,24 +174,24 @@ def measure_nvme_path(
 
 @contextlib.contextmanager
 def _digests_off():
-    """The store without page digests (benchmark only): record and check become no-ops."""
-    record, check = nvme._PageSums.record, nvme._PageSums.first_mismatch
-    nvme._PageSums.record = lambda self, data, offset: None
-    nvme._PageSums.first_mismatch = lambda self, data, offset: None
+    """The store without extent digests (benchmark only): record and check become no-ops."""
+    record, check = ExtentSums.record, nvme.NvmeIO._check
+    ExtentSums.record = lambda self, data, offset: None
+    nvme.NvmeIO._check = lambda self, key, fd, chunk, offset, sums: None
     try:
         yield
     finally:
-        nvme._PageSums.record, nvme._PageSums.first_mismatch = record, check
+        ExtentSums.record, nvme.NvmeIO._check = record, check
 
 
 def measure_checksum_cost(nvme_dir: Path | str, nbytes: int, *, io_threads: int = 2,
                           direct: bool | None = None, chunk_bytes: int = CHUNK_BYTES,
                           repeats: int = 3) -> dict:
-    """The store's NVMe round trip with and without the page digests, in one run.
+    """The store's NVMe round trip with and without the extent digests, in one run.
 
     Returns:
         dict with GB/s (1e9 B/s) checked_write/read, unchecked_write/read, digest_gb_per_s (one
-        thread hashing 4 KiB pages in memory) and write_ratio / read_ratio (checked /
+        thread hashing write requests in memory) and write_ratio / read_ratio (checked /
         unchecked: 1.0 = free).
     """
     nvme_dir = Path(nvme_dir)
@@ -205,7 +206,8 @@ def measure_checksum_cost(nvme_dir: Path | str, nbytes: int, *, io_threads: int 
             unchecked.append(_store_round_trip(nvme_dir, data, **kw))
     view = memoryview(data.numpy())
     t0 = time.perf_counter()
-    nvme._PageSums.pages(view, 0)
+    for start in range(0, nbytes, chunk_bytes):  # one digest per write request
+        ExtentSums().record(view[start:start + chunk_bytes], start)
     digest_s = time.perf_counter() - t0
     out = {"nbytes": nbytes, "direct": use_direct, "io_threads": io_threads,
            "digest_gb_per_s": nbytes / digest_s / GB}
@@ -219,7 +221,7 @@ def measure_checksum_cost(nvme_dir: Path | str, nbytes: int, *, io_threads: int 
 
 def format_checksum_table(result: dict) -> str:
     """The integrity-cost table: checked vs unchecked GB/s per direction and the ratio."""
-    rows = [f"page digests (xxh3-64 per 4 KiB; one thread hashes {result['digest_gb_per_s']:.2f}"
+    rows = [f"extent digests (xxh3-64 per request; one thread hashes {result['digest_gb_per_s']:.2f}"
             f" GB/s)",
             f"{'direction':<10}{'checked':>10}{'unchecked':>11}{'ratio':>8}"]
     for d in ("write", "read"):

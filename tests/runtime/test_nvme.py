@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -279,16 +280,89 @@ def flip_bit_before_read(path_offset: int):
 
 
 @pytest.mark.parametrize("direct", direct_modes())
-def test_a_flipped_bit_on_the_drive_is_a_checksum_error_naming_the_page(tmp_path, direct):
+def test_a_flipped_bit_on_the_drive_is_a_checksum_error_naming_the_extent(tmp_path, direct):
     require_direct(direct, tmp_path)
     store = make_store(tmp_path, direct, flip_bit_before_read(2 * ALIGN_BYTES + 17))
-    offload(store, 7)
-    with pytest.raises(NvmeIOError, match=r"checksum mismatch \(xxh3-64\) of the 4096-byte "
-                                                r"page at offset 8192") as info:
+    offload(store, 7)  # 8 KiB write requests: byte 8209 is in the extent [8K, 16K)
+    with pytest.raises(NvmeIOError, match=r"checksum mismatch \(xxh3-64\) of bytes "
+                                                r"\[8192, 16384\) \(the 8192-byte extent "
+                                                r"written at offset 8192\)") as info:
         prefetch(store, 7)
     store.close()
     assert_names_boundary_and_path(info.value, tmp_path / "nvme")
     assert list((tmp_path / "nvme").iterdir()) == []
+
+
+def corrupt_byte(path: Path, offset: int) -> None:
+    """Add 1 to the byte of `path` at `offset` (mod 256)."""
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([(byte + 1) % 256]))
+
+
+def written_file(io: NvmeIO, key, nbytes: int, offset: int = 0) -> torch.Tensor:
+    """`nbytes` random bytes written to `key`'s file at `offset` (SMALL_CHUNK_BYTES requests)."""
+    src = aligned_empty(nbytes)
+    src.copy_(random_bytes(nbytes, seed=5))
+    io.wait(io.write(key, src, offset))
+    io.finish_write(key)
+    return src
+
+
+@pytest.mark.parametrize("direct", direct_modes())
+@pytest.mark.parametrize("bad, extent", [(0, "[0, 8192)"), (8192 + 4095, "[8192, 16384)"),
+                                         (16384 + 5000, "[16384, 24576)")])
+def test_a_corrupted_byte_is_an_error_naming_the_write_extent_that_holds_it(tmp_path, direct,
+                                                                            bad, extent):
+    # three write requests of 8 KiB: extents [0, 8K), [8K, 16K), [16K, 24K)
+    require_direct(direct, tmp_path)
+    io = NvmeIO(tmp_path, chunk_bytes=SMALL_CHUNK_BYTES, direct=direct)
+    try:
+        written_file(io, (2, 1), 6 * ALIGN_BYTES)
+        corrupt_byte(io.path_for((2, 1)), bad)
+        with pytest.raises(NvmeIOError, match=re.escape(f"of bytes {extent} (the 8192-byte "
+                                                        f"extent written at offset")) as info:
+            io.wait(io.read((2, 1), aligned_empty(6 * ALIGN_BYTES), 0))
+        assert info.value.boundary == 2 and info.value.micro_batch == 1
+    finally:
+        io.close()
+
+
+@pytest.mark.parametrize("direct", direct_modes())
+def test_a_read_ending_inside_an_extent_checks_that_whole_extent(tmp_path, direct):
+    # the read [0, 12K) covers extent [8K, 16K) in part; the byte at 13000 lies outside the
+    # read but inside that extent: the extent is read again whole and its digest differs
+    require_direct(direct, tmp_path)
+    io = NvmeIO(tmp_path, chunk_bytes=SMALL_CHUNK_BYTES, direct=direct)
+    try:
+        src = written_file(io, (3, 0), 6 * ALIGN_BYTES)
+        dst = aligned_empty(6 * ALIGN_BYTES)
+        io.wait(io.read((3, 0), dst[:3 * ALIGN_BYTES], 0))  # intact file: passes
+        assert torch.equal(dst[:3 * ALIGN_BYTES], src[:3 * ALIGN_BYTES])
+        corrupt_byte(io.path_for((3, 0)), 13000)
+        with pytest.raises(NvmeIOError, match=re.escape("of bytes [8192, 16384)")):
+            io.wait(io.read((3, 0), dst[:3 * ALIGN_BYTES], 0))
+    finally:
+        io.close()
+
+
+def test_reads_are_cut_at_the_written_extents_boundaries(tmp_path):
+    # written at 4 KiB in 8 KiB requests: extents [4K, 12K), [12K, 20K), [20K, 24K); a read of
+    # [0, 24K) in 8 KiB requests from 0 would straddle every extent, so it is cut at them
+    seen = []
+    io = NvmeIO(tmp_path, chunk_bytes=SMALL_CHUNK_BYTES, direct=False,
+                fault_hook=lambda e: seen.append((e.op, e.offset, e.nbytes)))
+    try:
+        src = written_file(io, (4, 0), 5 * ALIGN_BYTES, offset=ALIGN_BYTES)
+        dst = aligned_empty(6 * ALIGN_BYTES)
+        io.wait(io.read((4, 0), dst, 0))
+        assert sorted(r[1:] for r in seen if r[0] == "read") == [
+            (0, 4096), (4096, 8192), (12288, 8192), (20480, 4096)]
+        assert torch.equal(dst[ALIGN_BYTES:], src)
+    finally:
+        io.close()
 
 
 @pytest.mark.parametrize("direct", direct_modes())

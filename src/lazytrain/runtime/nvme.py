@@ -20,12 +20,15 @@ Durability: the files are scratch that lives for one training step and is read b
 process, so nothing is fsync'ed (a crash loses the step anyway; see ``ActivationStore`` for the
 cleanup of files on exit).
 
-Integrity: every written 4 KiB page gets an xxh3-64 digest (kept in memory: 10 B per page, 0.25%
-of the NVMe bytes), and every page read back is checked against it, so a flipped bit or a file
-changed by someone else is a ``NvmeIOError`` naming the page, not silently wrong
-gradients. The store always moves whole 4 KiB pages (padded lengths, aligned offsets); a
-partial last page is checked when it is read with the length it was written with. Cost:
-``benchmarks/nvme_io.py``.
+Integrity: every write request (an extent of at most ``chunk_bytes``) gets one xxh3-64 digest
+(kept in memory: 24 B per extent), and every read is checked against the digests of the
+extents it covers, so a flipped bit or a file changed by someone else is a ``NvmeIOError``
+naming the damaged extent's byte range, not silently wrong gradients. Reads are cut at the
+written extents' boundaries, so an extent a read covers whole is checked from the bytes just
+read in one call; one a read covers in part (a fractional read ending inside it) is read again
+whole into scratch memory and checked (at most two per read call; those extra bytes are not
+booked as moved). Cost: ``benchmarks/nvme_digest.py`` (per 4 MiB) and ``benchmarks/nvme_io.py``
+(the round trip).
 
 Stuck drives: ``wait`` gives up after ``timeout_s`` (``runtime.nvme_timeout_s``) with
 ``NvmeTimeoutError`` naming the boundary and the file, instead of hanging the step forever.
@@ -44,14 +47,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-import xxhash
 
 from lazytrain.atomic import open_nofollow
 from lazytrain.contract import ALIGN_BYTES
 from lazytrain.runtime.device import Device
 from lazytrain.runtime.errors import NvmeIOError, boundary_label
+from lazytrain.runtime.nvme_digest import ExtentSums, damaged_extent
 from lazytrain.runtime.filesystem import warn_if_ram_filesystem
 
 # ALIGN_BYTES (`lazytrain.contract`): the alignment of O_DIRECT buffers, offsets and lengths,
@@ -65,10 +67,6 @@ and small enough that a few threads keep several requests in flight."""
 Key = tuple[int, int]
 """(boundary, micro_batch) identifying one checkpoint file."""
 
-PAGE_BYTES = ALIGN_BYTES
-"""Granularity of the integrity digests (bytes): ALIGN_BYTES, the unit every request of the
-store is made of."""
-
 DEFAULT_TIMEOUT_S = 300.0
 """Default limit of one wait for NVMe requests (s): far above any window's transfers (GBs at
 GB/s), far below "forever"; `runtime.nvme_timeout_s` sets it."""
@@ -76,59 +74,6 @@ GB/s), far below "forever"; `runtime.nvme_timeout_s` sets it."""
 
 class NvmeTimeoutError(NvmeIOError):
     """NVMe requests did not finish within `timeout_s` (a stuck or failing drive)."""
-
-
-class _PageSums:
-    """xxh3-64 digest and length of every written page of one file (numpy, grown on demand)."""
-
-    def __init__(self) -> None:
-        self.digest = np.zeros(0, dtype=np.uint64)
-        self.length = np.zeros(0, dtype=np.uint16)  # 0: page not written
-        self.lock = threading.Lock()  # chunks of one file are written by several threads
-
-    def _grow(self, pages: int) -> None:
-        if pages > len(self.digest):
-            size = max(pages, 2 * len(self.digest))
-            self.digest = np.concatenate([self.digest, np.zeros(size - len(self.digest),
-                                                                dtype=np.uint64)])
-            self.length = np.concatenate([self.length, np.zeros(size - len(self.length),
-                                                                dtype=np.uint16)])
-
-    @staticmethod
-    def pages(data: memoryview, offset: int):
-        """(first page index, xxh3-64 digests [n] uint64, lengths [n] uint16) of the pages of
-        `data` at file `offset`; None when `offset` is not page-aligned (not checked)."""
-        if offset % PAGE_BYTES or not len(data):
-            return None
-        digest = xxhash.xxh3_64_intdigest
-        sums = np.fromiter((digest(data[a:a + PAGE_BYTES])
-                            for a in range(0, len(data), PAGE_BYTES)), dtype=np.uint64)
-        lengths = np.full(len(sums), PAGE_BYTES, dtype=np.uint16)
-        lengths[-1] = len(data) - (len(sums) - 1) * PAGE_BYTES
-        return offset // PAGE_BYTES, sums, lengths
-
-    def record(self, data: memoryview, offset: int) -> None:
-        """Remember the digests of `data`, just written at `offset`."""
-        pages = self.pages(data, offset)  # hashed outside the lock
-        if pages is not None:
-            first, sums, lengths = pages
-            with self.lock:
-                self._grow(first + len(sums))
-                self.digest[first:first + len(sums)] = sums
-                self.length[first:first + len(sums)] = lengths
-
-    def first_mismatch(self, data: memoryview, offset: int) -> int | None:
-        """File offset of the first page of `data` (just read at `offset`) whose digest differs
-        from the written one; None when all match (pages never written, or written with
-        another length, are not checked)."""
-        pages = self.pages(data, offset)
-        if pages is None:
-            return None
-        first, sums, lengths = pages
-        n = max(0, min(len(sums), len(self.length) - first))
-        known = self.length[first:first + n] == lengths[:n]
-        bad = np.flatnonzero(known & (self.digest[first:first + n] != sums[:n]))
-        return int(first + bad[0]) * PAGE_BYTES if len(bad) else None
 
 
 def align_down(nbytes: int) -> int:
@@ -314,7 +259,7 @@ class NvmeIO:
         self._read_fds: dict[Key, int] = {}
         self._files: dict[Key, Path] = {}
         self._pending: dict[Key, list[Future]] = {}
-        self._sums: dict[Key, _PageSums] = {}  # integrity digests of each file's pages
+        self._sums: dict[Key, ExtentSums] = {}  # integrity digests of each file's extents
         self._stuck = False  # a wait timed out: cleanup no longer waits for the drive
         self._closed = False
 
@@ -355,7 +300,7 @@ class NvmeIO:
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.direct else 0)
             fd = self._open(key, "open_write", flags)
             self._write_fds[key] = fd
-            self._sums[key] = _PageSums()  # a new file: forget the old one's digests
+            self._sums[key] = ExtentSums()  # a new file: forget the old one's digests
         return self._submit(key, "write", fd, buffer, offset, wait_for)
 
     def read(self, key: Key, buffer: torch.Tensor, offset: int) -> list[Future]:
@@ -490,11 +435,15 @@ class NvmeIO:
         self.device.ledger.moved(f"nvme_{op}", nbytes)  # booked to the issuing window
         view = buffer.numpy()  # shares memory; os.pwrite/preadv use the buffer without a copy
         job = self._write_chunk if op == "write" else self._read_chunk
+        sums = self._sums.get(key) if op == "read" else None
+        pieces = (sums.split(offset, offset + nbytes, self.chunk_bytes) if sums is not None
+                  else [(offset + a, offset + min(a + self.chunk_bytes, nbytes))
+                        for a in range(0, nbytes, self.chunk_bytes)])
         futures = []
-        for start in range(0, nbytes, self.chunk_bytes):
-            chunk = memoryview(view[start : start + self.chunk_bytes])
-            part = buffer[start : start + self.chunk_bytes]
-            future = self.device.submit(self._pool, job, key, fd, chunk, part, offset + start,
+        for a, b in pieces:  # file offsets; reads cut at the written extents' boundaries
+            chunk = memoryview(view[a - offset : b - offset])
+            part = buffer[a - offset : b - offset]
+            future = self.device.submit(self._pool, job, key, fd, chunk, part, a,
                                         wait_for, channel=f"nvme_{op}")
             future.lazytrain_key = key  # type: ignore[attr-defined]  # named by a timeout
             futures.append(future)
@@ -537,12 +486,35 @@ class NvmeIO:
             # A regular file returns fewer bytes than asked only at end of file: it was truncated.
             raise self._error(key, f"read from {path}", f"short read: {done} of {len(chunk)} bytes at offset {offset}")
         sums = self._sums.get(key)
-        bad = sums.first_mismatch(chunk, offset) if sums is not None else None
+        if sums is not None:
+            self._check(key, fd, chunk, offset, sums)
+
+    def _check(self, key: Key, fd: int, chunk: memoryview, offset: int,
+               sums: ExtentSums) -> None:
+        """Check `chunk`, just read at file `offset`, against the file's extent digests
+        (`runtime.nvme_digest.damaged_extent`).
+
+        Raises:
+            NvmeIOError: an extent's bytes differ from the ones written, naming the extent's
+                byte range [start, end) and the file.
+        """
+        bad = damaged_extent(sums, chunk, offset, lambda a, b: self._read_extent(fd, a, b))
         if bad is not None:
-            raise self._error(key, f"read from {path}", f"checksum mismatch (xxh3-64) of the "
-                              f"{PAGE_BYTES}-byte page at offset {bad}: the bytes read are not "
-                              f"the bytes written (a flipped bit on the drive, or another "
-                              f"process wrote the file)")
+            a, b = bad
+            raise self._error(key, f"read from {self.path_for(key)}",
+                              f"checksum mismatch (xxh3-64) of bytes [{a}, {b}) (the "
+                              f"{b - a}-byte extent written at offset {a}): the bytes read "
+                              f"are not the bytes written (a flipped bit on the drive, or "
+                              f"another process wrote the file)")
+
+    def _read_extent(self, fd: int, start: int, end: int) -> memoryview | None:
+        """Bytes [start, end) of the file into a fresh aligned buffer (O_DIRECT-safe: extents
+        of an O_DIRECT file are aligned); None when the file ends before `end`."""
+        view = memoryview(aligned_empty(end - start).numpy())
+        try:
+            return view if os.preadv(fd, [view], start) == end - start else None
+        except OSError:
+            return None
 
     def _busy(self, channel: str, t0: float) -> None:
         """The drive's busy time of one chunk, for the device's observer (runtime/instrument)."""
