@@ -485,6 +485,7 @@ class Engine:
         """HF parameter name -> accumulated gradient (views in the master dtype, fp32 or bf16;
         tied head not repeated)."""
         self.drain.flush()
+        self._host_reads("gradient", "gradients()")
         return self.params.named_grads()
 
     def named_masters(self) -> dict[str, torch.Tensor]:
@@ -492,6 +493,7 @@ class Engine:
         queued update: what checkpoints save (bf16 masters are written as bf16) and the
         evaluation model loads (`load_state_dict` upcasts)."""
         self.optimizer.wait_all()
+        self._host_reads("master", "named_masters()")
         return self.params.named_master()
 
     def named_parameters_fp32(self) -> dict[str, torch.Tensor]:
@@ -503,8 +505,18 @@ class Engine:
         them bit for bit (fp32 -> bf16 of an upcast value is exact).
         """
         self.optimizer.wait_all()
+        self._host_reads("master", "named_parameters_fp32()")
         return {name: (t if t.dtype == torch.float32 else t.float())
                 for name, t in self.params.named_master().items()}
+
+    def _host_reads(self, what: str, caller: str) -> None:
+        """Declare the calling thread's read of every group's `what` ("master" or "gradient")
+        to the device API (`host_access`): the caller reads them next (a checkpoint save, the
+        evaluation model), so `cpu-checked` checks that every update and accumulation writing
+        them is ordered before it."""
+        for g in self.params.groups:
+            self.dev.host_access(g.master if what == "master" else g.grad, write=False,
+                                 what=f"{what} read by {caller}")
 
     def state_dict(self) -> dict:
         """Optimizer states (per group) and RNG states; weights are saved by `save_hf_dir`."""

@@ -29,9 +29,9 @@ and the buffer):
    when every access from another stream is ordered before its allocating stream's next work,
    unless `record_stream` named that stream; a pool buffer is `recycle`d only when every access
    of other actors is ordered before the recycling thread.
-   Pinned buffers are exempt from the free rule (the runtime frees them only at `close` or
-   when a pool drops cached buffers, after synchronizing their copies); their reuse through a
-   pool is what `recycle` checks.
+   A pinned buffer (its pages unregistered and freed on CUDA, under any copy still running)
+   is freed only when every access of another actor is ordered before the freeing thread (a
+   host wait or synchronize), like a `recycle`; other host buffers are not checked at free.
 
 Out of scope (documented limits): cross-process ordering of node-shared master weights (the
 owner updates in place while peers copy; the data-parallel protocol orders it with collectives)
@@ -223,6 +223,11 @@ class CheckedDevice(Device):
         with self._lock:
             if self._buffers.get(ptr) is buf:
                 del self._buffers[ptr]
+            if buf.pinned:
+                self._check_unused(buf, 0, 1 << 62, "free of the last reference of a pinned "
+                                   "buffer", "a pinned buffer is freed only after every access "
+                                   "of other actors completed (host wait or synchronize)",
+                                   now=False)
             if buf.host:
                 return
             freer = _joined(self._clock(buf.alloc_actor), self._clock(self._thread_actor()))
@@ -325,13 +330,20 @@ class CheckedDevice(Device):
             buf = self._buffer(tensor, actor=self._thread_actor(), epoch=0)
             if buf is None:
                 return
-            actor = self._thread_actor()
             start, end = self._span(tensor)
-            for a in buf.accesses:
-                if a.end > start and a.start < end and not self._ordered(actor, a):
-                    self._violate(buf, f"{a.op} on {a.actor}", f"return to its pool on {actor}",
-                                  "a buffer goes back to a pool only after every access from "
-                                  "other streams completed (host synchronize)")
+            self._check_unused(buf, start, end, f"return to its pool on {self._thread_actor()}",
+                               "a buffer goes back to a pool only after every access from "
+                               "other streams completed (host synchronize)")
+
+    def _check_unused(self, buf: _Buffer, start: int, end: int, what: str, rule: str, *,
+                      now: bool = True) -> None:
+        """Every access of bytes [start, end) of `buf` by another actor is ordered before the
+        calling thread, or a violation (`what` names the release)."""
+        actor = self._thread_actor()
+        for a in buf.accesses:
+            if a.end > start and a.start < end and not self._ordered(actor, a):
+                self._violate(buf, f"{a.op} on {a.actor}", what, rule, now=now)
+                return
 
     def host_access(self, tensor: torch.Tensor, *, write: bool, what: str) -> None:
         with self._lock:

@@ -208,12 +208,18 @@ class DeviceWeights:
 
     def release(self, handle: WeightHandle) -> None:
         """Return the slot; its next load waits for the compute queued so far (also when the
-        handle's conversion job failed: the slot is free again, the error propagates)."""
+        handle's conversion job failed: the slot is free again, the error propagates).
+
+        A resident buffer is freed when the caller drops the handle, which a failed step does
+        before compute waited for its H2D: the allocator keeps its memory until the h2d stream's
+        queued work ran (`record_stream`; no wait)."""
         try:
             self.event_of(handle)  # its job has queued the copy before the slot is reused
         finally:
             if handle.slot is not None:
                 self._free_slot(handle.slot)
+            elif handle.event is not None:
+                self.device.record_stream(handle.flat, self.h2d)
 
     def _free_slot(self, slot: int) -> None:
         self.free_events[slot] = self.device.record(self.device.compute)
