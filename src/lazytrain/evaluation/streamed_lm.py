@@ -136,7 +136,7 @@ class StreamedLM:
 
     def _prepare(self) -> None:
         """The ends on the device (kept: they are small beside the blocks), the two weight
-        slots (stream) or every block (resident)."""
+        slots (streamed) or every block (resident)."""
         params = self.adapter.params
         if self.mode == "host":
             return
