@@ -26,9 +26,9 @@ from torch import nn
 from torch.func import functional_call
 
 from lazytrain.contract import IGNORE_INDEX
-from lazytrain.models.families import (LAYOUTS, DecoderLayout, _get, cache_keyword,
-                                       layer_attention_type, layer_mask_key, mask_builder,
-                                       resolve_layout)
+from lazytrain.models.families import (LAYOUTS, DecoderLayout, _get, accepts_causal_skip,
+                                       cache_keyword, layer_attention_type, layer_mask_key,
+                                       mask_builder, resolve_layout)
 from lazytrain.models.host_params import HostParams
 from lazytrain.models.router_aux import RouterAux, router_class
 from lazytrain.models.truncate import stand_in_tails, tail_stand_ins
@@ -123,6 +123,8 @@ class ModelAdapter:
         # family allows it; benchmarks turn it off to measure the full re-forward beside it
         self.truncated_reforward = layout.full_reforward_reason is None
         self._tails = [tail_stand_ins(b) for b in self.blocks]
+        self._per_shape: dict[tuple, dict] = {}  # (B, S, dtype, device) -> masks and ropes
+        self._rotaries: dict[torch.device, nn.Module] = {}  # device -> rotary copy there
         model.train()  # dropout active: the engine trains
 
     # --- names ---------------------------------------------------------------------------------
@@ -148,7 +150,8 @@ class ModelAdapter:
 
     def block_kwargs(self, input_ids: torch.Tensor, hidden: torch.Tensor, *,
                      attention_mask: torch.Tensor | None = None,
-                     position_ids: torch.Tensor | None = None, cache=None) -> list[dict]:
+                     position_ids: torch.Tensor | None = None, cache=None,
+                     padded: bool | None = None, packed: bool | None = None) -> list[dict]:
         """Forward kwargs of every block for one micro-batch, computed once.
 
         Args:
@@ -161,6 +164,13 @@ class ModelAdapter:
                 (training). With a cache, `attention_mask` spans the cached and the new tokens,
                 position ids come from left padding (not packing), and every dict also holds
                 the cache, which each block's attention appends its keys and values to.
+            padded, packed: facts the caller read on the host batch before its H2D (`None`:
+                unknown, HF reads the device tensors, a device sync each): whether
+                `attention_mask` masks any token, and whether `position_ids` step by other than
+                1 inside a row (HF's packed-sequence test; the caller ran `check_packing`).
+                Without padding, position ids and cache, the masks and the rotary tables depend
+                on the shape only: built on the device once per shape and reused; with padding,
+                the masks skip HF's "all ones?" test.
 
         Returns:
             one dict per block: `position_embeddings` (the rotary module's output: (cos, sin),
@@ -172,17 +182,26 @@ class ModelAdapter:
             (kind, window) share one mask object.
         """
         B, S = input_ids.shape
+        if padded is False:
+            attention_mask = None  # all ones: HF would find that on the device
+        shape_only = cache is None and attention_mask is None and position_ids is None
         if position_ids is None:
             position_ids = torch.arange(S, device=hidden.device).unsqueeze(0)
-        elif cache is None:
-            self._check_packing(position_ids)
-        masks: dict[tuple[str, int | None], object] = {}
-        ropes: dict[str | None, object] = {}
+            mask_positions = None  # HF's packing test would find none
+        else:
+            if cache is None and packed is None:
+                self.check_packing(position_ids)
+            mask_positions = None if packed is False else position_ids
+        shared = self._per_shape.setdefault((B, S, hidden.dtype, hidden.device), {}) \
+            if shape_only else {}
+        masks = shared.setdefault("masks", {})
+        ropes = shared.setdefault("ropes", {})
         out = []
         for layer in self.blocks:
             key = layer_mask_key(layer, self.config, self.layout)
             if key not in masks:
-                masks[key] = self._mask(key, hidden, attention_mask, position_ids, cache)
+                masks[key] = self._mask(key, hidden, attention_mask, mask_positions, cache,
+                                        skip_test=not padded)
             rope_kind = layer_attention_type(layer) if self.layout.rotary_per_layer_type else None
             if rope_kind not in ropes:
                 ropes[rope_kind] = self._rope(hidden, position_ids, rope_kind)
@@ -196,17 +215,26 @@ class ModelAdapter:
         """The rotary module's output on `hidden`'s device: (cos, sin) [B or 1, S, head_dim]
         for most families, one complex freqs_cis tensor for DeepSeek-V2; `kind` is the layer
         kind for a per-kind rotary (Gemma3), None otherwise."""
-        rotary_device = next(iter(self.rotary.buffers())).device
+        rotary = self._rotary_on(hidden.device)
         # HF's rotary reads only the dtype and device of its first argument: an empty tensor,
-        # not [B, S, H] copied to the rotary's device (a device-to-host sync per micro-batch)
-        probe = torch.empty(0, dtype=hidden.dtype, device=rotary_device)
-        args = (probe, position_ids.to(rotary_device))
-        rope = self.rotary(*args) if kind is None else self.rotary(*args, kind)
-        return (tuple(t.to(hidden.device) for t in rope) if isinstance(rope, tuple)
-                else rope.to(hidden.device))
+        # not [B, S, H]; it runs on the device (no D2H of the positions, no pageable H2D back)
+        probe = torch.empty(0, dtype=hidden.dtype, device=hidden.device)
+        args = (probe, position_ids)
+        return rotary(*args) if kind is None else rotary(*args, kind)
 
-    def _check_packing(self, position_ids: torch.Tensor) -> None:
-        """Refuse packed rows (positions restart inside a row) on linear-attention layers.
+    def _rotary_on(self, device: torch.device) -> nn.Module:
+        """The rotary module with its buffers (inverse frequencies, a few KB) on `device`: the
+        model's own where they live, else a copy made once per device."""
+        if next(iter(self.rotary.buffers())).device == device:
+            return self.rotary
+        if device not in self._rotaries:
+            self._rotaries[device] = copy.deepcopy(self.rotary).to(device)
+        return self._rotaries[device]
+
+    def check_packing(self, position_ids: torch.Tensor) -> bool:
+        """Whether rows are packed (positions restart inside a row: read on the tensor's
+        device, so a caller avoids a device sync by passing the host batch's); refused on
+        linear-attention layers.
 
         The Gated-DeltaNet torch fallback that HF runs without flash-linear-attention ignores
         `cu_seqlens` and its causal conv1d spans the whole row, so a packed document would read
@@ -217,25 +245,32 @@ class ModelAdapter:
         """
         restarts = position_ids[..., 1:] <= position_ids[..., :-1]
         if not bool(restarts.any()):
-            return
+            return False
         linear = [j for j, b in enumerate(self.blocks)
                   if layer_attention_type(b) == "linear_attention"]
         if linear:
             raise ValueError(f"data.packing: packed sequences are not isolated in the "
                              f"linear-attention layers {linear[:4]} (torch fallback of the gated "
                              f"delta rule has no cu_seqlens); disable packing for this model")
+        return True
 
     def _mask(self, key: tuple[str, int | None], hidden: torch.Tensor,
-              attention_mask: torch.Tensor | None, position_ids: torch.Tensor, cache=None):
+              attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None, cache=None,
+              *, skip_test: bool = True):
         """HF's mask for one (kind, sliding window); the window is the layer's own, so a
-        config copy carries it when it differs from the config's."""
+        config copy carries it when it differs from the config's. `skip_test` False: the mask
+        is known to pad some token, so HF's "all ones, use is_causal?" test (a device sync) is
+        not run where the builder takes `allow_is_causal_skip` (its answer would be no)."""
         kind, window = key
         config = self.config
         if window is not None and window != getattr(config, "sliding_window", None):
             config = copy.copy(config)
             config.sliding_window = window
-        return mask_builder(kind, cache=cache)(config=config, inputs_embeds=hidden,
-                                  attention_mask=attention_mask, position_ids=position_ids)
+        build = mask_builder(kind, cache=cache)
+        extra = {} if skip_test or not accepts_causal_skip(kind) else \
+            {"allow_is_causal_skip": False}
+        return build(config=config, inputs_embeds=hidden, attention_mask=attention_mask,
+                     position_ids=position_ids, **extra)
 
     @property
     def router_aux_enabled(self) -> bool:

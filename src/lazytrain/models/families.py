@@ -211,6 +211,13 @@ def mask_builder(kind: str, *, cache=None):
     return lambda **kwargs: fn(**kwargs, **{cache_keyword(fn): cache})
 
 
+def accepts_causal_skip(kind: str) -> bool:
+    """Whether HF's mask function for layer kind `kind` takes `allow_is_causal_skip` (the
+    causal and sliding-window builders: False skips their "padding mask all ones?" test)."""
+    fn = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.get(kind)
+    return callable(fn) and "allow_is_causal_skip" in inspect.signature(fn).parameters
+
+
 def cache_keyword(fn) -> str:
     """The name transformers gives the KV cache argument of `fn` (a mask function or a decoder
     layer's forward): `cache` (newer releases) or `past_key_values` (5.17, the oldest version

@@ -58,7 +58,7 @@ class RouterAux:
         self.mask = None if attention_mask is None else attention_mask.reshape(-1).float()
         self.counts: torch.Tensor | None = None  # [E] fp32, masked top-k assignments
         self.prob_sum: torch.Tensor | None = None  # [E] fp32, masked router probabilities
-        self.rows = 0.0
+        self.rows: torch.Tensor | float = 0.0  # 0-dim fp32 on the device once counted
 
     def _weights(self, logits: torch.Tensor) -> torch.Tensor:
         if self.mask is None:
@@ -77,14 +77,15 @@ class RouterAux:
             self.counts = counts if self.counts is None else self.counts + counts
             psum = (probs * m.unsqueeze(-1)).sum(0)
             self.prob_sum = psum if self.prob_sum is None else self.prob_sum + psum
-            self.rows += float(m.sum())
+            self.rows = self.rows + m.sum()  # stays on the device: no sync per block
 
-    def loss(self) -> float:
-        """coef * aux for the micro-batch (after every block's forward)."""
+    def loss(self) -> torch.Tensor | float:
+        """coef * aux for the micro-batch (after every block's forward): a 0-dim fp32 device
+        tensor (read on the host only at the step's end), 0.0 without routers."""
         if self.counts is None:
             return 0.0
         f, P = self.counts / self.rows, self.prob_sum / self.rows
-        return self.coef * self.E * float((f * P).sum())
+        return self.coef * self.E * (f * P).sum().detach()
 
     def block_term(self, logits: list[torch.Tensor]) -> torch.Tensor | None:
         """coef * aux_l of one block from its re-forward's router logits (with autograd);

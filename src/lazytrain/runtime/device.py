@@ -404,6 +404,13 @@ class Device:
             return contextlib.nullcontext()
         return _Scope(self._scope, ComputeAllocations(self.ledger))
 
+    def sync_audit(self, phase: str):
+        """Context on the engine's thread: the implicit host-device syncs made inside it (a
+        device tensor's `item`, `float`, `bool`, `tolist`, `.cpu()`) are counted under `phase`
+        ("micro_batch", "step_end") where the backend audits them (`cpu-checked`:
+        `runtime/sync_audit.py`); elsewhere it does nothing."""
+        return contextlib.nullcontext()
+
     def timing_event(self, stream: Stream | None = None):
         """A timestamp on `stream` (default compute): a CUDA timing event, or wall-clock s."""
         return time.perf_counter()

@@ -128,16 +128,16 @@ class ResidentEnds:
             return self.adapter.embed(input_ids, self._view(self.adapter.embed_name))
 
     def head_and_loss(self, h: torch.Tensor, targets: torch.Tensor, tokens: int
-                      ) -> tuple[float, torch.Tensor]:
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """`head_loss_chunks` on the resident weights, into the ends gradient.
 
         Returns:
-            (the loss summed over the chunks, d loss / d h [B, S, H]).
+            (the loss summed over the chunks: a 0-dim fp32 device tensor, left there so that
+            the host does not wait for the device each micro-batch, d loss / d h [B, S, H]).
         """
-        total, grad_h = head_loss_chunks(self.adapter, self.group, weights=self.weights,
-                                         grad=self.grad, h=h, targets=targets, tokens=tokens,
-                                         chunk_tokens=self.head_chunk_tokens)
-        return float(total), grad_h  # sync point: one per micro-batch
+        return head_loss_chunks(self.adapter, self.group, weights=self.weights, grad=self.grad,
+                                h=h, targets=targets, tokens=tokens,
+                                chunk_tokens=self.head_chunk_tokens)
 
     def embed_backward(self, input_ids: torch.Tensor, grad: torch.Tensor) -> None:
         """d loss / d embedding weight from `grad` = d loss / d boundary 0 [B, S, H], added in

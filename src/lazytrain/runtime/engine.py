@@ -27,7 +27,7 @@ from contextlib import contextmanager, suppress
 import torch
 
 from lazytrain.contract import TRANSFER_ORDER, TURN_WINDOW, backward_window, forward_window
-from lazytrain.models.adapter import IGNORE_INDEX, ModelAdapter
+from lazytrain.models.adapter import ModelAdapter
 from lazytrain.planner.budgets import plan_budgets
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.activations import ActivationStore
@@ -35,7 +35,7 @@ from lazytrain.runtime.block_autograd import flat_grad, grad_leaves, replay_rng,
 from lazytrain.runtime.engine_config import COMPUTE_DTYPES, EngineSettings, StepStats
 from lazytrain.runtime.ends import ResidentEnds
 from lazytrain.runtime.instrument import Instrument
-from lazytrain.runtime.micro_batch import MicroBatch, prepare_micro_batch
+from lazytrain.runtime.micro_batch import MicroBatch, label_tokens, prepare_micro_batch
 from lazytrain.runtime.optim import BlockOptimizer, clip_scale, global_grad_norm
 from lazytrain.runtime.streams import DeviceWeights, GradDrain, WindowMeter
 
@@ -179,28 +179,32 @@ class Engine:
         self.meter.reset()
         if self.instrument is not None:
             self.instrument.begin_step()  # also: this thread's waits are the engine's
+        # label tokens from the host batches, before their H2D (no device sync)
+        tokens = sum(label_tokens(b) for b in micro_batches)
         mbs = [self._prepare(m, b) for m, b in enumerate(micro_batches)]
-        tokens = int(sum((mb.targets != IGNORE_INDEX).sum() for mb in mbs))
         if self.grad_sync is not None:  # normalise by the global batch's label tokens
             tokens = int(self.grad_sync.all_sum(tokens))
         self.optimizer.wait(self.params.ends)  # the ends' pending update
         self.ends.load(self.weights)
-        loss = 0.0
+        loss = 0.0  # a device tensor after the first micro-batch: read once, at the step's end
         try:
             for mb in mbs:
                 if self.instrument is not None:
                     self.instrument.begin_micro_batch(mb.index)
                 final = mb.index == len(mbs) - 1
-                # boundary L and d loss / d boundary L are handed from call to call, never
-                # held by a local here: the plan stops counting them after turn and b{L-1}
-                loss_mb, *grad = self.head_and_loss(mb, self.forward_blocks(mb), tokens)
-                self.backward_segments(mb, grad.pop(), step_lr=step_lr if final else None)
-                mb.kwargs = []  # its masks and rotary tables: the plan counts one micro-batch's
-                loss += loss_mb
+                with self.dev.sync_audit("micro_batch"):
+                    # boundary L and d loss / d boundary L are handed from call to call, never
+                    # held by a local here: the plan stops counting them after turn and b{L-1}
+                    loss_mb, *grad = self.head_and_loss(mb, self.forward_blocks(mb), tokens)
+                    self.backward_segments(mb, grad.pop(), step_lr=step_lr if final else None)
+                    mb.kwargs = []  # its masks and rotary tables (the plan counts one mb's)
+                    loss = loss + loss_mb
         except BaseException:
             self._release_weights(mbs)  # a failed step gives its weight slots back
             raise
         self.drain.flush()
+        with self.dev.sync_audit("step_end"):
+            loss = float(loss)  # the step's one explicit sync for the loss
         if self.grad_sync is not None:
             loss = self.grad_sync.all_sum(loss)
         return loss, tokens
@@ -225,11 +229,12 @@ class Engine:
         return h
 
     def head_and_loss(self, mb: MicroBatch, h: torch.Tensor, tokens: int
-                      ) -> tuple[float, torch.Tensor]:
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """turn: final norm, LM head and loss in sequence chunks, and their backward.
 
         Returns:
-            (this micro-batch's share of the step loss, d loss / d boundary L [B, S, H]).
+            (this micro-batch's share of the step loss, a 0-dim fp32 device tensor,
+            d loss / d boundary L [B, S, H]).
         """
         L = self.L
         with self.window(TURN_WINDOW):

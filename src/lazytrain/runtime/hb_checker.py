@@ -53,6 +53,7 @@ from torch.utils._pytree import tree_flatten
 
 from lazytrain.errors import JobFailure
 from lazytrain.runtime.device import Device, Event, Stream
+from lazytrain.runtime.sync_audit import SyncAudit
 
 PRUNE_AT = 48
 """Accesses kept per buffer before ordered-for-everyone ones are dropped (bookkeeping only)."""
@@ -122,6 +123,8 @@ class CheckedDevice(Device):
         self._pending: OrderingViolation | None = None
         self.violations: list[OrderingViolation] = []
         self.ops_logged = 0
+        self.implicit_syncs: dict[str, list[str]] = {}
+        """Phase -> implicit syncs on device tensors seen there (`sync_audit`)."""
 
     # --- clocks ------------------------------------------------------------------------------
 
@@ -406,6 +409,11 @@ class CheckedDevice(Device):
         # the thread entering it runs the compute stream (the engine's thread)
         return _Nested(super().compute_scope(allocations=allocations),
                        _ScopeGuard(self, compute=True))
+
+    def sync_audit(self, phase: str):
+        """Count the implicit syncs on device tensors (not declared host buffers) made inside
+        into `implicit_syncs[phase]` (`runtime/sync_audit.py`)."""
+        return SyncAudit(lambda t: not self._is_host(t), phase=phase, record=self.implicit_syncs)
 
     @contextlib.contextmanager
     def _suspended(self):

@@ -122,7 +122,7 @@ class Instrument:
         self._open: _Window | None = None
         self._mb: int | None = None
         self._mb_windows: list[_Window] = []
-        self._records: list[dict] = []
+        self._records: list[tuple[dict, list[_Window]]] = []  # (host figures, windows)
         self._ledger_seen: dict[str, dict[str, int]] = {}
 
     # --- wiring ------------------------------------------------------------------------------
@@ -192,44 +192,54 @@ class Instrument:
     def take_records(self) -> list[dict]:
         """The step's records, one per micro-batch (schema without "step"); clears them.
 
-        On CUDA this synchronizes on the last event (sync point; call once per step).
+        The timing events of every micro-batch are resolved here, once per step (on CUDA a
+        sync on the last event: the step's end); a micro-batch's end only takes the host-side
+        figures (peaks, ledger), so no micro-batch waits for the device.
         """
         self._finish_micro_batch()
-        out, self._records = self._records, []
+        out = []
+        for record, windows in self._records:
+            resolved = [self._resolve(w) for w in windows]
+            for w, figures in zip(resolved, record.pop("ledger_windows")):
+                w["bytes"] = dict(figures["moved"])
+                w["ledger"] = figures
+            out.append({**record, "windows": resolved})
+        self._records = []
         self._ledger_seen = {}
         return out
 
     def _finish_micro_batch(self) -> None:
+        """The micro-batch's host-side figures, taken now (they move on with the next one);
+        its timing events stay unresolved until `take_records`."""
         if self._mb is None:
             return
         peaks = self.store.peak_by_window()
-        windows = []
         for w in self._mb_windows:
             if w.name in peaks:
                 w.peaks = _tier_peaks(peaks[w.name])
-            windows.append(self._resolve(w))
-        self._add_ledger(windows)
-        self._records.append({"micro_batch": self._mb, "plan_id": self.plan_id,
-                              "ledger_peak": self._ledger_peak(), "windows": windows})
+        self._records.append(({"micro_batch": self._mb, "plan_id": self.plan_id,
+                               "ledger_peak": self._ledger_peak(),
+                               "ledger_windows": self._ledger_figures(self._mb_windows)},
+                              self._mb_windows))
         self._mb_windows = []
         self._mb = None
 
-    def _add_ledger(self, windows: list[dict]) -> None:
+    def _ledger_figures(self, windows: list[_Window]) -> list[dict]:
         """Each window's ledger figures: peak HBM and pinned bytes held (all owners; the peak
         since the step started, as `peak_bytes`) and bytes moved per channel in this
         micro-batch (`runtime/ledger.py`), which are also the window's `bytes`."""
         ledger = self.device.ledger
         hbm, pinned = ledger.peak_by_window("hbm"), ledger.peak_by_window("pinned")
         moved = ledger.moved_by_window()
+        out = []
         for w in windows:
-            name = w["name"]
-            now = moved.get(name, {})
-            seen = self._ledger_seen.get(name, {})
+            now = moved.get(w.name, {})
+            seen = self._ledger_seen.get(w.name, {})
             delta = {c: int(now.get(c, 0) - seen.get(c, 0)) for c in BYTE_CHANNELS}
-            w["bytes"] = dict(delta)
-            w["ledger"] = {"hbm_bytes": int(hbm.get(name, 0)),
-                           "pinned_bytes": int(pinned.get(name, 0)), "moved": delta}
-            self._ledger_seen[name] = dict(now)
+            out.append({"hbm_bytes": int(hbm.get(w.name, 0)),
+                        "pinned_bytes": int(pinned.get(w.name, 0)), "moved": delta})
+            self._ledger_seen[w.name] = dict(now)
+        return out
 
     def _ledger_peak(self) -> dict:
         """The window of the step's HBM peak so far and its largest owners (bytes)."""

@@ -6,6 +6,10 @@ backward of the same micro-batch (RNG states, kept graphs, weight handles, the r
 statistics, the gradient waiting to drain). The engine fills and empties it; this module
 knows nothing about plans, tiers or windows.
 
+Everything the step needs to know about a batch's values (its label tokens, whether it pads or
+packs) is read here on the host batch, before its H2D: read on the device it would be a host
+sync per micro-batch.
+
 Legend: B = micro-batch, S = sequence length.
 """
 
@@ -15,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lazytrain.models.adapter import ModelAdapter, shift_labels
+from lazytrain.models.adapter import IGNORE_INDEX, ModelAdapter, shift_labels
 from lazytrain.models.router_aux import RouterAux
 
 
@@ -30,7 +34,8 @@ class MicroBatch:
     targets: torch.Tensor
     """[B, S] next-token labels (`shift_labels`), IGNORE_INDEX where no loss."""
     mask_inputs: dict = field(default_factory=dict)
-    """`attention_mask` [B, S] and `position_ids` [B, S] as given (None: absent)."""
+    """`attention_mask` [B, S] and `position_ids` [B, S] as given (None: absent), and the host
+    facts `padded` / `packed` (`ModelAdapter.block_kwargs`)."""
     kwargs: list[dict] = field(default_factory=list)
     """Per block j, its inputs besides the hidden state (`adapter.block_kwargs`), set in pre."""
     rng: dict[int, tuple] = field(default_factory=dict)
@@ -46,12 +51,43 @@ class MicroBatch:
     start of the next window."""
 
 
+def label_tokens(batch: dict) -> int:
+    """Label tokens of a host batch (next-token targets that are not IGNORE_INDEX), counted
+    on the host before its H2D (on the device the count would be a sync per micro-batch)."""
+    return int((shift_labels(batch["labels"]) != IGNORE_INDEX).sum())
+
+
 def prepare_micro_batch(index: int, batch: dict, *, adapter: ModelAdapter,
                         device: torch.device) -> MicroBatch:
     """`batch` ("input_ids" and "labels" [B, S], optional "attention_mask" / "position_ids"
-    [B, S]) moved to `device`, with shifted labels and the adapter's router statistics."""
-    masks = {k: (None if batch.get(k) is None else batch[k].to(device))
-             for k in ("attention_mask", "position_ids")}
-    return MicroBatch(index=index, input_ids=batch["input_ids"].to(device), mask_inputs=masks,
-                      targets=shift_labels(batch["labels"]).to(device),
-                      aux=adapter.new_router_aux(masks["attention_mask"]))
+    [B, S], host tensors) moved to `device`, with shifted labels and the adapter's router
+    statistics; whether it pads and packs is read on the host first.
+
+    Raises:
+        ValueError: packed rows on a model with linear-attention layers
+            (`ModelAdapter.check_packing`).
+    """
+    mask, positions = batch.get("attention_mask"), batch.get("position_ids")
+    padded = mask is not None and not bool(mask.all())
+    if positions is not None and torch.equal(
+            positions, torch.arange(positions.shape[-1]).expand_as(positions)):
+        positions = None  # the default positions: masks and rotary tables once per shape
+    packed = positions is not None and bool((positions.diff(dim=-1) != 1).any())
+    if positions is not None:
+        adapter.check_packing(positions)  # refused on linear-attention layers
+    moved = {"attention_mask": _h2d(mask, device) if padded else None,
+             "position_ids": _h2d(positions, device)}
+    return MicroBatch(index=index, input_ids=_h2d(batch["input_ids"], device),
+                      mask_inputs={**moved, "padded": padded, "packed": packed},
+                      targets=_h2d(shift_labels(batch["labels"]), device),
+                      aux=adapter.new_router_aux(moved["attention_mask"]))
+
+
+def _h2d(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A host tensor on `device`: on CUDA from page-locked memory without blocking the host
+    (queued on the current stream, the compute stream inside the engine's compute scope)."""
+    if t is None or t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
