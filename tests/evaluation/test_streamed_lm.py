@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from engine_helpers import model_pair  # noqa: E402
-from test_families import family_config  # noqa: E402
+from test_families import FAMILIES, family_config  # noqa: E402
 
 from lazytrain.evaluation.streamed_lm import StreamedLM  # noqa: E402
 from lazytrain.runtime.backends import make_device  # noqa: E402
@@ -199,3 +199,18 @@ def test_a_pass_that_fails_returns_every_weight_slot(monkeypatch):
     assert sorted(lm._slots.free) == [0, 1]
     monkeypatch.setattr(adapter, "forward_block", real)
     assert len(lm.token_logprobs(SEQUENCES)) == len(SEQUENCES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_scores_and_generates_as_hf(family):
+    """Every supported family (sliding windows shorter than prompt + new tokens, soft-capped
+    logits, MLA, attention sinks, recurrent layers, MoE) through the streamed weight path."""
+    ref, adapter = model_pair(family_config(family))
+    ref.eval()
+    lm = StreamedLM(adapter, _Tokenizer(), device=make_device("cpu"), weights="streamed",
+                    batch_size=4)
+    for seq, lp in zip(SEQUENCES, lm.token_logprobs(SEQUENCES)):
+        torch.testing.assert_close(lp, _hf_logprobs(ref, seq), rtol=1e-5, atol=1e-5)
+    assert lm.generate(PROMPTS, max_new_tokens=NEW_TOKENS) == _hf_generate(ref, PROMPTS,
+                                                                          batch=4)
