@@ -51,9 +51,10 @@ def test_kv_cache_bytes_of_full_sliding_and_linear_layers_by_hand():
         layer_types=["linear_attention", "full_attention"] * 2))
     kv = kv_layout(hybrid, {"num_key_value_heads": 2, "head_dim": 16}, dtype_bytes=2)
     # 2 full layers x 2 (k, v) x 2 kv heads x 16 dims x 2 B x (8 rows x 100 tokens)
-    # + 8 rows x 2 linear layers x 4 heads x 16 x 16 x 2 B
+    # + 8 rows x 2 linear layers x (4 heads x 16 x 16 recurrent state + conv inputs: channels
+    # 2 x 2 x 16 (q, k) + 4 x 16 (v) = 128 x kernel 4) x 2 B
     assert kv.cache_bytes(batch=8, context_tokens=100) == (2 * 2 * 2 * 16 * 2 * 800
-                                                          + 8 * 2 * 4 * 16 * 16 * 2)
+                                                          + 8 * 2 * (4 * 16 * 16 + 128 * 4) * 2)
     sliding = ModelSpec.from_hf_config(dict(
         model_type="mistral", vocab_size=96, hidden_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,

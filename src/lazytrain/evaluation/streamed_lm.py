@@ -45,9 +45,10 @@ PASS_TOKENS = 65536
 block is loaded once per pass and runs every batch of it, so the hidden states of the pass
 (PASS_TOKENS * H * dtype bytes) stay on the device between blocks."""
 WEIGHT_MODES = ("streamed", "resident", "host")
-"""`streamed`: block weights through INFERENCE_WEIGHT_SLOTS device slots, reloaded every pass; `resident`: every
-block loaded once and kept (the decode plan's choice when weights fit HBM); `host`: the cpu
-backend runs on views of the masters (masters in the compute dtype only)."""
+"""`streamed`: block weights through INFERENCE_WEIGHT_SLOTS device slots, reloaded every
+pass; `resident`: every block loaded once and kept (the decode plan's choice when weights fit
+HBM); `host`: the cpu backend runs on views of the masters (masters in the compute dtype
+only)."""
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -12,8 +12,9 @@ Owns two plan kinds beside the training Plan, both made from the same costed
       KV bytes = 2 * layers_with_kv * kv_heads * head_dim * b * tokens
 
   (keys and values; b the compute dtype's bytes; tokens = batch * context, capped at the
-  window for sliding layers), plus each linear-attention layer's recurrent state
-  (heads * k_dim * v_dim * b per row).
+  window for sliding layers; MLA caches its latent, kv_lora_rank + qk_rope_head_dim per
+  token), plus each linear-attention layer's recurrent state and conv inputs
+  ((heads * k_dim * v_dim + channels * kernel) * b per row).
 
 Each plan keeps the weights resident in HBM when all of it fits the budget
 (`PlanningProblem.hbm_bytes`), and streams them through INFERENCE_WEIGHT_SLOTS slots otherwise.
@@ -69,11 +70,13 @@ class KvLayout:
 
     kv_bytes_per_token: tuple[int, ...]
     """Per softmax-attention layer: keys + values of one token, 2 * kv_heads * head_dim * b
-    (MLA as HF caches it: heads * (qk_head_dim + v_head_dim) * b)."""
+    (MLA as HF caches it: the compressed latent, (kv_lora_rank + qk_rope_head_dim) * b)."""
     windows: tuple[int, ...]
-    """Per softmax-attention layer: its sliding window in tokens (0: unbounded)."""
+    """Per softmax-attention layer: its sliding window in tokens (0: unbounded; HF keeps
+    window - 1 tokens, so this is an upper bound)."""
     state_bytes_per_row: int
-    """All linear-attention layers' recurrent states of one row, bytes."""
+    """All linear-attention layers' states of one row: the recurrent state (heads * k_dim *
+    v_dim) and the causal conv's last inputs (channels * kernel), bytes."""
 
     def cache_bytes(self, *, batch: int, context_tokens: int) -> int:
         """KV cache + recurrent states of `batch` rows of `context_tokens` tokens, bytes."""
@@ -93,10 +96,14 @@ def kv_layout(model: ModelSpec, hf_config: dict, *, dtype_bytes: int) -> KvLayou
     text = hf_config.get("text_config") or hf_config
     kv, windows, state = [], [], 0
     for blk in model.blocks:
-        if blk.attention == "linear_attention":
-            state += blk.linear_heads * blk.linear_k_dim * blk.linear_v_dim * dtype_bytes
+        if blk.attention == "linear_attention":  # recurrent state + the conv's last inputs
+            conv = blk.conv_flops_per_token // 2  # 2 x channels x kernel FLOPs per token
+            state += (blk.linear_heads * blk.linear_k_dim * blk.linear_v_dim + conv) * dtype_bytes
             continue
-        if blk.attention == "mla":
+        if blk.attention == "mla" and text.get("kv_lora_rank"):  # HF caches the latent
+            kv.append((int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim", 0)))
+                      * dtype_bytes)
+        elif blk.attention == "mla":
             kv.append(blk.num_heads * (blk.qk_head_dim + blk.v_head_dim) * dtype_bytes)
         else:
             heads = int(text.get("num_key_value_heads") or blk.num_heads)
