@@ -53,10 +53,10 @@ master's H2D into an fp32 landing slot and a cast on the device. Runtime: `runti
 `DeviceWeights`, `runtime/optim.py`; planner: `planner/weight_paths.py`, PlanningProblem
 `load_bytes` / `convert_bytes`."""
 
-GPU_CAST_LANDING_SLOTS = 2
+GPU_CAST_LANDING_SLOTS = DEVICE_WEIGHT_SLOTS
 """Device landing buffers (master dtype, the largest gpu_cast block each) the gpu_cast path
-lands masters in before the cast into a weight slot: one copy lands while the previous one is
-cast. Runtime: `runtime/streams.py` `DeviceWeights`; planner: `planner/weight_paths.py` counts
+lands masters in before the cast into a weight slot: one per weight slot, since every load in
+flight (prefetch, recompute reloads) may hold one until its block's compute casts it. Runtime: `runtime/streams.py` `DeviceWeights`; planner: `planner/weight_paths.py` counts
 this many in `fixed_hbm_bytes`."""
 
 # --- host state (DRAM) ------------------------------------------------------------------------

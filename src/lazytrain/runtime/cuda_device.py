@@ -92,6 +92,15 @@ class CudaDevice(Device):
         with torch.cuda.stream(self.compute.raw):
             return torch.empty(shape, dtype=dtype, device=self.torch_device)
 
+    def pin_in_place(self, tensor: torch.Tensor, *, name: str | None = None) -> None:
+        """`cudaHostRegister` on the tensor's bytes (unregistered when its storage is freed);
+        memory already page-locked or refused by the driver stays as it is (its copies are
+        then staged by the driver, correct but synchronous)."""
+        cudart = torch.cuda.cudart()
+        ptr, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+        if nbytes and int(cudart.cudaHostRegister(ptr, nbytes, 0)) == 0:
+            weakref.finalize(tensor.untyped_storage(), cudart.cudaHostUnregister, ptr)
+
     def _alloc_pinned(self, nbytes: int) -> torch.Tensor:
         """Exactly `nbytes` page-locked: page-aligned pageable memory registered with
         `cudaHostRegister` (torch's pinned allocator rounds every request up to a power of two,

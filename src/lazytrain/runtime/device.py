@@ -301,6 +301,12 @@ class Device:
         returns it. The checker then logs its accesses as host work."""
         return tensor
 
+    def pin_in_place(self, tensor: torch.Tensor, *, name: str | None = None) -> None:
+        """Page-lock a host tensor the runtime already holds (a master buffer loaded directly
+        by the pinned_copy or gpu_cast weight paths), so its H2D runs asynchronously. Not
+        booked in the ledger: its bytes are host states, already in the DRAM budget. CPU
+        backends: nothing to lock."""
+
     def recycle(self, tensor: torch.Tensor) -> None:
         """A pool takes `tensor` back for reuse: every copy and kernel that touched it must have
         completed (host) or be ordered before its next user (device)."""

@@ -103,6 +103,7 @@ class Engine:
         if grad_sync is not None and hasattr(grad_sync, "bind_device"):
             grad_sync.bind_device(self.dev)  # its async reductions, declared to the checker
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # the plan's 8-bit Adam states
+        self.weights.set_paths(plan.weight_paths, self.optimizer)  # how weights reach the device
         self.grad_sync = grad_sync
         self.lr = settings.lr
         self.clip = settings.clip_grad_norm or None
@@ -141,6 +142,7 @@ class Engine:
         self.resident = set(plan.resident_weights) | set(plan.keep_internals)
         self.keep = set(plan.keep_internals)
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # converts moments of blocks that change
+        self.weights.set_paths(plan.weight_paths, self.optimizer)
         # the store's per-window HBM limits come from the plan (constructor argument)
         self.store.set_hbm_limits({w.name: w.hbm_checkpoint_bytes for w in plan.windows})
         if self.instrument is not None:

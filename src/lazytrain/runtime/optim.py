@@ -139,6 +139,9 @@ class BlockOptimizer:
         self.optims: dict[str, torch.optim.Optimizer] = {g.name: self._fp32(g)
                                                          for g in params.groups}
         self.worker = self.device.host_workers("adamw")
+        self.refresh: dict[str, torch.Tensor] = {}
+        """Group name -> its pinned compute-dtype copy (the pinned_copy weight path,
+        `DeviceWeights.set_paths`), rewritten from the master in the job of each update."""
         self.futures: dict[str, Future] = {}
         # group name -> local names that got a gradient this step (`note_gradients`); groups
         # never reported (the ends) are stepped whole
@@ -267,6 +270,9 @@ class BlockOptimizer:
             view.copy_(before)
         if through_scratch:
             group.master.copy_(p)  # round to nearest even; no stochastic rounding
+        copy = self.refresh.get(group.name)
+        if copy is not None:  # the pinned_copy path's source, in the same job as the update
+            copy.copy_(group.master)  # what the host conversion would load
 
     def _untouched(self, group: ParamGroup, opt: torch.optim.Optimizer, p: torch.Tensor
                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -27,7 +27,9 @@ from typing import Callable
 
 import torch
 
-from lazytrain.contract import DEVICE_WEIGHT_SLOTS, GRAD_DRAIN_BUFFERS, WEIGHT_STAGING_BUFFERS
+from lazytrain.contract import (
+    DEVICE_WEIGHT_SLOTS, GPU_CAST_LANDING_SLOTS, GRAD_DRAIN_BUFFERS, WEIGHT_STAGING_BUFFERS,
+)
 from lazytrain.models.host_params import HostParams, ParamGroup
 from lazytrain.runtime.device import Device, Event
 
@@ -44,6 +46,8 @@ class WeightHandle:
     """Double-buffer slot index, or None for a resident (kept) buffer."""
     job: object = None
     """The conversion worker's future (staging, conversion, the H2D), None once collected."""
+    landing: int | None = None
+    """gpu_cast: the landing buffer the master lands in, cast into `flat` by `ready`."""
 
 
 class StagingPool:
@@ -116,6 +120,63 @@ class DeviceWeights:
         # the master -> compute dtype conversion runs here, ahead of the window that needs the
         # weights, off the engine thread (the only user of the staging ring)
         self.worker = device.host_workers("convert")
+        self.paths: dict[int, str] = {}
+        """Block -> its weight path (`set_paths`); host_convert where absent."""
+        self.sources: dict[int, torch.Tensor] = {}
+        """pinned_copy / gpu_cast: block -> the pinned host tensor its H2D reads."""
+        self.landing: list[torch.Tensor] = []
+        self.landing_free: list[Event | None] = []
+        self.landing_open: deque = deque()
+        self._pinned_masters: set[str] = set()
+
+    def set_paths(self, paths, optimizer=None) -> None:
+        """Load block j by weight path `paths[j]` from now on (the plan's `weight_paths`;
+        empty: every block host_convert). Call between steps.
+
+        pinned_copy: with masters in the compute dtype, the masters are page-locked in place
+        (`Device.pin_in_place`) and loaded directly; otherwise a pinned compute-dtype copy is
+        allocated (booked as pinned), filled now and refreshed by `optimizer` in the job of
+        each update (`BlockOptimizer.refresh`); an optimizer without that hook (the sharded
+        one) keeps host_convert for those blocks. gpu_cast: the master is page-locked in place
+        and lands in one of `GPU_CAST_LANDING_SLOTS` device buffers of the master dtype, cast
+        into the weight slot on the compute stream by `ready`.
+        """
+        refresh = getattr(optimizer, "refresh", None)
+        self.paths, self.sources = {}, {}
+        for j, g in enumerate(self.params.blocks):
+            path = paths[j] if paths else "host_convert"
+            same = g.master.dtype == self.dtype
+            if path == "pinned_copy" and not same:
+                if refresh is None:
+                    path = "host_convert"
+                else:
+                    optimizer.wait(g)  # its update wrote the master the copy is filled from
+                    copy = self.device.pinned_empty(
+                        g.numel * self.slots[0].element_size(),
+                        name=f"pinned compute-dtype copy of block {j}").view(self.dtype)
+                    with self.device.host_work():
+                        copy.copy_(g.master)
+                    refresh[g.name] = copy
+                    self.sources[j] = copy
+            if path in ("gpu_cast", "pinned_copy") and j not in self.sources:
+                self._pin_master(g)
+                self.sources[j] = g.master
+            if refresh is not None and path != "pinned_copy":
+                refresh.pop(g.name, None)
+            self.paths[j] = path
+        cast = [g.numel for j, g in enumerate(self.params.blocks)
+                if self.paths[j] == "gpu_cast"]
+        if cast and (not self.landing or self.landing[0].numel() < max(cast)):
+            dtype = self.params.blocks[0].master.dtype
+            self.landing = [self.device.empty(max(cast), dtype, name=f"weight landing slot {k}")
+                            for k in range(GPU_CAST_LANDING_SLOTS)]
+            self.landing_free = [self.device.record(self.device.compute)] * len(self.landing)
+            self.landing_open = deque(range(len(self.landing)))
+
+    def _pin_master(self, group: ParamGroup) -> None:
+        if group.name not in self._pinned_masters:
+            self.device.pin_in_place(group.master, name=f"{group.name} master")
+            self._pinned_masters.add(group.name)
 
     def load(self, group: ParamGroup, block: int, *, resident: bool = False) -> WeightHandle:
         """Start copying `group`'s master weights to the device; returns the handle at once.
@@ -141,9 +202,29 @@ class DeviceWeights:
                 raise RuntimeError(f"no free weight slot for block {block}")
             slot = self.free.popleft()
             dst, after = self.slots[slot][:group.numel], self.free_events[slot]
+        if self.paths.get(block, "host_convert") != "host_convert":
+            return self._load_direct(group, block, dst, after, slot)
         job = self.device.submit(self.worker, self._stage_and_copy, dst, group.master, after,
                                  self.device.ledger.window, channel="host")
         return WeightHandle(block=block, flat=dst, event=None, slot=slot, job=job)
+
+    def _load_direct(self, group: ParamGroup, block: int, dst: torch.Tensor, after,
+                     slot: int | None) -> WeightHandle:
+        """pinned_copy / gpu_cast: the H2D queued on the calling thread at once, from the
+        pinned source, with no host work (the engine waited for the block's update, the
+        source's last writer). gpu_cast lands the master in a landing buffer whose previous
+        cast finished on the compute stream; `ready` casts it into `dst`."""
+        self.device.wait_event(self.h2d, after)
+        src, landing = self.sources[block], None
+        if self.paths[block] == "gpu_cast":
+            if not self.landing_open:
+                raise RuntimeError(f"no free weight landing slot for block {block}")
+            landing = self.landing_open.popleft()
+            self.device.wait_event(self.h2d, self.landing_free[landing])
+            event = self.device.copy(self.landing[landing][:group.numel], src, stream=self.h2d)
+        else:
+            event = self.device.copy(dst, src, stream=self.h2d)
+        return WeightHandle(block=block, flat=dst, event=event, slot=slot, landing=landing)
 
     def _stage_and_copy(self, dst: torch.Tensor, master: torch.Tensor, after,
                         window: str) -> Event:
@@ -204,6 +285,12 @@ class DeviceWeights:
         """The device buffer, after making compute wait for its load (no host sync beyond the
         conversion job's)."""
         self.device.wait_event(self.device.compute, self.event_of(handle))
+        if handle.landing is not None:  # gpu_cast: the cast, on the compute stream
+            k, handle.landing = handle.landing, None
+            with self.device.compute_scope(allocations=False):
+                handle.flat.copy_(self.landing[k][:handle.flat.numel()])
+            self.landing_free[k] = self.device.record(self.device.compute)
+            self.landing_open.append(k)
         return handle.flat
 
     def release(self, handle: WeightHandle) -> None:
@@ -216,6 +303,11 @@ class DeviceWeights:
         try:
             self.event_of(handle)  # its job has queued the copy before the slot is reused
         finally:
+            if handle.landing is not None:  # never cast (a failed step): free after its copy
+                k, handle.landing = handle.landing, None
+                self.device.wait_event(self.device.compute, handle.event)
+                self.landing_free[k] = self.device.record(self.device.compute)
+                self.landing_open.append(k)
             if handle.slot is not None:
                 self._free_slot(handle.slot)
             elif handle.event is not None:
