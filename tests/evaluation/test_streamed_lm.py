@@ -214,3 +214,26 @@ def test_every_family_scores_and_generates_as_hf(family):
         torch.testing.assert_close(lp, _hf_logprobs(ref, seq), rtol=1e-5, atol=1e-5)
     assert lm.generate(PROMPTS, max_new_tokens=NEW_TOKENS) == _hf_generate(ref, PROMPTS,
                                                                           batch=4)
+
+
+def test_refresh_gives_the_device_copies_back_and_the_next_pass_reads_new_masters():
+    """Resident: a pass leaves every block and the ends on the device (the model's fp32 bytes
+    beside the two slots); refresh frees them, and a pass after the masters changed scores
+    with the new weights (HF on the same change as reference)."""
+    ref, adapter = model_pair(family_config("llama"))
+    ref.eval()
+    lm = StreamedLM(adapter, _Tokenizer(), device=make_device("cpu"), weights="resident")
+    ledger = lm.dev.ledger
+    lm.token_logprobs(SEQUENCES[:1])
+    model_bytes = 4 * sum(p.numel() for p in ref.parameters())
+    slots = 2 * 4 * max(g.numel for g in adapter.params.blocks)
+    assert ledger.held_bytes("hbm") == model_bytes + slots
+    lm.refresh()
+    assert ledger.held_bytes("hbm") == slots
+    with torch.no_grad():  # one "training step": every weight moves, in both copies
+        for p in ref.parameters():
+            p.mul_(1.5)
+        for g in [*adapter.params.blocks, adapter.params.ends]:
+            g.master.mul_(1.5)
+    torch.testing.assert_close(lm.token_logprobs(SEQUENCES[:1])[0],
+                               _hf_logprobs(ref, SEQUENCES[0]), rtol=1e-5, atol=1e-5)

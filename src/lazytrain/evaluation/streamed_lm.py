@@ -199,9 +199,10 @@ class StreamedLM:
             ledger.end_window()
 
     def refresh(self) -> None:
-        """Forget the device copies that outlive a pass (the ends; resident blocks): the next
-        pass loads them from the masters again. Call after the masters changed (a training
-        step); streamed blocks and host views read the masters on every pass anyway."""
+        """Free the device copies that outlive a pass (the ends; resident blocks): the next
+        pass loads them from the masters again. The trainer calls it after each evaluation,
+        so training gets that memory back and the next evaluation reads the updated masters;
+        streamed blocks and host views read the masters on every pass anyway."""
         self._resident, self._ends = None, None
 
     def close(self) -> None:

@@ -475,14 +475,16 @@ class Trainer:
             self.eval_lm = eval_plans.heldout_lm(self.adapter, self.tokenizer, self.engine,
                                                  self.eval_plans)
         self.engine.named_masters()  # waits for every queued optimizer update
-        self.eval_lm.refresh()  # the masters moved since the last evaluation
         # any sampling must not move the training RNG, or a resumed run's dropout would differ
         devices = [torch.cuda.current_device()] if self.device == "cuda" else []
-        with torch.random.fork_rng(devices=devices), self._collective():
-            result = evaluate_shared(
-                self.eval_lm, list(self.data.eval_examples), rank=self.ctx.rank,
-                world_size=self.world_size, all_sum=self.ctx.all_sum,
-                seq_len=self.cfg.data.seq_len, data_format=self.data.format)
+        try:
+            with torch.random.fork_rng(devices=devices), self._collective():
+                result = evaluate_shared(
+                    self.eval_lm, list(self.data.eval_examples), rank=self.ctx.rank,
+                    world_size=self.world_size, all_sum=self.ctx.all_sum,
+                    seq_len=self.cfg.data.seq_len, data_format=self.data.format)
+        finally:  # the device copies (ends, resident blocks) go before training resumes
+            self.eval_lm.refresh()
         return result if self.is_main else None
 
     def evaluate_and_record(self, log) -> None:
