@@ -58,8 +58,9 @@ def test_memory_of_each_path_by_hand():
     assert pinned.dram_bytes - base.dram_bytes == 400 * U
     assert pinned.pinned_bytes - base.pinned_bytes == 400 * U
     assert pinned.peak_hbm_bytes == base.peak_hbm_bytes
-    # gpu_cast: 2 landing slots of the master's bytes (2 x 400 u) in HBM; no DRAM
-    assert cast.peak_hbm_bytes - base.peak_hbm_bytes == 800 * U
+    # gpu_cast: 4 landing slots (one per weight slot) of the master's bytes (4 x 400 u) in
+    # HBM; no DRAM
+    assert cast.peak_hbm_bytes - base.peak_hbm_bytes == 1600 * U
     assert cast.dram_bytes == base.dram_bytes
 
 
@@ -133,3 +134,27 @@ def test_choice_takes_a_host_free_path_when_the_host_binds():
     assert choose_weight_paths(tight).weight_paths == ("gpu_cast",) * 2
     # hand-made problems keep their paths
     assert choose_weight_paths(_problem()).weight_paths == ()
+
+
+def test_8b_at_8k_takes_a_host_free_path_even_with_a_slow_host(repo_root):
+    from lazytrain.config import load_config
+    from lazytrain.planner.build import problem_from_config
+    from lazytrain.planner.weight_paths import host_free_paths
+
+    problem = problem_from_config(load_config(repo_root / "configs/llama-3-8b-8k-h200.yaml"))
+    assert problem.master_bytes_ratio == 2.0 and problem.weight_path_choice
+    assert host_free_paths(choose_weight_paths(problem).paths)
+    # a host converting 2.75 GB/s (one thread of this machine, benchmarks/weight_paths.py)
+    # binds a host_convert plan; the choice is still host-free
+    slow = problem.replace(host_convert_bytes_per_s=2.75e9)
+    assert host_free_paths(choose_weight_paths(slow).paths)
+
+
+def test_seed_scenario_pins_its_bf16_masters(repo_root):
+    from lazytrain.config import load_config
+    from lazytrain.planner.build import problem_from_config
+
+    problem = problem_from_config(load_config(repo_root / "configs/qwen3.6-27b-h800.yaml"))
+    chosen = choose_weight_paths(problem)
+    assert chosen.paths == ("pinned_copy",) * 64
+    assert chosen.nvme_staging_bytes == problem.nvme_staging_bytes  # no copy, no extra DRAM
