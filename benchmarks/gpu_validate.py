@@ -1,13 +1,25 @@
-"""GPU validation of LazyTrain's CUDA path: ordering, gradients, ceilings and overlap on one GPU.
+"""GPU validation of LazyTrain's CUDA path: is it correct, is it overlapped, what MFU, and does
+the plan predict it? One call, under 5 minutes on an H200, one JSON.
 
 Run (no install; PYTHONPATH=src, or the script finds src/ itself):
 
     PYTHONPATH=src python benchmarks/gpu_validate.py --out gpu_validate.json
     PYTHONPATH=src python benchmarks/gpu_validate.py --quick --only ordering,gradients
 
+stdout gets one JSON line: {"out", "ok", "correct", "overlapped", "mfu"} (`answers`); the file
+--out holds it as "answers" beside every section's figures.
+
+- **correct?** ordering, gradients and trainer all pass (`CORRECT_SECTIONS`);
+- **overlapped?** the mfu run's plan windows (else the overlap section's): compute busy, copy
+  busy, exposed ms split by cause (each copy stream, and "host": the GPU idle with no copy
+  running, i.e. waiting on the host); yes when exposed <= OVERLAPPED_EXPOSED_MAX of the span;
+- **what MFU, and does the plan predict it?** the mfu section: model TFLOPS against the H200's
+  989.4 dense BF16 TFLOPS and against the measured GEMM peak, the plan's predicted step and
+  per-window times beside the measured ones (`PREDICTS_WITHIN`).
+
 Sections (each a function below; each writes its figures and `ok` into the JSON):
 - environment: versions, device, CPU threads, locked-memory limit, MemAvailable, cgroup
-  memory.max, solver packages, and whether the heuristic/MegaTrain planner imports without one;
+  memory.max, solver packages, and whether the planner imports without loading one;
 - ceilings: pinned H2D / D2H / duplex GB/s at block and boundary sizes, alone and under a
   running bf16 GEMM; the bf16 GEMM peak; host fp32 -> bf16 conversion and fp32 accumulation
   GB/s (the engine's two host loops); `cudaHostAlloc` seconds per GiB;
@@ -22,14 +34,27 @@ Sections (each a function below; each writes its figures and `ok` into the JSON)
   with grad_accum 2: fp32 engine vs plain HF autograd on the GPU; bf16 engine error vs the
   fp32 reference within 1.5x HF's own bf16 error; 3 AdamW steps vs torch.optim.AdamW; every
   fp32 plan run twice (a race shows as drift between runs);
+- trainer: the Trainer path (`train.loop.train`: instrumented, budget-checked engine, grad
+  clipping, checkpoints) on CUDA with the tiny Llama: 4 steps straight; 2 steps resumed to 4
+  (same weights); an NVMe plan whose write fails in step 2 (the step fails, the step-1
+  checkpoint stays) resumed to 4 steps;
+- mfu: Llama-3-8B widths cut to 8 layers (`MFU_SHAPE`), seq 8192, bf16 compute, fp32 masters,
+  AdamW with clipping; block, embed and head times measured on this GPU, host conversion and
+  accumulation rates measured on the runtime's own worker threads
+  (`profile.bench_rates.host_rates`), link rates from the ceilings; all fed into the planner
+  (`planner.policy.plan`, policy milp: the heuristic when no solver is installed); one warm-up
+  and MFU_STEADY_STEPS timed steps, then one profiled step for the per-window figures;
 - overlap: hidden 4096, 6-8 layers, seq 4096, bf16, micro-batch 1, a plan with dram tiers,
   recompute and keep built from measured block costs and link rates; per window from a
   `torch.profiler` trace: compute-busy ms, copy-busy ms per stream, overlapped fraction,
-  exposed ms, against the plan's predicted window; model TFLOPS vs the measured GEMM peak;
-  `torch.cuda.max_memory_allocated` vs the plan's predicted peak HBM.
+  exposed ms by cause, against the plan's predicted window; model TFLOPS vs the measured GEMM
+  peak; `torch.cuda.max_memory_allocated` vs the plan's predicted peak HBM. Only with
+  `--only overlap` (`DEFAULT_SECTIONS`): the mfu run answers the same question at 8B widths,
+  and both together do not fit 5 minutes.
 
-Plans come from `lazytrain.planner.evaluate` (`decisions_from_tiers` + `build_plan`) and the
-MegaTrain rule, which need no MILP solver (the validation machine has neither HiGHS nor SCIP).
+Hand-built plans come from `lazytrain.planner.evaluate` (`decisions_from_tiers` + `build_plan`);
+the mfu plan from the planner itself, which needs no MILP solver either (the validation machine
+may have neither HiGHS nor SCIP).
 Imports only torch, transformers, the standard library and lazytrain; installs nothing.
 
 A global time budget (`--budget-s`, default 270 s) keeps the run under 5 minutes on an H200:
@@ -83,8 +108,12 @@ except ImportError:  # run from a checkout without PYTHONPATH=src
 from lazytrain.units import GB  # noqa: E402
 
 GIB = 2**30
-SECTION_ORDER = ("environment", "ceilings", "ordering", "gradients", "overlap")
-MIN_START_S = {"environment": 0, "ceilings": 15, "ordering": 15, "gradients": 25, "overlap": 40}
+SECTION_ORDER = ("environment", "ceilings", "ordering", "gradients", "trainer", "mfu", "overlap")
+DEFAULT_SECTIONS = SECTION_ORDER[:-1]
+"""What a plain call runs: everything but overlap, whose hand-made plan at a 7B-like shape the
+mfu run's planned windows answer "overlapped?" for (`--only overlap` runs it)."""
+MIN_START_S = {"environment": 0, "ceilings": 15, "ordering": 15, "gradients": 25, "trainer": 20,
+               "mfu": 60, "overlap": 40}
 """Seconds of budget a section needs to start (full run); --quick halves them."""
 WATCHDOG_GRACE_S = 20
 """Seconds past the budget before the watchdog writes the JSON and exits (a hung section)."""
@@ -379,8 +408,9 @@ def environment(ctx: Ctx) -> dict:
                          "cudnn": torch.backends.cudnn.version()}
     for module in ("lazytrain.planner.heuristics", "lazytrain.planner.policy"):
         importlib.import_module(module)
-    solvers = [m for m in ("lazytrain.planner.milp", "lazytrain.planner.solvers", "highspy",
-                           "pyscipopt") if m in sys.modules]
+    # the policy module imports the solver adapters, which load a solver package only when
+    # they solve: without one the planner plans by the heuristic (planner/policy.py)
+    solvers = [m for m in ("highspy", "pyscipopt") if m in sys.modules]
     out["planner_without_solver"] = {"heuristics_and_policy_import": True,
                                      "solver_modules_loaded": solvers}
     out["ok"] = not solvers
@@ -954,11 +984,43 @@ def _window_row(name: str, lo: float, hi: float, by_stream: dict, compute, label
     copies = {s: busy_union(iv, lo, hi) for s, iv in by_stream.items() if s != compute}
     any_copy = busy_union([iv for u in copies.values() for iv in u], lo, hi)
     copy_us = _length(any_copy)
+    idle = complement(comp, lo, hi)  # the compute stream idle: the exposed time
     return {"name": name, "span_ms": (hi - lo) / 1e3, "compute_busy_ms": _length(comp) / 1e3,
             "copy_busy_ms": {label(s): _length(u) / 1e3 for s, u in copies.items()
                              if _length(u) > 0},
             "overlapped_fraction": _intersect(any_copy, comp) / copy_us if copy_us else None,
-            "exposed_ms": (hi - lo - _length(comp)) / 1e3}
+            "exposed_ms": (hi - lo - _length(comp)) / 1e3,
+            "exposed_ms_by_cause": exposed_by_cause(idle, {label(s): u for s, u in
+                                                           copies.items()})}
+
+
+def complement(union: list[tuple[float, float]], lo: float, hi: float
+               ) -> list[tuple[float, float]]:
+    """[lo, hi] less a disjoint sorted union (`busy_union`), as disjoint sorted intervals."""
+    out, at = [], lo
+    for a, b in union:
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if hi > at:
+        out.append((at, hi))
+    return out
+
+
+def exposed_by_cause(idle: list[tuple[float, float]],
+                     copies: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """The compute stream's idle time (us intervals) by what the GPU did meanwhile, ms: each
+    copy stream gets the idle time it was busy in (where several copied at once, their shares
+    of that time in proportion to their own busy time there, so the causes add up to the idle
+    time), and "host" the idle time with no copy running either: the GPU waited on the host
+    (a host wait before the window's work was queued, or launch gaps)."""
+    busy = {name: _intersect(u, idle) for name, u in copies.items()}
+    any_copy = _intersect(busy_union([iv for u in copies.values() for iv in u],
+                                     idle[0][0], idle[-1][1]) if idle else [], idle)
+    total = sum(busy.values())
+    out = {name: b * any_copy / total / 1e3 for name, b in busy.items() if b > 0}
+    out["host"] = (_length(idle) - any_copy) / 1e3
+    return out
 
 
 def window_overlap(trace: list[dict], *, prefix: str = "lt_window:",
@@ -1053,11 +1115,17 @@ def profiled_run(engine, batches, trace_path: Path) -> dict[int, str]:
 
 def window_totals(rows: list[dict]) -> dict:
     """Sums over the plan's windows (those with a prediction): span, compute busy, exposed and
-    predicted ms, and the copy-time-weighted overlapped fraction."""
+    predicted ms, the exposed ms by cause (copy streams, "host") and the copy-time-weighted
+    overlapped fraction."""
     rows = [r for r in rows if "predicted" in r]
     copy = [sum(r["copy_busy_ms"].values()) for r in rows]
     overlapped = sum(c * (r["overlapped_fraction"] or 0.0) for c, r in zip(copy, rows))
+    causes: dict[str, float] = {}
+    for r in rows:
+        for cause, ms in (r.get("exposed_ms_by_cause") or {}).items():
+            causes[cause] = causes.get(cause, 0.0) + ms
     return {"span_ms": sum(r["span_ms"] for r in rows),
+            "exposed_ms_by_cause": causes,
             "compute_busy_ms": sum(r["compute_busy_ms"] for r in rows),
             "exposed_ms": sum(r["exposed_ms"] for r in rows),
             "predicted_ms": sum(r["predicted"]["time_ms"] for r in rows),
@@ -1185,8 +1253,324 @@ def overlap(ctx: Ctx) -> dict:
     return out
 
 
+# --- trainer ----------------------------------------------------------------------------------
+
+TRAINER_CONFIG = ROOT / "configs" / "tiny-llama-cpu.yaml"
+"""The Trainer section's run: the tiny Llama on the embedded arithmetic data, on the GPU."""
+TRAINER_DEVICE = "cuda"
+"""`runtime.device` of the Trainer section's runs (the CPU tests run the section on "cpu")."""
+TRAINER_TOL = 1e-5
+"""Resumed vs uninterrupted final weights: max |diff| / max |weight| (same plan, same data; a
+lost optimizer state or data position shows as O(lr))."""
+
+
+def trainer_overrides(ctx: Ctx, *extra: str) -> list[str]:
+    """Config overrides of the Trainer section's runs: CUDA, the h200 preset (any plan fits the
+    tiny model), clipping on, grad_accum 2, heuristic policy (no solver needed), no eval, a
+    constant LR (a 2-step run resumed to 4 steps then follows the 4-step run's LR)."""
+    return [f"runtime.device={TRAINER_DEVICE}", "hardware.preset=h200", "data.num_eval=0",
+            "train.grad_accum=2", "train.clip_grad_norm=1.0", "train.schedule=constant",
+            "planner.policy=heuristic",
+            f"runtime.nvme_dir={ctx.tmp / 'trainer-nvme'}", *extra]
+
+
+def nvme_plan_of(cfg):
+    """Every boundary below L on the NVMe tier (the failed step's plan: an NVMe write fails)."""
+    from lazytrain.planner.build import problem_from_config
+    problem = problem_from_config(cfg)
+    L = problem.num_blocks
+    return plan_of(problem, ["nvme"] * L + ["hbm"])
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The newest checkpoint's weights of a run directory."""
+    from safetensors.torch import load_file
+    from lazytrain.train import checkpoint as ckpt
+    return load_file(str(ckpt.latest_checkpoint(run_dir).path / "model.safetensors"))
+
+
+def weight_error(a: dict, b: dict) -> float:
+    """max |a - b| / max |b| over every tensor (inf when the key sets differ)."""
+    if a.keys() != b.keys():
+        return math.inf
+    scale = max(float(t.float().abs().max()) for t in b.values()) or 1.0
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in b) / scale
+
+
+def trainer(ctx: Ctx) -> dict:
+    """The Trainer path on CUDA (instrumented, budget-checked engine, clipping): 4 steps
+    straight; 2 steps then a resume to 4 (weights within TRAINER_TOL of the straight run); an
+    NVMe plan whose write fails in step 2 (the step fails with one error, the run keeps its
+    step-1 checkpoint) resumed to 4 steps."""
+    from lazytrain.config import load_config
+    from lazytrain.runtime.nvme import FaultInjector
+    from lazytrain.train.loop import TrainHooks, train
+    runs, out = ctx.tmp / "trainer", {}
+
+    def run(name: str, *extra: str, **kw) -> dict:
+        cfg = load_config(TRAINER_CONFIG, trainer_overrides(ctx, *extra))
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the one JSON
+            return train(cfg, run_dir=runs / name, progress=False, **kw)
+    straight = run("straight", "train.steps=4")
+    run("resumed", "train.steps=2")
+    resumed = run("resumed", "train.steps=4", resume=True)
+    out["resume"] = {"steps": [straight["steps_completed"], resumed["steps_completed"]],
+                     "max_rel_weight_diff": weight_error(final_weights(runs / "resumed"),
+                                                         final_weights(runs / "straight"))}
+    cfg = load_config(TRAINER_CONFIG, trainer_overrides(ctx, "train.steps=4",
+                                                        "train.checkpoint_every_steps=1"))
+    faults = FaultInjector()
+    hooks = TrainHooks(fault_hook=faults, on_step_end=lambda step, _stats:
+                       faults.fail_next_write() if step == 1 else None)
+    try:
+        run("failed", "train.steps=4", "train.checkpoint_every_steps=1", plan=nvme_plan_of(cfg),
+            hooks=hooks)
+        failed = {"raised": None}
+    except Exception as exc:  # noqa: BLE001 - the failure is the expected outcome
+        failed = {"raised": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+    after = run("failed", "train.steps=4", "train.checkpoint_every_steps=1", resume=True)
+    failed["resumed_steps"] = after["steps_completed"]
+    out["failed_step"] = failed
+    out["checks"] = {"straight_and_resumed_reach_4_steps": out["resume"]["steps"] == [4, 4],
+                     "resume_matches_straight": out["resume"]["max_rel_weight_diff"]
+                     <= TRAINER_TOL,
+                     "failed_step_raises": failed["raised"] is not None,
+                     "failed_run_resumes_to_4_steps": failed["resumed_steps"] == 4}
+    out["ok"] = all(out["checks"].values())
+    return out
+
+
+# --- mfu ---------------------------------------------------------------------------------------
+
+MFU_SHAPE = dict(hidden=4096, layers=8, seq=8192, intermediate=14336, heads=32, kv_heads=8,
+                 vocab=128256, batch=1)
+"""Llama-3-8B's widths (hidden 4096, MLP 14336, 32 heads, 8 KV heads, vocabulary 128256) cut
+to 8 layers, so that its host state (about 2.8e9 parameters at 16 B/param, 45 GB) fits the GPU
+machine's 128 GiB; seq 8192, micro-batch 1 (--quick: seq 4096)."""
+MFU_STEADY_STEPS = 3
+"""Timed optimizer steps after one warm-up step."""
+H200_BF16_TFLOPS = 989.4
+"""H200 SXM dense BF16 peak, TFLOPS (NVIDIA's data sheet; the `h200` preset's figure)."""
+PREDICTS_WITHIN = 0.2
+"""The plan predicts the step when |measured / predicted - 1| <= this."""
+OVERLAPPED_EXPOSED_MAX = 0.1
+"""Overlapped: the plan's windows leave the compute stream idle for at most this share of
+their span."""
+
+
+def mfu_shape(quick: bool) -> dict:
+    """MFU_SHAPE, with seq 4096 under --quick."""
+    return {**MFU_SHAPE, "seq": 4096 if quick else MFU_SHAPE["seq"]}
+
+
+def mfu_problem(shape: dict, *, links: dict | None = None, host: dict | None = None,
+                block_times: dict | None = None, embed_ms: float | None = None,
+                head_ms: float | None = None, hbm_gb: float | None = None,
+                dram_gb: float | None = None):
+    """The planning problem of the MFU run: the h200 preset with this machine's figures fed
+    in: link rates (`copy_gbps` keys, GB/s), host rates as `profile.bench_rates.host_rates`
+    returns them (measured on the runtime's worker threads, in the run's dtypes; the problem
+    gets exactly these), block / embed / head ms; the analytic model for whatever is None.
+    bf16 compute, fp32 masters, grad_accum 1."""
+    from lazytrain.config import config_from_dict
+    from lazytrain.contract import HEAD_CHUNK_TOKENS
+    from lazytrain.planner.build import build_problem
+    from lazytrain.spec.costs import analytic_costs, reference_host_rates
+    from lazytrain.spec.hardware import get_hardware
+    from lazytrain.spec.model import ModelSpec
+    model = ModelSpec.from_hf_config(llama_config(**shape).to_dict(), name="gpu-validate-mfu")
+    overrides = {"hbm_gb": hbm_gb, "dram_gb": dram_gb}
+    if links:
+        overrides.update({k: links[k] for k in ("h2d_gb_per_s", "d2h_gb_per_s",
+                                                "duplex_gb_per_s")})
+    hw = get_hardware("h200", overrides)
+    if host:
+        conv, acc = reference_host_rates(host["convert_gb_per_s"] * 1e9,
+                                         host["accumulate_gb_per_s"] * 1e9,
+                                         master_dtype=host["master_dtype"], compute_dtype="bf16")
+        hw = dataclasses.replace(hw, host_convert_bytes_per_s=conv,
+                                 host_accumulate_bytes_per_s=acc)
+    cfg = config_from_dict({"data": {"seq_len": shape["seq"]},
+                            "train": {"micro_batch": shape["batch"], "grad_accum": 1,
+                                      "compute_dtype": "bf16", "master_dtype": "fp32"}})
+    costs = analytic_costs(model, hw, seq_len=shape["seq"], micro_batch=shape["batch"],
+                           compute_dtype="bf16", head_chunk_tokens=HEAD_CHUNK_TOKENS)
+    if block_times:
+        costs = dataclasses.replace(costs, blocks=tuple(
+            dataclasses.replace(c, fwd_ms=block_times["fwd_ms"],
+                                fwd_grad_ms=block_times["fwd_grad_ms"],
+                                bwd_ms=block_times["bwd_ms"]) for c in costs.blocks))
+    costs = dataclasses.replace(costs, embed_ms=costs.embed_ms if embed_ms is None else embed_ms,
+                                head_ms=costs.head_ms if head_ms is None else head_ms)
+    return build_problem(model, hw, cfg, costs=costs)
+
+
+def mfu_plan(problem, *, time_limit_s: float):
+    """The planner's own plan of the MFU problem (`planner.policy.plan`, policy milp: the
+    heuristic's plan, with one line saying so, when no solver is installed)."""
+    from lazytrain.planner.policy import PlannerOptions, plan
+    return plan(problem, PlannerOptions(policy="milp", time_limit_s=time_limit_s,
+                                        lp_bound=False))
+
+
+def mfu_figures(problem, plan, *, step_s: float, gemm_peak_tflops: float | None,
+                rows: list[dict] | None = None) -> dict:
+    """MFU and the plan's prediction against a measured step of `step_s` seconds.
+
+    Model TFLOPS = the problem's model FLOPs per step (`model_flops_per_micro_batch` x
+    grad_accum: 6 N tokens plus attention) / step_s; MFU against H200_BF16_TFLOPS and against
+    the measured GEMM peak; per window the predicted time and binding term (the evaluator)
+    beside the measured GPU span (`window_overlap` rows, ms) and the exposed time by cause.
+    """
+    from lazytrain.planner.evaluate import evaluate
+    flops = problem.model_flops_per_micro_batch * problem.grad_accum
+    tflops = flops / step_s / 1e12
+    pred = plan.predicted
+    ev = evaluate(problem, plan)
+    measured = {r["name"]: r for r in rows or ()}
+    windows = []
+    for w, binding in zip(plan.windows, ev.binding_by_window):
+        row = measured.get(w.name) or {}
+        span = row.get("span_ms")
+        windows.append({"name": w.name, "predicted_ms": w.time_ms, "binding": binding,
+                        "measured_ms": span,
+                        "measured_over_predicted": span / w.time_ms if span and w.time_ms
+                        else None, "exposed_ms_by_cause": row.get("exposed_ms_by_cause")})
+    ratio = step_s * 1e3 / pred.step_ms
+    return {"model_tflops": tflops, "mfu_vs_h200_bf16_peak": tflops / H200_BF16_TFLOPS,
+            "gemm_peak_tflops": gemm_peak_tflops,
+            "mfu_vs_measured_gemm_peak": tflops / gemm_peak_tflops if gemm_peak_tflops
+            else None,
+            "predicted_model_tflops": pred.model_tflops,
+            "predicted_mfu_vs_h200_bf16_peak": pred.model_tflops / H200_BF16_TFLOPS,
+            "measured_step_ms": step_s * 1e3, "predicted_step_ms": pred.step_ms,
+            "measured_over_predicted": ratio, "plan_predicts_step": abs(ratio - 1)
+            <= PREDICTS_WITHIN, "windows": windows}
+
+
+def measure_mfu_costs(adapter, shape: dict, ctx: Ctx) -> dict:
+    """Block, embed and head ms on this GPU (the engine's block code) and the host rates on
+    the runtime's own worker threads (`profile.bench_rates.host_rates`)."""
+    from lazytrain.profile.bench_blocks import BlockBench, block_kind_times, time_ms
+    from lazytrain.profile.bench_rates import host_rates
+    bench = BlockBench(adapter, micro_batch=shape["batch"], seq_len=shape["seq"], dtype="bf16",
+                       device=ctx.dev.torch_device)
+    out = {"block_times": block_kind_times(bench, ["block"] * adapter.num_blocks, repeats=3,
+                                           warmup=1)["block"],
+           "embed_ms": time_ms(bench.embed, device=bench.device, repeats=3, warmup=1),
+           "head_ms": time_ms(bench.head, device=bench.device, repeats=3, warmup=1),
+           "host": host_rates(bench, repeats=3)}
+    del bench
+    torch.cuda.empty_cache()
+    return out
+
+
+def mfu(ctx: Ctx) -> dict:
+    """What MFU, and does the plan predict it: the MFU_SHAPE model planned by the planner from
+    measured costs and host rates, MFU_STEADY_STEPS AdamW steps timed after a warm-up, one
+    profiled step for the per-window figures (compute busy, copy busy, exposed by cause)."""
+    from lazytrain.runtime.build import make_engine
+    shape = mfu_shape(ctx.quick)
+    config = llama_config(**shape)
+    adapter = build_overlap_model(config, ctx.dev)
+    measured = measure_mfu_costs(adapter, shape, ctx)
+    links = ctx.shared.get("copy_gbps")
+    if links is None:
+        from lazytrain.profile.bench_rates import copy_rates
+        raw = copy_rates(block_weight_bytes(shape), device=ctx.dev.torch_device, repeats=3)
+        links = {f"{k}_gb_per_s": v / GB for k, v in raw.items()}
+    problem = mfu_problem(shape, links=links, host=measured["host"],
+                          block_times=measured["block_times"], embed_ms=measured["embed_ms"],
+                          head_ms=measured["head_ms"],
+                          hbm_gb=torch.cuda.get_device_properties(0).total_memory / GB,
+                          dram_gb=(_meminfo("MemAvailable") or 64 * GIB) / GB)
+    plan = mfu_plan(problem, time_limit_s=5.0 if ctx.quick else 10.0)
+    engine = make_engine(adapter, plan, device=ctx.dev, nvme_dir=ctx.tmp / "mfu-nvme",
+                         compute_dtype="bf16", lr=1e-5, clip_grad_norm=1.0, instrument=True,
+                         budgets=True,
+                         model_config_sha256=problem.provenance["model_config_sha256"])
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(1, config.vocab_size, (shape["batch"], shape["seq"]), generator=g)
+    batches = [{"input_ids": ids, "labels": ids.clone()}]
+    try:
+        engine.step(batches)  # warm-up: kernels chosen, pinned pools filled
+        ctx.dev.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(MFU_STEADY_STEPS):  # each step's AdamW overlaps the next one's forward
+            engine.step(batches)
+        ctx.dev.synchronize()
+        step_s = (time.perf_counter() - t0) / MFU_STEADY_STEPS
+        markers = profiled_run(engine, batches, ctx.tmp / "mfu_trace.json")
+        trace = json.loads((ctx.tmp / "mfu_trace.json").read_text())
+        overlap_rows = window_overlap(trace.get("traceEvents", trace), markers=markers)
+    finally:
+        engine.close()
+    rows = overlap_rows["windows"]
+    predicted = {w.name: w for w in plan.windows}
+    for row in rows:
+        w = predicted.get(row["name"])
+        if w is not None:
+            row["predicted"] = {"time_ms": w.time_ms, "exposed_ms": w.exposed_ms}
+    out = {"shape": shape, "measured": measured, "links": links,
+           "planned_by": plan.solver.backend if plan.solver else None,
+           "milp_unavailable": plan.provenance.get("milp_unavailable"),
+           "plan": {"tiers": list(plan.tiers), "keep": list(plan.keep_internals),
+                    "resident": list(plan.resident_weights)},
+           "host_assumed": plan.provenance.get("host"),
+           "step_s_is": f"mean wall time of {MFU_STEADY_STEPS} optimizer steps after a warm-up",
+           **mfu_figures(problem, plan, step_s=step_s,
+                         gemm_peak_tflops=ctx.shared.get("gemm_peak_tflops"), rows=rows),
+           "totals": window_totals(rows)}
+    out["checks"] = {"every_plan_window_in_trace": set(predicted) <= {r["name"] for r in rows},
+                     "plan_predicts_step": out["plan_predicts_step"]}
+    out["ok"] = all(out["checks"].values())
+    return out
+
+
+# --- the three answers --------------------------------------------------------------------------
+
+CORRECT_SECTIONS = ("ordering", "gradients", "trainer")
+"""The sections whose checks answer "correct?"."""
+
+
+def answers(sections: dict) -> dict:
+    """The three questions, answered from the section results: correct? (every check of
+    CORRECT_SECTIONS passed), overlapped? (the mfu run's windows, else the overlap section's:
+    compute busy, copy busy, exposed ms by cause; yes when the exposed time is at most
+    OVERLAPPED_EXPOSED_MAX of the span) and what MFU, and does the plan predict it? (the mfu
+    section). None where the section did not run or failed before its figures."""
+    ran = {n: sections[n] for n in CORRECT_SECTIONS if n in sections}
+    correct = {"answer": all(s.get("ok") for s in ran.values()) if ran else None,
+               "sections": {n: bool(s.get("ok")) for n, s in ran.items()},
+               "failed_checks": {n: [c for c, v in (s.get("checks") or {}).items() if not v]
+                                 or s.get("error") for n, s in ran.items() if not s.get("ok")}}
+    source = next((n for n in ("mfu", "overlap") if (sections.get(n) or {}).get("totals")), None)
+    if source is None:
+        overlapped = {"answer": None, "from": None}
+    else:
+        t = sections[source]["totals"]
+        share = t["exposed_ms"] / t["span_ms"] if t["span_ms"] else None
+        overlapped = {"answer": share is not None and share <= OVERLAPPED_EXPOSED_MAX,
+                      "from": source, "span_ms": t["span_ms"],
+                      "compute_busy_ms": t["compute_busy_ms"], "copy_busy_ms": t["copy_busy_ms"],
+                      "exposed_ms": t["exposed_ms"], "exposed_share": share,
+                      "exposed_ms_by_cause": t.get("exposed_ms_by_cause"),
+                      "host_blocked_ms": (t.get("exposed_ms_by_cause") or {}).get("host")}
+    m = sections.get("mfu") or {}
+    if "model_tflops" not in m:
+        mfu_answer = {"answer": None, "error": m.get("error") or m.get("status")}
+    else:
+        keys = ("model_tflops", "mfu_vs_h200_bf16_peak", "gemm_peak_tflops",
+                "mfu_vs_measured_gemm_peak", "predicted_model_tflops",
+                "predicted_mfu_vs_h200_bf16_peak", "measured_step_ms", "predicted_step_ms",
+                "measured_over_predicted", "planned_by")
+        mfu_answer = {"answer": m["mfu_vs_h200_bf16_peak"],
+                      "plan_predicts_it": m["plan_predicts_step"], **{k: m.get(k) for k in keys}}
+    return {"correct": correct, "overlapped": overlapped, "mfu": mfu_answer}
+
+
 SECTIONS = {"environment": environment, "ceilings": ceilings, "ordering": ordering,
-            "gradients": gradients, "overlap": overlap}
+            "gradients": gradients, "trainer": trainer, "mfu": mfu, "overlap": overlap}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1213,7 +1597,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="directory for the NVMe tier and the trace (default: a new temp dir)")
     args = p.parse_args(argv)
     if args.only is None:
-        args.sections = list(SECTION_ORDER)
+        args.sections = list(DEFAULT_SECTIONS)
     else:
         wanted = [s.strip() for s in args.only.split(",") if s.strip()]
         bad = [s for s in wanted if s not in SECTIONS]
@@ -1247,7 +1631,9 @@ def main(argv: list[str] | None = None) -> int:
     results["elapsed_s"] = round(ctx.budget.elapsed(), 1)
     results["ok"] = results.get("error") is None and all(
         s["ok"] for s in results["sections"].values())
+    results["answers"] = answers(results["sections"])
     write_json(args.out, results)
+    print(json.dumps({"out": str(args.out), "ok": results["ok"], **results["answers"]}))
     failed = [n for n, s in results["sections"].items() if not s["ok"]]
     log(f"wrote {args.out}: " + ("all sections passed" if results["ok"] else
                                  f"FAILED: {', '.join(failed) or results.get('error')}"))
