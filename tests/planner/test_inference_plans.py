@@ -64,28 +64,30 @@ def test_kv_cache_bytes_of_full_sliding_and_linear_layers_by_hand():
     assert kv.cache_bytes(batch=8, context_tokens=100) == 2 * 2 * 2 * 16 * 4 * 8 * 4
 
 
-# activations of a forward micro-batch (2 x 10 tokens, fp32): boundary in + out 2 x 20 x 64 x 4
-# = 10,240; workspace 40,000 (20 tokens, as trained); head chunk 8 x 20 x 100 = 16,000
-FORWARD_ACT = 10_240 + 40_000 + 16_000
+# activations of a forward pass of 2 x 10-token batches (fp32): the pass's hidden states
+# (65,536 tokens) and one block output (20 tokens) x 64 x 4 B = 16,782,336; workspace 40,000
+# (20 tokens, as trained); head chunk 8 x 20 x 100 = 16,000
+FORWARD_ACT = (65_536 + 20) * 64 * 4 + 40_000 + 16_000
 ENDS = 4_000  # 1,000 params x 4 B
+STREAMED = 3 * P + ENDS + FORWARD_ACT  # a forward budget under resident's, over two slots'
 
 
 def test_forward_plan_is_resident_exactly_when_everything_fits():
     need = 4 * P + ENDS + FORWARD_ACT
-    fits = _plan("forward", need)
+    fits = _plan("forward", need, batch=2)
     assert (fits.weights, fits.weight_bytes, fits.peak_hbm_bytes) == ("resident", 4 * P, need)
-    one_short = _plan("forward", need - 1)
+    one_short = _plan("forward", need - 1, batch=2)
     assert (one_short.weights, one_short.weight_bytes) == ("streamed", 2 * P)  # two slots
 
 
 def test_predicted_tokens_per_s_by_hand():
     # resident: 0.5 embed + 4 x 2 ms + 3 / 3 head = 9.5 ms for 20 tokens
-    assert _plan("forward", 10**9).tokens_per_s == pytest.approx(20 * 1000 / 9.5)
+    assert _plan("forward", 10**9, batch=2).tokens_per_s == pytest.approx(20 * 1000 / 9.5)
     # streamed on a GPU: each block max(2 ms compute, 1 ms load) -> the same 9.5 ms
-    gpu = _plan("forward", 3 * P)
+    gpu = _plan("forward", STREAMED, batch=2)
     assert gpu.weights == "streamed" and gpu.step_ms == pytest.approx(9.5)
     # streamed on a CPU: compute + load = 3 ms per block -> 0.5 + 12 + 1 = 13.5 ms
-    cpu = _plan("forward", 3 * P, problem={"overlap": False})
+    cpu = _plan("forward", STREAMED, batch=2, problem={"overlap": False})
     assert cpu.step_ms == pytest.approx(13.5)
     # decode, 8 rows: compute scales by 8 / 20 tokens: 0.5 x 0.4 + 4 x 0.8 + 1 x 0.4 = 3.8 ms
     # resident; 8 tokens per step

@@ -32,18 +32,15 @@ from transformers import AutoTokenizer, DynamicCache
 
 from lazytrain.models.adapter import ModelAdapter
 from lazytrain.models.hf_loader import load_adapter_from_dir
-from lazytrain.planner.inference_plans import (FILES, INFERENCE_HEAD_CHUNK_TOKENS,
-                                               INFERENCE_WEIGHT_SLOTS, InferencePlan)
+from lazytrain.planner.inference_plans import (EVAL_ROWS, FILES, INFERENCE_HEAD_CHUNK_TOKENS,
+                                               INFERENCE_PASS_TOKENS, INFERENCE_WEIGHT_SLOTS,
+                                               InferencePlan)
 from lazytrain.runtime.backends import make_device
 from lazytrain.runtime.device import Device
 from lazytrain.runtime.streams import DeviceWeights
 
 EVAL_WINDOW = "eval"
 """Ledger window of every evaluation pass (its bytes held and moved)."""
-PASS_TOKENS = 65536
-"""Padded tokens of all batches run through one pass of the weights in `token_logprobs`: each
-block is loaded once per pass and runs every batch of it, so the hidden states of the pass
-(PASS_TOKENS * H * dtype bytes) stay on the device between blocks."""
 WEIGHT_MODES = ("streamed", "resident", "host")
 """`streamed`: block weights through INFERENCE_WEIGHT_SLOTS device slots, reloaded every
 pass; `resident`: every block loaded once and kept (the decode plan's choice when weights fit
@@ -81,7 +78,7 @@ class StreamedLM:
 
     def __init__(self, adapter: ModelAdapter, tokenizer: Any, *, device: Device,
                  compute_dtype: torch.dtype = torch.float32, weights: str = "streamed",
-                 batch_size: int = 8, eos_token_ids: set[int] | None = None,
+                 batch_size: int = EVAL_ROWS, eos_token_ids: set[int] | None = None,
                  slots: DeviceWeights | None = None, hbm_limit_bytes: int | None = None,
                  book_compute: bool = False) -> None:
         if weights not in WEIGHT_MODES:
@@ -111,7 +108,7 @@ class StreamedLM:
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, *, checkpoint: str | None = None,
                      device: str = "cpu", weights: str | None = None,
-                     batch_size: int = 8) -> "StreamedLM":
+                     batch_size: int = EVAL_ROWS) -> "StreamedLM":
         """The newest complete checkpoint of a run (or `checkpoint`, a step directory name or
         path), with its saved tokenizer and chat template, on `device` in the run's
         `train.compute_dtype`. The host store holds the weights once, in the compute dtype.
@@ -220,7 +217,7 @@ class StreamedLM:
         t = 1..n-1, computed in the compute dtype (fp32 log-softmax of the head's logits).
 
         Sequences are batched `batch_size` at a time, right-padded (causal attention: padding
-        after a token never changes it), and the batches of one pass (`PASS_TOKENS`) share
+        after a token never changes it), and the batches of one pass (`INFERENCE_PASS_TOKENS`) share
         one load of every block.
 
         Raises:
@@ -375,13 +372,13 @@ def _picker(temperature: float, top_p: float, gen: torch.Generator):
 
 
 def _passes(batches: list[list[int]], sequences: list[list[int]]) -> list[list[list[int]]]:
-    """Batches grouped so that a group's padded tokens stay under PASS_TOKENS (at least one
-    batch per group)."""
+    """Batches grouped so that a group's padded tokens stay under INFERENCE_PASS_TOKENS (at
+    least one batch per group)."""
     groups: list[list[list[int]]] = []
     tokens = 0
     for rows in batches:
         size = len(rows) * max(len(sequences[r]) for r in rows)
-        if not groups or tokens + size > PASS_TOKENS:
+        if not groups or tokens + size > INFERENCE_PASS_TOKENS:
             groups.append([])
             tokens = 0
         groups[-1].append(rows)

@@ -4,8 +4,9 @@ Owns two plan kinds beside the training Plan, both made from the same costed
 `PlanningProblem` at run start and written beside plan.json:
 
 - `forward` (held-out loss, log-likelihoods): blocks run without autograd and save nothing, so
-  HBM holds the weights, the ends, one micro-batch's boundary in and out, one block's
-  transient workspace and one head chunk's logits;
+  HBM holds the weights, the ends, the hidden states of one pass (INFERENCE_PASS_TOKENS, or
+  one batch) and one block output, one block's transient workspace and one head chunk's
+  logits;
 - `decode` (generation): the same plus the KV cache of `batch` rows of `context_tokens`
   tokens, on the device for the whole generation:
 
@@ -56,8 +57,12 @@ too): its fp32 logits and their log-softmax (2 x 4 B per logit) are the head's w
 HEAD_FORWARD_SHARE = 1 / 3
 """Share of `head_ms` (forward + backward) that is the forward: backward ~ 2 x forward
 (Kaplan et al., arXiv:2001.08361, section 2.1)."""
-DECODE_BATCH = 8
-"""Default rows of a decode plan (the trainer's evaluation batch)."""
+EVAL_ROWS = 8
+"""Rows per forward or decode batch of an evaluation (`StreamedLM.batch_size`): the default
+rows of both plans."""
+INFERENCE_PASS_TOKENS = 65536
+"""Padded tokens of the batches one forward pass runs per load of the weights
+(`StreamedLM.token_logprobs`): their hidden states stay on the device between blocks."""
 KINDS = ("forward", "decode")
 WEIGHT_MODES = ("resident", "streamed")
 FILES = {"forward": "forward_plan.json", "decode": "decode_plan.json"}
@@ -123,7 +128,7 @@ class InferencePlan:
     weights: str
     """"resident" (every block loaded once) or "streamed" (INFERENCE_WEIGHT_SLOTS slots)."""
     batch: int
-    """Rows per forward micro-batch or decode batch."""
+    """Rows per forward or decode batch."""
     context_tokens: int
     """Tokens per row: the sequence length (forward) or prompt + new tokens (decode)."""
     hbm_budget_bytes: int
@@ -133,7 +138,8 @@ class InferencePlan:
     ends_bytes: int
     """Embedding, final norm and untied head on the device, bytes."""
     activation_bytes: int
-    """Boundary in and out, one block's transient workspace and one head chunk, bytes."""
+    """Hidden states (a forward pass's batches, or a prefill's input) and one block output,
+    one block's transient workspace and one head chunk, bytes."""
     cache_bytes: int = 0
     """KV cache and recurrent states (decode only), bytes."""
     model_weight_bytes: int
@@ -232,7 +238,7 @@ def make_inference_plan(problem: PlanningProblem, *, kind: str, kv: KvLayout | N
         kind: "forward" or "decode".
         kv: the cache layout (decode only; `kv_layout`).
         vocab_size, hidden_size: the model's, for the head chunk and the boundaries.
-        batch: rows (default: the micro-batch for forward, DECODE_BATCH for decode).
+        batch: rows (default EVAL_ROWS).
         context_tokens: tokens per row (default: the problem's seq_len).
 
     Raises:
@@ -243,12 +249,15 @@ def make_inference_plan(problem: PlanningProblem, *, kind: str, kv: KvLayout | N
     if kind not in KINDS or (kind == "decode" and kv is None):
         raise ValueError(f"kind: {kind!r} must be one of {KINDS} (decode needs a KvLayout)")
     prov = problem.provenance
-    batch = batch or (DECODE_BATCH if kind == "decode" else int(prov.get("micro_batch", 1)))
+    batch = batch or EVAL_ROWS
     context = context_tokens or int(prov.get("seq_len", 1))
     b = _dtype_bytes(problem)
-    tokens = batch * context  # a forward micro-batch, or a decode batch's prefill
+    tokens = batch * context  # a forward batch, or a decode batch's prefill
     chunk = min(tokens, INFERENCE_HEAD_CHUNK_TOKENS)
-    activation = 2 * tokens * hidden_size * b + _workspace(problem, tokens) + 8 * chunk * vocab_size
+    # hidden states: a forward pass keeps its batches' (up to INFERENCE_PASS_TOKENS, at least
+    # one batch) plus one block output; a prefill its input and output
+    hidden = max(tokens, INFERENCE_PASS_TOKENS) + tokens if kind == "forward" else 2 * tokens
+    activation = hidden * hidden_size * b + _workspace(problem, tokens) + 8 * chunk * vocab_size
     cache = kv.cache_bytes(batch=batch, context_tokens=context) if kind == "decode" else 0
     ends = problem.ends_params * b
     rest = ends + activation + cache

@@ -30,8 +30,6 @@ from lazytrain.units import GB
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 """Compute dtype -> its `train.compute_dtype` name, for the eval line."""
-EVAL_BATCH = 8
-"""Examples per evaluation forward / generation batch (`StreamedLM.batch_size`)."""
 MAX_NEW_TOKENS = {"arithmetic": 48}
 """Greedy generation length per data format, tokens; others use DEFAULT_MAX_NEW_TOKENS. The
 arithmetic worked answers are at most 37 tokens with the SmolLM2 tokenizer (measured on 2,048
