@@ -51,6 +51,8 @@ def test_plan_without_solvers_is_the_heuristic_plan_without_an_lp_bound(tmp_path
     assert table.returncode == 0, table.stderr[-2000:]
     lines = table.stdout.splitlines()
     assert (sum(line.startswith(UNAVAILABLE) for line in lines) == 1) == (policy == "milp")
+    row = "heuristic (no MILP solver)" if policy == "milp" else "heuristic "
+    assert sum(line.startswith(row) for line in lines) == 1  # the plan's row says who made it
     assert not any(line.startswith("LP bound ") for line in lines)
     assert any(line.startswith("memory bound ") for line in lines)
     got = _lazytrain(tmp_path, "plan", "--config", config, *sets, "--json")

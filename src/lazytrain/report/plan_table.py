@@ -95,8 +95,13 @@ def _row(problem, plan) -> dict:
     return row
 
 
+NO_SOLVER_LABEL = "heuristic (no MILP solver)"
+"""The table row of a milp-policy plan that the heuristic made (provenance `milp_unavailable`)."""
+
+
 def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOptions) -> dict:
-    """Rows for the chosen policy, the MegaTrain rule (`options.megatrain_k`, the paper's 4 by
+    """Rows for the chosen policy (NO_SOLVER_LABEL when the heuristic stood in for the MILP),
+    the MegaTrain rule (`options.megatrain_k`, the paper's 4 by
     default; at most `problem.k_max` unless the policy is megatrain itself) and the best fixed-K
     rule that fits, the bounds, plus the simulator check (plain data: `lazytrain plan --json`
     prints it as `comparison`).
@@ -118,7 +123,8 @@ def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOption
     baseline = plan if policy == "megatrain" else plan_problem(
         problem, options.replace(policy="megatrain", megatrain_k=megatrain_k, lp_bound=False))
     best_fixed = best_fixed_k_plan(problem)
-    rows = {policy: _row(problem, plan)}
+    ours_label = NO_SOLVER_LABEL if plan.provenance.get("milp_unavailable") else policy
+    rows = {ours_label: _row(problem, plan)}
     paper = f"megatrain (K={megatrain_k})"
     rows[paper] = _row(problem, baseline)
     fits = {} if baseline.provenance.get("violations") else {paper: baseline}
@@ -136,7 +142,7 @@ def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOption
                          ("ideal (inf HBM)", b.ideal_step_ms)):
         if value is not None:
             rows[label] = throughput(problem, value)
-    ours = rows[policy]["step_ms"]
+    ours = rows[ours_label]["step_ms"]
     strongest = min(fits, key=lambda k: fits[k].predicted.step_ms) if fits else None
     base = rows[strongest]["step_ms"] if strongest else None
     sim = simulate(problem, plan)
