@@ -27,6 +27,7 @@ from lazytrain.planner import policy
 from lazytrain.planner.build import rank_problem_from_config, topology_of
 from lazytrain.planner.capacity import max_batch_search
 from lazytrain.planner.infeasible import PlanInfeasibleError, shortfall_fix
+from lazytrain.planner.inference_plans import summary_lines as inference_lines
 from lazytrain.planner.policy import BACKENDS, POLICIES, planner_options
 from lazytrain.planner.solvers import solver_output_to_stderr
 from lazytrain.planner.topology import rank_problem, scaling_table
@@ -36,6 +37,7 @@ from lazytrain.report.capacity import scaling_text as format_scaling
 from lazytrain.report.gantt import render_sim_gantt
 from lazytrain.report.plan_table import format_plan_table, plan_comparison
 from lazytrain.sim import simulate
+from lazytrain.spec.model import read_hf_config
 
 FLAG_KEYS = {
     "model": "model.config_path",
@@ -173,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"plan": plan.to_dict(), "comparison": report}, indent=1))
     else:
         print(format_plan_table(problem, plan, report, costs_line=costs_line_of(plan.provenance)))
+        print("\n".join(inference_lines(problem, read_hf_config(cfg.model.config_path))))
         if topo is not None:
             print(scaling_text(node_problem, topo, options))
     write_outputs(problem, plan, out=args.out, gantt=args.gantt)

@@ -180,21 +180,21 @@ class InferencePlan:
                                       f"{self.model_weight_bytes}")
         if self.peak_hbm_bytes > self.hbm_budget_bytes:
             raise PlanValidationError(
-                f"{self.kind} plan: {self.peak_hbm_bytes / GB:.3f} GB over the HBM budget "
-                f"{self.hbm_budget_bytes / GB:.3f} GB")
+                f"{self.kind} plan: {self.peak_hbm_bytes / GB:.3g} GB over the HBM budget "
+                f"{self.hbm_budget_bytes / GB:.3g} GB")
         return self
 
     def summary_line(self) -> str:
         """One line for the plan summary: kind, weight mode and why, HBM, tokens/s."""
         where = ("weights resident in HBM" if self.weights == "resident" else
-                 f"weights streamed ({self.model_weight_bytes / GB:.2f} GB of blocks do not "
+                 f"weights streamed ({self.model_weight_bytes / GB:.3g} GB of blocks do not "
                  f"fit beside the rest)")
-        cache = f", KV cache {self.cache_bytes / GB:.3f} GB" if self.kind == "decode" else ""
+        cache = f", KV cache {self.cache_bytes / GB:.3g} GB" if self.kind == "decode" else ""
         what = "tokens scored" if self.kind == "forward" else "tokens generated"
         rate = f"{self.tokens_per_s:,.0f}" if self.tokens_per_s >= 100 else \
             f"{self.tokens_per_s:.3g}"
         return (f"{self.kind} plan: {where}; {self.batch} x {self.context_tokens} tokens, "
-                f"{self.peak_hbm_bytes / GB:.3f} of {self.hbm_budget_bytes / GB:.3f} GB HBM"
+                f"{self.peak_hbm_bytes / GB:.3g} of {self.hbm_budget_bytes / GB:.3g} GB HBM"
                 f"{cache}; predicted {rate} {what}/s")
 
     def to_json(self) -> str:
@@ -278,8 +278,8 @@ def make_inference_plan(problem: PlanningProblem, *, kind: str, kv: KvLayout | N
     if plan.peak_hbm_bytes > problem.hbm_bytes:
         short = (plan.peak_hbm_bytes - problem.hbm_bytes) / GB
         raise PlanValidationError(
-            f"{kind} plan: {short:.3f} GB over the HBM budget even with streamed weights "
-            f"({batch} x {context} tokens, cache {cache / GB:.3f} GB); evaluate fewer rows or "
+            f"{kind} plan: {short:.3g} GB over the HBM budget even with streamed weights "
+            f"({batch} x {context} tokens, cache {cache / GB:.3g} GB); evaluate fewer rows or "
             f"shorter sequences, or raise hardware.hbm_gb")
     return plan.validate()
 
@@ -325,3 +325,15 @@ def make_inference_plans(problem: PlanningProblem, *, model: ModelSpec,
     kv = kv_layout(model, hf_config, dtype_bytes=_dtype_bytes(problem))
     return {kind: make_inference_plan(problem, kind=kind, kv=kv, vocab_size=model.vocab_size,
                                       hidden_size=model.hidden_size) for kind in KINDS}
+
+
+def summary_lines(problem: PlanningProblem, hf_config: dict) -> list[str]:
+    """The plan summary's line of each plan kind (`InferencePlan.summary_line`) for the model
+    of `hf_config` (a `spec.model.read_hf_config` dict) on `problem`; one line naming the
+    shortfall instead when a plan does not fit even with streamed weights."""
+    try:
+        plans = make_inference_plans(problem, model=ModelSpec.from_hf_config(hf_config),
+                                     hf_config=hf_config)
+    except PlanValidationError as exc:
+        return [f"evaluation plans: {exc}"]
+    return [plan.summary_line() for plan in plans.values()]
