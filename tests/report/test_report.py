@@ -134,3 +134,24 @@ def test_compare_reports_the_ledgers_peaks_owners_and_bytes_per_window(tmp_path)
             "measured_pinned_bytes", "predicted_peak_checkpoint_bytes",
             "measured_peak_checkpoint_bytes"} <= set(d)
     assert "largest at the HBM peak (turn): kept graph of block 0 0.00 MB" in format_table(c)
+
+
+def test_report_shows_host_blocked_time_apart_from_compute_and_waits(tmp_path):
+    # f0 blocked 1, 3, 2 ms in steps 2-4 (median 2); every other window 0.5 (4 of them):
+    # step sums 3, 5, 4 -> median 4. Old files (no field) report None, no line.
+    plan = write_run(tmp_path)
+    records = read_jsonl(tmp_path / "windows.jsonl")
+    assert compare_with_run(plan, records).measured_host_blocked_ms is None
+    blocked_f0 = {1: 9.0, 2: 1.0, 3: 3.0, 4: 2.0}
+    for r in records:
+        r["windows"] = [dict(w, host_blocked_ms=blocked_f0[r["step"]] if w["name"] == "f0"
+                             else 0.5) for w in r["windows"]]
+    c = compare_with_run(plan, records)
+    rows = {w.name: w for w in c.windows}
+    assert rows["f0"].measured_host_blocked_ms == 2.0
+    assert rows["b0"].measured_host_blocked_ms == 0.5
+    assert c.measured_host_blocked_ms == pytest.approx(4.0)
+    text = format_table(c)
+    assert "host-blocked   measured      4.00 ms" in text
+    assert "host-blocked 2.00" in text.splitlines()[3]  # the f0 row (header, column, pre)
+    assert c.to_dict()["windows"][1]["measured_host_blocked_ms"] == 2.0

@@ -125,7 +125,8 @@ def test_windows_jsonl_has_one_line_per_step_and_micro_batch_with_the_schema(tmp
         assert [w["name"] for w in r["windows"]] == names
         for w in r["windows"]:
             assert set(w) == {"name", "wall_ms", "compute_ms", "exposed_ms", "wait_ms",
-                              "busy_ms", "host_ms", "bytes", "peak_bytes", "ledger"}
+                              "busy_ms", "host_ms", "bytes", "peak_bytes", "ledger",
+                              "host_blocked_ms"}
             assert set(w["busy_ms"]) == set(BYTE_CHANNELS)
             assert w["exposed_ms"] == pytest.approx(w["wall_ms"] - w["compute_ms"], abs=1e-3)
             assert set(w["ledger"]["moved"]) == set(BYTE_CHANNELS)
@@ -133,6 +134,9 @@ def test_windows_jsonl_has_one_line_per_step_and_micro_batch_with_the_schema(tmp
             assert set(w["bytes"]) == set(BYTE_CHANNELS)
             assert set(w["peak_bytes"]) == set(PEAK_TIERS)
             assert 0 <= w["compute_ms"] <= w["wall_ms"] + 1e-3
+            # CPU: compute runs on the engine's thread, so whatever is not compute is blocked
+            assert w["compute_ms"] + w["host_blocked_ms"] == pytest.approx(w["wall_ms"],
+                                                                           abs=2e-3)
 
 
 def test_plan_id_is_the_same_from_the_plan_and_from_its_saved_json(tmp_path):

@@ -54,6 +54,10 @@ class WindowRow:
     before the ledger)."""
     measured_ledger_hbm_bytes: int | None = None
     """The ledger's peak HBM bytes over all owners in the window (max over samples)."""
+    measured_host_blocked_ms: float | None = None
+    """Median time the compute stream idled while the engine's thread was blocked (a host
+    wait, its own host work), ms; not compute, not a copy wait. None for runs recorded before
+    the field."""
 
     @property
     def delta_ms(self) -> float | None:
@@ -90,6 +94,8 @@ class Comparison:
     """Window of the ledger's HBM peak."""
     peak_owners: dict[str, int] | None = None
     """Largest owners at the ledger's HBM peak, bytes."""
+    measured_host_blocked_ms: float | None = None
+    """Median over steps of the step's summed `host_blocked_ms`, ms (None: not recorded)."""
 
     def most_wrong(self, k: int = 5) -> list[WindowRow]:
         """The k windows with the largest |measured - predicted| (predicted windows only)."""
@@ -109,10 +115,12 @@ class Comparison:
             "predicted_peak_checkpoint_bytes": self.predicted_peak_checkpoint_bytes,
             "measured_peak_checkpoint_bytes": self.measured_peak_checkpoint_bytes,
             "peak_window": self.peak_window, "peak_owners": self.peak_owners,
+            "measured_host_blocked_ms": self.measured_host_blocked_ms,
             "windows": [{"name": w.name, "predicted_ms": w.predicted_ms,
                          "measured_ms": w.measured_ms, "delta_ms": w.delta_ms,
                          "predicted_compute_ms": w.predicted_compute_ms,
                          "measured_compute_ms": w.measured_compute_ms,
+                         "measured_host_blocked_ms": w.measured_host_blocked_ms,
                          "predicted_exposed_ms": w.predicted_exposed_ms,
                          "exposed_ms": w.exposed_ms,
                          "predicted_checkpoint_bytes": w.predicted_hbm_bytes,
@@ -157,10 +165,12 @@ def compare_with_run(plan_dict: dict, records: list[dict], *, skip_steps: int = 
                 names.append(w["name"])
             samples.setdefault(w["name"], []).append(w)
     steps = sorted({r["step"] for r in recs})
-    step_ms, exposed_by_step = [], {c: [] for c in CHANNELS}
+    step_ms, exposed_by_step, blocked_by_step = [], {c: [] for c in CHANNELS}, []
     for s in steps:
         ws = [w for r in recs if r["step"] == s for w in r["windows"]]
         step_ms.append(sum(w["wall_ms"] for w in ws))
+        if all("host_blocked_ms" in w for w in ws):
+            blocked_by_step.append(sum(w["host_blocked_ms"] for w in ws))
         for c in CHANNELS:
             exposed_by_step[c].append(sum(w["wait_ms"].get(c, 0.0) for w in ws))
     rows = [_row(n, samples[n], predicted.get(n)) for n in names]
@@ -186,7 +196,9 @@ def compare_with_run(plan_dict: dict, records: list[dict], *, skip_steps: int = 
                                  if "dram_bytes" in pred else None)),
         measured_pinned_bytes=None if top is None else max(p["pinned_bytes"] for p in peaks),
         peak_window=None if top is None else top["window"],
-        peak_owners=None if top is None else top["owners"])
+        peak_owners=None if top is None else top["owners"],
+        measured_host_blocked_ms=(statistics.median(blocked_by_step)
+                                  if len(blocked_by_step) == len(steps) else None))
 
 
 def _row(name: str, ws: list[dict], pred: dict | None) -> WindowRow:
@@ -206,7 +218,9 @@ def _row(name: str, ws: list[dict], pred: dict | None) -> WindowRow:
         measured_bytes=({c: med(w["ledger"]["moved"][c] for w in ws) for c in BYTE_CHANNELS}
                         if all("ledger" in w for w in ws) else None),
         measured_ledger_hbm_bytes=(max(w["ledger"]["hbm_bytes"] for w in ws)
-                                   if all("ledger" in w for w in ws) else None))
+                                   if all("ledger" in w for w in ws) else None),
+        measured_host_blocked_ms=(med(w["host_blocked_ms"] for w in ws)
+                                  if all("host_blocked_ms" in w for w in ws) else None))
 
 
 def format_table(c: Comparison) -> str:
@@ -218,7 +232,9 @@ def format_table(c: Comparison) -> str:
              f"{'window':<7} {'pred ms':>9} {'meas ms':>9} {'delta':>9} {'pred cmp':>9} "
              f"{'meas cmp':>9} {'pred exp':>9}  measured waits (ms)"]
     for w in c.windows:
-        waits = ", ".join(f"{k} {v:.2f}" for k, v in w.exposed_ms.items() if v >= 0.005)
+        blocked = w.measured_host_blocked_ms
+        waits = ", ".join([f"{k} {v:.2f}" for k, v in w.exposed_ms.items() if v >= 0.005]
+                          + ([f"host-blocked {blocked:.2f}"] if blocked else []))
         lines.append(f"{w.name:<7} {ms(w.predicted_ms)} {ms(w.measured_ms)} {ms(w.delta_ms)} "
                      f"{ms(w.predicted_compute_ms)} {ms(w.measured_compute_ms)} "
                      f"{ms(w.predicted_exposed_ms)}  {waits or '-'}")
@@ -228,6 +244,9 @@ def format_table(c: Comparison) -> str:
               f"{ms(c.measured_step_ms)} ms   delta {ms(delta)} ms",
               f"exposed        predicted {ms(c.predicted_exposed_ms)} ms   measured "
               + ", ".join(f"{k} {v:.2f}" for k, v in c.measured_exposed_ms.items()) + " ms",
+              *([f"host-blocked   measured {c.measured_host_blocked_ms:9.2f} ms (compute "
+                 f"stream idle while the engine's thread waited or did host work; not in "
+                 f"compute)"] if c.measured_host_blocked_ms is not None else []),
               f"peak HBM ckpt  predicted {c.predicted_peak_checkpoint_bytes / 1e6:9.3f} MB   "
               f"measured {c.measured_peak_checkpoint_bytes / 1e6:9.3f} MB",
               f"peak HBM       predicted {_mb(c.predicted_peak_hbm_bytes)} MB   measured "

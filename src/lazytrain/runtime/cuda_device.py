@@ -47,7 +47,10 @@ class CudaDevice(Device):
         return Stream(name, torch.cuda.Stream(self.torch_device))
 
     def record(self, stream: Stream) -> Event:
-        raw = torch.cuda.Event()
+        # blocking=True (cudaEventBlockingSync): a host thread that waits for the event sleeps
+        # until it completes instead of spinning a core, which the host workers need (AdamW,
+        # accumulation and NVMe threads wait for events beside the engine thread)
+        raw = torch.cuda.Event(blocking=True)
         raw.record(stream.raw)
         return Event(self, stream, raw)
 
@@ -57,7 +60,7 @@ class CudaDevice(Device):
     def _observed_compute_wait(self, stream: Stream, event: Event) -> None:
         """The compute stream's stall on the copy, from compute-stream timing events."""
         start = self.timing_event(self.compute)
-        stream.raw.wait_event(event.raw)
+        self._wait_event(stream, event)
         self.observer.on_stream_wait(channel_of(event.stream), start,
                                      self.timing_event(self.compute))
 
@@ -131,7 +134,7 @@ class CudaDevice(Device):
         return torch.cuda.stream(self.compute.raw)
 
     def timing_event(self, stream: Stream | None = None):
-        raw = torch.cuda.Event(enable_timing=True)
+        raw = torch.cuda.Event(enable_timing=True, blocking=True)  # resolved by a host wait
         raw.record((stream or self.compute).raw)
         return raw
 

@@ -153,6 +153,7 @@ class Device:
 
     def _observed_compute_wait(self, stream: Stream, event: Event) -> None:
         """The compute stream's wait, timed on the host (the CPU backends run compute there)."""
+        self.observer.on_block()
         t0 = time.perf_counter()
         self._wait_event(stream, event)
         self.observer.on_wait(channel_of(event.stream), time.perf_counter() - t0)
@@ -165,7 +166,7 @@ class Device:
         blocked time on the event's channel."""
         if event is None:
             return
-        t0 = time.perf_counter() if self._observing() else None
+        t0 = self._block_begins()
         self._host_wait(event)
         if t0 is not None:
             self.observer.on_wait(channel_of(event.stream), time.perf_counter() - t0)
@@ -179,7 +180,9 @@ class Device:
     """Gets `on_wait(channel, s)` (the engine's thread blocked), `on_stream_wait(channel, a, b)`
     (CUDA: the compute stream waited, timing events), `on_busy(channel, s)` /
     `on_busy_events(channel, a, b)` (a channel moved bytes) and `on_host(s)` (host work); set
-    by `set_observer`, an explicit interface: nothing of the runtime is patched."""
+    by `set_observer`, an explicit interface: nothing of the runtime is patched. Before the
+    engine's thread blocks (each wait that ends in `on_wait`, its host work that ends in
+    `on_host`) it gets `on_block()`, so that compute is timed only between blocks."""
 
     def set_observer(self, observer) -> None:
         """Report waits, channel busy time and host work to `observer` (None: stop); waits are
@@ -191,11 +194,19 @@ class Device:
         return (self.observer is not None
                 and threading.current_thread() is getattr(self, "_observer_thread", None))
 
+    def _block_begins(self) -> float | None:
+        """On the observed thread: `on_block()` and the wall clock (s) of the block's start;
+        elsewhere None (nothing is reported)."""
+        if not self._observing():
+            return None
+        self.observer.on_block()
+        return time.perf_counter()
+
     @contextlib.contextmanager
     def waiting(self, channel: str):
         """Time a host block on `channel` that is not one of this API's waits (e.g. a
         `concurrent.futures.wait` with a timeout) for the observer."""
-        t0 = time.perf_counter() if self._observing() else None
+        t0 = self._block_begins()
         try:
             yield
         finally:
@@ -206,6 +217,7 @@ class Device:
     def host_work(self):
         """Time host work (weight conversion, gradient accumulation) for the observer, on any
         thread."""
+        self._block_begins()
         t0 = time.perf_counter()
         try:
             yield
@@ -230,7 +242,7 @@ class Device:
         self._book_copy(dst, stream)
         if not self._observing() or self.copies_async:
             return self._copy(dst, src, stream)
-        t0 = time.perf_counter()  # a synchronous copy: busy, and compute waits for it
+        t0 = self._block_begins()  # a synchronous copy: busy, and compute waits for it
         event = self._copy(dst, src, stream)
         seconds = time.perf_counter() - t0
         self.observer.on_busy(channel_of(stream), seconds)
@@ -334,17 +346,25 @@ class Device:
         torch's default of one thread per core in each of them oversubscribes the cores (on 2
         cores the engine step took 1.45x instead of 2.05x HF's once the workers ran one thread
         each: benchmarks/engine_cpu.py). CUDA: the device computes, the engine thread only
-        launches, so the workers share the other cores by `HOST_WORKER_SHARES`.
+        launches, so the workers share the rank's other cores by `HOST_WORKER_SHARES`.
+
+        The rank's cores: the process's CPU affinity set divided among the node's ranks
+        (`local_ranks`), since every rank of a node sees the same set; sized from the whole
+        set, N ranks would run N times as many worker threads as there are cores. A launcher
+        that binds each rank to its own cores (numactl per rank) gets 1/N of them: say so
+        with LOCAL_WORLD_SIZE=1 per rank.
 
         Raises:
             KeyError: unknown role.
+            ValueError: LOCAL_WORLD_SIZE is not an integer >= 1.
         """
         share = HOST_WORKER_SHARES[role]
         if not self.is_cuda:
             return 1
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
-        return max(1, int((cores - 1) * share))
+        rank_cores = max(1, cores // local_ranks())
+        return max(1, int((rank_cores - 1) * share))
 
     def host_workers(self, role: str, *, max_workers: int = 1) -> ThreadPoolExecutor:
         """A pool of `max_workers` host worker threads named `lazytrain-<role>`, each running
@@ -389,7 +409,7 @@ class Device:
         observing = self._observing()
         errors = []
         for f in futures:
-            t0 = time.perf_counter() if observing else None
+            t0 = self._block_begins() if observing else None
             errors.append(f.exception())
             if t0 is not None:
                 self.observer.on_wait(getattr(f, "lazytrain_channel", "host"),
@@ -443,6 +463,19 @@ class _Scope:
     def __exit__(self, *exc):
         self.flag.active = False
         return self.mode.__exit__(*exc)
+
+
+def local_ranks() -> int:
+    """Ranks of this job on this node: torchrun's LOCAL_WORLD_SIZE, 1 without it.
+
+    Raises:
+        ValueError: LOCAL_WORLD_SIZE is set but not an integer >= 1.
+    """
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ValueError(f"LOCAL_WORLD_SIZE={raw!r}: must be an integer >= 1 (the ranks on "
+                         f"this node, as torchrun sets it); unset it for one rank")
+    return int(raw)
 
 
 def _set_worker_threads(count: int) -> None:

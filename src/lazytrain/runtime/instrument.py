@@ -20,11 +20,18 @@ device API, which knows each one's channel *by construction*:
 | `on_host(s)`                  | host work: master -> compute dtype conversion, gradient        |
 |                               | accumulation (on its worker)                                   |
 
-Per window: `compute_ms` is compute-stream time only: on CUDA the wall time of the compute
-stream (its events) less its waits for copies; on the CPU backends (compute runs on the engine's
-thread) the wall time less every wait and the engine thread's host work. `exposed_ms =
-wall_ms - compute_ms`. `busy_ms` per channel is the channel's own busy time (it may overlap
-compute); `host_ms` the host work of the window, on any thread.
+Per window: `compute_ms` is the compute stream's busy time, from pairs of timing events (CUDA
+events on the compute stream; wall clock on the CPU backends, where compute runs on the
+engine's thread) around the stretches in which the engine's thread queues compute: a stretch
+ends where that thread blocks (`on_block`: a host wait, a synchronous copy, its own host work)
+and the next begins where the block ends, and a compute-stream wait for a copy (the pair of
+`on_stream_wait`) is cut out too. So the compute stream's idle while the host was blocked is
+not compute: it is `host_blocked_ms`, the time between the event before each block and the
+one after it (on CUDA, kernels queued before a wait keep the stream busy through part of it,
+and only the rest counts). `wall_ms = compute_ms + host_blocked_ms + the compute-stream
+waits for copies`; `exposed_ms = wall_ms - compute_ms`. Refit and re-planning read
+`compute_ms`: block costs come from device time only. `busy_ms` per channel is the channel's
+own busy time (it may overlap compute); `host_ms` the host work of the window, on any thread.
 
 Which window gets a stall: the one open when the engine's thread waited. An NVMe read is waited
 for by an h2d of the same boundary later in its issuing window or by that window's barrier
@@ -43,6 +50,8 @@ re-planning/refit code reads these key names):
          "wall_ms": float,      # window wall time, ms (includes its barrier)
          "compute_ms": float,   # compute-stream time (see above), ms
          "exposed_ms": float,   # wall_ms - compute_ms
+         "host_blocked_ms": float,  # compute stream idle while the engine thread was blocked
+                                # (optional: files written before it lack it)
          "wait_ms": {"h2d", "d2h", "nvme_read", "nvme_write", "optimizer", "host": float ms},
          "busy_ms": {"h2d", "d2h", "nvme_read", "nvme_write": float ms},
          "host_ms": float,      # host work (conversion, accumulation), ms
@@ -90,7 +99,7 @@ class _Window:
     """One open window of one micro-batch (internal, mutable)."""
 
     __slots__ = ("name", "start", "end", "waits", "stream_waits", "busy", "busy_events",
-                 "host_ms", "engine_host_ms", "peaks")
+                 "host_ms", "peaks", "computing", "blocked", "open_at", "depth")
 
     def __init__(self, name: str, start) -> None:
         self.name, self.start, self.end = name, start, None
@@ -99,7 +108,10 @@ class _Window:
         self.busy = dict.fromkeys(BYTE_CHANNELS, 0.0)
         self.busy_events: list[tuple[str, object, object]] = []  # CUDA event pairs
         self.host_ms = 0.0
-        self.engine_host_ms = 0.0  # host work on the engine's own thread (not compute)
+        self.computing: list[tuple[object, object]] = []  # timing-event pairs of compute
+        self.blocked: list[tuple[object, object]] = []  # pairs around the engine's blocks
+        self.open_at = start  # the event the current compute stretch began at (None: blocked)
+        self.depth = 0  # nested blocks of the engine's thread
         self.peaks: dict[str, int] | None = None
 
 
@@ -115,7 +127,6 @@ class Instrument:
 
     def __init__(self, *, device, store, plan) -> None:
         self.device, self.store = device, store
-        self.cuda = device.is_cuda
         self.plan_id = plan_id(plan)
         self._lock = threading.Lock()
         self._engine_thread = threading.current_thread()
@@ -138,15 +149,39 @@ class Instrument:
 
     # --- the device API's observer interface -------------------------------------------------
 
+    def on_block(self) -> None:
+        """The engine's thread is about to block: the compute stretch ends here."""
+        w = self._open
+        if w is not None:
+            w.depth += 1
+            if w.open_at is not None:
+                now = self.device.timing_event()
+                w.computing.append((w.open_at, now))
+                w.blocked.append((now, None))
+                w.open_at = None
+
+    def _unblock(self, w: _Window) -> None:
+        """The engine's thread's block ended: the next compute stretch begins (outermost)."""
+        if w.depth > 0:
+            w.depth -= 1
+            if w.depth == 0 and w.open_at is None:
+                now = self.device.timing_event()
+                w.blocked[-1] = (w.blocked[-1][0], now)
+                w.open_at = now
+
     def on_wait(self, channel: str, seconds: float) -> None:
         w = self._open
         if w is not None:
             w.waits[channel if channel in w.waits else "host"] += seconds * 1e3
+            self._unblock(w)
 
     def on_stream_wait(self, channel: str, start, end) -> None:
         w = self._open
         if w is not None:
             w.stream_waits.append((channel, start, end))
+            if w.open_at is not None:  # the compute stream's wait is no compute either
+                w.computing.append((w.open_at, start))
+                w.open_at = end
 
     def on_busy(self, channel: str, seconds: float) -> None:
         with self._lock:
@@ -166,7 +201,7 @@ class Instrument:
             if w is not None:
                 w.host_ms += seconds * 1e3
                 if threading.current_thread() is self._engine_thread:
-                    w.engine_host_ms += seconds * 1e3
+                    self._unblock(w)
 
     # --- windows -----------------------------------------------------------------------------
 
@@ -257,13 +292,14 @@ class Instrument:
             stream_waits += ms
         for channel, a, b in w.busy_events:
             w.busy[channel] += self.device.elapsed_ms(a, b)
-        if self.cuda:  # the compute stream's own events: its wall less its waits for copies
-            compute = wall - stream_waits
-        else:  # compute runs on this thread: less every wait and this thread's host work
-            compute = wall - sum(w.waits.values()) - w.engine_host_ms
-        compute = max(0.0, compute)
+        # compute: the stretches between the engine thread's blocks and the stream's waits
+        # (module docstring), never more than the window less its copy waits
+        compute = sum(self.device.elapsed_ms(a, b) for a, b in w.computing)
+        compute = max(0.0, min(compute, wall - stream_waits))
+        blocked = sum(self.device.elapsed_ms(a, b) for a, b in w.blocked)
         return {"name": w.name, "wall_ms": round(wall, 4), "compute_ms": round(compute, 4),
                 "exposed_ms": round(wall - compute, 4),
+                "host_blocked_ms": round(max(0.0, blocked), 4),
                 "wait_ms": {c: round(w.waits[c], 4) for c in CHANNELS},
                 "busy_ms": {c: round(w.busy[c], 4) for c in BYTE_CHANNELS},
                 "host_ms": round(w.host_ms, 4), "bytes": dict.fromkeys(BYTE_CHANNELS, 0),
@@ -287,6 +323,10 @@ class _WindowScope:
         inst = self.inst
         w = inst._open
         w.end = inst.device.timing_event()
+        if w.open_at is not None:  # the last compute stretch ends with the window
+            w.computing.append((w.open_at, w.end))
+        elif w.blocked and w.blocked[-1][1] is None:  # left blocked (an error inside a wait)
+            w.blocked[-1] = (w.blocked[-1][0], w.end)
         w.peaks = _tier_peaks(inst.store.bytes_by_tier())  # pre/post; store windows override
         inst._mb_windows.append(w)
         with inst._lock:
