@@ -7,7 +7,9 @@ every (step, micro-batch) sample of its `wall_ms`; the measured step time is the
 steps of the sum of all windows' `wall_ms` over the step's micro-batches (work outside windows,
 e.g. loading the resident embedding/head before `pre`, is not in it). `pre` and `post` have
 no per-window prediction in a plan (they are constant terms; execution_model.md), so their
-`predicted_ms` is None and they are left out of "most wrong".
+`predicted_ms` is None and they are left out of "most wrong". A window's `host_blocked_ms`
+(the compute stream idle while the engine's thread was blocked; not compute, not a copy wait)
+is shown beside its waits and summed per step, where the run recorded it.
 
 Must not know torch or the runtime: it reads JSON only.
 """

@@ -29,7 +29,9 @@ and the next begins where the block ends, and a compute-stream wait for a copy (
 not compute: it is `host_blocked_ms`, the time between the event before each block and the
 one after it (on CUDA, kernels queued before a wait keep the stream busy through part of it,
 and only the rest counts). `wall_ms = compute_ms + host_blocked_ms + the compute-stream
-waits for copies`; `exposed_ms = wall_ms - compute_ms`. Refit and re-planning read
+waits for copies`; `exposed_ms = wall_ms - compute_ms`. Not told apart: a stream starved by
+slow kernel launches without any block still counts as compute (kernel-level timing, e.g.
+CUPTI, would separate it). Refit and re-planning read
 `compute_ms`: block costs come from device time only. `busy_ms` per channel is the channel's
 own busy time (it may overlap compute); `host_ms` the host work of the window, on any thread.
 
