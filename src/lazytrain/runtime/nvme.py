@@ -21,14 +21,14 @@ process, so nothing is fsync'ed (a crash loses the step anyway; see ``Activation
 cleanup of files on exit).
 
 Integrity: every write request (an extent of at most ``chunk_bytes``) gets one xxh3-64 digest
-(kept in memory: 24 B per extent), and every read is checked against the digests of the
-extents it covers, so a flipped bit or a file changed by someone else is a ``NvmeIOError``
-naming the damaged extent's byte range, not silently wrong gradients. Reads are cut at the
-written extents' boundaries, so an extent a read covers whole is checked from the bytes just
-read in one call; one a read covers in part (a fractional read ending inside it) is read again
-whole into scratch memory and checked (at most two per read call; those extra bytes are not
-booked as moved). Cost: ``benchmarks/nvme_digest.py`` (per 4 MiB) and ``benchmarks/nvme_io.py``
-(the round trip).
+(kept in memory: about 100 B of Python objects per extent), and every read is checked against
+the digests of the extents it covers, so a flipped bit or a file changed by someone else is a
+``NvmeIOError`` naming the damaged extent's byte range, not silently wrong gradients. Reads
+are cut at the written extents' boundaries, so an extent a read covers whole is checked from
+the bytes just read in one call; one a read covers in part (a fractional read ending inside
+it) is read again whole into scratch memory and checked (at most two per read call; those
+extra bytes are not booked as moved). Cost: ``benchmarks/nvme_digest.py`` (per 4 MiB) and
+``benchmarks/nvme_io.py`` (the round trip).
 
 Stuck drives: ``wait`` gives up after ``timeout_s`` (``runtime.nvme_timeout_s``) with
 ``NvmeTimeoutError`` naming the boundary and the file, instead of hanging the step forever.
