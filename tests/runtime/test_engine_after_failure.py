@@ -114,9 +114,9 @@ def test_a_step_failing_in_the_weight_conversion_gives_its_slots_back(tmp_path, 
 
 def test_a_step_failing_before_a_resident_load_was_used_frees_it_only_after_its_copy(
         tmp_path, monkeypatch, device):
-    """Block 0's conversion fails in f0, after block 1's resident load was queued: the failed
-    step drops that resident buffer while its H2D may still run (`cpu-checked`: a free under a
-    copy); the next step's gradients equal autograd."""
+    """Block 1's resident load is queued in f0 (after block 0's forward); f1 fails before its
+    compute waited for that H2D: the failed step drops the resident buffer while its H2D may
+    still run (`cpu-checked`: a free under a copy); the next step's gradients equal autograd."""
     ref, adapter = model_pair(tiny_config("llama", layers=3))
     problem = problem_for(adapter)
     plan = build_plan(problem, decisions_from_tiers(problem, (H, H, H, H), (),
@@ -124,21 +124,21 @@ def test_a_step_failing_before_a_resident_load_was_used_frees_it_only_after_its_
                       solver=SolveRecord(backend="manual"))
     assert plan.resident_weights == (1,)
     engine = make_engine(adapter, plan, device=device, nvme_dir=tmp_path / "nvme")
-    convert, calls = DeviceWeights.convert, []
+    ready, calls = DeviceWeights.ready, []
 
-    def failing_convert(self, staging, master):  # block 0's (the ends' is the first) fails
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("injected conversion failure")
-        convert(self, staging, master)
+    def failing_ready(self, handle):  # block 1's resident weights are never waited for
+        calls.append(handle.block)
+        if handle.block == 1:
+            raise RuntimeError("injected failure before block 1's compute")
+        return ready(self, handle)
 
     batches = micro_batches(1)
     try:
-        monkeypatch.setattr(DeviceWeights, "convert", failing_convert)
+        monkeypatch.setattr(DeviceWeights, "ready", failing_ready)
         with pytest.raises(RuntimeError, match="injected"):
             engine.compute_gradients(batches)
-        assert len(calls) >= 3, "block 1's resident load was queued before the failure"
-        monkeypatch.setattr(DeviceWeights, "convert", convert)
+        assert calls == [0, 1], "block 1's resident load was queued before the failure"
+        monkeypatch.setattr(DeviceWeights, "ready", ready)
         engine.compute_gradients(batches)
         grads = {k: v.clone() for k, v in engine.gradients().items()}
     finally:

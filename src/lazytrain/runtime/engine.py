@@ -103,7 +103,6 @@ class Engine:
         if grad_sync is not None and hasattr(grad_sync, "bind_device"):
             grad_sync.bind_device(self.dev)  # its async reductions, declared to the checker
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # the plan's 8-bit Adam states
-        self.weights.set_paths(plan.weight_paths, self.optimizer)  # how weights reach the device
         self.grad_sync = grad_sync
         self.lr = settings.lr
         self.clip = settings.clip_grad_norm or None
@@ -142,7 +141,6 @@ class Engine:
         self.resident = set(plan.resident_weights) | set(plan.keep_internals)
         self.keep = set(plan.keep_internals)
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # converts moments of blocks that change
-        self.weights.set_paths(plan.weight_paths, self.optimizer)
         # the store's per-window HBM limits come from the plan (constructor argument)
         self.store.set_hbm_limits({w.name: w.hbm_checkpoint_bytes for w in plan.windows})
         if self.instrument is not None:
@@ -218,14 +216,16 @@ class Engine:
             h = self.ends.embed(mb.input_ids)
             mb.kwargs = self.adapter.block_kwargs(mb.input_ids, h, **mb.mask_inputs)
             mb.weights[0] = self.prefetch_weights(0)
+            self.collect_load(mb, 0)
         for j in range(self.L):
             with self.window(forward_window(j)):
                 if self.plan.is_materialized(j):
                     self.store.put(j, h, self.plan.tiers[j], micro_batch=mb.index)  # produced
                 self.issue_transfers(forward_window(j), mb)
+                h = self.run_forward(mb, j, h)  # queued first; the host waits come after it
                 if j + 1 < self.L:
-                    mb.weights[j + 1] = self.prefetch_weights(j + 1)
-                h = self.run_forward(mb, j, h)
+                    mb.weights[j + 1] = self.prefetch_weights(j + 1)  # waits for its update
+                    self.collect_load(mb, j + 1)
                 if j not in self.resident:
                     self.weights.release(mb.weights.pop(j))
         return h
@@ -248,6 +248,7 @@ class Engine:
                 loss, grad = self.ends.head_and_loss(self.store.get(L, micro_batch=mb.index),
                                                      mb.targets, tokens)
             self.store.release(L, micro_batch=mb.index)
+            self.collect_load(mb, L - 1)
         if mb.aux is not None:
             loss += mb.aux.loss()  # HF: loss += coef * aux (every block has run forward)
         return loss, grad
@@ -273,6 +274,8 @@ class Engine:
                     grad = self.backward_block(mb, j, grad, step_lr=step_lr)
                     self.store.release(j, micro_batch=mb.index)
                     self.weights.release(mb.weights.pop(j))
+                    self.collect_load(mb, j - 1)
+                    self.drain.make_room()  # the next window's drain finds a landing buffer
         with self._timed_window("post"):
             self.drain_gradients(mb)  # block 0's
             self.ends.embed_backward(mb.input_ids, grad)
@@ -301,6 +304,13 @@ class Engine:
         group = self.params.blocks[j]
         self.optimizer.wait(group)
         return self.weights.load(group, j, resident=j in self.resident)
+
+    def collect_load(self, mb: MicroBatch, j: int) -> None:
+        """Wait for the host job that queues block j's H2D (`DeviceWeights.event_of`) at the
+        end of the window that started the load, after that window's compute is queued, so
+        the window that uses the weights starts by queueing its kernels."""
+        if j in mb.weights:
+            self.weights.event_of(mb.weights[j])
 
     def issue_transfers(self, window: str, mb: MicroBatch) -> None:
         """Every transfer the plan names for `window`, kinds in the store's required order."""

@@ -53,6 +53,7 @@ from torch.utils._pytree import tree_flatten
 
 from lazytrain.errors import JobFailure
 from lazytrain.runtime.device import Device, Event, Stream
+from lazytrain.runtime.queue_audit import QueueFirstAudit
 from lazytrain.runtime.sync_audit import SyncAudit
 
 PRUNE_AT = 48
@@ -125,6 +126,9 @@ class CheckedDevice(Device):
         self.ops_logged = 0
         self.implicit_syncs: dict[str, list[str]] = {}
         """Phase -> implicit syncs on device tensors seen there (`sync_audit`)."""
+        self.queue_audit = QueueFirstAudit(lambda: self.ledger.window)
+        """Host waits of the engine's thread before a window's first compute op
+        (`runtime/queue_audit.py`; `queue_audit.early_waits`)."""
 
     # --- clocks ------------------------------------------------------------------------------
 
@@ -279,10 +283,17 @@ class CheckedDevice(Device):
 
     def _host_wait(self, event: Event) -> None:
         with self._lock:
+            self._audit_wait(f"host wait for an event of {event.stream.name}")
             self._join(self._thread_actor(), event.raw)
+
+    def _audit_wait(self, what: str) -> None:
+        """A host wait: the queue-first audit's when the engine's (compute) thread makes it."""
+        if getattr(self._local, "compute", False):
+            self.queue_audit.host_wait(what)
 
     def synchronize(self) -> None:
         with self._lock:
+            self._audit_wait("synchronize")
             actor = self._thread_actor()
             for name in list(self._streams):
                 self._join(actor, self._clock(name))
@@ -395,6 +406,9 @@ class CheckedDevice(Device):
 
     def _joined(self, futures: Sequence[Future]) -> None:
         with self._lock:
+            if futures:
+                self._audit_wait("wait for jobs on " + ", ".join(sorted(
+                    {getattr(f, "lazytrain_channel", "host") for f in futures})))
             actor = self._thread_actor()
             for f in futures:
                 clock = getattr(f, "lazytrain_clock", None)
@@ -452,6 +466,7 @@ class CheckedDevice(Device):
                 epoch = self._tick(actor)
             else:
                 epoch = self._queue_on(self.compute)
+                self.queue_audit.compute_queued()
             op = f"{func.__name__}"
             self.ops_logged += 1
             for t in read:

@@ -397,6 +397,12 @@ class GradDrain:
         if on_done is not None:
             on_done()
 
+    def make_room(self) -> None:
+        """Finish the oldest drain when no buffer is free, so the next `drain` of one buffer
+        does not block: the engine calls it after a window's compute is queued."""
+        while not self.free and self.pending:  # an accumulator landing frees no buffer
+            self._finish_oldest()
+
     def flush(self) -> None:
         """Finish every queued drain."""
         while self.pending:
