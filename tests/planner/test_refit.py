@@ -90,6 +90,17 @@ def test_gpu_bandwidth_uses_the_wall_time_of_windows_that_waited_for_the_channel
     assert fit_bandwidths(ws, copies_overlap_compute=True)["h2d"] == pytest.approx(1e9)
 
 
+def test_gpu_bandwidth_leaves_out_host_blocks_on_other_channels():
+    # window 1: wall 7 of which 3 ms blocked on the optimizer -> t = 4 ms for 4 MB;
+    # window 2: wall 8 of which 4 ms blocked on the h2d itself -> t = 8 ms for 8 MB.
+    # inv_bw = (4e6 * 4e-3 + 8e6 * 8e-3) / (16e12 + 64e12) = 1e-9 s/B
+    ws = [{"wall_ms": 7.0, "bytes": {"h2d": 4e6}, "wait_ms": {"h2d": 1.0, "optimizer": 3.0},
+           "host_blocked_on_ms": {"optimizer": 3.0, "h2d": 0.0}},
+          {"wall_ms": 8.0, "bytes": {"h2d": 8e6}, "wait_ms": {"h2d": 4.0},
+           "host_blocked_on_ms": {"h2d": 4.0, "optimizer": 0.0}}]
+    assert fit_bandwidths(ws, copies_overlap_compute=True)["h2d"] == pytest.approx(1e9)
+
+
 def test_refit_profile_replaces_measured_entries_and_keeps_the_rest():
     plan = _plan(("hbm", "recompute", "hbm", "hbm"), keep=(2,))
     ws = [_w("f0", 1.0), _w("f1", 1.0), _w("f2", 1.3), _w("turn", 3.0), _w("b2", 2.0),

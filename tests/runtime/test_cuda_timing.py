@@ -17,7 +17,7 @@ import torch
 from lazytrain.runtime import device as device_mod
 from lazytrain.runtime.cuda_device import CudaDevice
 from lazytrain.runtime.device import Device, Event, Stream
-from lazytrain.runtime.instrument import Instrument
+from lazytrain.runtime.instrument import CHANNELS, Instrument
 
 
 class _Plan:
@@ -102,6 +102,7 @@ def test_cuda_compute_excludes_the_stream_idle_while_the_host_waited_and_copy_wa
     assert w["compute_ms"] == 31.0
     assert w["host_blocked_ms"] == 15.0
     assert w["exposed_ms"] == 19.0
+    assert w["host_blocked_on_ms"] == dict.fromkeys(CHANNELS, 0.0) | {"h2d": 15.0}
     assert 4.0 <= w["wait_ms"]["h2d"] < 4.5  # the stall, and the host wait's wall clock (~0)
 
 
@@ -129,6 +130,9 @@ def test_cuda_nested_blocks_and_engine_host_work_count_once_as_blocked():
 
     w = one_window(FakeGpu([0.0, 5.0, 12.0, 20.0, 26.0, 30.0]), body)
     assert (w["compute_ms"], w["host_blocked_ms"]) == (17.0, 13.0)
+    # the outer wait names the block; the host work is "host"
+    assert w["host_blocked_on_ms"] == dict.fromkeys(CHANNELS, 0.0) | {"nvme_read": 7.0,
+                                                                      "host": 6.0}
 
 
 def test_cpu_backend_gives_the_same_fields_compute_is_the_wall_of_the_compute():

@@ -22,8 +22,10 @@ lam = 0 and a full-rank design it is ordinary least squares.
 
 Bandwidth per channel (through-origin least squares of time on bytes, `inv_bw = sum b t / sum
 b^2`): on a CPU (channels contend with compute, the evaluator sums them) t is the time the
-window waited for the channel; on a GPU (channels overlap compute) t is the window's wall time,
-over windows whose compute waited for that channel (the channel bounds those windows).
+window waited for the channel; on a GPU (channels overlap compute) t is the window's wall time
+less the time its engine thread was blocked on anything else (`host_blocked_on_ms` of the other
+channels: a wait for an AdamW update does not make the h2d slower), over windows whose compute
+waited for that channel (the channel bounds those windows).
 
 Pure Python + numpy; knows no torch and no solver.
 """
@@ -191,7 +193,8 @@ def fit_bandwidths(windows: Iterable[dict], *, copies_overlap_compute: bool
     Args:
         windows: window records with `bytes` and `wait_ms` per channel (and `wall_ms`).
         copies_overlap_compute: GPU (True: fit wall time of the windows that waited for the
-            channel) or CPU (False: fit the channel's wait time).
+            channel, less their host blocks on other channels) or CPU (False: fit the
+            channel's wait time).
 
     Returns:
         channel -> bytes/s, or None when no window moved bytes on it (or all waits were 0).
@@ -208,7 +211,8 @@ def fit_bandwidths(windows: Iterable[dict], *, copies_overlap_compute: bool
             if copies_overlap_compute:
                 if wait <= 0:
                     continue
-                t = float(w.get("wall_ms") or 0.0)
+                others = (w.get("host_blocked_on_ms") or {}).items()  # absent: older runs
+                t = float(w.get("wall_ms") or 0.0) - sum(float(v) for c, v in others if c != ch)
             else:
                 t = wait
             sbt[ch] += b * t / 1e3

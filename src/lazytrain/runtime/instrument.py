@@ -53,6 +53,9 @@ re-planning/refit code reads these key names):
          "compute_ms": float,   # compute-stream time (see above), ms
          "exposed_ms": float,   # wall_ms - compute_ms
          "host_blocked_ms": float,  # compute stream idle while the engine thread was blocked
+         "host_blocked_on_ms": {"h2d", "d2h", "nvme_read", "nvme_write", "optimizer",
+                                "host": float ms},  # the same, by what the thread waited
+                                # for (an outermost wait's channel; host: its host work)
                                 # (optional: files written before it lack it)
          "wait_ms": {"h2d", "d2h", "nvme_read", "nvme_write", "optimizer", "host": float ms},
          "busy_ms": {"h2d", "d2h", "nvme_read", "nvme_write": float ms},
@@ -111,7 +114,7 @@ class _Window:
         self.busy_events: list[tuple[str, object, object]] = []  # CUDA event pairs
         self.host_ms = 0.0
         self.computing: list[tuple[object, object]] = []  # timing-event pairs of compute
-        self.blocked: list[tuple[object, object]] = []  # pairs around the engine's blocks
+        self.blocked: list[tuple] = []  # (event, event, channel) around the engine's blocks
         self.open_at = start  # the event the current compute stretch began at (None: blocked)
         self.depth = 0  # nested blocks of the engine's thread
         self.peaks: dict[str, int] | None = None
@@ -159,23 +162,25 @@ class Instrument:
             if w.open_at is not None:
                 now = self.device.timing_event()
                 w.computing.append((w.open_at, now))
-                w.blocked.append((now, None))
+                w.blocked.append((now, None, "host"))
                 w.open_at = None
 
-    def _unblock(self, w: _Window) -> None:
-        """The engine's thread's block ended: the next compute stretch begins (outermost)."""
+    def _unblock(self, w: _Window, channel: str) -> None:
+        """The engine's thread's block on `channel` ended: the next compute stretch begins
+        (at the outermost block's end, which names the channel)."""
         if w.depth > 0:
             w.depth -= 1
             if w.depth == 0 and w.open_at is None:
                 now = self.device.timing_event()
-                w.blocked[-1] = (w.blocked[-1][0], now)
+                w.blocked[-1] = (w.blocked[-1][0], now, channel)
                 w.open_at = now
 
     def on_wait(self, channel: str, seconds: float) -> None:
         w = self._open
         if w is not None:
-            w.waits[channel if channel in w.waits else "host"] += seconds * 1e3
-            self._unblock(w)
+            channel = channel if channel in w.waits else "host"
+            w.waits[channel] += seconds * 1e3
+            self._unblock(w, channel)
 
     def on_stream_wait(self, channel: str, start, end) -> None:
         w = self._open
@@ -203,7 +208,7 @@ class Instrument:
             if w is not None:
                 w.host_ms += seconds * 1e3
                 if threading.current_thread() is self._engine_thread:
-                    self._unblock(w)
+                    self._unblock(w, "host")
 
     # --- windows -----------------------------------------------------------------------------
 
@@ -298,10 +303,13 @@ class Instrument:
         # (module docstring), never more than the window less its copy waits
         compute = sum(self.device.elapsed_ms(a, b) for a, b in w.computing)
         compute = max(0.0, min(compute, wall - stream_waits))
-        blocked = sum(self.device.elapsed_ms(a, b) for a, b in w.blocked)
+        blocked_on = dict.fromkeys(CHANNELS, 0.0)
+        for a, b, channel in w.blocked:
+            blocked_on[channel] += self.device.elapsed_ms(a, b)
         return {"name": w.name, "wall_ms": round(wall, 4), "compute_ms": round(compute, 4),
                 "exposed_ms": round(wall - compute, 4),
-                "host_blocked_ms": round(max(0.0, blocked), 4),
+                "host_blocked_ms": round(max(0.0, sum(blocked_on.values())), 4),
+                "host_blocked_on_ms": {c: round(max(0.0, v), 4) for c, v in blocked_on.items()},
                 "wait_ms": {c: round(w.waits[c], 4) for c in CHANNELS},
                 "busy_ms": {c: round(w.busy[c], 4) for c in BYTE_CHANNELS},
                 "host_ms": round(w.host_ms, 4), "bytes": dict.fromkeys(BYTE_CHANNELS, 0),
@@ -328,7 +336,7 @@ class _WindowScope:
         if w.open_at is not None:  # the last compute stretch ends with the window
             w.computing.append((w.open_at, w.end))
         elif w.blocked and w.blocked[-1][1] is None:  # left blocked (an error inside a wait)
-            w.blocked[-1] = (w.blocked[-1][0], w.end)
+            w.blocked[-1] = (w.blocked[-1][0], w.end, "host")
         w.peaks = _tier_peaks(inst.store.bytes_by_tier())  # pre/post; store windows override
         inst._mb_windows.append(w)
         with inst._lock:
