@@ -135,6 +135,14 @@ def test_cuda_nested_blocks_and_engine_host_work_count_once_as_blocked():
                                                                       "host": 6.0}
 
 
+def test_waiting_for_finished_jobs_is_no_block_and_records_no_events():
+    # only the window's own two events: a finished NVMe chunk's future blocks nobody
+    done = Future()
+    done.set_result(None)
+    w = one_window(FakeGpu([0.0, 10.0]), lambda dev: dev.wait_futures([done] * 50))
+    assert (w["compute_ms"], w["host_blocked_ms"]) == (10.0, 0.0)
+
+
 def test_cpu_backend_gives_the_same_fields_compute_is_the_wall_of_the_compute():
     # CPU: a synchronous copy and a wait are blocks of the engine's thread (which computes)
     # 0 start; 3 copy begins; 7 ends; 9 host wait begins; 14 ends; 20 end
