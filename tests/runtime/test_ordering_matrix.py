@@ -171,3 +171,29 @@ def test_an_engine_leaves_a_device_it_was_given_open_for_the_next_engine(tmp_pat
         dev.close()
     with pytest.raises(RuntimeError, match="closed"):
         dev.copy(torch.empty(2), torch.ones(2), stream=dev.stream("h2d"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ends_spanning_three_staging_buffers_under_checker(backend, tmp_path):
+    """The multi-chunk ends paths: with vocabulary 800 the ends (2 x 800 x 64 parameters) span
+    3 staging buffers and 3 gradient drain buffers of a block's size; their load and drain run
+    chunk by chunk, with gradients equal plain HF autograd."""
+    config = tiny_config("llama")
+    config.vocab_size = 800
+    ref, adapter = model_pair(config)
+    ends, block = adapter.params.ends.numel, adapter.params.max_block_numel()
+    assert 2 * block < ends <= 3 * block
+    problem = problem_for(adapter, grad_accum=2)
+    plan = build_plan(problem, decisions_from_tiers(problem, (D, D, H, D, H), ()),
+                      solver=SolveRecord(backend="manual"))
+    batches = micro_batches(2)
+    engine = make_engine(adapter, plan, device=make_device(backend, seed=11),
+                         nvme_dir=tmp_path / "nvme", grad_accum=2)
+    try:
+        loss = engine.compute_gradients(batches)
+        grads = {k: v.clone() for k, v in engine.gradients().items()}
+    finally:
+        _close(engine)
+    ref_loss, ref_grads = reference_grads(ref, batches)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    _assert_grads_match(grads, ref_grads)

@@ -52,8 +52,12 @@ class Defect:
     """One seeded defect: `apply(monkeypatch, device)` damages the runtime."""
 
     apply: Callable
-    run: Run = field(default_factory=Run)
     caught_by: tuple = ("cpu-checked",)
+    """Backends that must catch it: `cpu-threaded` only where its timing makes the damage
+    certain (a copy delayed 0.1-0.2 s, a job 20-50 ms, a dropped boundary copy poisoned); the
+    others it catches only now and then (the CPU allocator hands out memory that still holds
+    the right values, or a later wait hurries the late copy first)."""
+    run: Run = field(default_factory=Run)
 
 
 def _skip_stream_wait(name: str):
@@ -66,6 +70,18 @@ def _skip_stream_wait(name: str):
                 original(self, stream, other)
         monkeypatch.setattr(type(device), "wait_stream", wait_stream)
     return apply
+
+
+def _fresh_prefetch_without_compute_wait(monkeypatch, device):
+    """The store's h2d into a freshly allocated prefetch buffer no longer waits for the compute
+    queued before the allocation (a stream wait, or the allocation's event)."""
+    _skip_stream_wait("ckpt_h2d")(monkeypatch, device)
+    original = getattr(ActivationStore, "_allocate_prefetch", None)
+    if original is not None:
+        def allocate_prefetch(self, e):
+            original(self, e)
+            e.dev_allocated = None
+        monkeypatch.setattr(ActivationStore, "_allocate_prefetch", allocate_prefetch)
 
 
 def _ends_zeroed_under_drain(monkeypatch, device):
@@ -149,17 +165,33 @@ def _masters_read_without_optimizer_wait(monkeypatch, device):
 
 DEFECTS = {
     "grad_d2h_not_after_backward": Defect(_skip_stream_wait("d2h")),
-    "ends_grad_zeroed_under_its_d2h": Defect(_ends_zeroed_under_drain),
-    "ckpt_d2h_event_not_at_window_barrier": Defect(_d2h_event_not_tracked),
+    "ends_grad_zeroed_under_its_d2h": Defect(_ends_zeroed_under_drain,
+                                             caught_by=("cpu-checked", "cpu-threaded")),
+    "ckpt_d2h_event_not_at_window_barrier": Defect(_d2h_event_not_tracked,
+                                                   caught_by=("cpu-checked", "cpu-threaded")),
     "landing_buffer_reused_before_accumulation": Defect(_landing_buffer_reused_early),
-    "store_h2d_into_fresh_buffer_without_compute_wait": Defect(_skip_stream_wait("ckpt_h2d")),
+    "store_h2d_into_fresh_buffer_without_compute_wait": Defect(
+        _fresh_prefetch_without_compute_wait),
     "h2d_event_not_kept_on_entry": Defect(_h2d_event_dropped),
     "adamw_queued_before_accumulation": Defect(_update_before_accumulation),
     "multi_chunk_ends_wait_first_chunk_only": Defect(_ends_wait_first_chunk_only,
                                                      run=Run(tiers=(H,) * 5, vocab=WIDE_VOCAB)),
-    "nvme_read_not_waited_before_h2d": Defect(_nvme_read_not_waited, run=Run(tiers=(N,) * 4 + (H,))),
-    "masters_read_without_optimizer_wait": Defect(_masters_read_without_optimizer_wait),
+    "nvme_read_not_waited_before_h2d": Defect(_nvme_read_not_waited,
+                                              run=Run(tiers=(N,) * 4 + (H,))),  # all NVMe
+    "masters_read_without_optimizer_wait": Defect(_masters_read_without_optimizer_wait,
+                                                  caught_by=("cpu-checked", "cpu-threaded")),
 }
+
+
+def _batches(*, seed: int, vocab: int | None) -> list[dict]:
+    """Two micro-batches; with a wider vocabulary their tokens spread over all of it (the
+    embedding then reads rows of every ends chunk)."""
+    batches = micro_batches(2, seed=seed)
+    if vocab is not None:
+        for b in batches:  # 1..95 -> 8..760; padding (0) and ignored labels (-100) stay
+            b["input_ids"] = b["input_ids"] * 8
+            b["labels"] = torch.where(b["labels"] >= 0, b["labels"] * 8, b["labels"])
+    return batches
 
 
 def _train(device, tmp_path, run: Run) -> dict[str, torch.Tensor]:
@@ -173,7 +205,7 @@ def _train(device, tmp_path, run: Run) -> dict[str, torch.Tensor]:
                          lr=1e-2, clip_grad_norm=run.clip)
     try:
         for s in range(run.steps):
-            engine.step(micro_batches(2, seed=30 + s))
+            engine.step(_batches(seed=30 + s, vocab=run.vocab))
         masters = {k: v.clone() for k, v in engine.named_masters().items()}
     finally:
         engine.close()

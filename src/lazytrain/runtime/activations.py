@@ -218,7 +218,8 @@ class ActivationStore:
             NvmeIOError: a finished NVMe write of ``e`` failed.
         """
         if e.tier in ("dram", "nvme") and e.src is not None and e.done["d2h"] == e.nbytes:
-            e.src = None  # drained: the compute stream already waits on the d2h event
+            self.dev.discard(e.src)  # drained: the compute stream already waits on the d2h
+            e.src = None
             self._count("hbm", -e.nbytes)
         write_done = e.done["nvme_write"] == e.padded_bytes
         if e.tier == "nvme" and write_done and e.host is not None and not e.read_started:
@@ -352,10 +353,10 @@ class ActivationStore:
         if (e.src is not None or e.aliased) and e.d2h_event is not None:
             # the allocator frees the HBM copy (also one an h2d adopted) on compute: after the d2h
             self.dev.wait_event(self.dev.compute, e.d2h_event)
-        if e.src is not None:
-            self._count("hbm", -e.nbytes)
-        if e.dev is not None:
-            self._count("hbm", -e.nbytes)
+        for copy in (e.src, e.dev):
+            if copy is not None:
+                self._count("hbm", -e.nbytes)
+                self.dev.discard(copy)
         if e.host is not None:
             self._release_host(e)
         if e.file_bytes:

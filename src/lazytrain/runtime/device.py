@@ -323,6 +323,11 @@ class Device:
         """A pool takes `tensor` back for reuse: every copy and kernel that touched it must have
         completed (host) or be ordered before its next user (device)."""
 
+    def discard(self, tensor: torch.Tensor) -> None:
+        """The caller drops its device tensor (a boundary's HBM or prefetched copy): its memory
+        goes back to the allocator once nothing else holds it (`cpu-threaded` poisons it then,
+        so a copy or kernel still using it reads poison)."""
+
     def host_access(self, tensor: torch.Tensor, *, write: bool, what: str) -> None:
         """Declare a host read or write of `tensor` that is not a torch op (`what` names it)."""
 
