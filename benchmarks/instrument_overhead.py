@@ -7,9 +7,10 @@ Two engines on the same plan and identical weights, one with `instrument=True`; 
 interleaved (off/on, then on/off, ...) so both see the same machine load. Prints the median and
 the best step time of each and the ratio on/off (goal: <= 1.02). The first round is warm-up.
 On a loaded machine that ratio is dominated by noise, so the script also measures the
-instrumentation's own cost directly: the clock reads the instrument makes per step (counted),
-times the measured cost of one timed no-op call, plus the measured cost of `take_records`,
-as a fraction of the step. Not part of CI.
+instrumentation's own cost directly: the timing events of one step (counted; every window's
+two, two per block of the engine's thread, two per compute-stream wait), times the measured
+cost of half a block (`on_block` + `on_wait` in a loop), plus the measured cost of
+`take_records`, as a fraction of the step. Not part of CI.
 """
 
 from __future__ import annotations
@@ -71,38 +72,40 @@ def batch(args, step: int) -> dict:
 
 
 def direct_cost_ms(engine, args) -> float:
-    """Instrument cost of one step, ms: (clock reads / 2) timed calls of a no-op + records."""
-    import lazytrain.runtime.instrument as ins
+    """Instrument cost of one step, ms: its timing events (counted over one step; each costs
+    about half of one engine-thread block, `on_block` + `on_wait`, timed in a loop) plus
+    resolving the step's records."""
+    dev, inst = engine.dev, engine.instrument
+    events = {"n": 0}
+    real = dev.timing_event
 
-    class CountingClock:
-        calls = 0
+    def counting(stream=None):
+        events["n"] += 1
+        return real(stream)
 
-        @staticmethod
-        def perf_counter():
-            CountingClock.calls += 1
-            return time.perf_counter()
-
-    real = ins.time
-    ins.time = CountingClock
+    dev.timing_event = counting  # this object only; removed below
     try:
         engine.step([batch(args, 99)])
     finally:
-        ins.time = real
-    timed = engine.instrument._timed("h2d", lambda: None)
+        del dev.timing_event
+    inst.begin_step()
+    inst.begin_micro_batch(0)
     n = 20000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        timed()
-    per_call_s = (time.perf_counter() - t0) / n
-    engine.instrument.begin_step()
-    engine.instrument.begin_micro_batch(0)
+    with inst.window("probe"):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            inst.on_block()
+            inst.on_wait("h2d", 0.0)
+        per_block_s = (time.perf_counter() - t0) / n
+    inst.begin_step()  # forget the probe
+    inst.begin_micro_batch(0)
     for name in ["pre"] + [w.name for w in engine.plan.windows] + ["post"]:
-        with engine.instrument.window(name):
+        with inst.window(name):
             pass
     t0 = time.perf_counter()
-    engine.instrument.take_records()
+    inst.take_records()
     records_s = time.perf_counter() - t0
-    return (CountingClock.calls / 2 * per_call_s + records_s) * 1e3
+    return (events["n"] / 2 * per_block_s + records_s) * 1e3
 
 
 def main() -> None:
