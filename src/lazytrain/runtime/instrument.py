@@ -81,7 +81,6 @@ end.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 from lazytrain.atomic import append_jsonl
