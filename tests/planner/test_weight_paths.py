@@ -69,7 +69,7 @@ def test_masters_in_the_compute_dtype_pin_themselves_for_free():
     base = evaluate(p, ALL_HBM)
     pinned = evaluate(p, dataclasses.replace(ALL_HBM, weight_paths=("pinned_copy",) * 2))
     assert pinned.dram_bytes == base.dram_bytes
-    assert pinned.step_ms == pytest.approx(PINNED_STEP)
+    assert pinned.pinned_bytes == base.pinned_bytes
 
 
 def test_with_weight_paths_applies_again_without_double_counting():
@@ -158,3 +158,17 @@ def test_seed_scenario_pins_its_bf16_masters(repo_root):
     chosen = choose_weight_paths(problem)
     assert chosen.paths == ("pinned_copy",) * 64
     assert chosen.nvme_staging_bytes == problem.nvme_staging_bytes  # no copy, no extra DRAM
+
+
+def test_gradients_that_land_in_the_accumulator_cost_no_host_time():
+    # masters in the compute dtype and one micro-batch per step: every drain is the step's
+    # first and lands in the accumulator, so pinned paths leave no host work at all: the
+    # windows of the problem without host rates (20, 10, 20, 32, 32; pre 20, post 10: 144)
+    p = _problem(master_bytes_ratio=1.0)
+    ev = evaluate(p, dataclasses.replace(ALL_HBM, weight_paths=("pinned_copy",) * 2))
+    assert ev.host_ms_by_window == (0.0,) * 5
+    assert ev.step_ms == pytest.approx(144.0)
+    # two micro-batches: the second adds on the host (b0: G1 100 u / 1e3 u/s = 100 ms)
+    p2 = _problem(master_bytes_ratio=1.0, grad_accum=2)
+    ev2 = evaluate(p2, dataclasses.replace(ALL_HBM, weight_paths=("pinned_copy",) * 2))
+    assert ev2.host_ms_by_window[4] == pytest.approx(100.0)

@@ -93,7 +93,8 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
         bw_h2d=per_ms(p.h2d_bytes_per_s), bw_d2h=per_ms(p.d2h_bytes_per_s),
         bw_x=per_ms(p.duplex_bytes_per_s), bw_nr=per_ms(p.nvme_read_bytes_per_s),
         bw_nw=per_ms(p.nvme_write_bytes_per_s), host_conv=per_ms(p.host_convert_bytes_per_s),
-        host_acc=per_ms(p.host_accumulate_bytes_per_s), embed=p.embed_ms, head=p.head_ms,
+        host_acc=per_ms(p.host_accumulate_bytes_per_s) if p.accumulates_on_host else 0.0,
+        embed=p.embed_ms, head=p.head_ms,
         overlap=p.copies_overlap_compute, grad_accum=p.grad_accum,
         step_const_ms=p.grad_accum * (pre + post + (2 * L + 1) * p.window_overhead_ms)
         + p.const_ms,

@@ -224,6 +224,18 @@ class PlanningProblem(Bandwidths):
                      for b, path in zip(self.weight_bytes, self.paths))
 
     @property
+    def accumulates_on_host(self) -> bool:
+        """Whether drained block gradients are added on the host: False with masters in the
+        compute dtype and one micro-batch per step, where every drain is the step's first and
+        lands in the accumulator itself (docs/execution_model.md, "Weight paths")."""
+        return not (self.master_bytes_ratio == 1 and self.grad_accum == 1)
+
+    def block_accumulate_bytes(self, grad_bytes: float) -> float:
+        """The host-accumulated bytes of a drained block gradient of `grad_bytes`: all of
+        them, or 0 where `accumulates_on_host` is False."""
+        return grad_bytes if self.accumulates_on_host else 0.0
+
+    @property
     def num_blocks(self) -> int:
         """L, the number of transformer blocks."""
         return len(self.fwd_ms)

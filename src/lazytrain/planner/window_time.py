@@ -24,7 +24,8 @@ def _ms(nbytes: float, bytes_per_s: float) -> float:
 def host_ms(problem: PlanningProblem, weight_bytes: float, grad_bytes: float) -> float:
     """Host time of a window, ms: weight bytes converted into staging / the conversion rate +
     drained gradient bytes added into the host accumulator / the accumulation rate (a rate of
-    0 counts 0: not modelled). The NVMe path adds nothing (O_DIRECT from the pinned bounce
+    0 counts 0: not modelled; block gradients that land in the accumulator count 0,
+    `PlanningProblem.accumulates_on_host`). The NVMe path adds nothing (O_DIRECT from the pinned bounce
     buffer, no staging memcpy); the optimizer update overlaps later windows on its own
     thread. Source: docs/execution_model.md, "Host work"."""
     p = problem
@@ -32,7 +33,7 @@ def host_ms(problem: PlanningProblem, weight_bytes: float, grad_bytes: float) ->
     if p.host_convert_bytes_per_s > 0:
         out += _ms(weight_bytes, p.host_convert_bytes_per_s)
     if p.host_accumulate_bytes_per_s > 0:
-        out += _ms(grad_bytes, p.host_accumulate_bytes_per_s)
+        out += _ms(p.block_accumulate_bytes(grad_bytes), p.host_accumulate_bytes_per_s)
     return out
 
 
@@ -125,7 +126,9 @@ def post_ms(problem: PlanningProblem) -> float:
     `window_overhead_ms`."""
     nbytes = problem.grad_bytes[0] + problem.ends_grad_bytes
     drain = _ms(nbytes, problem.d2h_bytes_per_s)
-    host = host_ms(problem, 0.0, nbytes)
+    host = host_ms(problem, 0.0, problem.grad_bytes[0])
+    if problem.host_accumulate_bytes_per_s > 0:  # the ends' fp32 gradient is always added
+        host += _ms(problem.ends_grad_bytes, problem.host_accumulate_bytes_per_s)
     if problem.copies_overlap_compute:
         return max(drain, host) + problem.window_overhead_ms
     return drain + host + problem.window_overhead_ms

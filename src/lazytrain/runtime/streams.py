@@ -327,7 +327,8 @@ class GradDrain:
 
     Gradients travel in the compute dtype (the plan's G bytes; MegaTrain drains bf16 too): each
     drain copies the flat gradient into a pinned buffer on the "d2h" stream (after the compute
-    that produced it), and an accumulation worker thread (off the main thread's critical
+    that produced it; the step's first gradient of a group whose accumulator has the gradient's
+    dtype lands in the accumulator itself, `_land_in_accumulator`), and an accumulation worker thread (off the main thread's critical
     path) waits for the copy's event and adds the buffer into the host
     accumulator; the buffer is reused, and the drain's `on_done` runs on the calling thread,
     only once that job finished. A group larger than one buffer (the ends:
@@ -354,6 +355,7 @@ class GradDrain:
                         .view(dtype) for k in range(count)]
         self.free = deque(range(len(self.buffers)))
         self.worker = device.host_workers("accum")
+        self._pinned: set[str] = set()
 
     def drain(self, group: ParamGroup, grad: torch.Tensor | None, *, first: bool,
               on_done: Callable[[], None] | None = None) -> Event | None:
@@ -366,11 +368,13 @@ class GradDrain:
                 on_done()
             return None
         self.device.wait_stream(self.d2h, self.device.compute)  # grad is complete on compute
+        if first and grad.dtype == group.grad.dtype:
+            return self._land_in_accumulator(group, grad, on_done)
         starts = range(0, group.numel, self.numel)
         for start in starts:
             end = min(group.numel, start + self.numel)
-            if not self.free:
-                self._finish_oldest()
+            while not self.free or len(self.pending) >= len(self.buffers):
+                self._finish_oldest()  # at most `count` drains in flight, landings included
             k = self.free.popleft()
             buf = self.buffers[k][:end - start]
             event = self.device.copy(buf, grad[start:end], stream=self.d2h)
@@ -379,6 +383,24 @@ class GradDrain:
             last = start == starts[-1]
             self.pending.append((job, k, on_done if last else None))
         # the device gradient may be freed by compute before the copies ran
+        self.device.record_stream(grad, self.d2h)
+        return event
+
+    def _land_in_accumulator(self, group: ParamGroup, grad: torch.Tensor,
+                             on_done: Callable[[], None] | None) -> Event:
+        """The step's first gradient of `group` already in the accumulator's dtype: one D2H
+        straight into the accumulator (page-locked in place), no landing buffer and no host
+        add. The accumulator is free: the previous step's update of the group, its last
+        reader and writer, finished before the group's weights loaded for this step. A
+        worker job waits for the copy, so `on_done` runs after it as on the landing path."""
+        if group.name not in self._pinned:
+            self.device.pin_in_place(group.grad, name=f"{group.name} gradient accumulator")
+            self._pinned.add(group.name)
+        while len(self.pending) >= len(self.buffers):  # as many device gradients in flight as
+            self._finish_oldest()                       # the landing path keeps (the plan's)
+        event = self.device.copy(group.grad, grad, stream=self.d2h)
+        job = self.device.submit(self.worker, self.device.host_wait, event, channel="d2h")
+        self.pending.append((job, None, on_done))
         self.device.record_stream(grad, self.d2h)
         return event
 
@@ -393,7 +415,8 @@ class GradDrain:
         job, k, on_done = self.pending.popleft()
         self.device.wait_futures([job])  # ordered after the worker's read of the buffer
         job.result()  # re-raises the worker's error
-        self.free.append(k)
+        if k is not None:  # None: landed in the accumulator, no buffer
+            self.free.append(k)
         if on_done is not None:
             on_done()
 

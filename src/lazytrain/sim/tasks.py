@@ -246,7 +246,7 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
             b.drain_of[j + 1] = b.add(f"G{j + 1} drain", "d2h", w, p.grad_bytes[j + 1],
                                       deps=[(b.bwd[j + 1], "gradient drain after backward")],
                                       kind="grad", block=j + 1)
-            b.accumulate(f"G{j + 1}", w, p.grad_bytes[j + 1], j + 1)
+            b.accumulate(f"G{j + 1}", w, p.block_accumulate_bytes(p.grad_bytes[j + 1]), j + 1)
         b.transfers(w)
         if j >= 1:
             loads[j - 1] = fwd_load[j - 1] if j - 1 in resident else b.load(j - 1, w, "bwd")
@@ -266,7 +266,8 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
     b.drain_of[0] = b.add("G0+ends drain", "d2h", "post", p.grad_bytes[0] + p.ends_grad_bytes,
                           deps=[(b.bwd[0], "gradient drain after backward")], kind="grad",
                           block=0)
-    b.accumulate("G0+ends", "post", p.grad_bytes[0] + p.ends_grad_bytes, 0)
+    b.accumulate("G0+ends", "post", p.block_accumulate_bytes(p.grad_bytes[0])
+                 + p.ends_grad_bytes, 0)
 
 
 def _bwd(b: _Builder, j: int, w: str, load: int, *, deps: list) -> None:
