@@ -23,8 +23,8 @@ from lazytrain.runtime.engine import Engine
 from test_engine_grads import _assert_grads_match
 from test_ordering_matrix import MATRIX, _plan
 
-HOST_FREE = ["all_hbm_segments_of_1", "all_dram"]
-"""Plan kinds with no multi-block segment and no NVMe boundary: no early wait at all."""
+HOST_FREE = ["all_hbm_segments_of_1", "all_dram", "all_nvme", "mixed_tiers", "resident_weights"]
+"""Plan kinds without a segment of two or more blocks: no early wait at all."""
 
 
 def allowed_early_waits(plan) -> set[str]:
@@ -33,11 +33,6 @@ def allowed_early_waits(plan) -> set[str]:
     for s, e in plan.segments():
         if e - s >= 2:  # the segment's first recompute load, in b{e-1}
             allowed.add(f"{backward_window(e - 1)}: wait for jobs on host")
-    for t in plan.transfers:
-        if t.kind == "nvme_read":  # waits for the boundary's write
-            allowed.add(f"{t.window}: wait for jobs on nvme_write")
-        if t.kind == "h2d" and plan.tiers[t.boundary] == "nvme":  # waits for its read
-            allowed.add(f"{t.window}: wait for jobs on nvme_read")
     return allowed
 
 
@@ -90,3 +85,22 @@ def test_reordered_windows_keep_gradients_equal_to_autograd(tmp_path):
     ref_loss, ref_grads = reference_grads(ref, batches)
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     _assert_grads_match(grads, ref_grads)
+
+
+def test_an_nvme_h2d_issued_after_compute_waits_for_its_buffer_s_allocation(tmp_path,
+                                                                            monkeypatch):
+    """The h2d of an nvme boundary is issued after the window's compute into a buffer
+    allocated before it: without the wait for that allocation's event, the copy may write
+    memory the compute stream still uses (cpu-checked: first use on another stream)."""
+    from lazytrain.runtime.hb_checker import OrderingViolation
+
+    original = type(make_device("cpu-checked")).wait_event
+
+    def wait_event(self, stream, event):  # drops the h2d stream's wait for the allocation
+        if stream.name == "ckpt_h2d" and event is not None and event.stream.name == "compute":
+            return
+        original(self, stream, event)
+
+    monkeypatch.setattr(type(make_device("cpu-checked")), "wait_event", wait_event)
+    with pytest.raises(OrderingViolation, match="first use on another stream"):
+        _early_waits("all_nvme", tmp_path, clip=0.5)

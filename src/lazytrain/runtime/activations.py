@@ -487,16 +487,34 @@ class ActivationStore:
         if e.tier == "nvme":
             self.io.wait(e.read_futures)  # sync point: bytes read back before they are sent
         if e.dev is None:
-            e.dev = self.dev.empty(e.nbytes, torch.uint8, name=f"prefetched copy of {e.label}")
-            self._count("hbm", e.nbytes)  # prefetched copy counts from its first fraction
-        # Order after the device buffer's allocation (compute stream) and the d2h that filled
-        # the host copy (an NVMe read was waited for on the host above).
-        self.dev.wait_stream(self.h2d_stream, self.dev.compute)
+            self._allocate_prefetch(e)
+        # Order after the device buffer's allocation (the compute queued before it: all so far,
+        # or up to `reserve_h2d`'s event) and the d2h that filled the host copy (an NVMe read
+        # was waited for on the host above).
+        if e.dev_allocated is None:
+            self.dev.wait_stream(self.h2d_stream, self.dev.compute)
+        else:
+            self.dev.wait_event(self.h2d_stream, e.dev_allocated)
         self.dev.wait_event(self.h2d_stream, e.d2h_event)
         e.h2d_event = self._track(self.dev.copy(e.dev[start:end], e.host[start:end],
                                                 stream=self.h2d_stream))
         self.dev.record_stream(e.dev, self.h2d_stream)
         e.done["h2d"] = end
+
+    def reserve_h2d(self, boundary: int, *, micro_batch: int = 0) -> None:
+        """Allocate the boundary's prefetch buffer now, for an h2d issued later in the window:
+        issued after the window's compute, that h2d waits only for the compute queued before
+        this allocation (the caching allocator's rule), not for the window's own kernels.
+        Nothing for a boundary whose HBM copy an h2d would adopt, or already allocated."""
+        e = self._entries[(boundary, micro_batch)]
+        if e.dev is None and e.src is None:
+            self._allocate_prefetch(e)
+            e.dev_allocated = self.dev.record(self.dev.compute)
+            self._check_hbm(f"h2d buffer of {e.label}")
+
+    def _allocate_prefetch(self, e: BoundaryEntry) -> None:
+        e.dev = self.dev.empty(e.nbytes, torch.uint8, name=f"prefetched copy of {e.label}")
+        self._count("hbm", e.nbytes)  # prefetched copy counts from its allocation
 
     def _track(self, event):
         """Remember a copy's event for the window barrier."""

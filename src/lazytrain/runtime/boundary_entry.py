@@ -38,6 +38,7 @@ class BoundaryEntry:
     done: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRANSFER_KINDS, 0))
     d2h_event: object | None = None  # device API event of the last d2h copy
     h2d_event: object | None = None
+    dev_allocated: object | None = None  # compute event at a reserved dev's allocation
     write_futures: list = field(default_factory=list)
     read_futures: list = field(default_factory=list)
 

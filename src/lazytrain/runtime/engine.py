@@ -223,6 +223,7 @@ class Engine:
                     self.store.put(j, h, self.plan.tiers[j], micro_batch=mb.index)  # produced
                 self.issue_transfers(forward_window(j), mb)
                 h = self.run_forward(mb, j, h)  # queued first; the host waits come after it
+                self.issue_transfers(forward_window(j), mb, after_compute=True)
                 if j + 1 < self.L:
                     mb.weights[j + 1] = self.prefetch_weights(j + 1)  # waits for its update
                     self.collect_load(mb, j + 1)
@@ -248,6 +249,7 @@ class Engine:
                 loss, grad = self.ends.head_and_loss(self.store.get(L, micro_batch=mb.index),
                                                      mb.targets, tokens)
             self.store.release(L, micro_batch=mb.index)
+            self.issue_transfers(TURN_WINDOW, mb, after_compute=True)
             self.collect_load(mb, L - 1)
         if mb.aux is not None:
             loss += mb.aux.loss()  # HF: loss += coef * aux (every block has run forward)
@@ -272,6 +274,7 @@ class Engine:
                     if j == e - 1:
                         self.recompute_segment(mb, s, e)
                     grad = self.backward_block(mb, j, grad, step_lr=step_lr)
+                    self.issue_transfers(backward_window(j), mb, after_compute=True)
                     self.store.release(j, micro_batch=mb.index)
                     self.weights.release(mb.weights.pop(j))
                     self.collect_load(mb, j - 1)
@@ -312,11 +315,22 @@ class Engine:
         if j in mb.weights:
             self.weights.event_of(mb.weights[j])
 
-    def issue_transfers(self, window: str, mb: MicroBatch) -> None:
-        """Every transfer the plan names for `window`, kinds in the store's required order."""
+    def issue_transfers(self, window: str, mb: MicroBatch, *, after_compute: bool = False
+                        ) -> None:
+        """The transfers the plan names for `window`, kinds in the store's required order.
+
+        Before the window's compute: all but the NVMe read-back chain, whose host waits (an
+        nvme_read for its write, an nvme boundary's h2d for its read) would come before the
+        kernels; their h2d buffers are allocated now (`ActivationStore.reserve_h2d`). After it
+        (`after_compute`): that chain (a prefetch is never used in its own window)."""
         transfers = sorted(self.plan.transfers_in(window), key=lambda t: TRANSFER_ORDER.index(t.kind))
         for t in transfers:
-            self.store.transfer(t.boundary, t.kind, t.fraction, micro_batch=mb.index)
+            waits = t.kind == "nvme_read" or (
+                t.kind == "h2d" and self.plan.tiers[t.boundary] == "nvme")
+            if waits == after_compute:
+                self.store.transfer(t.boundary, t.kind, t.fraction, micro_batch=mb.index)
+            elif t.kind == "h2d":
+                self.store.reserve_h2d(t.boundary, micro_batch=mb.index)
 
     def run_forward(self, mb: MicroBatch, j: int, h: torch.Tensor) -> torch.Tensor:
         """Block j's forward; a kept block runs with autograd and keeps its graph until b{j}."""
