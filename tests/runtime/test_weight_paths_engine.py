@@ -134,3 +134,29 @@ def test_first_gradients_land_in_the_accumulator(backend, grad_accum, tmp_path, 
     assert sum(name in blocks for name in added) == (grad_accum - 1) * len(blocks)
     _, ref_grads = reference_grads(ref, batches)
     _assert_grads_match(grads, ref_grads)
+
+
+@pytest.mark.parametrize("backend", ["cpu-checked", "cpu-threaded"])
+def test_replanning_between_paths_equals_host_conversion(backend, tmp_path):
+    # bf16 masters, fp32 compute: step 0 converts on the host, step 1 loads a pinned copy
+    # filled at set_plan (after step 0's queued updates), step 2 casts on the device
+    from lazytrain.models import adapter_from_model
+    from transformers import AutoModelForCausalLM
+
+    want = _three_steps("cpu", tmp_path / "want", "host_convert", master_dtype="bf16")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("llama"), dtype=torch.float32)
+    adapter = adapter_from_model(model, master_dtype="bf16")
+    plans = [_plan(adapter, "mixed_tiers", p) for p in ("host_convert", "pinned_copy",
+                                                        "gpu_cast")]
+    engine = make_engine(adapter, plans[0], device=make_device(backend, seed=4),
+                         nvme_dir=tmp_path / "nvme", grad_accum=2, lr=1e-2, clip_grad_norm=0.5)
+    try:
+        for s in range(3):
+            engine.set_plan(plans[s])
+            engine.step(micro_batches(2, seed=20 + s))
+        got = {k: v.clone() for k, v in engine.named_masters().items()}
+    finally:
+        _close(engine)
+    for name in want:
+        assert torch.equal(want[name], got[name]), f"{name} differs from host conversion"

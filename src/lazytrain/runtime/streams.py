@@ -128,6 +128,7 @@ class DeviceWeights:
         self.landing_free: list[Event | None] = []
         self.landing_open: deque = deque()
         self._pinned_masters: set[str] = set()
+        self._copies: dict[int, torch.Tensor] = {}
 
     def set_paths(self, paths, optimizer=None) -> None:
         """Load block j by weight path `paths[j]` from now on (the plan's `weight_paths`;
@@ -151,9 +152,11 @@ class DeviceWeights:
                     path = "host_convert"
                 else:
                     optimizer.wait(g)  # its update wrote the master the copy is filled from
-                    copy = self.device.pinned_empty(
-                        g.numel * self.slots[0].element_size(),
-                        name=f"pinned compute-dtype copy of block {j}").view(self.dtype)
+                    copy = self._copies.get(j)
+                    if copy is None:  # kept across plans: a re-plan allocates nothing
+                        copy = self._copies[j] = self.device.pinned_empty(
+                            g.numel * self.slots[0].element_size(),
+                            name=f"pinned compute-dtype copy of block {j}").view(self.dtype)
                     with self.device.host_work():
                         copy.copy_(g.master)
                     refresh[g.name] = copy
@@ -163,6 +166,8 @@ class DeviceWeights:
                 self.sources[j] = g.master
             if refresh is not None and path != "pinned_copy":
                 refresh.pop(g.name, None)
+            if path != "pinned_copy":
+                self._copies.pop(j, None)  # freed (and unbooked) with its last reference
             self.paths[j] = path
         cast = [g.numel for j, g in enumerate(self.params.blocks)
                 if self.paths[j] == "gpu_cast"]
