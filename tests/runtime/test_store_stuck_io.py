@@ -15,10 +15,21 @@ import pytest
 import torch
 
 from lazytrain.runtime.activations import ActivationStore
+from lazytrain.runtime.backends import make_device
 from lazytrain.runtime.nvme import NvmeTimeoutError
 
 TIMEOUT_S = 0.2  # runtime.nvme_timeout_s of these stores
 GATE_S = 10.0  # 50x TIMEOUT_S: the stuck write gives up by itself after this long
+
+
+@pytest.fixture(params=["cpu", "cpu-checked", "cpu-threaded"])
+def device(request):
+    """Each backend: the failure paths must free nothing under a running copy (`cpu-checked`
+    records no violation) and hold with late copies and jobs (`cpu-threaded`)."""
+    dev = make_device(request.param, seed=6)
+    yield dev
+    dev.close()
+    assert not getattr(dev, "violations", None), dev.violations[:1]
 
 
 class StuckWrites:
@@ -39,19 +50,19 @@ class StuckWrites:
         self.gate.set()
 
 
-def make_store(tmp_path, hook) -> ActivationStore:
-    store = ActivationStore(device=torch.device("cpu"), nvme_dir=tmp_path / "nvme",
+def make_store(tmp_path, hook, device) -> ActivationStore:
+    store = ActivationStore(device=device, nvme_dir=tmp_path / "nvme",
                             direct=False, chunk_bytes=8192, fault_hook=hook)
     store.io.timeout_s = TIMEOUT_S
     return store
 
 
 @contextmanager
-def stuck_store(tmp_path):
+def stuck_store(tmp_path, device):
     """(store, hook) on a drive whose writes hang; afterwards the drive is released, the store
     closed, and no file may be left behind."""
     hook = StuckWrites()
-    store = make_store(tmp_path, hook)
+    store = make_store(tmp_path, hook, device)
     try:
         yield store, hook
     finally:
@@ -69,8 +80,8 @@ def offload(store: ActivationStore, boundary: int) -> None:
     store.end_window()
 
 
-def test_the_read_back_of_a_stuck_write_is_a_timeout_error_naming_the_boundary(tmp_path):
-    with stuck_store(tmp_path) as (store, hook):
+def test_the_read_back_of_a_stuck_write_is_a_timeout_error_naming_the_boundary(tmp_path, device):
+    with stuck_store(tmp_path, device) as (store, hook):
         offload(store, 3)  # the barrier does not wait for the write: no error yet
         assert hook.blocked.wait(GATE_S)
         store.begin_window("b4")
@@ -82,8 +93,8 @@ def test_the_read_back_of_a_stuck_write_is_a_timeout_error_naming_the_boundary(t
         assert not hook.gave_up, "close() waited for the stuck write"
 
 
-def test_release_and_close_return_while_a_write_is_stuck(tmp_path):
-    with stuck_store(tmp_path) as (store, hook):
+def test_release_and_close_return_while_a_write_is_stuck(tmp_path, device):
+    with stuck_store(tmp_path, device) as (store, hook):
         offload(store, 3)
         assert hook.blocked.wait(GATE_S)
         store.release(3)  # no window end found the writes finished: nothing reported them yet
@@ -93,8 +104,8 @@ def test_release_and_close_return_while_a_write_is_stuck(tmp_path):
         assert store.bytes_by_tier() == {"hbm": 0, "dram": 0, "dram_staging": 0, "nvme": 0}
 
 
-def test_the_next_boundary_s_staging_waits_for_an_overdue_stuck_write_and_raises(tmp_path):
-    with stuck_store(tmp_path) as (store, hook):
+def test_the_next_boundary_s_staging_waits_for_an_overdue_stuck_write_and_raises(tmp_path, device):
+    with stuck_store(tmp_path, device) as (store, hook):
         offload(store, 3)
         assert hook.blocked.wait(GATE_S)
         with pytest.raises(NvmeTimeoutError) as info:
@@ -104,8 +115,8 @@ def test_the_next_boundary_s_staging_waits_for_an_overdue_stuck_write_and_raises
         assert not hook.gave_up, "close() waited for the stuck write"
 
 
-def test_a_staging_buffer_held_by_a_stuck_write_is_never_handed_out_again(tmp_path):
-    with stuck_store(tmp_path) as (store, hook):
+def test_a_staging_buffer_held_by_a_stuck_write_is_never_handed_out_again(tmp_path, device):
+    with stuck_store(tmp_path, device) as (store, hook):
         offload(store, 3)
         assert hook.blocked.wait(GATE_S)
         store.release(3)  # its staging buffer goes back to the pool, pending on the write

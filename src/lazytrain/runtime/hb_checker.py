@@ -30,8 +30,10 @@ and the buffer):
    unless `record_stream` named that stream; a pool buffer is `recycle`d only when every access
    of other actors is ordered before the recycling thread.
    A pinned buffer (its pages unregistered and freed on CUDA, under any copy still running)
-   is freed only when every access of another actor is ordered before the freeing thread (a
-   host wait or synchronize), like a `recycle`; other host buffers are not checked at free.
+   is freed only when every copy of a stream is ordered before the freeing thread (a host
+   wait or synchronize); host threads' accesses are not checked at free (a job that reads or
+   writes a buffer holds a reference to it, so it is not freed under them), nor are other
+   host buffers.
 
 Out of scope (documented limits): cross-process ordering of node-shared master weights (the
 owner updates in place while peers copy; the data-parallel protocol orders it with collectives)
@@ -232,9 +234,9 @@ class CheckedDevice(Device):
                 del self._buffers[ptr]
             if buf.pinned:
                 self._check_unused(buf, 0, 1 << 62, "free of the last reference of a pinned "
-                                   "buffer", "a pinned buffer is freed only after every access "
-                                   "of other actors completed (host wait or synchronize)",
-                                   now=False)
+                                   "buffer", "a pinned buffer is freed only after every copy "
+                                   "of a stream completed (host wait or synchronize)",
+                                   now=False, streams_only=True)
             if buf.host:
                 return
             freer = _joined(self._clock(buf.alloc_actor), self._clock(self._thread_actor()))
@@ -350,11 +352,14 @@ class CheckedDevice(Device):
                                "other streams completed (host synchronize)")
 
     def _check_unused(self, buf: _Buffer, start: int, end: int, what: str, rule: str, *,
-                      now: bool = True) -> None:
-        """Every access of bytes [start, end) of `buf` by another actor is ordered before the
-        calling thread, or a violation (`what` names the release)."""
+                      now: bool = True, streams_only: bool = False) -> None:
+        """Every access of bytes [start, end) of `buf` by another actor (`streams_only`: by a
+        stream) is ordered before the calling thread, or a violation (`what` names the
+        release)."""
         actor = self._thread_actor()
         for a in buf.accesses:
+            if streams_only and a.actor.startswith(("host:", "async:")):
+                continue
             if a.end > start and a.start < end and not self._ordered(actor, a):
                 self._violate(buf, f"{a.op} on {a.actor}", what, rule, now=now)
                 return
