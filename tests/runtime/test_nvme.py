@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from lazytrain.runtime.activations import ActivationStore
+from lazytrain.runtime.backends import make_device
 from lazytrain.runtime.errors import NvmeIOError
 from lazytrain.runtime.filesystem import filesystem_type, warn_if_ram_filesystem
 from lazytrain.runtime.nvme import (
@@ -120,9 +121,20 @@ def prefetch(store: ActivationStore, boundary: int, *, micro_batch: int = 1) -> 
     store.end_window()
 
 
-def make_store(tmp_path: Path, direct: bool, faults: FaultInjector | None = None) -> ActivationStore:
-    return ActivationStore(device=CPU, nvme_dir=tmp_path / "nvme", direct=direct,
+def make_store(tmp_path: Path, direct: bool, faults: FaultInjector | None = None, *,
+               device=CPU) -> ActivationStore:
+    return ActivationStore(device=device, nvme_dir=tmp_path / "nvme", direct=direct,
                            chunk_bytes=SMALL_CHUNK_BYTES, fault_hook=faults)
+
+
+@pytest.fixture(params=["cpu", "cpu-checked", "cpu-threaded"])
+def device(request):
+    """The failure paths on each backend: `cpu-checked` records no violation (nothing freed
+    or reused under a running copy), `cpu-threaded` runs them with late copies and jobs."""
+    dev = make_device(request.param, seed=8)
+    yield dev
+    dev.close()
+    assert not getattr(dev, "violations", None), dev.violations[:1]
 
 
 def assert_names_boundary_and_path(err: NvmeIOError, nvme_dir: Path) -> None:
@@ -133,11 +145,11 @@ def assert_names_boundary_and_path(err: NvmeIOError, nvme_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("direct", direct_modes())
-def test_disk_full_on_write_names_boundary_and_path_and_leaves_no_file(tmp_path, direct):
+def test_disk_full_on_write_names_boundary_and_path_and_leaves_no_file(tmp_path, direct, device):
     require_direct(direct, tmp_path)
     faults = FaultInjector()
     faults.fail_next_write(boundary=7)
-    store = make_store(tmp_path, direct, faults)
+    store = make_store(tmp_path, direct, faults, device=device)
     with pytest.raises(NvmeIOError) as info:
         # the host does not wait for writes at their window's end (they wait for device work):
         # a failed one is raised at the first window end that finds it finished, at the latest
@@ -152,11 +164,12 @@ def test_disk_full_on_write_names_boundary_and_path_and_leaves_no_file(tmp_path,
 
 
 @pytest.mark.parametrize("direct", direct_modes())
-def test_short_read_of_a_truncated_file_names_boundary_and_path_and_leaves_no_file(tmp_path, direct):
+def test_short_read_of_a_truncated_file_names_boundary_and_path_and_leaves_no_file(tmp_path, direct,
+                                                                                 device):
     require_direct(direct, tmp_path)
     faults = FaultInjector()
     faults.truncate_next_read(boundary=7)
-    store = make_store(tmp_path, direct, faults)
+    store = make_store(tmp_path, direct, faults, device=device)
     offload(store, 7)
     with pytest.raises(NvmeIOError, match="short read") as info:
         prefetch(store, 7)
@@ -166,11 +179,11 @@ def test_short_read_of_a_truncated_file_names_boundary_and_path_and_leaves_no_fi
 
 
 @pytest.mark.parametrize("direct", direct_modes())
-def test_missing_file_on_read_names_boundary_and_path(tmp_path, direct):
+def test_missing_file_on_read_names_boundary_and_path(tmp_path, direct, device):
     require_direct(direct, tmp_path)
     faults = FaultInjector()
     faults.delete_before_next_read(boundary=7)
-    with make_store(tmp_path, direct, faults) as store:
+    with make_store(tmp_path, direct, faults, device=device) as store:
         offload(store, 7)
         with pytest.raises(NvmeIOError, match="No such file") as info:
             prefetch(store, 7)
