@@ -96,15 +96,17 @@ def test_the_checkpoint_is_an_hf_model_directory(arithmetic_model_dir, tiny_plan
     assert AutoTokenizer.from_pretrained(path).pad_token == "<|pad|>"
 
 
+@pytest.mark.parametrize("device", ["cpu", "cpu-checked", "cpu-threaded"])
 def test_nvme_fault_names_the_error_and_keeps_the_last_checkpoint(arithmetic_model_dir,
-                                                                  tmp_path):
+                                                                  tmp_path, device):
     from lazytrain.planner.build import problem_from_config
     from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
     from lazytrain.planner.plan import SolveRecord
     from lazytrain.runtime.errors import NvmeIOError
     from lazytrain.runtime.nvme import FaultInjector
 
-    cfg = tiny_config(arithmetic_model_dir, tmp_path, "data.num_eval=0", "train.save_every=1")
+    cfg = tiny_config(arithmetic_model_dir, tmp_path, "data.num_eval=0", "train.save_every=1",
+                      f"runtime.device={device}")  # the checkers: no violation on the way
     problem = problem_from_config(cfg)
     tiers = ("hbm", "nvme", "hbm", "hbm")  # boundary 1 lives on the NVMe tier
     plan = build_plan(problem, decisions_from_tiers(problem, tiers),
