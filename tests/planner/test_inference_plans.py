@@ -98,6 +98,14 @@ def test_predicted_tokens_per_s_by_hand():
     assert dec.weights == "streamed" and dec.step_ms == pytest.approx(4.6)
 
 
+def test_the_engines_window_overhead_is_paid_once_per_block_call():
+    # o = 0.25 ms per window: 4 blocks add 1 ms to the resident decode step's 3.8 ms
+    problem = _problem(hbm_bytes=10**9).replace(window_overhead_ms=0.25)
+    dec = make_inference_plan(problem, kind="decode", kv=KV, vocab_size=V, hidden_size=H,
+                              batch=8, context_tokens=50)
+    assert dec.step_ms == pytest.approx(4.8)
+
+
 def test_decode_plan_counts_the_kv_cache_in_the_budget():
     dec = _plan("decode", 10**9, batch=8, context_tokens=50)
     assert dec.cache_bytes == L * 2 * 2 * 16 * 4 * 8 * 50  # 409,600

@@ -21,7 +21,7 @@ Each plan keeps the weights resident in HBM when all of it fits the budget
 (`PlanningProblem.hbm_bytes`), and streams them through INFERENCE_WEIGHT_SLOTS slots otherwise.
 Predicted time per micro-batch (forward) or per decode step, ms:
 
-      t = embed + sum_j w_j + head_fwd,  head_fwd = head_ms / 3
+      t = embed + sum_j (w_j + o) + head_fwd,  head_fwd = head_ms / 3
       w_j = F_j                        resident
       w_j = max(F_j, P_j / h2d)        streamed, copies beside compute (GPU)
       w_j = F_j + P_j / h2d            streamed, copies contend for the cores (CPU)
@@ -30,7 +30,9 @@ with F_j the block's forward ms (`fwd_ms`, per micro-batch of `tokens_per_micro_
 tokens; a decode step runs `batch` tokens: F_j * batch / tokens_per_micro_batch, attention's
 reads of the cache not modelled) and the head's forward a third of its forward + backward
 (backward ~ 2 x forward: Kaplan et al., arXiv:2001.08361, section 2.1). A weight load is
-capped by the host conversion rate too when it is known (`host_convert_bytes_per_s`).
+capped by the host conversion rate too when it is known (`host_convert_bytes_per_s`). o is
+the engine's fixed cost per window (`window_overhead_ms`: Python, hand-offs), paid once per
+block call: what dominates a decode step of a few rows on a small model.
 
 Knows nothing of torch or a solver; the runtime (`evaluation/streamed_lm.py`) reads the weight
 mode and the slot and chunk constants from here.
@@ -304,6 +306,7 @@ def _step_ms(problem: PlanningProblem, *, scale: float, resident: bool) -> float
     total = (problem.embed_ms + problem.head_ms * HEAD_FORWARD_SHARE) * scale
     for f, p in zip(problem.fwd_ms, problem.weight_bytes):
         compute = f * scale
+        total += problem.window_overhead_ms
         if resident:
             total += compute
             continue
