@@ -426,10 +426,11 @@ class GradDrain:
             on_done()
 
     def make_room(self) -> None:
-        """Finish the oldest drain when no buffer is free, so the next `drain` of one buffer
-        does not block: the engine calls it after a window's compute is queued."""
-        while not self.free and self.pending:  # an accumulator landing frees no buffer
-            self._finish_oldest()
+        """Finish the oldest drains until a buffer is free and fewer than `count` drains are in
+        flight, so the next `drain` of one buffer (or landing) does not block: the engine calls
+        it after a window's compute is queued."""
+        while self.pending and (not self.free or len(self.pending) >= len(self.buffers)):
+            self._finish_oldest()  # as `drain` would: a free buffer, fewer drains in flight
 
     def flush(self) -> None:
         """Finish every queued drain."""
