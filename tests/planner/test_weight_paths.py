@@ -172,3 +172,17 @@ def test_gradients_that_land_in_the_accumulator_cost_no_host_time():
     p2 = _problem(master_bytes_ratio=1.0, grad_accum=2)
     ev2 = evaluate(p2, dataclasses.replace(ALL_HBM, weight_paths=("pinned_copy",) * 2))
     assert ev2.host_ms_by_window[4] == pytest.approx(100.0)
+
+
+def test_one_micro_batch_casts_gradients_on_the_device_by_hand():
+    # cast_gradients, masters twice the compute bytes, grad_accum 1: each drain moves 2 G =
+    # 200 u (20 ms) and nothing is added on the host. Pinned paths: f0 20, f1 10, turn 20,
+    # b1 32, b0 max(32, D2H 20) = 32; pre 20; post: G0 cast, 20 ms: step 154
+    p = _problem(cast_gradients=True)
+    assert p.drain_bytes == (200 * U, 200 * U)
+    ev = evaluate(p, dataclasses.replace(ALL_HBM, weight_paths=("pinned_copy",) * 2))
+    assert ev.host_ms_by_window == (0.0,) * 5
+    assert ev.windows[4].d2h_bytes == 200 * U
+    assert ev.step_ms == pytest.approx(154.0)
+    # with two micro-batches the drains stay in the compute dtype and are added on the host
+    assert _problem(cast_gradients=True, grad_accum=2).drain_bytes == (100 * U, 100 * U)

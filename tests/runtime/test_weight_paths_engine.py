@@ -160,3 +160,47 @@ def test_replanning_between_paths_equals_host_conversion(backend, tmp_path):
         _close(engine)
     for name in want:
         assert torch.equal(want[name], got[name]), f"{name} differs from host conversion"
+
+
+def _bf16_master_grads(device, tmp_path, *, land_all: bool, added: list):
+    from lazytrain.models import adapter_from_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("llama"), dtype=torch.float32)
+    adapter = adapter_from_model(model, master_dtype="bf16")
+    plan = _plan(adapter, "mixed_tiers", "pinned_copy", grad_accum=1)
+    engine = make_engine(adapter, plan, device=device, nvme_dir=tmp_path / "nvme", grad_accum=1)
+    assert engine.drain.land_all  # one micro-batch per step
+    engine.drain.land_all = land_all
+    try:
+        added.clear()
+        engine.compute_gradients(micro_batches(1))
+        return {k: v.clone() for k, v in engine.gradients().items()}
+    finally:
+        _close(engine)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_micro_batch_casts_gradients_on_the_device(backend, tmp_path, monkeypatch):
+    # bf16 masters, fp32 compute, grad_accum 1: each block's fp32 gradient is cast to bf16 on
+    # the device and lands in the bf16 accumulator (no host add), rounding exactly as the
+    # host's add into the accumulator did (round to nearest even, once)
+    from lazytrain.models.host_params import ParamGroup
+
+    added: list[str] = []
+    accumulate = ParamGroup.accumulate_grad
+
+    def counting(self, flat_grad, *, first, start=0):
+        if flat_grad is not None:
+            added.append(self.name)
+        accumulate(self, flat_grad, first=first, start=start)
+
+    monkeypatch.setattr(ParamGroup, "accumulate_grad", counting)
+    want = _bf16_master_grads("cpu", tmp_path / "host", land_all=False, added=added)
+    assert len(added) >= 4  # the host added every block's gradient
+    got = _bf16_master_grads(make_device(backend, seed=6), tmp_path / "dev", land_all=True,
+                             added=added)
+    assert not [n for n in added if n.startswith("block")]
+    for name in want:
+        assert torch.equal(want[name], got[name]), f"{name} differs from the host add"

@@ -27,6 +27,9 @@ HBM (`fixed_hbm_bytes`, docs/execution_model.md "HBM capacity"):
                                    only in `turn`, where no block computes, so they never add up.
   + block inputs                   one micro-batch's rotary tables, attention masks and positions,
                                    held from pre to post (`spec.costs.block_inputs_bytes`)
+  + gradient cast buffers          grad_accum 1 with masters in another dtype: GRAD_DRAIN_BUFFERS
+                                   x max G in the master dtype, each drained gradient is cast
+                                   into one before its D2H lands in the accumulator
   and `hbm_bytes = hardware HBM x (1 - hardware.hbm_reserve_fraction)`.
 
 DRAM (the planner's row: DRAM-tier checkpoints + staging + states <= `dram_bytes`):
@@ -137,7 +140,7 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         nvme_staging_bytes=mem["staging_bytes"], nvme_bounce_bytes=mem["nvme_bounce_bytes"],
         host_scratch_bytes=mem["optimizer_scratch_bytes"],
         master_bytes_ratio=DTYPE_BYTES[t.master_dtype] / DTYPE_BYTES[t.compute_dtype],
-        weight_path_choice=True,
+        weight_path_choice=True, cast_gradients=True,
         host_bytes_per_param=HOST_BYTES_PER_PARAM[t.master_dtype],
         host_bytes_per_param_q8=HOST_BYTES_PER_PARAM_Q8[t.master_dtype],
         drain_windows=p.drain_windows, prefetch_windows=p.prefetch_windows,
@@ -196,6 +199,9 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
         "block_workspace_bytes": costs.block_workspace_bytes,
         "head_workspace_bytes": costs.head_workspace_bytes,
         "block_inputs_bytes": costs.block_inputs_bytes,
+        # one micro-batch per step, masters in another dtype: each drained gradient is cast
+        # to the master dtype on the device first (runtime/streams.py GradDrain land_all)
+        "grad_cast_bytes": _grad_cast_bytes(max_g, cfg),
     }
     largest_group = max([b.params for b in model.blocks] + [model.ends_params])
     staging = {
@@ -219,6 +225,16 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
         **staging,
         "dram_free_for_checkpoints_bytes": hw.dram_bytes - states - staging_bytes,
     }
+
+
+def _grad_cast_bytes(max_g: int, cfg: RunConfig) -> int:
+    """GRAD_DRAIN_BUFFERS device buffers of the largest block's gradient in the master dtype,
+    bytes, when one micro-batch per step casts gradients on the device (masters in another
+    dtype than the compute dtype, grad_accum 1); else 0."""
+    m, c = DTYPE_BYTES[cfg.train.master_dtype], DTYPE_BYTES[cfg.train.compute_dtype]
+    if cfg.train.grad_accum != 1 or m == c:
+        return 0
+    return GRAD_DRAIN_BUFFERS * max_g * m // c
 
 
 def hardware_from_config(cfg: RunConfig) -> HardwareSpec:

@@ -101,7 +101,7 @@ def stream_bounds_ms(problem: PlanningProblem, tiers, transfers, *, keep_interna
         free = {k: 0.0 for k in TRANSFER_ORDER}
         j = 2 * L - o if o > L else None
         if j is not None and j + 1 <= L - 1:
-            free["d2h"] = p.grad_bytes[j + 1] / bw["d2h"] * 1e3
+            free["d2h"] = p.drain_bytes[j + 1] / bw["d2h"] * 1e3
         for t in sorted(by_ord.get(o, ()), key=lambda t: (rank[t.kind], t.boundary)):
             start = free[t.kind]
             src = CHAIN_SOURCE.get(t.kind)

@@ -33,10 +33,13 @@ class MemoryModel:
         hbm_budget_bytes: the device's memory less `hardware.hbm_reserve_fraction`.
         fixed_hbm_bytes: the working set every window holds: weight_buffers_bytes +
             grad_buffers_bytes + ends_bytes + max(block_workspace_bytes, head_workspace_bytes)
-            + block_inputs_bytes.
+            + block_inputs_bytes + grad_cast_bytes.
         weight_buffers_bytes: the engine's device weight ring (DEVICE_WEIGHT_SLOTS x max block
             weights).
         grad_buffers_bytes: the device gradient buffers (DEVICE_GRAD_BUFFERS x max block grads).
+        grad_cast_bytes: with one micro-batch per step and masters in another dtype, the
+            device buffers gradients are cast into before landing in the accumulator
+            (GRAD_DRAIN_BUFFERS x max block grads in the master dtype); 0 otherwise.
         ends_bytes: embedding, final norm and untied head weights plus their fp32 gradient.
         block_workspace_bytes: a block's backward working set.
         head_workspace_bytes: the head's working set in `turn`.
@@ -61,6 +64,7 @@ class MemoryModel:
     block_workspace_bytes: int | None = None
     head_workspace_bytes: int | None = None
     block_inputs_bytes: int | None = None
+    grad_cast_bytes: int | None = None
     states_bytes: int | None = None
     staging_bytes: int | None = None
     weight_pool_bytes: int | None = None

@@ -87,7 +87,7 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
     ref_ms = max(compute, 1e-3)
     return Scaled(
         L=L, F=tuple(p.fwd_ms), Fg=tuple(p.fwd_grad_ms), B=tuple(p.bwd_ms),
-        P=gb(p.weight_bytes), Pl=gb(p.load_bytes), Pc=gb(p.convert_bytes), G=gb(p.grad_bytes),
+        P=gb(p.weight_bytes), Pl=gb(p.load_bytes), Pc=gb(p.convert_bytes), G=gb(p.drain_bytes),
         I=gb(p.internal_bytes), A=gb(p.boundary_bytes),
         A_padded=gb(align_up(a) for a in p.boundary_bytes),
         bw_h2d=per_ms(p.h2d_bytes_per_s), bw_d2h=per_ms(p.d2h_bytes_per_s),

@@ -120,6 +120,12 @@ class PlanningProblem(Bandwidths):
     weight_path_choice: bool = False
     """Whether the policy chooses the weight paths before planning (`planner/path_choice.py`);
     `planner/build.py` sets it for a run's problem, hand-made problems keep their paths."""
+    cast_gradients: bool = False
+    """Whether, with one micro-batch per step, block gradients are cast to the master dtype on
+    the device and land in the accumulator (the runtime's `GradDrain(land_all=True)`: D2H of
+    G[j] x `master_bytes_ratio`, no host add, `grad_cast_bytes` in `fixed_hbm_bytes`);
+    `planner/build.py` sets it for a run's problem. Masters in the compute dtype land without
+    a cast whatever this says."""
     master_bytes_ratio: float = 2.0
     """Master-dtype bytes / compute-dtype bytes of a weight (fp32 master, bf16 compute: 2;
     masters in the compute dtype: 1): a gpu_cast load moves P[j] x this over the link."""
@@ -225,10 +231,21 @@ class PlanningProblem(Bandwidths):
 
     @property
     def accumulates_on_host(self) -> bool:
-        """Whether drained block gradients are added on the host: False with masters in the
-        compute dtype and one micro-batch per step, where every drain is the step's first and
-        lands in the accumulator itself (docs/execution_model.md, "Weight paths")."""
-        return not (self.master_bytes_ratio == 1 and self.grad_accum == 1)
+        """Whether drained block gradients are added on the host: False with one micro-batch
+        per step, where every drain is the step's first and lands in the accumulator itself
+        (cast on the device when the master dtype differs; docs/execution_model.md, "Weight
+        paths")."""
+        if self.grad_accum != 1:
+            return True
+        return not (self.master_bytes_ratio == 1 or self.cast_gradients)
+
+    @property
+    def drain_bytes(self) -> tuple[float, ...]:
+        """D2H bytes of each block's gradient drain: G[j], or G[j] x `master_bytes_ratio`
+        where it is cast on the device and lands in the master-dtype accumulator
+        (`cast_gradients` and one micro-batch per step)."""
+        r = self.master_bytes_ratio if self.cast_gradients and self.grad_accum == 1 else 1.0
+        return tuple(float(g) * r for g in self.grad_bytes)
 
     def block_accumulate_bytes(self, grad_bytes: float) -> float:
         """The host-accumulated bytes of a drained block gradient of `grad_bytes`: all of

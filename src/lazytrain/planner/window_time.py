@@ -124,7 +124,7 @@ def post_ms(problem: PlanningProblem) -> float:
     accumulation on the host, side by side on a GPU (max), one after the other on a CPU (sum).
     Source: docs/execution_model.md, "Step time"; plus the window overhead
     `window_overhead_ms`."""
-    nbytes = problem.grad_bytes[0] + problem.ends_grad_bytes
+    nbytes = problem.drain_bytes[0] + problem.ends_grad_bytes
     drain = _ms(nbytes, problem.d2h_bytes_per_s)
     host = host_ms(problem, 0.0, problem.grad_bytes[0])
     if problem.host_accumulate_bytes_per_s > 0:  # the ends' fp32 gradient is always added
@@ -151,7 +151,7 @@ def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_wei
         comp[j] = p.fwd_grad_ms[j] if j in keep else p.fwd_ms[j]
         o = 2 * L - j
         comp[o] = p.bwd_ms[j] + (0.0 if j in keep else p.fwd_grad_ms[j])
-        d2h[o] = float(p.grad_bytes[j + 1]) if j + 1 <= L - 1 else 0.0
+        d2h[o] = p.drain_bytes[j + 1] if j + 1 <= L - 1 else 0.0
     comp[L] = p.head_ms
     for s, e in segments_of(tiers):
         o = 2 * L - (e - 1)

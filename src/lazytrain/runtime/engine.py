@@ -95,7 +95,8 @@ class Engine:
             hbm, pinned = plan_budgets(plan)
             self.ledger.set_limits(hbm_limits=None if hbm is None else {"*": hbm},
                                    pinned_limit_bytes=pinned)
-        self.drain = GradDrain(self.dev, self.params.max_block_numel(), dtype=self.dtype)
+        self.drain = GradDrain(self.dev, self.params.max_block_numel(), dtype=self.dtype,
+                               land_all=settings.grad_accum == 1)
         self.meter = WindowMeter(self.dev)
         self.store = store
         self.optimizer = optimizer
@@ -103,6 +104,7 @@ class Engine:
         if grad_sync is not None and hasattr(grad_sync, "bind_device"):
             grad_sync.bind_device(self.dev)  # its async reductions, declared to the checker
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # the plan's 8-bit Adam states
+        self.weights.set_paths(plan.weight_paths, self.optimizer)  # how weights reach the device
         self.grad_sync = grad_sync
         self.lr = settings.lr
         self.clip = settings.clip_grad_norm or None
@@ -141,6 +143,7 @@ class Engine:
         self.resident = set(plan.resident_weights) | set(plan.keep_internals)
         self.keep = set(plan.keep_internals)
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # converts moments of blocks that change
+        self.weights.set_paths(plan.weight_paths, self.optimizer)
         # the store's per-window HBM limits come from the plan (constructor argument)
         self.store.set_hbm_limits({w.name: w.hbm_checkpoint_bytes for w in plan.windows})
         if self.instrument is not None:

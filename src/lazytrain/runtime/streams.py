@@ -347,10 +347,14 @@ class GradDrain:
         dtype: the compute dtype (of the gradients on the link).
         count: pinned buffers in flight (the planner counts
             `lazytrain.contract.GRAD_DRAIN_BUFFERS`).
+        land_all: one micro-batch per step: every block's gradient lands in its accumulator,
+            cast on the device when the dtypes differ (`count` device buffers of the
+            accumulator's dtype; the planner counts them, `planner/build.py`
+            `grad_cast_bytes`).
     """
 
     def __init__(self, device: Device, numel: int, *, dtype: torch.dtype = torch.float32,
-                 count: int = GRAD_DRAIN_BUFFERS) -> None:
+                 count: int = GRAD_DRAIN_BUFFERS, land_all: bool = False) -> None:
         self.device = device
         self.d2h = device.stream("d2h")
         self.pending: deque = deque()
@@ -361,6 +365,11 @@ class GradDrain:
         self.free = deque(range(len(self.buffers)))
         self.worker = device.host_workers("accum")
         self._pinned: set[str] = set()
+        self.land_all = land_all
+        self.cast: list[torch.Tensor] = []
+        """land_all: device buffers (the accumulator's dtype, the largest block) the first
+        gradient of another dtype is cast into before its D2H; allocated at the first cast."""
+        self.cast_events: list[Event | None] = [None] * count
 
     def drain(self, group: ParamGroup, grad: torch.Tensor | None, *, first: bool,
               on_done: Callable[[], None] | None = None) -> Event | None:
@@ -373,7 +382,8 @@ class GradDrain:
                 on_done()
             return None
         self.device.wait_stream(self.d2h, self.device.compute)  # grad is complete on compute
-        if first and grad.dtype == group.grad.dtype:
+        if first and (grad.dtype == group.grad.dtype
+                      or (self.land_all and group.numel <= self.numel)):
             return self._land_in_accumulator(group, grad, on_done)
         starts = range(0, group.numel, self.numel)
         for start in starts:
@@ -393,9 +403,9 @@ class GradDrain:
 
     def _land_in_accumulator(self, group: ParamGroup, grad: torch.Tensor,
                              on_done: Callable[[], None] | None) -> Event:
-        """The step's first gradient of `group` already in the accumulator's dtype: one D2H
-        straight into the accumulator (page-locked in place), no landing buffer and no host
-        add. The accumulator is free: the previous step's update of the group, its last
+        """The step's first gradient of `group` in the accumulator's dtype, or cast into it on
+        the compute stream (`land_all`, one micro-batch per step): one D2H straight into the
+        accumulator (page-locked in place), no landing buffer and no host add. The accumulator is free: the previous step's update of the group, its last
         reader and writer, finished before the group's weights loaded for this step. A
         worker job waits for the copy, so `on_done` runs after it as on the landing path."""
         if group.name not in self._pinned:
@@ -403,11 +413,29 @@ class GradDrain:
             self._pinned.add(group.name)
         while len(self.pending) >= len(self.buffers):  # as many device gradients in flight as
             self._finish_oldest()                       # the landing path keeps (the plan's)
-        event = self.device.copy(group.grad, grad, stream=self.d2h)
+        src, k = grad, None
+        if grad.dtype != group.grad.dtype:  # land_all: cast on the device first
+            k = self.free.popleft()  # free: fewer than `count` drains hold an index
+            src = self._cast_buffer(k, group.grad.dtype)[:group.numel]
+            self.device.wait_event(self.device.compute, self.cast_events[k])  # last D2H read
+            with self.device.compute_scope(allocations=False):
+                src.copy_(grad)
+            self.device.wait_stream(self.d2h, self.device.compute)
+        event = self.device.copy(group.grad, src, stream=self.d2h)
+        if k is not None:
+            self.cast_events[k] = event
         job = self.device.submit(self.worker, self.device.host_wait, event, channel="d2h")
-        self.pending.append((job, None, on_done))
+        self.pending.append((job, k, on_done))
         self.device.record_stream(grad, self.d2h)
         return event
+
+    def _cast_buffer(self, k: int, dtype: torch.dtype) -> torch.Tensor:
+        if not self.cast:
+            self.cast = [self.device.empty(self.numel, dtype, name=f"gradient cast buffer {i}")
+                         for i in range(len(self.buffers))]
+            after = self.device.record(self.device.compute)  # fresh memory compute may use
+            self.cast_events = [after] * len(self.buffers)
+        return self.cast[k]
 
     def _accumulate(self, event, buf: torch.Tensor, group: ParamGroup, *, first: bool,
                     start: int) -> None:

@@ -243,7 +243,7 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
         w = backward_window(j)
         b.begin(w)
         if j + 1 <= L - 1:
-            b.drain_of[j + 1] = b.add(f"G{j + 1} drain", "d2h", w, p.grad_bytes[j + 1],
+            b.drain_of[j + 1] = b.add(f"G{j + 1} drain", "d2h", w, p.drain_bytes[j + 1],
                                       deps=[(b.bwd[j + 1], "gradient drain after backward")],
                                       kind="grad", block=j + 1)
             b.accumulate(f"G{j + 1}", w, p.block_accumulate_bytes(p.grad_bytes[j + 1]), j + 1)
@@ -263,7 +263,7 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
                        kind="fwd_grad", block=j)
         _bwd(b, j, w, loads[j], deps=[(fg, "re-forward before backward"), grad_dep])
     b.begin("post")
-    b.drain_of[0] = b.add("G0+ends drain", "d2h", "post", p.grad_bytes[0] + p.ends_grad_bytes,
+    b.drain_of[0] = b.add("G0+ends drain", "d2h", "post", p.drain_bytes[0] + p.ends_grad_bytes,
                           deps=[(b.bwd[0], "gradient drain after backward")], kind="grad",
                           block=0)
     b.accumulate("G0+ends", "post", p.block_accumulate_bytes(p.grad_bytes[0])
