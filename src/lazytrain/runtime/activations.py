@@ -264,6 +264,8 @@ class ActivationStore:
         self.dev.ledger.relabel(tensor, f"boundary {boundary} ({tier})")
         self._entries[key] = BoundaryEntry(key=key, tier=tier, shape=tensor.shape,
                                            dtype=tensor.dtype, nbytes=nbytes, src=tensor)
+        if tier in ("dram", "nvme"):  # its d2h, issued later, waits for no newer compute
+            self._entries[key].produced = self.dev.record(self.dev.compute)
         self._count("hbm", nbytes)
         if self._window is not None:
             self._window_keys.add(key)
@@ -417,9 +419,10 @@ class ActivationStore:
         if e.host is None:
             self._acquire_host(e)
         start = e.done["d2h"]
-        # Order after the compute that produced the tensor. The HBM copy is dropped only after
-        # the compute stream waited for this event (window barrier), so no record_stream.
-        self.dev.wait_stream(self.d2h_stream, self.dev.compute)
+        # Order after the compute that produced the tensor (queued before its put), not the
+        # window's own compute queued since. The HBM copy is dropped only after the compute
+        # stream waited for this copy's event (window barrier), so no record_stream.
+        self.dev.wait_event(self.d2h_stream, e.produced)
         e.d2h_event = self._track(self.dev.copy(e.host[start:target],
                                                 e.flat_bytes()[start:target],
                                                 stream=self.d2h_stream))

@@ -39,6 +39,7 @@ class BoundaryEntry:
     d2h_event: object | None = None  # device API event of the last d2h copy
     h2d_event: object | None = None
     dev_allocated: object | None = None  # compute event at a reserved dev's allocation
+    produced: object | None = None  # compute event at the put (offloaded tiers): its d2h waits
     write_futures: list = field(default_factory=list)
     read_futures: list = field(default_factory=list)
 

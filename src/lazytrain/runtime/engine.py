@@ -322,14 +322,18 @@ class Engine:
                         ) -> None:
         """The transfers the plan names for `window`, kinds in the store's required order.
 
-        Before the window's compute: all but the NVMe read-back chain, whose host waits (an
-        nvme_read for its write, an nvme boundary's h2d for its read) would come before the
-        kernels; their h2d buffers are allocated now (`ActivationStore.reserve_h2d`). After it
-        (`after_compute`): that chain (a prefetch is never used in its own window)."""
+        Before the window's compute: the h2d of dram boundaries (no host wait). After it
+        (`after_compute`): the rest, whose host waits would come before the kernels: a d2h
+        may wait for a pool buffer (it waits on the device for the compute before its
+        boundary's put only), an nvme_read for its write, an nvme boundary's h2d for its read,
+        and an h2d chained to another transfer of its boundary in the window (their h2d
+        buffers are allocated before the compute, `ActivationStore.reserve_h2d`); a prefetch
+        is never used in its own window."""
         transfers = sorted(self.plan.transfers_in(window), key=lambda t: TRANSFER_ORDER.index(t.kind))
+        chained = {t.boundary for t in transfers if t.kind != "h2d"}
         for t in transfers:
-            waits = t.kind == "nvme_read" or (
-                t.kind == "h2d" and self.plan.tiers[t.boundary] == "nvme")
+            waits = (t.kind != "h2d" or self.plan.tiers[t.boundary] == "nvme"
+                     or t.boundary in chained)
             if waits == after_compute:
                 self.store.transfer(t.boundary, t.kind, t.fraction, micro_batch=mb.index)
             elif t.kind == "h2d":
