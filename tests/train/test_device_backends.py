@@ -63,6 +63,22 @@ def test_online_replanning_runs_under_a_checker(device, arithmetic_model_dir, tm
     assert summary["steps_completed"] == 4
 
 
+@pytest.mark.slow
+def test_the_trainers_evaluation_runs_under_cpu_checked_before_and_after_engine_steps(
+        arithmetic_model_dir, tmp_path):
+    """The held-out evaluation (StreamedLM on the engine's adapter, fp32 masters: the `host`
+    weight mode) before the first step and after an engine step on the same adapter, under
+    the checker: no ordering violation, and the cpu backend's eval losses and generations."""
+    extra = ("data.num_eval=1", "train.steps=1")
+    cpu = train(tiny_config(arithmetic_model_dir, tmp_path / "cpu", *extra), progress=False)
+    checked = train(tiny_config(arithmetic_model_dir, tmp_path / "checked", *extra,
+                                "runtime.device=cpu-checked"), progress=False)
+    assert checked["steps_completed"] == 1
+    for key in ("eval_before", "eval_after"):
+        assert checked[key]["loss"] == cpu[key]["loss"]
+        assert checked[key]["samples"] == cpu[key]["samples"]
+
+
 def test_cuda_preflight_compares_pinned_bytes_with_memory_and_the_cgroup_not_ulimit(tmp_path):
     from lazytrain.train.preflight import PreflightError, preflight, run_checks
 

@@ -181,7 +181,13 @@ class StreamedLM:
 
     @contextlib.contextmanager
     def _window(self):
-        """No autograd, the ledger window "eval" (compute ops booked with `book_compute`)."""
+        """No autograd, the ledger window "eval" (compute ops booked with `book_compute`).
+
+        `host` mode runs the blocks on the host masters: the pass is host work of the calling
+        thread (`Device.host_scope`), started after a host wait for the compute stream, whose
+        earlier work (an engine window's) made tensors the pass reads (the rotary module's
+        buffers). Other modes run on the compute stream (`Device.compute_scope`), as the
+        engine's windows do."""
         ledger = self.dev.ledger
         if self.hbm_limit_bytes is not None and \
                 ledger.hbm_limits.get(EVAL_WINDOW) != self.hbm_limit_bytes:
@@ -189,7 +195,10 @@ class StreamedLM:
                               pinned_limit_bytes=ledger.pinned_limit_bytes)
         ledger.begin_window(EVAL_WINDOW)
         try:
-            with torch.no_grad(), self.dev.compute_scope(allocations=self.book_compute):
+            if self.mode == "host":
+                self.dev.host_wait(self.dev.record(self.dev.compute))
+            scope = self.dev.host_scope if self.mode == "host" else self.dev.compute_scope
+            with torch.no_grad(), scope(allocations=self.book_compute):
                 self._prepare()
                 yield
         finally:

@@ -437,6 +437,13 @@ class Device:
             return contextlib.nullcontext()
         return _Scope(self._scope, ComputeAllocations(self.ledger))
 
+    def host_scope(self, *, allocations: bool = True):
+        """Context for torch ops that are host work of the calling thread, not compute-stream
+        work (`StreamedLM`'s `host` weight mode: a cpu backend runs the blocks on the host
+        masters); used outside the engine's windows. The ledger books fresh op outputs as in
+        `compute_scope`; `cpu-checked` logs every op inside as this thread's host work."""
+        return self.compute_scope(allocations=allocations)
+
     def sync_audit(self, phase: str):
         """Context on the engine's thread: the implicit host-device syncs made inside it (a
         device tensor's `item`, `float`, `bool`, `tolist`, `.cpu()`) are counted under `phase`

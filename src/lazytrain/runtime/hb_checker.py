@@ -173,7 +173,10 @@ class CheckedDevice(Device):
             return None
         buf = self._buffers.get(ptr)
         if buf is None or label is not None:
-            is_host = actor.startswith("host:") if host is None else host
+            # first seen by a host pass's op (`host_scope`: a module buffer such as the rotary
+            # inverse frequencies): not declared host, the compute stream reads it later too
+            is_host = (actor.startswith("host:") and not getattr(self._local, "host_pass", False)
+                       ) if host is None else host
             clock = {**self._clock(actor), actor: epoch}
             buf = _Buffer(label=label or f"tensor {tuple(t.shape)} {t.dtype}", host=is_host,
                           pinned=pinned, alloc_actor=actor, alloc_epoch=epoch,
@@ -429,6 +432,13 @@ class CheckedDevice(Device):
         return _Nested(super().compute_scope(allocations=allocations),
                        _ScopeGuard(self, compute=True))
 
+    def host_scope(self, *, allocations: bool = True):
+        if getattr(self._local, "mode", None) is not None:
+            return contextlib.nullcontext()
+        # every op inside is host work of the entering thread, as a submitted job's
+        return _Nested(super().compute_scope(allocations=allocations),
+                       _ScopeGuard(self, host_pass=True))
+
     def sync_audit(self, phase: str):
         """Count the implicit syncs on device tensors (not declared host buffers) made inside
         into `implicit_syncs[phase]` (`runtime/sync_audit.py`)."""
@@ -509,20 +519,21 @@ class _LoggingMode(TorchDispatchMode):
 class _ScopeGuard:
     """Enters the logging mode on this thread (re-entrant: nested scopes are no-ops)."""
 
-    def __init__(self, device: CheckedDevice, *, compute: bool = False) -> None:
+    def __init__(self, device: CheckedDevice, *, compute: bool = False,
+                 host_pass: bool = False) -> None:
         self.device = device
         self.mode = _LoggingMode(device)
-        self.compute = compute
+        self.compute, self.host_pass = compute, host_pass
 
     def __enter__(self):
         local = self.device._local
-        local.mode, local.compute = self.mode, self.compute
+        local.mode, local.compute, local.host_pass = self.mode, self.compute, self.host_pass
         self.mode.__enter__()
         return self
 
     def __exit__(self, *exc):
         local = self.device._local
-        local.mode, local.compute = None, False
+        local.mode, local.compute, local.host_pass = None, False, False
         return self.mode.__exit__(*exc)
 
 
