@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,8 +22,8 @@ from lazytrain.planner.windows import window_names
 from lazytrain.report.tables import plan_id_of_dict
 from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.build import make_engine
-from lazytrain.runtime.instrument import (BYTE_CHANNELS, CHANNELS, PEAK_TIERS, plan_id,
-                                          write_windows_jsonl)
+from lazytrain.runtime.instrument import (BYTE_CHANNELS, CHANNELS, PEAK_TIERS, Instrument,
+                                          plan_id, write_windows_jsonl)
 from lazytrain.runtime.nvme import FaultInjector
 
 N, D, H, R = "nvme", "dram", "hbm", "recompute"
@@ -214,3 +215,69 @@ def test_an_engine_stepped_on_another_thread_still_attributes_its_waits(tmp_path
     (record,) = out["r"].windows
     waits = sum(w["wait_ms"]["host"] for w in record["windows"])
     assert waits >= 30.0  # the engine's thread waited for the slow conversions: not compute
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu-checked"])
+def test_compute_never_exceeds_the_window_wall_over_a_real_step(backend, tmp_path):
+    """Over real steps (two, grad_accum 2, a plan with every tier): each window's compute is at
+    most its wall time, and on the CPU backends (compute on the engine's thread) compute and
+    host-blocked time split the wall exactly: no stretch counted twice."""
+    _, adapter = model_pair(tiny_config("llama"))
+    plan = plan_for(adapter, [R, D, H, N, H], grad_accum=2, **HORIZONS)
+    engine = make_engine(adapter, plan, device=backend, nvme_dir=tmp_path / "nvme",
+                         grad_accum=2, instrument=True)
+    try:
+        records = [r for step in (1, 2) for r in engine.step(micro_batches(2, seed=step)).windows]
+    finally:
+        engine.close()
+    assert len(records) == 4
+    for r in records:
+        for w in r["windows"]:
+            assert 0 <= w["compute_ms"] <= w["wall_ms"], w
+            assert w["compute_ms"] + w["host_blocked_ms"] == pytest.approx(w["wall_ms"],
+                                                                           abs=2e-3), w
+
+
+class _ClockDevice:
+    """A device whose timing events are the times (ms) of a script, one per call."""
+
+    ledger = None
+
+    def __init__(self, times) -> None:
+        self.times = iter(times)
+        self.observer = None
+
+    def set_observer(self, observer) -> None:
+        self.observer = observer
+
+    def timing_event(self, stream=None):
+        return next(self.times)
+
+    def elapsed_ms(self, start, end) -> float:
+        return end - start
+
+
+def test_compute_and_blocked_time_of_a_hand_timed_window():
+    """One window, by hand: opens at 0 ms; compute to 3; the engine's thread blocks 3-7 on
+    an h2d (a nested wait for an NVMe read inside, which must not end the block); compute to
+    8; host work 8-9.5; compute to 12, the window's end. Compute 3 + 1 + 2.5 = 6.5 ms,
+    blocked 4 ms on h2d and 1.5 ms on host, wall 12 ms: compute <= wall and the three add up."""
+    device = _ClockDevice([0.0, 3.0, 7.0, 8.0, 9.5, 12.0])
+    store = SimpleNamespace(bytes_by_tier=dict)
+    inst = Instrument(device=device, store=store, plan=SimpleNamespace(digest=lambda: "p"))
+    with inst.window("f0"):                   # 0
+        inst.on_block()                       # 3: the h2d wait begins
+        inst.on_block()                       # the nested NVMe wait: no event
+        inst.on_wait("nvme_read", 0.002)
+        inst.on_wait("h2d", 0.004)            # 7: the outermost wait ends
+        inst.on_block()                       # 8: host work on the engine's thread
+        inst.on_host(0.0015)                  # 9.5
+    (w,) = inst._mb_windows                   # closed at 12
+    out = inst._resolve(w)
+    assert out["wall_ms"] == 12.0
+    assert out["compute_ms"] == pytest.approx(6.5)
+    assert out["host_blocked_ms"] == pytest.approx(5.5)
+    assert out["host_blocked_on_ms"]["h2d"] == pytest.approx(4.0)
+    assert out["host_blocked_on_ms"]["host"] == pytest.approx(1.5)
+    assert out["compute_ms"] <= out["wall_ms"]
+    assert out["exposed_ms"] == pytest.approx(5.5)

@@ -168,3 +168,65 @@ def test_a_damaged_windows_file_is_a_warning_not_a_failed_run(cached, tmp_path):
     assert _recalibrate(cfg, trainer, run_dir=tmp_path, log=log.append) is None
     [line] = log
     assert line.startswith("warning: the calibration cache could not be refit from this run")
+
+
+def test_the_drift_line_gives_compute_per_step_never_above_the_step(cached):
+    """Two measured steps (2 and 3): compute is the step's, by hand the sum of the plan's
+    window compute x 1/SLOW (one micro-batch per step), not both steps' sum, and at most the
+    measured step (which also holds the copies, pre and post)."""
+    cfg, _path = cached
+    plan, problem = calibrated_plan(cfg)
+    log = []
+    record = recalibrate_from_run(cfg, plan, run_records(plan, problem, 1 / SLOW),
+                                  log=log.append)
+    drift = {d["channel"]: d for d in record["drifts"]}
+    by_hand = sum(w.compute_ms for w in plan.windows) / SLOW
+    assert drift["compute"]["measured"] == pytest.approx(by_hand)
+    assert drift["compute"]["planned"] == pytest.approx(by_hand * SLOW)
+    assert drift["compute"]["measured"] <= drift["step"]["measured"]
+
+
+def _with_copies(records: list[dict], channel: str, nbytes: int, wait_ms: float) -> list[dict]:
+    """`records` with every forward window moving `nbytes` on `channel` in `wait_ms` of wait."""
+    out = json.loads(json.dumps(records))
+    for r in out:
+        for w in r["windows"]:
+            if w["name"].startswith("f"):
+                w["bytes"], w["wait_ms"] = {channel: nbytes}, {channel: wait_ms}
+    return out
+
+
+@pytest.mark.parametrize("nbytes, wait_ms", [(4096, 50.0), (128 * 2**20, 10_000.0)],
+                         ids=["4-KiB-copies", "0.01-GB/s"])
+def test_a_rate_of_almost_nothing_never_reaches_the_cache(cached, nbytes, wait_ms):
+    """A loaded run's h2d fit of ~0 GB/s (a few KiB timed against a stalled wait: 0.00008
+    GB/s; or 128 MiB per window at 0.013 GB/s) is refused with one note; the compute drift
+    still replaces the rest, and the cached h2d rate stays."""
+    cfg, path = cached
+    plan, problem = calibrated_plan(cfg)
+    before = json.loads(path.read_text())
+    log = []
+    records = _with_copies(run_records(plan, problem, 1 / SLOW), "h2d", nbytes, wait_ms)
+    record = recalibrate_from_run(cfg, plan, records, log=log.append)
+    assert record is not None and "h2d" in record["refused"]
+    assert "h2d" not in {d["channel"] for d in record["drifts"]}
+    after = json.loads(path.read_text())
+    assert after["bandwidths"]["h2d_gb_per_s"] == before["bandwidths"]["h2d_gb_per_s"]
+    [note] = [ln for ln in log if ln.startswith("note: calibration: this run's h2d ")]
+    assert "not used: the cache keeps its rate" in note and "\n" not in note
+
+
+def test_a_replaced_entry_is_dated_by_its_refit(cached):
+    """The costs line's date follows the file: after a refit, `measured_at` is the refit's
+    time and the replaced date is kept in the record."""
+    cfg, path = cached
+    stored = json.loads(path.read_text())
+    stored["calibration"]["measured_at"] = "2026-01-01T00:00:00Z"
+    path.write_text(json.dumps(stored))
+    plan, problem = calibrated_plan(cfg)
+    record = recalibrate_from_run(cfg, plan, run_records(plan, problem, 1 / SLOW))
+    after = json.loads(path.read_text())
+    assert after["calibration"]["measured_at"] == record["at"] != "2026-01-01T00:00:00Z"
+    assert record["replaced_measured_at"] == "2026-01-01T00:00:00Z"
+    line = calibrate.resolve_profile(cfg).line()
+    assert line.endswith(f"measured {record['at']})")
