@@ -47,6 +47,10 @@ COMMANDS = {
     "data": ("lazytrain.cli.data",
              "show rendered training samples with their trained tokens marked, and what "
              "data.seq_len cuts"),
+    "generate": ("lazytrain.cli.generate",
+                 "print completions of prompts from a run's checkpoint, through the engine"),
+    "eval": ("lazytrain.cli.eval",
+             "run lm-eval tasks on a run's checkpoint, through the engine (the eval extra)"),
 }
 
 
