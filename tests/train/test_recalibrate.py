@@ -230,3 +230,23 @@ def test_a_replaced_entry_is_dated_by_its_refit(cached):
     assert record["replaced_measured_at"] == "2026-01-01T00:00:00Z"
     line = calibrate.resolve_profile(cfg).line()
     assert line.endswith(f"measured {record['at']})")
+
+
+def test_a_window_overhead_measured_under_load_shrinks_to_the_measured_step(cached):
+    """An entry whose fixed window cost is 10 ms (a loaded calibration) and a run 4x faster
+    in every window: the refit compute alone still predicts more than the measured step, so
+    the constant goes to 0 and the overhead shrinks until the same plan predicts the measured
+    step (the reference: the records' median step, by hand)."""
+    cfg, path = cached
+    stored = json.loads(path.read_text())
+    stored["window_overhead_ms"] = 10.0
+    path.write_text(json.dumps(stored))
+    plan, problem = calibrated_plan(cfg)
+    assert problem.window_overhead_ms == 10.0
+    records = run_records(plan, problem, 1 / SLOW)
+    measured = statistics.median(sum(w["wall_ms"] for w in r["windows"]) for r in records[1:])
+    assert recalibrate_from_run(cfg, plan, records) is not None
+    after = json.loads(path.read_text())
+    assert after["step_const_ms"] == 0.0 and 0.0 <= after["window_overhead_ms"] < 10.0
+    replanned = problem_from_config(calibrate.config_for_plan(cfg, plan.provenance))
+    assert evaluate(replanned, plan).step_ms == pytest.approx(measured, rel=1e-6)

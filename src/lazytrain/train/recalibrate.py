@@ -11,7 +11,8 @@ windows and the fitted bandwidth per channel), plus the step itself (the median 
 of the windows' wall time against the evaluator's step). When any of them is off by more than
 `planner.drift_threshold`, the cache entry is replaced by the refit (`planner.refit.
 refit_profile`: per-kind block times, head and embedding, bandwidths) whose `step_const_ms`
-takes up what the refit windows still leave of the measured step (never below 0); the entry
+takes up what the refit windows still leave of the measured step (never below 0; a step
+shorter still lowers the fixed window cost `window_overhead_ms`, `fit_step_terms`); the entry
 keeps its key fields and records the run in `calibration.refit_from_run`; its `measured_at`
 becomes the refit's time (the date the costs line prints follows the file's content; the
 replaced measurement's date stays in the record as `replaced_measured_at`). One line says so.
@@ -46,6 +47,7 @@ from lazytrain.config import RunConfig
 from lazytrain.planner.build import rank_problem_from_config
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.planner.plan import Plan
+from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.refit import PROBLEM_FIELD, PROFILE_KEY, refit_profile
 from lazytrain.profile.calibrate import config_for_plan
 from lazytrain.spec.model import ModelSpec
@@ -182,9 +184,8 @@ def recalibrate_from_run(cfg: RunConfig, plan: Plan, records: list[dict], *,
     refit = refit_profile(cached, plan, kinds, windows,
                           copies_overlap_compute=problem.copies_overlap_compute)
     _keep_cached_rates(refit, cached, refused)
-    write_json_atomic(path, refit)  # the windows' refit, then its step constant
-    leftover = measured - evaluate(rank_problem_from_config(cfg), plan).step_ms
-    refit["step_const_ms"] = max(0.0, float(refit.get("step_const_ms") or 0.0) + leftover)
+    write_json_atomic(path, refit)  # the windows' refit, then its step terms
+    fit_step_terms(refit, rank_problem_from_config(cfg), plan, measured)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record = {"at": now, "run_dir": str(run_dir), "steps": [steps[0], steps[-1]],
               "threshold": threshold, "drifts": [d.to_dict() for d in drifts],
@@ -199,6 +200,27 @@ def recalibrate_from_run(cfg: RunConfig, plan: Plan, records: list[dict], *,
           f"(steps {steps[0]}-{steps[-1]}), which the next fresh run plans with (a --resume "
           f"keeps its run's plan.json)")
     return record
+
+
+def fit_step_terms(refit: dict, problem: PlanningProblem, plan: Plan, measured: float) -> None:
+    """Set `refit`'s `step_const_ms` (and, where needed, `window_overhead_ms`) so that `plan`
+    under `problem` (the refit's problem) predicts the `measured` step, ms.
+
+    The constant takes up what the refit windows leave of the measured step. A step shorter
+    than the prediction with a constant of 0 means the engine's fixed window cost was measured
+    high (under load: 37 ms per window on a busy 2-core box against ~1 ms idle, which alone
+    predicted 874 ms for a 65 ms step, so every run replaced the entry again): it shrinks by
+    the rest over the times a step pays it (the evaluator's slope in it), never below 0.
+    """
+    predicted = evaluate(problem, plan).step_ms
+    const = float(refit.get("step_const_ms") or 0.0) + measured - predicted
+    refit["step_const_ms"] = max(0.0, const)
+    overhead = problem.window_overhead_ms
+    if const < 0 < overhead:
+        bare = evaluate(problem.replace(window_overhead_ms=0.0), plan).step_ms
+        paid = (predicted - bare) / overhead  # windows per step paying it
+        if paid > 0:
+            refit["window_overhead_ms"] = max(0.0, overhead + const / paid)
 
 
 def _keep_cached_rates(refit: dict, cached: dict, refused: Iterable[str]) -> None:
