@@ -106,6 +106,24 @@ def test_the_engines_window_overhead_is_paid_once_per_block_call():
     assert dec.step_ms == pytest.approx(4.8)
 
 
+def test_a_decode_step_reads_every_blocks_weights_and_cache_from_hbm():
+    # HBM 1 GB/s: a block reads its 1,000,000 B of weights and a quarter of the 409,600 B
+    # cache (8 rows x 50 tokens x 4 layers x 256 B): 1.1024 ms, over its 0.8 ms of compute;
+    # the head reads 100 x 64 x 4 = 25,600 B (0.0256 ms), under its 0.4 ms of compute:
+    # 0.2 embed + 0.4 head + 4 x 1.1024 = 5.0096 ms per 8 tokens
+    dec = _plan("decode", 10**9, batch=8, context_tokens=50, hbm_bytes_per_s=1e9)
+    assert dec.step_ms == pytest.approx(5.0096)
+    assert dec.tokens_per_s == pytest.approx(8000 / 5.0096)  # 1,597 tokens/s
+    # streamed on a CPU the 1 ms load adds to each block: 5.0096 + 4 = 9.0096 ms
+    cpu = _plan("decode", 4 * P, batch=8, context_tokens=50, hbm_bytes_per_s=1e9,
+                problem={"overlap": False})
+    assert cpu.weights == "streamed" and cpu.step_ms == pytest.approx(9.0096)
+    # a forward pass of 2 x 10 tokens stays compute-bound (2 ms per block over the 1 ms
+    # weight read; no cache): 9.5 ms for 20 tokens, 2,105 tokens/s against decode's 1,597
+    fwd = _plan("forward", 10**9, batch=2, hbm_bytes_per_s=1e9)
+    assert fwd.step_ms == pytest.approx(9.5)
+
+
 def test_decode_plan_counts_the_kv_cache_in_the_budget():
     dec = _plan("decode", 10**9, batch=8, context_tokens=50)
     assert dec.cache_bytes == L * 2 * 2 * 16 * 4 * 8 * 50  # 409,600

@@ -24,7 +24,7 @@ import sys
 
 from lazytrain.config import apply_overrides, config_from_dict, load_config
 from lazytrain.planner import policy
-from lazytrain.planner.build import rank_problem_from_config, topology_of
+from lazytrain.planner.build import hardware_from_config, rank_problem_from_config, topology_of
 from lazytrain.planner.capacity import max_batch_search
 from lazytrain.planner.infeasible import PlanInfeasibleError, shortfall_fix
 from lazytrain.planner.inference_plans import summary_lines as inference_lines
@@ -175,7 +175,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"plan": plan.to_dict(), "comparison": report}, indent=1))
     else:
         print(format_plan_table(problem, plan, report, costs_line=costs_line_of(plan.provenance)))
-        print("\n".join(inference_lines(problem, read_hf_config(cfg.model.config_path))))
+        print("\n".join(inference_lines(
+            problem, read_hf_config(cfg.model.config_path),
+            hbm_bytes_per_s=hardware_from_config(cfg).hbm_bandwidth_bytes_per_s)))
         if topo is not None:
             print(scaling_text(node_problem, topo, options))
     write_outputs(problem, plan, out=args.out, gantt=args.gantt)

@@ -21,18 +21,25 @@ Each plan keeps the weights resident in HBM when all of it fits the budget
 (`PlanningProblem.hbm_bytes`), and streams them through INFERENCE_WEIGHT_SLOTS slots otherwise.
 Predicted time per micro-batch (forward) or per decode step, ms:
 
-      t = embed + sum_j (w_j + o) + head_fwd,  head_fwd = head_ms / 3
-      w_j = F_j                        resident
-      w_j = max(F_j, P_j / h2d)        streamed, copies beside compute (GPU)
-      w_j = F_j + P_j / h2d            streamed, copies contend for the cores (CPU)
+      t = embed + max(head_fwd, E_head / hbm) + sum_j (w_j + o),  head_fwd = head_ms / 3
+      c_j = max(F_j, (P_j + K / L) / hbm)   the block's kernels: FLOPs or HBM reads
+      w_j = c_j                        resident
+      w_j = max(c_j, P_j / h2d)        streamed, copies beside compute (GPU)
+      w_j = c_j + P_j / h2d            streamed, copies contend for the cores (CPU)
 
 with F_j the block's forward ms (`fwd_ms`, per micro-batch of `tokens_per_micro_batch`
-tokens; a decode step runs `batch` tokens: F_j * batch / tokens_per_micro_batch, attention's
-reads of the cache not modelled) and the head's forward a third of its forward + backward
-(backward ~ 2 x forward: Kaplan et al., arXiv:2001.08361, section 2.1). A weight load is
-capped by the host conversion rate too when it is known (`host_convert_bytes_per_s`). o is
-the engine's fixed cost per window (`window_overhead_ms`: Python, hand-offs), paid once per
-block call: what dominates a decode step of a few rows on a small model.
+tokens, scaled linearly to the pass's tokens; a decode step runs `batch` tokens: F_j * batch
+/ tokens_per_micro_batch) and the head's forward a third of its forward + backward (backward
+~ 2 x forward: Kaplan et al., arXiv:2001.08361, section 2.1). Linear scaling holds while the
+kernels are compute-bound; a decode step of a few rows is bound by memory instead: every
+block reads all its weights P_j from device memory (`hbm_bytes_per_s`, the hardware's HBM
+bandwidth; on a CPU its DRAM) for only `batch` tokens, plus its share of the KV cache K (the
+plan's whole cache, spread evenly over the L blocks: an upper bound, a step's context grows
+to context_tokens), and the head reads its weight E_head (vocab x hidden in the compute
+dtype). Without a bandwidth (0) the memory terms are left out. A weight load is capped by
+the host conversion rate too when it is known (`host_convert_bytes_per_s`). o is the
+engine's fixed cost per window (`window_overhead_ms`: Python, hand-offs), paid once per
+block call. Not modelled: kernel launch latency and attention's own FLOPs over the cache.
 
 Knows nothing of torch or a solver; the runtime (`evaluation/streamed_lm.py`) reads the weight
 mode and the slot and chunk constants from here.
@@ -231,7 +238,8 @@ class InferencePlan:
 
 def make_inference_plan(problem: PlanningProblem, *, kind: str, kv: KvLayout | None = None,
                         vocab_size: int, hidden_size: int, batch: int | None = None,
-                        context_tokens: int | None = None) -> InferencePlan:
+                        context_tokens: int | None = None,
+                        hbm_bytes_per_s: float = 0.0) -> InferencePlan:
     """The forward or decode plan of a costed training problem (module docstring).
 
     Args:
@@ -242,6 +250,9 @@ def make_inference_plan(problem: PlanningProblem, *, kind: str, kv: KvLayout | N
         vocab_size, hidden_size: the model's, for the head chunk and the boundaries.
         batch: rows (default EVAL_ROWS).
         context_tokens: tokens per row (default: the problem's seq_len).
+        hbm_bytes_per_s: device memory bandwidth, bytes/s (`HardwareSpec.
+            hbm_bandwidth_bytes_per_s`): the floor of every block's and the head's time (module
+            docstring); 0: no memory floor.
 
     Raises:
         ValueError: an unknown kind, or decode without `kv`.
@@ -267,7 +278,8 @@ def make_inference_plan(problem: PlanningProblem, *, kind: str, kv: KvLayout | N
     resident = model_weights + rest <= problem.hbm_bytes
     weights = model_weights if resident else INFERENCE_WEIGHT_SLOTS * max(problem.weight_bytes)
     scale = (batch if kind == "decode" else tokens) / max(problem.tokens_per_micro_batch, 1)
-    step = _step_ms(problem, scale=scale, resident=resident)
+    step = _step_ms(problem, scale=scale, resident=resident, hbm_bytes_per_s=hbm_bytes_per_s,
+                    cache_bytes=cache, head_bytes=vocab_size * hidden_size * b)
     made = tokens if kind == "forward" else batch
     plan = InferencePlan(
         kind=kind, weights="resident" if resident else "streamed", batch=batch,
@@ -300,12 +312,19 @@ def _workspace(problem: PlanningProblem, tokens: int) -> int:
     return int(per_token * tokens)
 
 
-def _step_ms(problem: PlanningProblem, *, scale: float, resident: bool) -> float:
+def _step_ms(problem: PlanningProblem, *, scale: float, resident: bool,
+             hbm_bytes_per_s: float, cache_bytes: int, head_bytes: int) -> float:
     """Predicted ms of one pass over the blocks (module docstring), compute scaled by
-    `scale` from a training micro-batch."""
-    total = (problem.embed_ms + problem.head_ms * HEAD_FORWARD_SHARE) * scale
+    `scale` from a training micro-batch; reads of `cache_bytes` (KV cache) and `head_bytes`
+    (the head weight) from device memory at `hbm_bytes_per_s` (0: not counted)."""
+    def read_ms(nbytes: float) -> float:
+        return nbytes / hbm_bytes_per_s * 1000.0 if hbm_bytes_per_s > 0 else 0.0
+
+    total = problem.embed_ms * scale + max(problem.head_ms * HEAD_FORWARD_SHARE * scale,
+                                           read_ms(head_bytes))
+    kv_share = cache_bytes / max(len(problem.fwd_ms), 1)
     for f, p in zip(problem.fwd_ms, problem.weight_bytes):
-        compute = f * scale
+        compute = max(f * scale, read_ms(p + kv_share))
         total += problem.window_overhead_ms
         if resident:
             total += compute
@@ -317,26 +336,30 @@ def _step_ms(problem: PlanningProblem, *, scale: float, resident: bool) -> float
     return total
 
 
-def make_inference_plans(problem: PlanningProblem, *, model: ModelSpec,
-                         hf_config: dict) -> dict[str, InferencePlan]:
-    """Both plans of `model` at their defaults (`make_inference_plan`), by kind; each is
-    written beside plan.json as `FILES[kind]` (`InferencePlan.save`).
+def make_inference_plans(problem: PlanningProblem, *, model: ModelSpec, hf_config: dict,
+                         hbm_bytes_per_s: float = 0.0) -> dict[str, InferencePlan]:
+    """Both plans of `model` at their defaults (`make_inference_plan`, at `hbm_bytes_per_s`
+    bytes/s of device memory bandwidth), by kind; each is written beside plan.json as
+    `FILES[kind]` (`InferencePlan.save`).
 
     Raises:
         PlanValidationError: a plan does not fit the HBM budget (`make_inference_plan`).
     """
     kv = kv_layout(model, hf_config, dtype_bytes=_dtype_bytes(problem))
     return {kind: make_inference_plan(problem, kind=kind, kv=kv, vocab_size=model.vocab_size,
-                                      hidden_size=model.hidden_size) for kind in KINDS}
+                                      hidden_size=model.hidden_size,
+                                      hbm_bytes_per_s=hbm_bytes_per_s) for kind in KINDS}
 
 
-def summary_lines(problem: PlanningProblem, hf_config: dict) -> list[str]:
+def summary_lines(problem: PlanningProblem, hf_config: dict, *,
+                  hbm_bytes_per_s: float = 0.0) -> list[str]:
     """The plan summary's line of each plan kind (`InferencePlan.summary_line`) for the model
-    of `hf_config` (a `spec.model.read_hf_config` dict) on `problem`; one line naming the
-    shortfall instead when a plan does not fit even with streamed weights."""
+    of `hf_config` (a `spec.model.read_hf_config` dict) on `problem`, at `hbm_bytes_per_s`
+    bytes/s of device memory bandwidth; one line naming the shortfall instead when a plan
+    does not fit even with streamed weights."""
     try:
         plans = make_inference_plans(problem, model=ModelSpec.from_hf_config(hf_config),
-                                     hf_config=hf_config)
+                                     hf_config=hf_config, hbm_bytes_per_s=hbm_bytes_per_s)
     except PlanValidationError as exc:
         return [f"evaluation plans: {exc}"]
     return [plan.summary_line() for plan in plans.values()]

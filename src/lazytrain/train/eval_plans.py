@@ -16,7 +16,7 @@ from typing import Callable
 from lazytrain.config import RunConfig
 from lazytrain.data import stop_token_ids
 from lazytrain.evaluation.streamed_lm import StreamedLM
-from lazytrain.planner.build import rank_problem_of
+from lazytrain.planner.build import hardware_from_config, rank_problem_of
 from lazytrain.planner.inference_plans import FILES, KINDS, InferencePlan, make_inference_plans
 from lazytrain.planner.plan_checks import PlanValidationError
 from lazytrain.profile.calibrate import costed_problem
@@ -40,8 +40,9 @@ def make_eval_plans(cfg: RunConfig, *, config_source=None,
     source = config_source or cfg.model.config_path
     hf_config = read_hf_config(source)
     problem = rank_problem_of(cfg, costed_problem(cfg, measure=None, log=log))
-    return make_inference_plans(problem, model=ModelSpec.from_hf_config(hf_config),
-                                hf_config=hf_config)
+    return make_inference_plans(
+        problem, model=ModelSpec.from_hf_config(hf_config), hf_config=hf_config,
+        hbm_bytes_per_s=hardware_from_config(cfg).hbm_bandwidth_bytes_per_s)
 
 
 def start_eval_plans(cfg: RunConfig, *, config_source=None, show: bool,
