@@ -64,12 +64,14 @@ def test_online_replanning_runs_under_a_checker(device, arithmetic_model_dir, tm
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_the_trainers_evaluation_runs_under_cpu_checked_before_and_after_engine_steps(
-        arithmetic_model_dir, tmp_path):
-    """The held-out evaluation (StreamedLM on the engine's adapter, fp32 masters: the `host`
-    weight mode) before the first step and after an engine step on the same adapter, under
-    the checker: no ordering violation, and the cpu backend's eval losses and generations."""
-    extra = ("data.num_eval=1", "train.steps=1")
+        dtype, arithmetic_model_dir, tmp_path):
+    """The held-out evaluation (StreamedLM on the engine's adapter: fp32 compute runs the
+    `host` weight mode on the masters, bf16 the `streamed` one through the engine's weight
+    slots) before the first step and after an engine step on the same adapter, under the
+    checker: no ordering violation, and the cpu backend's eval losses and generations."""
+    extra = ("data.num_eval=1", "train.steps=1", f"train.compute_dtype={dtype}")
     cpu = train(tiny_config(arithmetic_model_dir, tmp_path / "cpu", *extra), progress=False)
     checked = train(tiny_config(arithmetic_model_dir, tmp_path / "checked", *extra,
                                 "runtime.device=cpu-checked"), progress=False)
