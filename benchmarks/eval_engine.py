@@ -29,8 +29,13 @@ and compute), fastest of interleaved repeats: 22.5 s against 35.4 s for the HF c
 0.64; 0.84 in a run at load 5; single runs ranged 0.65-1.16 as the load moved), host peak
 growth 0.36-0.38 GB (the head chunk's logits and log-softmax) against 0.90-0.97 GB (the
 0.54 GB fp32 copy plus whole logits). Measured 150-240 tokens/s scored and 23-52 tokens/s
-generated against the plans' predicted 275 for both: the decode plan's linear-in-tokens
-compute misses the per-step overhead of 8-row decoding on a CPU. `--weights streamed` (every
+generated against the plans' predicted 275 for both, when the decode plan scaled a training
+micro-batch's compute linearly to 8 tokens. The decode plan now charges each step the read
+of every block's weights and KV cache (and the head's weight) at the hardware's memory
+bandwidth: 138 tokens/s predicted against 35.6 measured (`--num-eval 8 --new-tokens 24
+--repeats 1`, one run; 164 scored against 275): the cpu preset's 10 GB/s DRAM bandwidth is
+about 4x what one torch thread got on this loaded machine (0.54 GB per step at 4.5 steps/s,
+2.4 GB/s). `--weights streamed` (every
 block copied to a device slot for every decode step: the cpu backend with bf16 compute)
 31.7 s against 23.0 s (ratio 1.38, one run).
 """
