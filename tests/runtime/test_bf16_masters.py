@@ -57,7 +57,9 @@ def bf16_pair(config, *, seed: int = 0):
 
 def bf16_accumulated_grads(ref, batches: list[dict]) -> tuple[float, dict[str, torch.Tensor]]:
     """Plain HF autograd per micro-batch (loss normalised by every label token of the step),
-    accumulated in bf16 as the layout does. Returns (loss, HF name -> bf16 gradient)."""
+    accumulated as the layout does: a block's in bf16, rounded per micro-batch; the ends'
+    (embedding, final norm, head: no `.layers.` in the name) in fp32 on the device over the
+    step, rounded once. Returns (loss, HF name -> bf16 gradient)."""
     n = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
     acc: dict[str, torch.Tensor] = {}
     total = 0.0
@@ -67,9 +69,10 @@ def bf16_accumulated_grads(ref, batches: list[dict]) -> tuple[float, dict[str, t
         out.loss.backward()
         total += float(out.loss.detach())
         for name, p in ref.named_parameters():
-            acc[name] = p.grad.bfloat16() if k == 0 else (acc[name].float() + p.grad).bfloat16()
+            dtype = torch.bfloat16 if ".layers." in name else torch.float32
+            acc[name] = (p.grad if k == 0 else acc[name].float() + p.grad).to(dtype)
     ref.zero_grad(set_to_none=True)
-    return total, acc
+    return total, {name: g.bfloat16() for name, g in acc.items()}
 
 
 def _assert_bf16_close(mine: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], *,

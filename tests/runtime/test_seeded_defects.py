@@ -25,7 +25,6 @@ from lazytrain.runtime import streams as streams_mod
 from lazytrain.runtime.activations import ActivationStore
 from lazytrain.runtime.backends import make_device
 from lazytrain.runtime.build import make_engine
-from lazytrain.runtime.ends import ResidentEnds
 from lazytrain.runtime.engine import Engine
 from lazytrain.runtime.hb_checker import OrderingViolation
 from lazytrain.runtime.optim import BlockOptimizer
@@ -84,12 +83,13 @@ def _fresh_prefetch_without_compute_wait(monkeypatch, device):
         monkeypatch.setattr(ActivationStore, "_allocate_prefetch", allocate_prefetch)
 
 
-def _ends_zeroed_under_drain(monkeypatch, device):
-    def reset_gradient(self):  # no compute wait for the previous micro-batch's drain
-        if self.grad is None:
-            self.grad = self.dev.empty(self.group.numel, torch.float32, name="ends gradient")
-        self.grad.zero_()
-    monkeypatch.setattr(ResidentEnds, "reset_gradient", reset_gradient)
+def _ends_reloaded_under_last_steps_reads(monkeypatch, device):
+    def load_flat(self, dst, master):  # no h2d wait for the compute that last read dst
+        job = self.device.submit(self.worker, self._stage_flat, dst, master,
+                                 self.device.ledger.window, channel="host")
+        self.device.wait_futures([job])
+        return job.result()
+    monkeypatch.setattr(streams_mod.DeviceWeights, "load_flat", load_flat)
 
 
 def _d2h_event_not_tracked(monkeypatch, device):
@@ -165,8 +165,8 @@ def _masters_read_without_optimizer_wait(monkeypatch, device):
 
 DEFECTS = {
     "grad_d2h_not_after_backward": Defect(_skip_stream_wait("d2h")),
-    "ends_grad_zeroed_under_its_d2h": Defect(_ends_zeroed_under_drain,
-                                             caught_by=("cpu-checked", "cpu-threaded")),
+    "ends_reloaded_under_the_last_steps_reads": Defect(_ends_reloaded_under_last_steps_reads,
+                                                       run=Run(steps=2)),
     "ckpt_d2h_event_not_at_window_barrier": Defect(_d2h_event_not_tracked,
                                                    caught_by=("cpu-checked", "cpu-threaded")),
     "landing_buffer_reused_before_accumulation": Defect(_landing_buffer_reused_early),

@@ -3,8 +3,9 @@ gradient, and the head/loss loop in sequence chunks.
 
 Owns what the engine does with the model's two ends: load the ends' weights once per step (they
 stay on the device for the whole step, as the plan counts them), embed the tokens (boundary 0),
-run final norm + head + loss chunk by chunk with its backward, run the embedding backward, and
-hand the ends gradient to the gradient drain. Knows nothing about blocks, tiers or windows: the
+run final norm + head + loss chunk by chunk with its backward, run the embedding backward,
+accumulate the ends gradient on the device over the step's micro-batches and hand it to the
+gradient drain once per step. Knows nothing about blocks, tiers or windows: the
 engine decides when each of these runs (`pre`, `turn`, `post`).
 
 Legend: B = micro-batch, S = sequence length, H = hidden size, V = vocabulary size.
@@ -98,24 +99,31 @@ class ResidentEnds:
         self.weights: torch.Tensor | None = None
         """[ends numel] in the compute dtype, on the device for the step (after `load`)."""
         self.grad: torch.Tensor | None = None
-        """[ends numel] fp32 gradient of the micro-batch (after `reset_gradient`): the
-        planner counts `lazytrain.contract.ENDS_GRAD_BYTES_PER_PARAM` bytes per parameter."""
-        self._drained: Event | None = None  # the event of the gradient's last D2H
+        """[ends numel] fp32 gradient of the step, accumulated over its micro-batches (after
+        `reset_gradient`): the planner counts `lazytrain.contract.ENDS_GRAD_BYTES_PER_PARAM` bytes per parameter."""
+        self._drained: Event | None = None  # the event of the gradient's last D2H (per step)
 
     def load(self, weights: DeviceWeights) -> None:
-        """Copy the ends' masters to the device for the step. The caller waits for their
-        pending optimizer update first.
+        """Copy the ends' masters to the device for the step, into the one device buffer the
+        ends keep for the whole run (allocated by the first load): the plan counts one copy
+        (`ends_bytes`), so a step never holds the previous step's weights beside the new ones.
+        The caller waits for their pending optimizer update first.
 
         Through the pinned staging ring, converted on the host: no fp32 device copy, no
-        pageable (blocking) source; compute waits for the last chunk.
+        pageable (blocking) source; the H2D waits for the compute queued before it (the
+        previous step's reads of the buffer) and compute waits for the last chunk.
         """
-        self.weights = self.dev.empty(self.group.numel, self.dtype, name="ends weights")
+        if self.weights is None:
+            self.weights = self.dev.empty(self.group.numel, self.dtype, name="ends weights")
         self.dev.wait_event(self.dev.compute, weights.load_flat(self.weights, self.group.master))
 
-    def reset_gradient(self) -> None:
-        """The fp32 ends gradient, zeroed for a micro-batch: one buffer for the whole run (the
-        plan counts one), zeroed in place only after the previous micro-batch's drain of it ran
-        (the compute stream waits for that copy's event)."""
+    def reset_gradient(self, *, first: bool = True) -> None:
+        """The fp32 ends gradient, zeroed at the step's first micro-batch (`first`) and
+        accumulated on the device across the step's micro-batches: one buffer for the whole
+        run (the plan counts one, `ends_bytes`), zeroed in place only after the previous
+        step's drain of it ran (the compute stream waits for that copy's event)."""
+        if not first:
+            return
         if self.grad is None:
             self.grad = self.dev.empty(self.group.numel, torch.float32, name="ends gradient")
         else:
@@ -149,10 +157,12 @@ class ResidentEnds:
         (gw,) = torch.autograd.grad(out, (w,), grad)
         self.group.views(self.grad)[name].add_(gw)  # in place, fp32
 
-    def drain_gradient(self, drain: GradDrain, *, first: bool, on_done=None) -> None:
-        """Start the D2H of the ends gradient into the host accumulator (`GradDrain.drain`);
-        `reset_gradient` waits for it before the next micro-batch zeroes the buffer."""
-        self._drained = drain.drain(self.group, self.grad, first=first, on_done=on_done)
+    def drain_gradient(self, drain: GradDrain, *, on_done=None) -> None:
+        """Start the step's one D2H of the ends gradient (after the last micro-batch's
+        embedding backward) into the host accumulator (`GradDrain.drain_fp32`: a same-dtype
+        copy, no converting D2H and no device temporary); `reset_gradient` waits for it before
+        the next step zeroes the buffer."""
+        self._drained = drain.drain_fp32(self.group, self.grad, on_done=on_done)
 
     def _view(self, name: str) -> torch.Tensor:
         return self.group.views(self.weights)[name]

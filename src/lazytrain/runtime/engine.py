@@ -8,9 +8,10 @@ segments, kept blocks, resident weights and every transfer's window come from th
 `ActivationStore`; weights and gradients move through `runtime.streams`; the embedding, final
 norm, head and their gradient (resident for the step) through `runtime.ends`.
 
-Windows per micro-batch: `pre` (embedding, block 0's weight load), f0..f{L-1}, turn,
-b{L-1}..b0, `post` (embedding backward, ends-gradient drain). Gradient accumulation repeats
-them per micro-batch; the loss is normalised by the label tokens of the whole step so that
+Windows per micro-batch: `pre` (embedding, block 0's weight load; the step's ends load in the
+first micro-batch's), f0..f{L-1}, turn, b{L-1}..b0, `post` (embedding backward; the ends
+gradient, accumulated on the device, drains once, in the last micro-batch's). Gradient
+accumulation repeats them per micro-batch; the loss is normalised by the label tokens of the whole step so that
 accumulation equals the big-batch gradient.
 
 Dropout: the RNG state is saved before each block's forward and replayed by the recompute and
@@ -187,8 +188,6 @@ class Engine:
         mbs = [self._prepare(m, b) for m, b in enumerate(micro_batches)]
         if self.grad_sync is not None:  # normalise by the global batch's label tokens
             tokens = int(self.grad_sync.all_sum(tokens))
-        self.optimizer.wait(self.params.ends)  # the ends' pending update
-        self.ends.load(self.weights)
         loss = 0.0  # a device tensor after the first micro-batch: read once, at the step's end
         try:
             for mb in mbs:
@@ -215,7 +214,10 @@ class Engine:
     def forward_blocks(self, mb: MicroBatch) -> torch.Tensor:
         """pre + f0..f{L-1}: returns boundary L [B, S, H] (not yet stored)."""
         with self._timed_window("pre"):
-            self.ends.reset_gradient()
+            self.ends.reset_gradient(first=mb.index == 0)  # accumulated over the step
+            if mb.index == 0:  # the step's one ends load, queued after the zeroing above
+                self.optimizer.wait(self.params.ends)  # the ends' pending update
+                self.ends.load(self.weights)
             h = self.ends.embed(mb.input_ids)
             mb.kwargs = self.adapter.block_kwargs(mb.input_ids, h, **mb.mask_inputs)
             mb.weights[0] = self.prefetch_weights(0)
@@ -285,9 +287,9 @@ class Engine:
         with self._timed_window("post"):
             self.drain_gradients(mb)  # block 0's
             self.ends.embed_backward(mb.input_ids, grad)
-            on_done = (self._on_grads_final(self.params.ends, step_lr)
-                       if mb.index == self.grad_accum - 1 else None)
-            self.ends.drain_gradient(self.drain, first=mb.index == 0, on_done=on_done)
+            if mb.index == self.grad_accum - 1:  # the ends gradient: one D2H per step
+                self.ends.drain_gradient(
+                    self.drain, on_done=self._on_grads_final(self.params.ends, step_lr))
 
     def queue_optimizer(self, lr: float) -> float | None:
         """With clipping: the exact global norm is known now (every gradient is final), so

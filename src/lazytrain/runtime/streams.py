@@ -336,10 +336,10 @@ class GradDrain:
     dtype lands in the accumulator itself, `_land_in_accumulator`), and an accumulation worker thread (off the main thread's critical
     path) waits for the copy's event and adds the buffer into the host
     accumulator; the buffer is reused, and the drain's `on_done` runs on the calling thread,
-    only once that job finished. A group larger than one buffer (the ends:
-    embedding + head, accumulated in fp32 on the device) drains in buffer-sized chunks, each
-    converted to the compute dtype by the copy. The accumulator has the master dtype: a bf16
-    one rounds each contribution once (`ParamGroup.accumulate_grad`).
+    only once that job finished. The ends' fp32 gradient, larger than one buffer and
+    accumulated on the device over the step, drains once per step through `drain_fp32`. The
+    accumulator has the master dtype: a bf16 one rounds each contribution once
+    (`ParamGroup.accumulate_grad`).
 
     Args:
         device: the device API.
@@ -398,6 +398,38 @@ class GradDrain:
             last = start == starts[-1]
             self.pending.append((job, k, on_done if last else None))
         # the device gradient may be freed by compute before the copies ran
+        self.device.record_stream(grad, self.d2h)
+        return event
+
+    def drain_fp32(self, group: ParamGroup, grad: torch.Tensor,
+                   on_done: Callable[[], None] | None = None) -> Event:
+        """Queue the step's one drain of an fp32 device gradient of any size (the ends',
+        accumulated on the device over the step's micro-batches), overwriting the host
+        accumulator; `on_done` runs once all of it is there. Returns the event of the last copy
+        reading `grad`.
+
+        Every D2H copies fp32 into fp32: into the accumulator itself when it is fp32
+        (`_land_in_accumulator`), else chunk by chunk into the pinned drain buffers viewed as
+        fp32 (half a block's compute-dtype elements per bf16 buffer), the accumulation worker
+        rounding each chunk into the accumulator. No converting D2H, so no temporary that the
+        copy would allocate on the device outside the ledger.
+        """
+        self.device.wait_stream(self.d2h, self.device.compute)  # grad is complete on compute
+        if group.grad.dtype == grad.dtype:
+            return self._land_in_accumulator(group, grad, on_done)
+        step = self.buffers[0].numel() * self.buffers[0].element_size() // grad.element_size()
+        starts = range(0, group.numel, step)
+        for start in starts:
+            end = min(group.numel, start + step)
+            while not self.free or len(self.pending) >= len(self.buffers):
+                self._finish_oldest()
+            k = self.free.popleft()
+            buf = self.buffers[k].view(torch.uint8)[:(end - start) * grad.element_size()]
+            buf = buf.view(grad.dtype)
+            event = self.device.copy(buf, grad[start:end], stream=self.d2h)
+            job = self.device.submit(self.worker, self._accumulate, event, buf, group,
+                                     first=True, start=start, channel="d2h")
+            self.pending.append((job, k, on_done if start == starts[-1] else None))
         self.device.record_stream(grad, self.d2h)
         return event
 
