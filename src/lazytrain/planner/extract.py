@@ -12,6 +12,7 @@ import math
 
 from lazytrain.planner.evaluate import Decisions, build_plan
 from lazytrain.planner.milp import Milp
+from lazytrain.planner.milp_paths import reloaded
 from lazytrain.planner.milp_vars import KINDS, row_name
 from lazytrain.planner.plan import Bounds, Plan, SolveRecord, Transfer
 from lazytrain.planner.windows import window_name, window_ord
@@ -60,18 +61,38 @@ def start_from_plan(milp: Milp, plan: Plan) -> list[float] | None:
             x[c] = 1.0 if last_write.get(i, -1) <= q else 0.0
         for (i, e), c in v.nvb.items():  # NVMe boundary i with segment end e
             x[c] = 1.0 if plan.tiers[i] == "nvme" and plan.segment_end_of(i) == e else 0.0
+        paths = plan.weight_paths or ("host_convert",) * L
+        for (j, w), c in v.path.items():
+            x[c] = 1.0 if paths[j] == w else 0.0
     except KeyError:
         return None
+    _complete_paths(milp, x)
     _complete_epigraph(milp, x)
     worst, _ = milp.model.max_violation(x)
     return x if worst <= 1e-6 else None
 
 
-def _complete_epigraph(milp: Milp, x: list[float]) -> None:
-    """Set every t[o] and slack to the least value its rows allow, given all other columns."""
+def _complete_paths(milp: Milp, x: list[float]) -> None:
+    """Set the weight-path auxiliaries (`planner/milp_paths.py`) to the least values their
+    rows allow, given the path, segment and resident columns: the loads, then the recompute
+    chain block by block."""
+    v, p = milp.v, milp.p
+    _complete_epigraph(milp, x, set(v.wload.values()) | set(v.wreload.values())
+                       | set(v.cast_max.values()))
+    for (q, e), (ld, cf) in sorted(v.chain.items()):
+        prev = v.chain.get((q - 1, e))
+        inn = math.fsum(x[c] for c in reloaded(v, q, e))
+        x[ld] = (x[prev[0]] if prev else 0.0) + x[v.wreload[0, q, e]] / p.bw_h2d
+        x[cf] = max(x[prev[1]] if prev else 0.0, x[ld]) + p.F[q] * inn
+
+
+def _complete_epigraph(milp: Milp, x: list[float], epi: set[int] | None = None) -> None:
+    """Set every column of `epi` (default: every t[o] and slack) to the least value its rows
+    allow, given all other columns (rows with one column of `epi`)."""
     m = milp.model
-    epi = set(milp.v.t.values()) | set(milp.v.slack_hbm.values()) | set(
-        milp.v.slack_host.values())
+    if epi is None:
+        epi = set(milp.v.t.values()) | set(milp.v.slack_hbm.values()) | set(
+            milp.v.slack_host.values())
     for c in epi:
         x[c] = m.var_lb[c]
     for r in range(m.num_rows):
@@ -121,8 +142,10 @@ def extract_decisions(milp: Milp, x: list[float]) -> Decisions:
             total = math.fsum(f for _, f in cells)
             transfers += [Transfer(boundary=i, kind=kind, window=window_name(o, L),
                                    fraction=f / total) for o, f in cells]
+    paths = tuple(w for j in range(L) for w in milp.p.path_loads
+                  if _on(x[v.path[j, w]], row_name("path", j, w))) if v.path else None
     return Decisions(tiers=tuple(tiers), keep_internals=keep, resident_weights=resident,
-                     q8_blocks=q8, transfers=tuple(transfers))
+                     q8_blocks=q8, transfers=tuple(transfers), weight_paths=paths)
 
 
 def extract_plan(milp: Milp, x: list[float], *, solver: SolveRecord,

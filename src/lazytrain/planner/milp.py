@@ -109,6 +109,9 @@ Constraint families (function that adds them, all in `planner/milp_rows.py`)
                       - slack <= M_dram for the step and each o;
                       nvb[i,e] >= nvme[i] + seg[i,e] - 1                   add_dram_capacity
    10. NVMe           sum A[i] nvme[i] - slack <= M_nvme                    add_nvme_capacity
+   11. weight paths   (build_milp(free_paths=True) only) one path per block, its H2D and host
+                      bytes in every load above, its HBM and DRAM in rows 8-9, the recompute
+                      chain of 7b as columns: `planner/milp_paths.py`        add_path_rows
 
 held[o] is the contract's holding intervals (exact, since d2h/h2d are binary): hbm i for i <= o <= 2L-i
 (A[L] at turn); offloaded i: A[i] sum_{o' >= o} d2h[i,o'] (not yet drained, o >= i) plus
@@ -126,6 +129,7 @@ import math
 from dataclasses import dataclass
 
 from lazytrain.planner.milp_inputs import Scaled, scale_inputs
+from lazytrain.planner.milp_paths import add_path_columns, add_path_rows, free_path_loads
 from lazytrain.planner.milp_rows import (
     add_dram_capacity, add_hbm_capacity, add_keep, add_nvme_capacity, add_path, add_precedence,
     add_reads_after_writes, add_recompute_order, add_tiers, add_transfer_legality,
@@ -134,6 +138,7 @@ from lazytrain.planner.milp_rows import (
 from lazytrain.planner.milp_vars import MilpVars, add_variables
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.solvers import LinearModel
+from lazytrain.planner.weight_paths import with_weight_paths
 
 CAPACITY_MODES = ("hard", "min_shortfall")
 """`build_milp(capacity=...)`: "hard" budgets (the step-time model; slack columns fixed to 0)
@@ -158,9 +163,13 @@ class Milp:
 
     def step_ms(self, x: list[float]) -> float:
         """The evaluator's step time of an assignment: ga * sum_o t[o] + `step_const_ms` +
-        sum_j U8[j] q8[j] (the 8-bit updates' time on the optimizer tail), ms."""
+        sum_j U8[j] q8[j] (the 8-bit updates' time on the optimizer tail) + sum_w
+        (C_w - C_base) path[0,w] (block 0's path in the ends, free paths only:
+        `milp_paths.free_path_loads`), ms."""
         times = math.fsum(x[c] for c in self.v.t.values())
-        return (self.p.step_const_ms + self.p.grad_accum * times
+        ends = math.fsum(self.p.path_loads[w][2] * x[c]
+                         for (j, w), c in self.v.path.items() if j == 0)
+        return (self.p.step_const_ms + ends + self.p.grad_accum * times
                 + math.fsum(self.p.q8_update[j] * x[c] for j, c in self.v.q8.items()))
 
     def binaries(self) -> list[int]:
@@ -169,7 +178,7 @@ class Milp:
 
 def build_milp(problem: PlanningProblem, *, relax: bool = False,
                tie_breakers: bool = True, q8_penalty: bool = True,
-               capacity: str = "hard") -> Milp:
+               capacity: str = "hard", free_paths: bool = False) -> Milp:
     """Build the placement model (families in the module docstring's order).
 
     Args:
@@ -179,19 +188,28 @@ def build_milp(problem: PlanningProblem, *, relax: bool = False,
             and brute force).
         q8_penalty: charge 8-bit states in the objective (off for the step-time LP bound).
         capacity: "hard" budgets or the "min_shortfall" feasibility phase (CAPACITY_MODES).
+        free_paths: the model chooses each block's weight path (family 11,
+            `planner/milp_paths.py`) on the problem with every path host_convert; with masters
+            in the compute dtype every block is pinned in place. False: `problem`'s paths.
 
     Raises:
         ValueError: unknown capacity mode.
     """
     if capacity not in CAPACITY_MODES:
         raise ValueError(f"capacity must be one of {CAPACITY_MODES}; got {capacity!r}")
+    if free_paths:
+        problem = with_weight_paths(problem, () if problem.master_bytes_ratio != 1
+                                    else ("pinned_copy",) * problem.num_blocks)
     p = scale_inputs(problem)
+    if free_paths:
+        p = _replace(p, path_loads=free_path_loads(problem))
     if not tie_breakers or capacity == "min_shortfall":
         p = _replace(p, tie_ms=0.0)
     if not q8_penalty or capacity == "min_shortfall":
         p = _replace(p, q8_penalty=tuple(0.0 for _ in p.q8_penalty))
     m = LinearModel()
     v = add_variables(m, p, relax=relax, capacity=capacity)
+    add_path_columns(m, v, p, relax=relax, shortfall=capacity == "min_shortfall")
     add_path(m, v=v, p=p)
     add_tiers(m, v=v, p=p)
     add_keep(m, v=v, p=p)
@@ -204,6 +222,7 @@ def build_milp(problem: PlanningProblem, *, relax: bool = False,
     add_hbm_capacity(m, v=v, p=p)
     add_dram_capacity(m, v=v, p=p)
     add_nvme_capacity(m, v=v, p=p)
+    add_path_rows(m, v=v, p=p)
     return Milp(problem=problem, p=p, model=m, v=v)
 
 

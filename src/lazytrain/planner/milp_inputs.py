@@ -7,7 +7,7 @@ in `planner/milp.py`. Knows no variables and no rows; no solver, no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lazytrain.contract import align_up
 from lazytrain.planner.chains import recompute_chain_ms
@@ -73,6 +73,9 @@ class Scaled:
     tie_ms: float
     recompute_chain: dict
     """(s, e) -> R[s,e], ms, for segments with recompute (`chains.recompute_chain_ms`)."""
+    path_loads: dict = field(default_factory=dict)
+    """Free weight paths: {path: (H2D GB, converted GB per load of each block, ends ms)}
+    (`milp_paths.free_path_loads`); empty: the problem's fixed paths (Pl, Pc)."""
 
 
 def scale_inputs(problem: PlanningProblem) -> Scaled:

@@ -9,6 +9,7 @@ Owns `Lin` ({column: coefficient}, constant) and the window loads of the formula
 from __future__ import annotations
 
 from lazytrain.planner.milp_inputs import Scaled
+from lazytrain.planner.milp_paths import block_load, cast_slots_gb
 from lazytrain.planner.milp_vars import MilpVars
 
 Lin = tuple[dict[int, float], float]
@@ -29,46 +30,62 @@ def lin_scale(lin: Lin, k: float) -> Lin:
     return {x: a * k for x, a in lin[0].items()}, lin[1] * k
 
 
-def window_fixed_loads(v: MilpVars, p: Scaled, o: int, per_load=None) -> tuple[Lin, Lin, Lin]:
+def window_fixed_loads(v: MilpVars, p: Scaled, o: int, kind: int = 0) -> tuple[Lin, Lin, Lin]:
     """(compute ms, weight H2D GB, gradient D2H GB) of window o: the window loads before the
     plan's activation transfers (`planner/milp.py`, "Window loads"). A load of block j counts
-    `per_load[j]` GB (default `p.Pl`, its H2D bytes; `p.Pc` gives the converted bytes)."""
+    its H2D bytes (kind 0: `p.Pl`) or the bytes the host converts (kind 1: `p.Pc`); with free
+    weight paths, the path columns' (`milp_paths.block_load`)."""
     L = p.L
-    W = p.Pl if per_load is None else per_load
     comp: dict[int, float] = {}
     h2d: dict[int, float] = {}
     d2h: dict[int, float] = {}
     if o < L:
         j = o
-        c0, h0, d0 = p.F[j], (W[j + 1] if j + 1 < L else 0.0), 0.0
+        c0, d0 = p.F[j], 0.0
+        h2d, h0 = block_load(v, p, j + 1, kind) if j + 1 < L else ({}, 0.0)
+        h2d = dict(h2d)
         if j in v.keep:
             comp[v.keep[j]] = p.Fg[j] - p.F[j]
     elif o == L:
-        c0, h0, d0 = p.head, W[L - 1], 0.0
-        if L - 1 in v.resident:
-            h2d[v.resident[L - 1]] = -W[L - 1]
+        c0, d0 = p.head, 0.0
+        h2d, h0 = reload_unless_resident(v, p, L - 1, kind)
     else:
         j = 2 * L - o
-        c0, h0 = p.B[j] + p.Fg[j], (W[j - 1] if j >= 1 else 0.0)
+        c0, h0 = p.B[j] + p.Fg[j], 0.0
         d0 = p.G[j + 1] if j + 1 < L else 0.0
         if j in v.keep:
             comp[v.keep[j]] = -p.Fg[j]
-        if j >= 1 and j - 1 in v.resident:
-            h2d[v.resident[j - 1]] = -W[j - 1]
+        if j >= 1:
+            h2d, h0 = reload_unless_resident(v, p, j - 1, kind)
         for (s, e), x in v.seg.items():
             if e == j + 1 and e - s >= 2:
                 comp[x] = sum(p.F[s:j])
-                h2d[x] = sum(W[s:j])
+                if not p.path_loads:
+                    h2d[x] = sum((p.Pl, p.Pc)[kind][s:j])
+        for (k, q, e), x in v.wreload.items():
+            if k == kind and e == j + 1:
+                h2d[x] = 1.0
         if j + 1 in v.emb and p.embed:
             comp[v.emb[j + 1]] = p.embed
     return (comp, c0), (h2d, h0), (d2h, d0)
+
+
+def reload_unless_resident(v: MilpVars, p: Scaled, j: int, kind: int) -> Lin:
+    """W(j) (1 - resident[j]): block j's reload in b_{j+1} (or turn), GB."""
+    if (kind, j) in v.wload:
+        return {v.wload[kind, j]: 1.0}, 0.0
+    coeffs, const = block_load(v, p, j, kind)
+    coeffs = dict(coeffs)
+    if j in v.resident:
+        coeffs[v.resident[j]] = -const
+    return coeffs, const
 
 
 def window_host(v: MilpVars, p: Scaled, o: int) -> Lin:
     """HOST[o] = PW[o]/host_conv + GD[o]/host_acc, ms: the weight bytes the window converts
     (its loads of host_convert blocks, `p.Pc`) and the gradient bytes it drains (all of them are
     added into the host accumulator); a rate of 0 is not modelled and adds nothing."""
-    _, (pw, pw0), (gd, gd0) = window_fixed_loads(v, p, o, p.Pc)
+    _, (pw, pw0), (gd, gd0) = window_fixed_loads(v, p, o, kind=1)
     parts = []
     if p.host_conv > 0:
         parts.append(lin_scale((pw, pw0), 1 / p.host_conv))
@@ -126,5 +143,7 @@ def hbm_held(v: MilpVars, p: Scaled, o: int) -> Lin:
     for j, x in v.resident.items():
         if j <= o <= 2 * L - j:
             add(x, p.P[j])
+    for x, a in cast_slots_gb(v).items():
+        add(x, a)
     return coeffs, const
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from lazytrain.planner.duplex import duplex_pieces, effective_cap
 from lazytrain.planner.milp_inputs import Scaled
-from lazytrain.planner.milp_loads import hbm_held, lin_scale, lin_sum, window_host, window_loads
+from lazytrain.planner.milp_loads import (
+    reload_unless_resident, hbm_held, lin_scale, lin_sum, window_host, window_loads,
+)
+from lazytrain.planner.milp_paths import pinned_copies_gb
 from lazytrain.planner.milp_vars import MilpVars, row_name
 from lazytrain.planner.windows import window_name
 from lazytrain.planner.solvers import LinearModel
@@ -210,21 +213,25 @@ def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
     L = p.L
     for j in range(1, L):
         o = 2 * L - j
-        segs = {v.seg[s, e]: r + p.B[j] + p.Fg[j] for (s, e), r in p.recompute_chain.items()
-                if e == j + 1}
+        if p.path_loads:  # the chain's columns give R (`milp_paths`, free weight paths)
+            segs = {v.seg[s, e]: p.B[j] + p.Fg[j] for (s, e) in v.seg
+                    if e == j + 1 and e - s >= 2}
+        else:
+            segs = {v.seg[s, e]: r + p.B[j] + p.Fg[j]
+                    for (s, e), r in p.recompute_chain.items() if e == j + 1}
         if not segs:
             continue
-        const = p.Pl[j - 1] / p.bw_h2d
-        row = {v.t[o]: 1.0, **{x: -r for x, r in segs.items()}}
+        reload, const = reload_unless_resident(v, p, j - 1, 0)
+        row = {v.t[o]: 1.0, **{x: -r for x, r in segs.items()},
+               **{x: -a / p.bw_h2d for x, a in reload.items()}}
+        if (j - 1, j + 1) in v.chain:
+            row[v.chain[j - 1, j + 1][1]] = -1.0
         if j in v.keep:
             row[v.keep[j]] = p.Fg[j]
-        if j - 1 in v.resident:
-            # moves -P(1-resident)/bw's resident part left
-            row[v.resident[j - 1]] = p.Pl[j - 1] / p.bw_h2d
         for (i, q), x in v.h2d.items():
             if q == o:
                 row[x] = -p.A[i] / p.bw_h2d
-        m.add_row(row_name("recompute_order", window_name(o, L)), row, lb=const)
+        m.add_row(row_name("recompute_order", window_name(o, L)), row, lb=const / p.bw_h2d)
 
 
 def add_hbm_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
@@ -257,6 +264,7 @@ def add_dram_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
     """
     coeffs = {x: p.A[i] for i, x in v.dram.items()}
     coeffs.update({x: -p.q8_saving[j] for j, x in v.q8.items()})
+    coeffs.update(pinned_copies_gb(v, p))
     coeffs[v.slack_host["dram"]] = -1.0
     m.add_row(row_name("dram_cap", "step"), coeffs, ub=p.dram_cap)
     bounce: dict[int, dict[int, float]] = {}

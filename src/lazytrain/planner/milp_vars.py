@@ -48,6 +48,12 @@ class MilpVars:
     slack_host: dict[str, int] = field(default_factory=dict)
     wdone: dict[tuple[int, int], int] = field(default_factory=dict)
     nvb: dict[tuple[int, int], int] = field(default_factory=dict)
+    path: dict[tuple[int, str], int] = field(default_factory=dict)
+    """(block, weight path) -> column, only with free paths (`planner/milp_paths.py`)."""
+    wload: dict[tuple[int, int], int] = field(default_factory=dict)
+    wreload: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    cast_max: dict[int, int] = field(default_factory=dict)
+    chain: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     legal_ends: dict[tuple[str, int, int], tuple[int, ...]] = field(default_factory=dict)
     """(family, i, o) -> segment ends e for which window o is legal (not a variable)."""
 
