@@ -127,13 +127,13 @@ def test_a_device_gradient_freed_under_its_d2h_without_record_stream_is_caught(t
 
 def test_a_boundary_offloaded_before_the_compute_that_produced_it_is_caught(tmp_path,
                                                                           monkeypatch):
-    original = CheckedDevice.wait_stream
+    original = CheckedDevice.wait_event
 
-    def wait_stream(self, stream, other):
-        if stream.name != "ckpt_d2h":  # the store's d2h no longer waits for compute
-            original(self, stream, other)
+    def wait_event(self, stream, event):
+        if stream.name != "ckpt_d2h":  # the store's d2h no longer waits for the put's event
+            original(self, stream, event)
 
-    monkeypatch.setattr(CheckedDevice, "wait_stream", wait_stream)
+    monkeypatch.setattr(CheckedDevice, "wait_event", wait_event)
     exc = _violation(tmp_path)
     assert "compute" in exc.first and "ckpt_d2h" in exc.second
 
