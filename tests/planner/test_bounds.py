@@ -29,17 +29,25 @@ def two_blocks(**kw) -> PlanningProblem:
     return PlanningProblem(**base)
 
 
-# pre = max(embed 1, P0 10) = 10 ms on a GPU (side by side), 1 + 10 = 11 on a CPU;
-# post = G0 5 ms; step = 2 * (pre + windows + post) + 3
+# grad_accum 2: micro-batch 0's pre loads P0 = max(embed 1, P0 10) = 10 ms on a GPU (side by
+# side), 1 + 10 = 11 on a CPU; its post drains G0 (50u) and prefetches P0 (100u) for micro-batch
+# 1: on a GPU they share the cap 15 u/ms at 7.5 each until G0 ends (6.67 ms), P0's last 50u
+# alone at 10 u/ms: 11.67 ms; on a CPU 10 + 5 = 15. Micro-batch 1: pre = embed 1, post = G0 5.
+# step = 2 * windows + ends + 3
+ENDS_GPU = 10 + (50 / 7.5 + 5) + 1 + 5
+ENDS_CPU = 11 + 15 + 1 + 5
+
+
 @pytest.mark.parametrize("kw,expected", [
     # keep offered: compute Fg 24 + B 40 + head 4 = 68 > H2D P1 10, D2H G1 5, duplex 10
-    ({}, 2 * (10 + 68 + 5) + 3),
+    ({}, 2 * 68 + ENDS_GPU + 3),
     # no keep: compute F 20 + Fg 24 + B 40 + head 4 = 88; H2D P1 + P0 + P1 = 30 ms
-    ({"allow_keep": False}, 2 * (10 + 88 + 5) + 3),
+    ({"allow_keep": False}, 2 * 88 + ENDS_GPU + 3),
     # CPU: compute 68 + H2D 10 + D2H 5 = 83
-    ({"copies_overlap_compute": False}, 2 * (11 + 83 + 5) + 3),
-    # slow H2D (1e3 u/s): P = 100 ms; pre = max(1, 100) = 100, windows max(68, H2D 100) = 100
-    ({"h2d_bytes_per_s": 1e3 * U}, 2 * (100 + 100 + 5) + 3),
+    ({"copies_overlap_compute": False}, 2 * 83 + ENDS_CPU + 3),
+    # slow H2D (1e3 u/s): P = 100 ms; windows max(68, H2D 100) = 100; pre (load) max(1, 100),
+    # post (prefetch) P0 100 ms at its own 1 u/ms beside G0 at 10 (1 + 10 within the cap)
+    ({"h2d_bytes_per_s": 1e3 * U}, 2 * 100 + (100 + 100 + 1 + 5) + 3),
 ], ids=["gpu_keep", "gpu_no_keep", "cpu", "h2d_bound"])
 def test_roofline_matches_hand_arithmetic(kw, expected):
     assert roofline_ms(two_blocks(**kw)) == pytest.approx(expected, rel=1e-12)
@@ -49,7 +57,7 @@ def test_ideal_plan_step_matches_hand_arithmetic_and_the_heuristics_ideal_plan()
     # all hbm, both blocks kept: f0 max(Fg 12, P1 10) = 12; f1 12; turn 4 (P1 resident);
     # b1 B 20 (no re-forward, P0 resident); b0 max(B 20, G1 5) = 20 -> windows 68
     problem = two_blocks()
-    assert ideal_ms(problem) == pytest.approx(2 * (10 + 68 + 5) + 3, rel=1e-12)
+    assert ideal_ms(problem) == pytest.approx(2 * 68 + ENDS_GPU + 3, rel=1e-12)
     assert ideal_ms(problem) == pytest.approx(evaluate(problem, ideal_plan(problem)).step_ms)
 
 
@@ -111,7 +119,7 @@ def test_memory_bound_matches_hand_arithmetic_with_room_for_one_kept_block():
     problem = two_blocks(hbm_bytes=200 * U)
     comp = 88 - 10 * (1 + 30 / 130)
     from lazytrain.planner.bounds import memory_bound_ms
-    assert memory_bound_ms(problem) == pytest.approx(2 * (10 + comp + 5) + 3, rel=1e-12)
+    assert memory_bound_ms(problem) == pytest.approx(2 * comp + ENDS_GPU + 3, rel=1e-12)
     # unlimited HBM: every block kept -> the roofline
     assert memory_bound_ms(two_blocks()) == pytest.approx(roofline_ms(two_blocks()), rel=1e-12)
     assert memory_bound_ms(two_blocks(hbm_bytes=30 * U)) is None  # A[2] alone overflows

@@ -35,7 +35,7 @@ from lazytrain.planner.milp import build_milp
 from lazytrain.planner.plan import Bounds
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.solvers import solve
-from lazytrain.planner.window_time import pre_ms
+from lazytrain.planner.window_time import ends_step_ms
 
 
 def lp_bound_ms(problem: PlanningProblem, *, backend: str = "highs",
@@ -65,8 +65,9 @@ def roofline_ms(problem: PlanningProblem) -> float:
     Mandatory per micro-batch (window part): compute sum(Fg + B) + head with keep offered, else
     sum(F + Fg + B) + head; H2D the forward weight loads P[1..L-1], plus the backward loads
     P[0..L-1] when resident weights (offered with keep) are not; D2H the gradients G[1..L-1].
-    GPU: the max of compute and channel times; CPU: their sum. Step = ga * (pre + that + post)
-    + const. Source: docs/execution_model.md, "Per-window work" and "Window time".
+    GPU: the max of compute and channel times; CPU: their sum. Step = ga * that + pre/post of
+    every micro-batch (`ends_step_ms`) + const. Source: docs/execution_model.md, "Per-window
+    work", "Window time" and "Step time".
     """
     p = problem
     if p.allow_keep:
@@ -81,8 +82,8 @@ def roofline_ms(problem: PlanningProblem) -> float:
 def _closed_form_step_ms(p: PlanningProblem, comp: float, h2d: float) -> float:
     """Step ms of a whole step's compute `comp` (ms) and H2D `h2d` (bytes) against the fixed
     gradient drains: GPU windows = max(compute, H2D/bw_h2d, D2H/bw_d2h, (H2D+D2H)/cap),
-    CPU: their sum; step = ga * (pre + windows + post) + const. cap = max(bw_duplex, bw_h2d,
-    bw_d2h) (`duplex.effective_cap`: a cap below a direction's own rate counts as that rate,
+    CPU: their sum; step = ga * windows + pre/post of every micro-batch (`ends_step_ms`) +
+    const. cap = max(bw_duplex, bw_h2d, bw_d2h) (`duplex.effective_cap`: a cap below a direction's own rate counts as that rate,
     as the evaluator and the simulator count it)."""
     ms = lambda nbytes, bps: nbytes / bps * 1e3  # noqa: E731
     d2h = float(sum(p.grad_bytes[1:p.num_blocks]))
@@ -92,8 +93,7 @@ def _closed_form_step_ms(p: PlanningProblem, comp: float, h2d: float) -> float:
         windows = max(comp, h2d_ms, d2h_ms, ms(h2d + d2h, cap))
     else:
         windows = comp + h2d_ms + d2h_ms
-    post = ms(p.grad_bytes[0] + p.ends_grad_bytes, p.d2h_bytes_per_s)
-    return p.grad_accum * (pre_ms(p) + windows + post) + p.const_ms
+    return p.grad_accum * windows + ends_step_ms(p) + p.const_ms
 
 
 def memory_bound_ms(problem: PlanningProblem) -> float | None:
@@ -115,8 +115,8 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
     The maxima are fractional knapsacks, each a relaxation, so both totals are lower bounds.
     GPU: windows = max(compute, H2D/bw_h2d, D2H/bw_d2h, (H2D + D2H)/cap) with the duplex rule's
     cap (`duplex.effective_cap`); CPU: their sum.
-    Step = ga * (pre + windows + post) + const. Source: docs/execution_model.md, "Per-window
-    work" and "HBM capacity".
+    Step = ga * windows + pre/post of every micro-batch (`ends_step_ms`) + const. Source:
+    docs/execution_model.md, "Per-window work", "HBM capacity" and "Step time".
 
     Returns:
         The bound, or None when the fixed working set and boundary L alone overflow HBM.

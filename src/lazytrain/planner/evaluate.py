@@ -26,7 +26,7 @@ from lazytrain.planner.schedule import schedule_transfers
 from lazytrain.planner.staging import bounce_bound_by_window
 from lazytrain.planner.weight_paths import with_weight_paths
 from lazytrain.planner.window_time import (
-    binding_term, fixed_loads, host_by_window_ms, post_ms, pre_ms, q8_update_ms, window_time_ms,
+    binding_term, ends_step_ms, fixed_loads, host_by_window_ms, q8_update_ms, window_time_ms,
 )
 from lazytrain.planner.windows import (
     OFFLOAD_TIERS, TRANSFER_KINDS, check_tiers, horizons_of, segment_ends, segments_of, use_ord,
@@ -77,7 +77,8 @@ class Evaluation:
     step_ms: float
     """grad_accum * micro_step_ms + const_ms + q8_update_ms."""
     micro_step_ms: float
-    """pre_ms + sum of window times + post_ms."""
+    """Sum of window times + `ends_step_ms` / grad_accum (the mean micro-batch: `pre` loads
+    block 0 in the first only, `post` prefetches it for the next)."""
     peak_hbm_bytes: float
     hbm_by_window: tuple[float, ...]
     """fixed + checkpoint + keep terms per window, in window order, bytes."""
@@ -237,7 +238,7 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
                                     d2h_bytes=d2h[o], nvme_read_bytes=nr[o],
                                     nvme_write_bytes=nw[o], time_ms=t, exposed_ms=t - comp[o],
                                     hbm_checkpoint_bytes=held[o]))
-    micro = pre_ms(p) + total + post_ms(p)
+    micro = total + ends_step_ms(p) / p.grad_accum
     q8 = q8_update_ms(p, d.q8_blocks)
     step = p.grad_accum * micro + p.const_ms + q8
     return _finish(p, d, tiers, windows, hbm, micro, step, host_ms_by_window=tuple(host),

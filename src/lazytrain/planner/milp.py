@@ -74,9 +74,10 @@ Window loads (linear; seg-terms sum over segments (s, j+1) ending at b_j):
               and GD[o] = D2H[o] less its activation terms (every drained gradient is added
               into the host accumulator); a term whose rate is 0 is left out
 
-Objective (ms): min  ga * (pre + sum_o t[o] + post + (2L+1) o_w) + const + sum_j U8[j] q8[j]
+Objective (ms): min  ga * (sum_o t[o] + (2L+1) o_w) + ends + const + sum_j U8[j] q8[j]
                                                                    = step_ms of the evaluator
-                   (U8[j] = params[j] / 1e9 x q8_update_ms_per_gparam: the 8-bit update's
+                   (ends = `pre`/`post` of every micro-batch, `window_time.ends_step_ms`;
+                   U8[j] = params[j] / 1e9 x q8_update_ms_per_gparam: the 8-bit update's
                    extra time on the optimizer tail, once per step)
                    (o_w = window_overhead_ms, the engine's fixed cost of every window; pre
                    and post carry theirs: a constant in the offset, no variable)

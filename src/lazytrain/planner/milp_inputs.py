@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from lazytrain.contract import align_up
 from lazytrain.planner.chains import recompute_chain_ms
 from lazytrain.planner.problem import PlanningProblem
-from lazytrain.planner.window_time import post_ms, pre_ms  # the evaluator's terms, shared
+from lazytrain.planner.window_time import ends_step_ms  # the evaluator's terms, shared
 from lazytrain.units import GB
 
 TIE_REL = 1e-8
@@ -55,8 +55,8 @@ class Scaled:
     overlap: bool
     grad_accum: int
     step_const_ms: float
-    """ga * (pre + post + (2L+1) window_overhead_ms) + const_ms, ms (pre and post include
-    their own window overhead)."""
+    """`ends_step_ms` (pre and post of every micro-batch, each with its own window overhead)
+    + ga * (2L+1) window_overhead_ms + const_ms, ms."""
     hbm_cap: float
     dram_cap: float
     nvme_cap: float
@@ -83,8 +83,6 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
     p, L = problem, problem.num_blocks
     gb = lambda xs: tuple(x / GB for x in xs)  # noqa: E731
     per_ms = lambda bps: bps / GB / 1e3  # noqa: E731
-    pre = pre_ms(p)
-    post = post_ms(p)
     states = p.host_bytes_per_param * (sum(p.params_per_block) + p.ends_params)
     compute = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
     ref_ms = max(compute, 1e-3)
@@ -99,7 +97,7 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
         host_acc=per_ms(p.host_accumulate_bytes_per_s) if p.accumulates_on_host else 0.0,
         embed=p.embed_ms, head=p.head_ms,
         overlap=p.copies_overlap_compute, grad_accum=p.grad_accum,
-        step_const_ms=p.grad_accum * (pre + post + (2 * L + 1) * p.window_overhead_ms)
+        step_const_ms=ends_step_ms(p) + p.grad_accum * (2 * L + 1) * p.window_overhead_ms
         + p.const_ms,
         hbm_cap=(p.hbm_bytes - p.fixed_hbm_bytes) / GB,
         # the constant pools; the NVMe bounce buffers are counted per window instead

@@ -107,31 +107,48 @@ def q8_update_ms(problem: PlanningProblem, q8_blocks) -> float:
         * problem.q8_update_ms_per_gparam
 
 
-def pre_ms(problem: PlanningProblem) -> float:
-    """The `pre` term, ms: the embedding forward, block 0's weight load (`load_bytes[0]`) and
-    its conversion on the host (`convert_bytes[0]`: 0 off the host_convert path), side by side on a GPU (max: the load runs on the H2D stream while the embedding
-    computes), one after the other on a CPU (sum). Source: docs/execution_model.md, "Step
-    time"), plus the window overhead `window_overhead_ms`."""
-    load = _ms(problem.load_bytes[0], problem.h2d_bytes_per_s)
-    host = host_ms(problem, problem.convert_bytes[0], 0.0)
-    if problem.copies_overlap_compute:
-        return max(problem.embed_ms, load, host) + problem.window_overhead_ms
-    return problem.embed_ms + load + host + problem.window_overhead_ms
+def pre_ms(problem: PlanningProblem, *, load: bool = True) -> float:
+    """The `pre` term, ms: the embedding forward and, with `load` (a step's first
+    micro-batch), block 0's weight load (`load_bytes[0]`) and its conversion on the host
+    (`convert_bytes[0]`: 0 off the host_convert path), side by side on a GPU (max: the load
+    runs on the H2D stream while the embedding computes), one after the other on a CPU (sum);
+    plus the window overhead `window_overhead_ms`. Without `load` (a later micro-batch, whose
+    block 0 was prefetched in the previous `post`) it is the embedding alone. Source:
+    docs/execution_model.md, "Step time"."""
+    p = problem
+    nbytes = p.load_bytes[0] if load else 0.0
+    host = host_ms(p, p.convert_bytes[0] if load else 0.0, 0.0)
+    return window_time_ms(p, p.embed_ms, nbytes, 0.0, 0.0, 0.0, host) + p.window_overhead_ms
 
 
-def post_ms(problem: PlanningProblem) -> float:
-    """The `post` term, ms: the drain of G[0] and the embedding/head gradients, and their
-    accumulation on the host, side by side on a GPU (max), one after the other on a CPU (sum).
-    Source: docs/execution_model.md, "Step time"; plus the window overhead
-    `window_overhead_ms`."""
-    nbytes = problem.drain_bytes[0] + problem.ends_grad_bytes
-    drain = _ms(nbytes, problem.d2h_bytes_per_s)
-    host = host_ms(problem, 0.0, problem.grad_bytes[0])
-    if problem.host_accumulate_bytes_per_s > 0:  # the ends' fp32 gradient is always added
-        host += _ms(problem.ends_grad_bytes, problem.host_accumulate_bytes_per_s)
-    if problem.copies_overlap_compute:
-        return max(drain, host) + problem.window_overhead_ms
-    return drain + host + problem.window_overhead_ms
+def post_ms(problem: PlanningProblem, *, prefetch: bool = False) -> float:
+    """The `post` term, ms: the drain of G[0] and the embedding/head gradients and their
+    accumulation on the host, side by side on a GPU (max), one after the other on a CPU
+    (sum); with `prefetch` (a micro-batch that another follows in the step) also block 0's
+    weight load for the next micro-batch (`load_bytes[0]` on the H2D stream, sharing the link
+    with the drain: the duplex rule; `convert_bytes[0]` converted on the host, one after the
+    other with the accumulation). Plus the window overhead `window_overhead_ms`.
+    Source: docs/execution_model.md, "Step time"."""
+    p = problem
+    drain = p.drain_bytes[0] + p.ends_grad_bytes
+    load = p.load_bytes[0] if prefetch else 0.0
+    host = host_ms(p, p.convert_bytes[0] if prefetch else 0.0, p.grad_bytes[0])
+    if p.host_accumulate_bytes_per_s > 0:  # the ends' fp32 gradient is always added
+        host += _ms(p.ends_grad_bytes, p.host_accumulate_bytes_per_s)
+    return window_time_ms(p, 0.0, load, drain, 0.0, 0.0, host) + p.window_overhead_ms
+
+
+def ends_step_ms(problem: PlanningProblem) -> float:
+    """`pre` and `post` of every micro-batch of a step, ms: `pre_ms(load)` + `post_ms()` with
+    grad_accum 1; else `pre_ms(load)` + (ga - 1) x (`pre_ms(no load)` + `post_ms(prefetch)`) +
+    `post_ms()`: block 0's weights, unchanged within the step, load in `pre` of the first
+    micro-batch and in `post` of each micro-batch that another follows. Source:
+    docs/execution_model.md, "Step time"."""
+    ga = problem.grad_accum
+    out = pre_ms(problem) + post_ms(problem)
+    if ga > 1:
+        out += (ga - 1) * (pre_ms(problem, load=False) + post_ms(problem, prefetch=True))
+    return out
 
 
 def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_weights=None

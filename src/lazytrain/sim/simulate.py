@@ -104,14 +104,16 @@ class SimWindow:
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class SimResult:
-    """Event-simulated step of a plan: one micro-batch timeline, repeated `grad_accum` times."""
+    """Event-simulated step of a plan: each micro-batch's timeline (the first, which loads block
+    0 in `pre`; the later ones, whose block 0 the previous `post` prefetched), summed."""
 
     step_ms: float
     """grad_accum * micro_step_ms + const_ms + q8_tail_ms."""
     micro_step_ms: float
-    """End of `post` for one micro-batch (pre + windows + post)."""
+    """The mean micro-batch: the sum over the step's micro-batches of the end of `post`
+    (pre + windows + post) / grad_accum."""
     windows: tuple[SimWindow, ...]
-    """pre, f0..f{L-1}, turn, b{L-1}..b0, post."""
+    """The first micro-batch's pre, f0..f{L-1}, turn, b{L-1}..b0, post."""
     events: tuple[SimEvent, ...]
     copies_overlap_compute: bool = True
     q8_tail_ms: float = 0.0
@@ -167,7 +169,30 @@ def simulate(problem: PlanningProblem, plan: Plan, *,
     """
     opts = options or SimOptions()
     problem = with_weight_paths(problem, plan.weight_paths)  # the plan's paths and their bytes
-    graph = build_tasks(problem, plan)
+    ga = problem.grad_accum
+    # block 0 loads in pre of the first micro-batch and in post of each one another follows
+    # (docs/execution_model.md, "Step time"): first, middle (ga - 2 of them) and last differ
+    events, windows, micro = _micro_batch(problem, plan, opts, load_in_pre=True,
+                                          prefetch_in_post=ga > 1)
+    total = micro
+    if ga > 1:
+        total += _micro_batch(problem, plan, opts, load_in_pre=False, prefetch_in_post=False)[2]
+    if ga > 2:
+        total += (ga - 2) * _micro_batch(problem, plan, opts, load_in_pre=False,
+                                         prefetch_in_post=True)[2]
+    tail = math.fsum(problem.params_per_block[j] * problem.q8_update_ms_per_gparam / 1e9
+                     for j in plan.q8_blocks)
+    return SimResult(step_ms=total + problem.const_ms + tail,
+                     micro_step_ms=total / ga, windows=windows, events=events,
+                     copies_overlap_compute=problem.copies_overlap_compute, q8_tail_ms=tail)
+
+
+def _micro_batch(problem: PlanningProblem, plan: Plan, opts: SimOptions, *, load_in_pre: bool,
+                 prefetch_in_post: bool
+                 ) -> tuple[tuple[SimEvent, ...], tuple[SimWindow, ...], float]:
+    """One micro-batch's events, windows and end of `post` (ms), from its own task graph."""
+    graph = build_tasks(problem, plan, load_in_pre=load_in_pre,
+                        prefetch_in_post=prefetch_in_post)
     per_ms = 1e-3  # bytes/s -> bytes/ms
     rates = {"compute": 1.0, "host": 1.0, "h2d": problem.h2d_bytes_per_s * per_ms,
              "d2h": problem.d2h_bytes_per_s * per_ms,
@@ -190,12 +215,7 @@ def simulate(problem: PlanningProblem, plan: Plan, *,
                             duplex_delay_ms=runs[t.id].duplex_delay_ms)
                    for t in graph.tasks)
     windows = _windows(graph.windows, events, barriers=opts.barriers)
-    micro = max((w.end_ms for w in windows), default=0.0)
-    tail = math.fsum(problem.params_per_block[j] * problem.q8_update_ms_per_gparam / 1e9
-                     for j in plan.q8_blocks)
-    return SimResult(step_ms=problem.grad_accum * micro + problem.const_ms + tail,
-                     micro_step_ms=micro, windows=windows, events=events,
-                     copies_overlap_compute=problem.copies_overlap_compute, q8_tail_ms=tail)
+    return events, windows, max((w.end_ms for w in windows), default=0.0)
 
 
 def _windows(names: tuple[str, ...], events: tuple[SimEvent, ...], *,

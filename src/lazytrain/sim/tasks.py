@@ -7,14 +7,16 @@ b{L-1}..b0, `post`.
 
 Tasks per window, in the runtime engine's issue order (runtime/engine.py: the plan's transfers
 first, then the next weight load, then compute):
-- `pre`: embedding forward (compute, embed_ms); block 0's weight load (h2d, P[0]).
+- `pre`: embedding forward (compute, embed_ms); block 0's weight load (h2d, P[0]) in a step's
+  first micro-batch only (`load_in_pre`): a later one's was prefetched in the previous `post`.
 - `f{j}`: the plan's transfers in the window (by kind d2h, nvme_write, nvme_read, h2d); load of
   block j+1's weights (P[j+1], j+1 < L); forward of block j (F[j], or Fg[j] when kept).
 - `turn`: transfers; load of block L-1's weights for its backward unless resident; head.
 - `b{j}`: d2h of block j+1's gradients (G[j+1]); transfers; load of block j-1's weights (unless
   resident); when block j = e-1 ends segment (s, e): [re-embed when boundary 0 is recompute],
   then per k = s..e-2 the load of P[k] and the recompute forward F[k]; Fg[j] unless kept; B[j].
-- `post`: drain of G[0] + the embedding/head gradients after B[0].
+- `post`: drain of G[0] + the embedding/head gradients after B[0]; with `prefetch_in_post` (a
+  micro-batch that another follows in the step) then block 0's weight load for the next one.
 - host (only for the rates the problem models, > 0): beside every weight load, a `host` task
   converting those weights into staging (P[k] / host_convert_bytes_per_s, ms); beside every
   gradient drain, one accumulating it (G / host_accumulate_bytes_per_s, ms). They carry no
@@ -75,9 +77,12 @@ class TaskGraph:
 class _Builder:
     """Collects tasks for one micro-batch; tracks producers of boundaries, loads and chunks."""
 
-    def __init__(self, problem: PlanningProblem, plan: Plan) -> None:
+    def __init__(self, problem: PlanningProblem, plan: Plan, *, load_in_pre: bool = True,
+                 prefetch_in_post: bool = False) -> None:
         self.p = problem
         self.plan = plan
+        self.load_in_pre = load_in_pre
+        self.prefetch_in_post = prefetch_in_post
         self.L = plan.num_blocks
         self.windows = ["pre", *window_names(self.L), "post"]
         self.widx = {w: k for k, w in enumerate(self.windows)}
@@ -183,8 +188,11 @@ class _Builder:
         return TaskGraph(tasks=tuple(tasks), windows=tuple(self.windows))
 
 
-def build_tasks(problem: PlanningProblem, plan: Plan) -> TaskGraph:
-    """The task graph of one micro-batch of `plan` on `problem` (see the module docstring).
+def build_tasks(problem: PlanningProblem, plan: Plan, *, load_in_pre: bool = True,
+                prefetch_in_post: bool = False) -> TaskGraph:
+    """The task graph of one micro-batch of `plan` on `problem` (see the module docstring):
+    `load_in_pre` for a step's first micro-batch (block 0 loads in `pre`), `prefetch_in_post`
+    for one that another follows (block 0 loads for it in `post`).
 
     Raises:
         ValueError: the plan and the problem have different block counts, or a transfer moves
@@ -193,7 +201,7 @@ def build_tasks(problem: PlanningProblem, plan: Plan) -> TaskGraph:
     if plan.num_blocks != problem.num_blocks:
         raise ValueError(f"plan has {plan.num_blocks} blocks but the problem has "
                          f"{problem.num_blocks}; re-plan for this model")
-    b = _Builder(problem, plan)
+    b = _Builder(problem, plan, load_in_pre=load_in_pre, prefetch_in_post=prefetch_in_post)
     fwd_load = _forward(b)
     bwd_load = _turn(b, fwd_load)
     _backward(b, fwd_load, bwd_load)
@@ -206,7 +214,8 @@ def _forward(b: _Builder) -> dict[int, int]:
     keep, resident = set(b.plan.keep_internals), set(b.plan.resident_weights)
     b.begin("pre")
     b.produced[0] = b.add("embed", "compute", "pre", p.embed_ms, kind="embed")
-    loads = {0: b.load(0, "pre", "fwd", resident=0 in resident)}
+    # a later micro-batch's block 0 arrived in the previous post: nothing to wait for
+    loads = {0: b.load(0, "pre", "fwd", resident=0 in resident) if b.load_in_pre else None}
     for j in range(L):
         w = forward_window(j)
         b.begin(w)
@@ -268,6 +277,8 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
                           block=0)
     b.accumulate("G0+ends", "post", p.block_accumulate_bytes(p.grad_bytes[0])
                  + p.ends_grad_bytes, 0)
+    if b.prefetch_in_post:  # no user in this micro-batch: its slot frees at its own end
+        b.load(0, "post", "next", resident=0 in resident)
 
 
 def _bwd(b: _Builder, j: int, w: str, load: int, *, deps: list) -> None:
