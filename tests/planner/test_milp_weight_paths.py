@@ -7,6 +7,7 @@ like the evaluator.
 2. Brute force on 3 blocks: the free-path optimum equals the best over all 27 per-block path
    vectors of the fixed-path model's optimum (each fixed-path model is priced against the
    evaluator in test_milp_prices_plans.py), and its plan evaluates to that step.
+3. `solve_milp` on the planner's problem finds a per-block mix no whole-model candidate is.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ import pytest
 from lazytrain.contract import WEIGHT_PATH_NAMES
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.extract import extract_plan, start_from_plan
+from lazytrain.planner.heuristics import heuristic_plan
 from lazytrain.planner.milp import build_milp
+from lazytrain.planner.milp_solve import solve_milp
+from lazytrain.planner.path_choice import choose_weight_paths
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.planner.solvers import solve
-from lazytrain.planner.weight_paths import with_weight_paths
+from lazytrain.planner.weight_paths import candidate_paths, with_weight_paths
 from test_milp import U, small_problem
 from test_milp_prices_plans import ROOMY, _decision_columns
 
@@ -98,13 +102,7 @@ def test_free_path_milp_matches_the_best_of_every_path_vector_on_3_blocks(case):
     if case.get("roomy_hbm"):  # room for the landing slots beside every checkpoint
         extra["hbm_bytes"] = base.hbm_bytes + 1000 * U
     problem = _path_problem(3, case["gpu"], case["h2d"], case.get("host", 8e3), **extra)
-    best = {}
-    for paths in itertools.product(WEIGHT_PATH_NAMES, repeat=3):
-        milp = build_milp(with_weight_paths(problem, paths), tie_breakers=False,
-                          q8_penalty=False)
-        res = solve(milp.model, backend="highs", gap=1e-9, time_limit_s=60)
-        if res.status == "optimal":
-            best[paths] = milp.step_ms(res.values)
+    best = _best_by_path_vector(problem)
     assert best, "fixture: no path vector fits"
     milp = build_milp(problem, tie_breakers=False, q8_penalty=False, free_paths=True)
     res = solve(milp.model, backend="highs", gap=1e-9, time_limit_s=60)
@@ -113,3 +111,32 @@ def test_free_path_milp_matches_the_best_of_every_path_vector_on_3_blocks(case):
     chosen = extract_plan(milp, res.values, solver=MANUAL)
     assert not chosen.provenance.get("violations")
     assert evaluate(problem, chosen).step_ms == pytest.approx(min(best.values()), rel=1e-7)
+
+
+def _best_by_path_vector(problem) -> dict:
+    """{path vector: the fixed-path model's optimal step, ms} over every per-block vector."""
+    best = {}
+    for paths in itertools.product(WEIGHT_PATH_NAMES, repeat=problem.num_blocks):
+        milp = build_milp(with_weight_paths(problem, paths), tie_breakers=False,
+                          q8_penalty=False)
+        res = solve(milp.model, backend="highs", gap=1e-9, time_limit_s=60)
+        if res.status == "optimal":
+            best[paths] = milp.step_ms(res.values)
+    return best
+
+
+def test_solve_milp_chooses_a_per_block_mix_no_candidate_vector_reaches():
+    """Fast H2D, DRAM for every copy: the best vector mixes pinned copies and host conversion,
+    which no whole-model candidate is; the planner's problem (weight_path_choice) is solved
+    with free paths from the heuristic's candidate."""
+    pytest.importorskip("highspy")
+    problem = _path_problem(3, True, 2e4, weight_path_choice=True)
+    best = _best_by_path_vector(problem.replace(weight_path_choice=False))
+    top = min(best, key=best.get)
+    candidates = candidate_paths(problem)
+    assert top not in candidates
+    assert best[top] < min(best[c] for c in candidates if c in best) - 1.0
+    chosen = choose_weight_paths(problem)
+    plan = solve_milp(chosen, backend="highs", gap=1e-9, warm_start=heuristic_plan(chosen))
+    assert plan.weight_paths == top
+    assert plan.predicted.step_ms == pytest.approx(best[top], rel=1e-6)

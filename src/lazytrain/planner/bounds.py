@@ -42,7 +42,9 @@ def lp_bound_ms(problem: PlanningProblem, *, backend: str = "highs",
                 time_limit_s: float = 60.0) -> float | None:
     """Optimal value of the LP relaxation of the placement MILP (hard budgets), ms per step.
 
-    A lower bound over the plans the MILP models (module docstring), not over every plan.
+    A lower bound over the plans the MILP models (module docstring), not over every plan;
+    over every per-block weight-path vector when the planner chooses the paths
+    (`PlanningProblem.weight_path_choice`, `milp.build_milp(free_paths=True)`).
 
     Returns:
         The bound, or None when not even a fractional plan fits the budgets (then no plan does).
@@ -50,7 +52,8 @@ def lp_bound_ms(problem: PlanningProblem, *, backend: str = "highs",
     Raises:
         RuntimeError: the LP did not solve to optimality.
     """
-    milp = build_milp(problem, relax=True, tie_breakers=False, q8_penalty=False)
+    milp = build_milp(problem, relax=True, tie_breakers=False, q8_penalty=False,
+                      free_paths=problem.weight_path_choice)
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=0.0, relax=True)
     if res.status == "infeasible":
         return None

@@ -3,8 +3,10 @@
 1. feasibility (`planner/feasibility.py`): when the warm start is missing or overflows a budget,
    a plan that fits, or `PlanInfeasibleError` naming every short budget;
 2. step time: `milp.build_milp` with hard budgets, warm-started from that plan
-   (`extract.start_from_plan`), its incumbent read back by `extract.extract_plan`;
-3. least wear (`planner/wear.py`), with `least_wear_slack`.
+   (`extract.start_from_plan`), its incumbent read back by `extract.extract_plan`; when the
+   planner chooses the weight paths (`PlanningProblem.weight_path_choice`), the model chooses
+   each block's (`free_paths`), the warm start's paths its start;
+3. least wear (`planner/wear.py`), with `least_wear_slack`, on the step-time plan's paths.
 
 The formulation is `planner/milp.py`'s, the gap of each plan `planner/gaps.py`'s; solver
 packages load only inside `planner/solvers.py`. Knows no torch.
@@ -25,6 +27,7 @@ from lazytrain.planner.plan import Bounds, Plan
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.solvers import resolve_backend, solve, solver_installed
 from lazytrain.planner.wear import WEAR_TIME_SHARE, least_wear_plan
+from lazytrain.planner.weight_paths import with_weight_paths
 
 
 def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s: float = 10.0,
@@ -77,7 +80,7 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
         warm_start = feasible_plan(problem, backend=feasibility_backend(backend),
                                    time_limit_s=time_limit_s, threads=threads, seed=seed,
                                    start=warm_start, node_limit=node_limit)
-    milp = build_milp(problem)
+    milp = build_milp(problem, free_paths=problem.weight_path_choice)
     start = start_from_plan(milp, warm_start)
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=gap,
                 threads=threads, seed=seed, start=start, node_limit=node_limit)
@@ -110,7 +113,7 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
             and warm_start.predicted.step_ms < solved.predicted.step_ms):
         reference = warm_start
     wear = least_wear_plan(
-        problem, reference, slack=least_wear_slack, backend=backend,
+        with_weight_paths(milp.problem, reference.weight_paths), reference, slack=least_wear_slack, backend=backend,
         time_limit_s=time_limit_s * WEAR_TIME_SHARE, threads=threads, seed=seed,
         node_limit=None if node_limit is None else math.ceil(node_limit * WEAR_TIME_SHARE),
         dual_bound_ms=dual_step_bound_ms(milp, res.dual_bound), lp_bound_ms=lp, bounds=bounds)

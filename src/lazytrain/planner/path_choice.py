@@ -3,10 +3,10 @@
 Owns `choose_weight_paths`: among `weight_paths.candidate_paths` (host-free vectors first), the
 one whose heuristic plan fits and is predicted fastest; masters already in the compute dtype
 take the pinned masters without a search (no memory, no host work, the same H2D bytes: never
-slower). The activation plan is then made on the chosen problem by the policy, so the MILP
+slower). The activation plan is then made on the chosen problem by the policy: the heuristic
 sees each block's path as constants (its H2D bytes, host bytes and the paths' HBM and DRAM in
-the fixed pools) and stays linear. A choice, and its limit: the path vectors compared are the
-candidates, not every per-block mix.
+the fixed pools) and compares only the candidates, not every per-block mix; the MILP starts
+from the heuristic's plan and chooses every block's path (`planner/milp_paths.py`).
 
 Pure Python; no solver, no torch. Source: docs/execution_model.md, "Weight paths".
 """

@@ -11,8 +11,8 @@ norm, head and their gradient (resident for the step) through `runtime.ends`.
 Windows per micro-batch: `pre` (embedding, block 0's weight load; the step's ends load in the
 first micro-batch's), f0..f{L-1}, turn, b{L-1}..b0, `post` (embedding backward; the ends
 gradient, accumulated on the device, drains once, in the last micro-batch's). Gradient
-accumulation repeats them per micro-batch; the loss is normalised by the label tokens of the whole step so that
-accumulation equals the big-batch gradient.
+accumulation repeats them per micro-batch; the loss is normalised by the label tokens of the
+whole step so that accumulation equals the big-batch gradient.
 
 Dropout: the RNG state is saved before each block's forward and replayed by the recompute and
 the re-forward (`runtime.block_autograd`), so both see the same masks as the forward.
