@@ -113,7 +113,8 @@ def solve_milp(problem: PlanningProblem, *, backend: str = "auto", time_limit_s:
             and warm_start.predicted.step_ms < solved.predicted.step_ms):
         reference = warm_start
     wear = least_wear_plan(
-        with_weight_paths(milp.problem, reference.weight_paths), reference, slack=least_wear_slack, backend=backend,
+        with_weight_paths(milp.problem, reference.weight_paths), reference,
+        slack=least_wear_slack, backend=backend,
         time_limit_s=time_limit_s * WEAR_TIME_SHARE, threads=threads, seed=seed,
         node_limit=None if node_limit is None else math.ceil(node_limit * WEAR_TIME_SHARE),
         dual_bound_ms=dual_step_bound_ms(milp, res.dual_bound), lp_bound_ms=lp, bounds=bounds)
