@@ -8,9 +8,10 @@ segments, kept blocks, resident weights and every transfer's window come from th
 `ActivationStore`; weights and gradients move through `runtime.streams`; the embedding, final
 norm, head and their gradient (resident for the step) through `runtime.ends`.
 
-Windows per micro-batch: `pre` (embedding, block 0's weight load; the step's ends load in the
-first micro-batch's), f0..f{L-1}, turn, b{L-1}..b0, `post` (embedding backward; the ends
-gradient, accumulated on the device, drains once, in the last micro-batch's). Gradient
+Windows per micro-batch: `pre` (embedding; block 0's weight load and the step's ends load in the
+first micro-batch's), f0..f{L-1}, turn, b{L-1}..b0, `post` (embedding backward; the next
+micro-batch's block 0 load; the ends gradient, accumulated on the device, drains once, in the
+last micro-batch's). Gradient
 accumulation repeats them per micro-batch; the loss is normalised by the label tokens of the
 whole step so that accumulation equals the big-batch gradient.
 
@@ -198,7 +199,8 @@ class Engine:
                     # boundary L and d loss / d boundary L are handed from call to call, never
                     # held by a local here: the plan stops counting them after turn and b{L-1}
                     loss_mb, *grad = self.head_and_loss(mb, self.forward_blocks(mb), tokens)
-                    self.backward_segments(mb, grad.pop(), step_lr=step_lr if final else None)
+                    self.backward_segments(mb, grad.pop(), step_lr=step_lr if final else None,
+                                           next_mb=None if final else mbs[mb.index + 1])
                     mb.kwargs = []  # its masks and rotary tables (the plan counts one mb's)
                     loss = loss + loss_mb
         except BaseException:
@@ -220,8 +222,9 @@ class Engine:
                 self.ends.load(self.weights)
             h = self.ends.embed(mb.input_ids)
             mb.kwargs = self.adapter.block_kwargs(mb.input_ids, h, **mb.mask_inputs)
-            mb.weights[0] = self.prefetch_weights(0)
-            self.collect_load(mb, 0)
+            if 0 not in mb.weights:  # else the previous micro-batch's post loaded it
+                mb.weights[0] = self.prefetch_weights(0)
+                self.collect_load(mb, 0)
         for j in range(self.L):
             with self.window(forward_window(j)):
                 if self.plan.is_materialized(j):
@@ -261,12 +264,15 @@ class Engine:
         return loss, grad
 
     def backward_segments(self, mb: MicroBatch, grad: torch.Tensor, *,
-                          step_lr: float | None) -> None:
+                          step_lr: float | None, next_mb: MicroBatch | None = None) -> None:
         """b{L-1}..b0 segment by segment (last first), then the embedding backward (post).
 
         `step_lr` set: the last micro-batch of a step without clipping; each block's update is
         queued as soon as its gradient is in the host accumulator. Block j+1's gradient drains
         in window b{j} (while block j computes) and block 0's in post, as the plan counts them.
+        `next_mb` (the step's next micro-batch, if any): post then also starts the H2D of its
+        block 0, after the embedding backward is queued, so that its `pre` waits for nothing
+        (docs/execution_model.md, "Step time": block 0's weights do not change within a step).
         """
         for s, e in self.plan.segments_backward():
             for j in range(e - 1, s - 1, -1):
@@ -287,6 +293,9 @@ class Engine:
         with self._timed_window("post"):
             self.drain_gradients(mb)  # block 0's
             self.ends.embed_backward(mb.input_ids, grad)
+            if next_mb is not None:  # its block 0, beside block 0's drain
+                next_mb.weights[0] = self.prefetch_weights(0)
+                self.collect_load(next_mb, 0)
             if mb.index == self.grad_accum - 1:  # the ends gradient: one D2H per step
                 self.ends.drain_gradient(
                     self.drain, on_done=self._on_grads_final(self.params.ends, step_lr))
