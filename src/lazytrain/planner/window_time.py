@@ -127,14 +127,16 @@ def post_ms(problem: PlanningProblem, *, prefetch: bool = False) -> float:
     (sum); with `prefetch` (a micro-batch that another follows in the step) also block 0's
     weight load for the next micro-batch (`load_bytes[0]` on the H2D stream, sharing the link
     with the drain: the duplex rule; `convert_bytes[0]` converted on the host, one after the
-    other with the accumulation). Plus the window overhead `window_overhead_ms`.
-    Source: docs/execution_model.md, "Step time"."""
+    other with the accumulation). The ends' gradient (`ends_grad_bytes`), accumulated on the
+    device over the step, drains only in the step's last `post` (no `prefetch`). Plus the
+    window overhead `window_overhead_ms`. Source: docs/execution_model.md, "Step time"."""
     p = problem
-    drain = p.drain_bytes[0] + p.ends_grad_bytes
+    ends = 0 if prefetch else p.ends_grad_bytes  # drained once, in the step's last post
+    drain = p.drain_bytes[0] + ends
     load = p.load_bytes[0] if prefetch else 0.0
     host = host_ms(p, p.convert_bytes[0] if prefetch else 0.0, p.grad_bytes[0])
-    if p.host_accumulate_bytes_per_s > 0:  # the ends' fp32 gradient is always added
-        host += _ms(p.ends_grad_bytes, p.host_accumulate_bytes_per_s)
+    if p.host_accumulate_bytes_per_s > 0:  # the ends' gradient, into its accumulator
+        host += _ms(ends, p.host_accumulate_bytes_per_s)
     return window_time_ms(p, 0.0, load, drain, 0.0, 0.0, host) + p.window_overhead_ms
 
 

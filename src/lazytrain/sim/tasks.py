@@ -15,8 +15,9 @@ first, then the next weight load, then compute):
 - `b{j}`: d2h of block j+1's gradients (G[j+1]); transfers; load of block j-1's weights (unless
   resident); when block j = e-1 ends segment (s, e): [re-embed when boundary 0 is recompute],
   then per k = s..e-2 the load of P[k] and the recompute forward F[k]; Fg[j] unless kept; B[j].
-- `post`: drain of G[0] + the embedding/head gradients after B[0]; with `prefetch_in_post` (a
-  micro-batch that another follows in the step) then block 0's weight load for the next one.
+- `post`: drain of G[0] (+ the embedding/head gradients in the step's last micro-batch) after
+  B[0]; with `prefetch_in_post` (a micro-batch that another follows in the step) no ends
+  gradient, then block 0's weight load for the next one.
 - host (only for the rates the problem models, > 0): beside every weight load, a `host` task
   converting those weights into staging (P[k] / host_convert_bytes_per_s, ms); beside every
   gradient drain, one accumulating it (G / host_accumulate_bytes_per_s, ms). They carry no
@@ -272,11 +273,11 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
                        kind="fwd_grad", block=j)
         _bwd(b, j, w, loads[j], deps=[(fg, "re-forward before backward"), grad_dep])
     b.begin("post")
-    b.drain_of[0] = b.add("G0+ends drain", "d2h", "post", p.drain_bytes[0] + p.ends_grad_bytes,
+    ends = 0 if b.prefetch_in_post else p.ends_grad_bytes  # drained in the step's last post
+    b.drain_of[0] = b.add("G0+ends drain", "d2h", "post", p.drain_bytes[0] + ends,
                           deps=[(b.bwd[0], "gradient drain after backward")], kind="grad",
                           block=0)
-    b.accumulate("G0+ends", "post", p.block_accumulate_bytes(p.grad_bytes[0])
-                 + p.ends_grad_bytes, 0)
+    b.accumulate("G0+ends", "post", p.block_accumulate_bytes(p.grad_bytes[0]) + ends, 0)
     if b.prefetch_in_post:  # no user in this micro-batch: its slot frees at its own end
         b.load(0, "post", "next", resident=0 in resident)
 
