@@ -19,6 +19,7 @@ import random
 import pytest
 
 from lazytrain.contract import WEIGHT_PATH_NAMES
+from lazytrain.planner.bounds import compute_bounds
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.extract import extract_plan, start_from_plan
 from lazytrain.planner.heuristics import heuristic_plan
@@ -140,3 +141,17 @@ def test_solve_milp_chooses_a_per_block_mix_no_candidate_vector_reaches():
     plan = solve_milp(chosen, backend="highs", gap=1e-9, warm_start=heuristic_plan(chosen))
     assert plan.weight_paths == top
     assert plan.predicted.step_ms == pytest.approx(best[top], rel=1e-6)
+
+
+def test_bounds_of_the_planners_problem_bound_every_path_vector():
+    """Slow host conversion: the heuristic's candidate converts every block on the host, the
+    MILP's plan converts none; the memory and roofline bounds of the planner's problem must not
+    charge block 0's conversion or any landing slot it may drop."""
+    pytest.importorskip("highspy")
+    problem = with_weight_paths(_path_problem(3, True, 5e4, 1e3, weight_path_choice=True),
+                                ("host_convert",) * 3)
+    plan = solve_milp(problem, backend="highs", gap=1e-9, warm_start=heuristic_plan(problem))
+    assert "host_convert" not in plan.weight_paths
+    bounds = compute_bounds(problem)
+    for value in (bounds.lp_step_ms, bounds.memory_step_ms, bounds.roofline_step_ms):
+        assert value <= plan.predicted.step_ms * (1 + 1e-9)

@@ -35,6 +35,7 @@ from lazytrain.planner.milp import build_milp
 from lazytrain.planner.plan import Bounds
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.solvers import solve
+from lazytrain.planner.weight_paths import with_weight_paths
 from lazytrain.planner.window_time import ends_step_ms
 
 
@@ -187,8 +188,14 @@ def ideal_ms(problem: PlanningProblem) -> float:
 def compute_bounds(problem: PlanningProblem, *, lp: bool = True, backend: str = "highs",
                    lp_time_limit_s: float = 60.0) -> Bounds:
     """All four reference step times (lp_step_ms None when `lp` is False), ms; the LP gets
-    `lp_time_limit_s` (s; math.inf under `planner.deterministic`: it runs to its optimum)."""
+    `lp_time_limit_s` (s; math.inf under `planner.deterministic`: it runs to its optimum).
+    When the planner chooses the weight paths (`PlanningProblem.weight_path_choice`) the memory
+    and roofline bounds take every block pinned_copy: no landing slots in HBM, block 0's load
+    the smallest and no host conversion in the ends, so they bound every path vector."""
+    floor = problem
+    if problem.weight_path_choice:
+        floor = with_weight_paths(problem, ("pinned_copy",) * problem.num_blocks)
     return Bounds(lp_step_ms=lp_bound_ms(problem, backend=backend, time_limit_s=lp_time_limit_s)
                   if lp else None,
-                  memory_step_ms=memory_bound_ms(problem),
-                  roofline_step_ms=roofline_ms(problem), ideal_step_ms=ideal_ms(problem))
+                  memory_step_ms=memory_bound_ms(floor),
+                  roofline_step_ms=roofline_ms(floor), ideal_step_ms=ideal_ms(problem))
