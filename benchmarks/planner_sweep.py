@@ -129,7 +129,8 @@ def check(name: str, overrides: list[str], time_limit_s: float) -> Tally:
         if bound is not None and steps and bound > min(steps.values()) * (1 + 1e-9):
             tally.failures.append(f"{name}: {bname} {bound:.1f} above the "
                                   f"{min(steps, key=steps.get)} plan {min(steps.values()):.1f}")
-    rows = build_milp(problem, tie_breakers=False, q8_penalty=False)
+    rows = build_milp(problem, tie_breakers=False, q8_penalty=False,
+                      free_paths=problem.weight_path_choice)
     x = start_from_plan(rows, milp_plan)
     if x is None:
         tally.not_expressible += 1

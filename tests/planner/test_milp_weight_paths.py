@@ -155,3 +155,15 @@ def test_bounds_of_the_planners_problem_bound_every_path_vector():
     bounds = compute_bounds(problem)
     for value in (bounds.lp_step_ms, bounds.memory_step_ms, bounds.roofline_step_ms):
         assert value <= plan.predicted.step_ms * (1 + 1e-9)
+
+
+def test_feasibility_phase_finds_the_paths_that_fit():
+    """Every block gpu_cast leaves no room beside the landing slots; the feasibility phase of
+    the planner's problem chooses paths too, so the solve finds a plan that fits."""
+    pytest.importorskip("highspy")
+    problem = with_weight_paths(_path_problem(3, True, 2e4, weight_path_choice=True),
+                                ("gpu_cast",) * 3)
+    assert heuristic_plan(problem).provenance.get("violations")
+    plan = solve_milp(problem, backend="highs", gap=1e-9)
+    assert not plan.provenance.get("violations")
+    assert "gpu_cast" not in plan.weight_paths

@@ -32,6 +32,9 @@ def feasible_plan(problem: PlanningProblem, *, backend: str, time_limit_s: float
         node_limit: branch-and-bound node limit (None: none).
         start: a plan to start from, even one that overflows (its shortfall is an incumbent).
 
+    When the planner chooses the weight paths (`PlanningProblem.weight_path_choice`) the model
+    chooses them too (`milp.build_milp(free_paths=True)`): a plan fits when any path vector does.
+
     Returns:
         The plan of the feasibility optimum (solver status "feasibility").
 
@@ -43,7 +46,7 @@ def feasible_plan(problem: PlanningProblem, *, backend: str, time_limit_s: float
             overflows: the shortfall of `start`.
         RuntimeError: the solver stopped with no assignment and no overflowing `start`.
     """
-    milp = build_milp(problem, capacity="min_shortfall")
+    milp = build_milp(problem, capacity="min_shortfall", free_paths=problem.weight_path_choice)
     x0 = start_from_plan(milp, start) if start is not None else None
     res = solve(milp.model, backend=backend, time_limit_s=time_limit_s, gap=1e-6,
                 threads=threads, seed=seed, start=x0, node_limit=node_limit)
