@@ -18,6 +18,7 @@ import pytest
 from lazytrain.cli.profile import analytic_profile
 from lazytrain.planner.build import problem_from_config
 from lazytrain.planner.evaluate import evaluate
+from lazytrain.planner.weight_paths import with_weight_paths
 from lazytrain.planner.window_time import post_ms, pre_ms
 from lazytrain.planner.plan import Plan
 from lazytrain.profile import calibrate
@@ -54,7 +55,10 @@ def cached(arithmetic_model_dir, tmp_path, monkeypatch):
 def run_records(plan, problem, scale: float, steps=(1, 2, 3)) -> list[dict]:
     """windows.jsonl records of `steps` in which every window of `plan` took `scale` x its
     predicted time and compute under `problem` (pre and post: their terms, post with the step
-    constant), so each step measures `scale` x the predicted step."""
+    constant), so each step measures `scale` x the predicted step. pre and post are timed on
+    the plan's weight paths, as the evaluator times them."""
+    if plan.weight_paths is not None:
+        problem = with_weight_paths(problem, plan.weight_paths)
     windows = [{"name": "pre", "wall_ms": scale * pre_ms(problem), "compute_ms": None}]
     windows += [{"name": w.name, "wall_ms": scale * w.time_ms,
                  "compute_ms": scale * w.compute_ms} for w in plan.windows]
