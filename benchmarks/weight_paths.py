@@ -82,7 +82,9 @@ def main() -> None:
               f"{base.host_convert_bytes_per_s / 1e9:.1f} GB/s, accumulation "
               f"{base.host_accumulate_bytes_per_s / 1e9:.1f} GB/s")
         for label in ("host_convert", "pinned_copy", "gpu_cast"):
-            problem = with_weight_paths(base, (label,) * base.num_blocks)
+            # the MILP held to this path for every block (it chooses per block otherwise)
+            problem = with_weight_paths(base, (label,) * base.num_blocks).replace(
+                weight_path_choice=False)
             heur = heuristics.heuristic_plan(problem, time_budget_s=2.0)
             milp = solve_milp(problem, time_limit_s=args.time_limit, warm_start=heur)
             fixed = heuristics.best_fixed_k_plan(problem)
@@ -97,6 +99,10 @@ def main() -> None:
                 slow = problem.replace(host_convert_bytes_per_s=measured * 1e9)
                 heur = heuristics.heuristic_plan(slow, time_budget_s=2.0)
                 print(row(f"heuristic, {measured:.2f} GB/s", slow, heur, peak))
+        free = solve_milp(base, time_limit_s=args.time_limit)
+        print(f" paths chosen per block by the MILP "
+              f"{dict(collections.Counter(free.weight_paths or ()))}:")
+        print(row("MILP", base, free, peak))
         slow = base.replace(host_convert_bytes_per_s=measured * 1e9)
         print(f" planner's choice at the measured {measured:.2f} GB/s: "
               f"{dict(collections.Counter(choose_weight_paths(slow).paths))}")
