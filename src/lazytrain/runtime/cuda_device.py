@@ -95,6 +95,14 @@ class CudaDevice(Device):
         with torch.cuda.stream(self.compute.raw):
             return torch.empty(shape, dtype=dtype, device=self.torch_device)
 
+    def batch_to_device(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """From page-locked memory without blocking the host (a pageable source would make
+        the copy synchronous): the pinned staging copy is freed by the caching host allocator
+        once the copy has run."""
+        if t is None or t.device == self.torch_device:
+            return t
+        return t.pin_memory().to(self.torch_device, non_blocking=True)
+
     def pin_in_place(self, tensor: torch.Tensor, *, name: str | None = None) -> None:
         """`cudaHostRegister` on the tensor's bytes (unregistered when its storage is freed);
         memory already page-locked or refused by the driver stays as it is (its copies are

@@ -313,6 +313,14 @@ class Device:
         returns it. The checker then logs its accesses as host work."""
         return tensor
 
+    def batch_to_device(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """A host batch tensor (input ids, labels, mask, positions: [B, S], a few KB) on the
+        device, queued on the current stream (the compute stream inside `compute_scope`).
+        CPU backends: the tensor itself (already there). None stays None."""
+        if t is None or t.device == self.torch_device:
+            return t
+        return t.to(self.torch_device)
+
     def pin_in_place(self, tensor: torch.Tensor, *, name: str | None = None) -> None:
         """Page-lock a host tensor the runtime already holds (a master buffer loaded directly
         by the pinned_copy or gpu_cast weight paths), so its H2D runs asynchronously. Not

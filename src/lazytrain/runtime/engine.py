@@ -515,7 +515,7 @@ class Engine:
             ids = batch["input_ids"]
             self.plan.check_matches(seq_len=ids.shape[1], micro_batch=ids.shape[0])
             self._checked_shape = True
-        return prepare_micro_batch(m, batch, adapter=self.adapter, device=self.device)
+        return prepare_micro_batch(m, batch, adapter=self.adapter, dev=self.dev)
 
     def _stats(self, loss: float, tokens: int, step_s: float, lr: float,
                grad_norm: float | None) -> StepStats:

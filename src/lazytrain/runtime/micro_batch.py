@@ -21,6 +21,7 @@ import torch
 
 from lazytrain.models.adapter import IGNORE_INDEX, ModelAdapter, shift_labels
 from lazytrain.models.router_aux import RouterAux
+from lazytrain.runtime.device import Device
 
 
 @dataclass(slots=True)
@@ -58,9 +59,9 @@ def label_tokens(batch: dict) -> int:
 
 
 def prepare_micro_batch(index: int, batch: dict, *, adapter: ModelAdapter,
-                        device: torch.device) -> MicroBatch:
+                        dev: Device) -> MicroBatch:
     """`batch` ("input_ids" and "labels" [B, S], optional "attention_mask" / "position_ids"
-    [B, S], host tensors) moved to `device`, with shifted labels and the adapter's router
+    [B, S], host tensors) moved to `dev` (`Device.batch_to_device`), with shifted labels and the adapter's router
     statistics; whether it pads and packs is read on the host first.
 
     Raises:
@@ -75,19 +76,10 @@ def prepare_micro_batch(index: int, batch: dict, *, adapter: ModelAdapter,
     packed = positions is not None and bool((positions.diff(dim=-1) != 1).any())
     if positions is not None:
         adapter.check_packing(positions)  # refused on linear-attention layers
-    moved = {"attention_mask": _h2d(mask, device) if padded else None,
-             "position_ids": _h2d(positions, device)}
-    return MicroBatch(index=index, input_ids=_h2d(batch["input_ids"], device),
+    moved = {"attention_mask": dev.batch_to_device(mask) if padded else None,
+             "position_ids": dev.batch_to_device(positions)}
+    return MicroBatch(index=index, input_ids=dev.batch_to_device(batch["input_ids"]),
                       mask_inputs={**moved, "padded": padded, "packed": packed},
-                      targets=_h2d(shift_labels(batch["labels"]), device),
+                      targets=dev.batch_to_device(shift_labels(batch["labels"])),
                       aux=adapter.new_router_aux(moved["attention_mask"]))
 
-
-def _h2d(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    """A host tensor on `device`: on CUDA from page-locked memory without blocking the host
-    (queued on the current stream, the compute stream inside the engine's compute scope)."""
-    if t is None or t.device == device:
-        return t
-    if device.type == "cuda" and t.device.type == "cpu":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
