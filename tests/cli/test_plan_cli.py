@@ -52,7 +52,7 @@ def test_plan_prints_tiers_policy_megatrain_and_bounds(tiny_config, capsys):
     out = capsys.readouterr().out
     assert "4 blocks, seq 64, micro-batch 2" in out
     assert "boundaries (5): hbm" in out
-    for label in ("heuristic", "megatrain (K=4)", "memory bound", "roofline (inf HBM)",
+    for label in ("heuristic", "megatrain as published (K=4)", "memory bound", "roofline (inf HBM)",
                   "recomputed blocks",
                   "keep-internals", "speedup over the MegaTrain rule", "event simulator"):
         assert label in out, label
@@ -77,13 +77,13 @@ def test_plan_json_holds_plan_and_comparison_and_nothing_else_on_stdout(tiny_con
     doc = json.loads(capfd.readouterr().out)
     assert [b["tier"] for b in doc["plan"]["boundaries"]][-1] == "hbm"
     rows = doc["comparison"]["rows"]
-    assert "megatrain (K=4)" in rows
-    # the speedup is against the faster rule that fits: the best fixed K is never slower
-    # than K = 4, so the K = 4 plan itself gains at most 1x
-    best = f"best fixed K (K={doc['comparison']['best_fixed_k']})"
-    assert rows[best]["step_ms"] <= rows["megatrain (K=4)"]["step_ms"]
+    assert "megatrain as published (K=4)" in rows
+    # the speedup is against the faster published rule that fits: the best fixed K is never
+    # slower than K = 4; the plan is the K = 4 rule with the truncated re-forward
+    best = f"best fixed K as published (K={doc['comparison']['best_fixed_k']})"
+    assert rows[best]["step_ms"] <= rows["megatrain as published (K=4)"]["step_ms"]
     assert doc["comparison"]["speedup_vs_megatrain"] == pytest.approx(
-        rows[best]["step_ms"] / rows["megatrain (K=4)"]["step_ms"])
+        rows[best]["step_ms"] / rows["megatrain"]["step_ms"])
 
 
 def test_flags_named_after_config_keys_override_the_yaml(tiny_config, capsys):
@@ -145,17 +145,18 @@ def test_seed_baseline_is_the_best_fixed_k_that_fits_and_speedup_is_against_it(
     assert main(["plan", "--config", str(seed), "--policy", "heuristic", "--json"]) == 0
     cmp = json.loads(capsys.readouterr().out)["comparison"]
     # brute force over every K of the rule: the reported K fits and no K that fits is faster
-    problem = problem_from_config(load_config(seed))
+    # the rule as published re-forwards every block in full
+    problem = problem_from_config(load_config(seed)).replace(reforward_ms=())
     fitting = {k: megatrain_plan(problem, k).predicted.step_ms for k in range(1, 17)
                if not megatrain_plan(problem, k).provenance.get("violations")}
     k = cmp["best_fixed_k"]
     assert k in fitting and fitting[k] == pytest.approx(min(fitting.values()))
     assert k != 4  # the paper's K = 4 leaves HBM unused on the seed
     rows = cmp["rows"]
-    assert cmp["baseline"] == f"best fixed K (K={k})"
+    assert cmp["baseline"] == f"best fixed K as published (K={k})"
     assert cmp["speedup_vs_megatrain"] == pytest.approx(
         min(fitting.values()) / rows["heuristic"]["step_ms"])
-    assert cmp["speedup_vs_megatrain"] < rows["megatrain (K=4)"]["step_ms"] / rows[
+    assert cmp["speedup_vs_megatrain"] < rows["megatrain as published (K=4)"]["step_ms"] / rows[
         "heuristic"]["step_ms"]
 
 

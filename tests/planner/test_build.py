@@ -76,8 +76,18 @@ def test_default_job_builds_a_cpu_problem_without_files():
 
 def test_megatrain_plan_of_the_planner_predicts_176_9_tflops(seed_cfg):
     heuristics = pytest.importorskip("lazytrain.planner.heuristics")
-    plan = heuristics.megatrain_plan(problem_from_config(seed_cfg), k=4)
+    # the rule as published re-forwards every block in full
+    published = problem_from_config(seed_cfg).replace(reforward_ms=())
+    plan = heuristics.megatrain_plan(published, k=4)
     assert plan.predicted.model_tflops == pytest.approx(176.9, abs=0.2)
+
+
+def test_the_seed_problem_charges_the_truncated_reforward(seed_cfg):
+    """Every block of the seed (Qwen3.5 dense MLP, truncated by the runtime) re-forwards for
+    less than Fg, by the analytic share of its down projection."""
+    p = problem_from_config(seed_cfg)
+    shares = [1 - r / g for r, g in zip(p.reforward_ms, p.fwd_grad_ms)]
+    assert all(0.15 < s < 0.3 for s in shares)
 
 
 def test_building_a_problem_does_not_import_torch_or_a_solver(seed_cfg):

@@ -66,8 +66,9 @@ def lp_bound_ms(problem: PlanningProblem, *, backend: str = "highs",
 def roofline_ms(problem: PlanningProblem) -> float:
     """max(mandatory compute, H2D, D2H, duplex) over the windows + constant terms, ms per step.
 
-    Mandatory per micro-batch (window part): compute sum(Fg + B) + head with keep offered, else
-    sum(F + Fg + B) + head; H2D the forward weight loads P[1..L-1], plus the backward loads
+    Mandatory per micro-batch (window part): compute sum(min(Fg, F + Fr) + B) + head with keep
+    offered (Fr: the truncated re-forward), else sum(F + Fr + B) + head; H2D the forward weight
+    loads P[1..L-1], plus the backward loads
     P[0..L-1] when resident weights (offered with keep) are not; D2H the gradients G[1..L-1].
     GPU: the max of compute and channel times; CPU: their sum. Step = ga * that + pre/post of
     every micro-batch (`ends_step_ms`) + const. Source: docs/execution_model.md, "Per-window
@@ -75,10 +76,11 @@ def roofline_ms(problem: PlanningProblem) -> float:
     """
     p = problem
     if p.allow_keep:
-        comp = sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
+        comp = sum(min(g, f + r) for f, g, r in zip(p.fwd_ms, p.fwd_grad_ms, p.reforward))
+        comp += sum(p.bwd_ms) + p.head_ms
         h2d = float(sum(p.weight_bytes[1:]))
     else:
-        comp = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
+        comp = sum(p.fwd_ms) + sum(p.reforward) + sum(p.bwd_ms) + p.head_ms
         h2d = float(sum(p.weight_bytes[1:]) + sum(p.weight_bytes))
     return _closed_form_step_ms(p, comp, h2d)
 
@@ -106,9 +108,9 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
     room = hbm - fixed_hbm - A[L]: every kept or resident block and every hbm-tier boundary is
     held at the turn beside boundary L.
 
-    compute = sum(F + Fg + B) + head - max sum_{j in K} F[j] over keep sets K with
-    sum_{j in K} (I[j] + P[j]) <= room (a kept block saves its forward, F; its graph holds its
-    weights too).
+    compute = sum(F + Fr + B) + head - max sum_{j in K} (F[j] + Fr[j] - Fg[j])+ over keep sets K
+    with sum_{j in K} (I[j] + P[j]) <= room (a kept block runs Fg in f{j} and no re-forward Fr
+    in b{j}; its graph holds its weights too).
 
     H2D = sum P[1..L-1] + sum P + sum_{0<i<L} m[i] - max (sum_{j in R} P[j] + sum_{i in H} m[i])
     over resident sets R and hbm-tier sets H with sum_R P[j] + sum_H A[i] <= room, where
@@ -131,8 +133,9 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
         return None
     P, A = p.weight_bytes, p.boundary_bytes
     blocks = range(L) if p.allow_keep else ()  # keep and residency are offered together
-    comp = (sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
-            - _fractional_knapsack([p.fwd_ms[j] for j in blocks],
+    saved = [max(0.0, p.fwd_ms[j] + p.reforward[j] - p.fwd_grad_ms[j]) for j in blocks]
+    comp = (sum(p.fwd_ms) + sum(p.reforward) + sum(p.bwd_ms) + p.head_ms
+            - _fractional_knapsack(saved,
                                    [p.internal_bytes[j] + P[j] for j in blocks], room))
     back = [float(min(A[i], P[i - 1])) for i in range(1, L)]  # m[i]: A back or P[i-1] again
     h2d = (float(sum(P[1:]) + sum(P)) + sum(back)
@@ -161,7 +164,7 @@ def ideal_decisions(problem: PlanningProblem) -> Decisions:
 
     With every boundary in HBM and every block resident there are no activation transfers, no
     recompute and no backward weight loads, so window f_j depends only on keep[j] (F[j] or
-    Fg[j]), b_j only on keep[j] (B[j] + Fg[j] or B[j]; its weight load P[j-1] is skipped) and
+    Fg[j]), b_j only on keep[j] (B[j] + Fr[j] or B[j]; its weight load P[j-1] is skipped) and
     the turn on neither: the step is a sum over blocks, and each block picks the cheaper of the
     two (the evaluator prices both, so window overhead, host work and the gradient drain count).
     Every other plan moves at least these bytes and computes at least this in each window with

@@ -19,7 +19,7 @@ waits for other work *of the same window* to end:
    weights P[j-1], then P[s], P[s+1], ..., P[e-2]; the recompute forward of block k starts only
    when P[k] has arrived (the loads are double-buffered, so P[k+1] moves while block k runs).
    Hence t >= X / bw_h2d + max_k (sum_{q=s}^{k} P[q] / bw_h2d + sum_{q=k}^{e-2} F[q])
-   + Fg[e-1] (unless kept) + B[e-1], with X the H2D bytes issued before the recompute loads.
+   + Fr[e-1] (unless kept) + B[e-1], with X the H2D bytes issued before the recompute loads.
 
 Both are exact for the event simulator (`sim/`) up to duplex sharing (a D2H and an H2D copy
 that together exceed the duplex cap share it; the fluid (H2D + D2H) / bw_duplex term is kept).
@@ -115,7 +115,7 @@ def stream_bounds_ms(problem: PlanningProblem, tiers, transfers, *, keep_interna
         bound = max(free["d2h"], free["nvme_write"], free["nvme_read"], h2d)
         s, e = seg_of_last.get(j, (0, 0))
         if e - s >= 2:  # block j ends a segment with recompute
-            tail = p.bwd_ms[j] + (0.0 if j in keep else p.fwd_grad_ms[j])
+            tail = p.bwd_ms[j] + (0.0 if j in keep else p.reforward[j])
             bound = max(bound, h2d + recompute_chain_ms(p, s, e) + tail)
         out.append(bound)
     return out
@@ -141,7 +141,7 @@ def _next_load_bytes(p: PlanningProblem, o: int, resident: set) -> float:
 
 def recompute_terms(problem: PlanningProblem, tiers, keep_internals=()
                     ) -> tuple[list[float], list[float]]:
-    """Per window ord: (R[s,e] + Fg[j] (unless kept) + B[j], ms; recompute load bytes) for the
+    """Per window ord: (R[s,e] + Fr[j] (unless kept) + B[j], ms; recompute load bytes) for the
     window b{j} ending a segment (s, j + 1) with recompute, (0, 0) elsewhere.
 
     With them a window's recompute bound is `recompute_bound_ms` of its total H2D bytes; the
@@ -155,7 +155,7 @@ def recompute_terms(problem: PlanningProblem, tiers, keep_internals=()
         if e - s >= 2:
             o = 2 * L - j
             rec_ms[o] = (recompute_chain_ms(p, s, e) + p.bwd_ms[j]
-                         + (0.0 if j in keep else p.fwd_grad_ms[j]))
+                         + (0.0 if j in keep else p.reforward[j]))
             rec_bytes[o] = float(sum(p.load_bytes[s:e - 1]))
     return rec_ms, rec_bytes
 

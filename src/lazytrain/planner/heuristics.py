@@ -52,7 +52,9 @@ def _finish(problem: PlanningProblem, decisions: Decisions, backend: str, t0: fl
 def megatrain_plan(problem: PlanningProblem, k: int = 4) -> Plan:
     """MegaTrain's rule: every k-th boundary (and L) in HBM, the rest recomputed, no keep.
 
-    Every block is re-forwarded in backward (Fg in each b{j}), as MegaTrain does. A plan
+    Each block's re-forward in backward is priced as the problem has it (`reforward`); the rule
+    as MegaTrain publishes it re-forwards in full: plan it on
+    `problem.replace(reforward_ms=())`. A plan
     that violates a capacity is still returned with `solver.status == "infeasible"` and
     `provenance["violations"]`.
 

@@ -25,6 +25,7 @@ Index legend
 
 Parameters (units inside the model: ms and GB; converted once in `scale_inputs`)
     F[j], Fg[j], B[j]      forward, forward with autograd, backward, ms
+    Fr[j]                  the truncated re-forward before block j's backward, ms
     P[j], G[j], I[j], A[i] weights, gradients, internals, boundary bytes, GB
     bw_h2d, bw_d2h, bw_x, bw_nr, bw_nw   bandwidths, GB/ms (bw_x: H2D + D2H duplex cap)
     host_conv, host_acc    host conversion / accumulation rates, GB/ms (0: not modelled)
@@ -64,7 +65,7 @@ Variables (`MilpVars`; code name = design symbol)
 
 Window loads (linear; seg-terms sum over segments (s, j+1) ending at b_j):
     comp[f_j] = F[j] + (Fg[j] - F[j]) keep[j];  comp[turn] = head
-    comp[b_j] = B[j] + Fg[j] (1 - keep[j]) + sum_s seg[s,j+1] sum_{k=s}^{j-1} F[k]
+    comp[b_j] = B[j] + Fr[j] (1 - keep[j]) + sum_s seg[s,j+1] sum_{k=s}^{j-1} F[k]
                 + embed * emb[j+1]
     H2D[f_j] = P[j+1];  H2D[turn] = P[L-1] (1 - resident[L-1])
     H2D[b_j] = P[j-1] (1 - resident[j-1]) + sum_s seg[s,j+1] sum_{k=s}^{j-1} P[k] + sum_i A[i] h2d[i,b_j]
@@ -103,7 +104,8 @@ Constraint families (function that adds them, all in `planner/milp_rows.py`)
                            HOST (row time_host: the host works beside the GPU)
                       CPU: t >= comp + H2D/bw_h2d + D2H/bw_d2h + NR/bw_nr + NW/bw_nw + HOST
                                                                             add_window_time
-    7b. recompute     GPU: t[b_j] >= X/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fg[j]) - Fg[j] keep[j]
+    7b. recompute     GPU: t[b_j] >= X/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fr[j])
+                                        - Fr[j] keep[j]
                       (recompute waits for its weights behind X on H2D)     add_recompute_order
     8. HBM            held[o] - slack_hbm[o] <= M_hbm  for all o            add_hbm_capacity
     9. DRAM           sum A[i] dram[i] + sum_{o in span(i,e)} Ab[i] nvb[i,e] - sum Q[j] q8[j]

@@ -30,6 +30,8 @@ class Scaled:
     L: int
     F: tuple[float, ...]
     Fg: tuple[float, ...]
+    Fr: tuple[float, ...]
+    """The truncated re-forward in b{j} unless kept, ms (`PlanningProblem.reforward`)."""
     B: tuple[float, ...]
     P: tuple[float, ...]
     Pl: tuple[float, ...]
@@ -87,7 +89,8 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
     compute = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
     ref_ms = max(compute, 1e-3)
     return Scaled(
-        L=L, F=tuple(p.fwd_ms), Fg=tuple(p.fwd_grad_ms), B=tuple(p.bwd_ms),
+        L=L, F=tuple(p.fwd_ms), Fg=tuple(p.fwd_grad_ms), Fr=tuple(p.reforward),
+        B=tuple(p.bwd_ms),
         P=gb(p.weight_bytes), Pl=gb(p.load_bytes), Pc=gb(p.convert_bytes), G=gb(p.drain_bytes),
         I=gb(p.internal_bytes), A=gb(p.boundary_bytes),
         A_padded=gb(align_up(a) for a in p.boundary_bytes),

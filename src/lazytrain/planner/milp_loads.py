@@ -51,10 +51,10 @@ def window_fixed_loads(v: MilpVars, p: Scaled, o: int, kind: int = 0) -> tuple[L
         h2d, h0 = reload_unless_resident(v, p, L - 1, kind)
     else:
         j = 2 * L - o
-        c0, h0 = p.B[j] + p.Fg[j], 0.0
+        c0, h0 = p.B[j] + p.Fr[j], 0.0
         d0 = p.G[j + 1] if j + 1 < L else 0.0
         if j in v.keep:
-            comp[v.keep[j]] = -p.Fg[j]
+            comp[v.keep[j]] = -p.Fr[j]
         if j >= 1:
             h2d, h0 = reload_unless_resident(v, p, j - 1, kind)
         for (s, e), x in v.seg.items():

@@ -197,7 +197,7 @@ def add_window_time(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 
 def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
-    """t[b_j] >= X[b_j]/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fg[j]) - Fg[j] keep[j]
+    """t[b_j] >= X[b_j]/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fr[j]) - Fr[j] keep[j]
     (GPU), X[b_j] = sum_i A[i] h2d[i,b_j] + P[j-1] (1 - resident[j-1]),
     R[s,e] = max_{k=s..e-2} (sum_{q=s}^{k} P[q]/bw_h2d + sum_{q=k}^{e-2} F[q])  for e - s >= 2.
 
@@ -205,7 +205,7 @@ def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
     stream behind the window's activation prefetches and the next block's weights
     (`chains.recompute_chain_ms`). At most one segment ends at j + 1, so the sum picks its
     term; without a recompute segment the row is implied by the H2D row (t >= X/bw_h2d), and
-    with keep[j] the re-forward Fg[j] is not run. No big-M. ms.
+    with keep[j] the re-forward Fr[j] is not run. No big-M. ms.
     Source: docs/execution_model.md, "In-window order".
     """
     if not p.overlap:
@@ -214,10 +214,10 @@ def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
     for j in range(1, L):
         o = 2 * L - j
         if p.path_loads:  # the chain's columns give R (`milp_paths`, free weight paths)
-            segs = {v.seg[s, e]: p.B[j] + p.Fg[j] for (s, e) in v.seg
+            segs = {v.seg[s, e]: p.B[j] + p.Fr[j] for (s, e) in v.seg
                     if e == j + 1 and e - s >= 2}
         else:
-            segs = {v.seg[s, e]: r + p.B[j] + p.Fg[j]
+            segs = {v.seg[s, e]: r + p.B[j] + p.Fr[j]
                     for (s, e), r in p.recompute_chain.items() if e == j + 1}
         if not segs:
             continue
@@ -227,7 +227,7 @@ def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
         if (j - 1, j + 1) in v.chain:
             row[v.chain[j - 1, j + 1][1]] = -1.0
         if j in v.keep:
-            row[v.keep[j]] = p.Fg[j]
+            row[v.keep[j]] = p.Fr[j]
         for (i, q), x in v.h2d.items():
             if q == o:
                 row[x] = -p.A[i] / p.bw_h2d

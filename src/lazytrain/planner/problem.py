@@ -45,6 +45,10 @@ class PlanningProblem(Bandwidths):
     """Fg[j]: block forward with autograd (the re-forward before backward), ms."""
     bwd_ms: tuple[float, ...]
     """B[j]: block backward, ms."""
+    reforward_ms: tuple[float, ...] = ()
+    """Fr[j]: the truncated re-forward before block j's backward (its tail skipped), ms.
+    Empty: Fr = Fg (full re-forward; problems saved before truncation). Read through
+    `reforward`."""
     weight_bytes: tuple[int, ...]
     """P[j]: compute-dtype weight bytes streamed H2D per load of block j."""
     grad_bytes: tuple[int, ...]
@@ -166,6 +170,12 @@ class PlanningProblem(Bandwidths):
     provenance: dict = field(default_factory=dict)
     """Plan provenance fields (model, model_config_sha256, hardware, seq_len, ...)."""
 
+    @property
+    def reforward(self) -> tuple[float, ...]:
+        """Fr[j]: the re-forward in b{j} unless j is kept, ms: `reforward_ms`, or `fwd_grad_ms`
+        when that is empty."""
+        return self.reforward_ms or self.fwd_grad_ms
+
     def __post_init__(self) -> None:
         L = len(self.fwd_ms)
         if L < 1:
@@ -175,6 +185,11 @@ class PlanningProblem(Bandwidths):
             if len(getattr(self, name)) != L:
                 raise ValueError(f"{name} must have {L} entries (one per block); "
                                  f"got {len(getattr(self, name))}")
+        if self.reforward_ms and len(self.reforward_ms) != L:
+            raise ValueError(f"reforward_ms must have {L} entries (one per block) or none "
+                             f"(full re-forward); got {len(self.reforward_ms)}")
+        if any(v < 0 for v in self.reforward_ms):
+            raise ValueError("reforward_ms must be >= 0 everywhere")
         if len(self.boundary_bytes) != L + 1:
             raise ValueError(f"boundary_bytes must have {L + 1} entries (boundaries 0..L); "
                              f"got {len(self.boundary_bytes)}")

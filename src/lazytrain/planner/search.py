@@ -225,7 +225,7 @@ class Search:
         for j in set(keep) ^ set(cur.keep):
             sign = 1 if j in keep else -1
             loads.comp[j] += sign * (p.fwd_grad_ms[j] - p.fwd_ms[j])
-            loads.comp[2 * L - j] -= sign * p.fwd_grad_ms[j]
+            loads.comp[2 * L - j] -= sign * p.reforward[j]
             touched.update((j, 2 * L - j))
         for j in set(res) ^ set(cur.res):
             sign = 1 if j in res else -1

@@ -158,7 +158,8 @@ def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_wei
     """Per-window compute (ms), H2D and D2H bytes before activation transfers, by ord.
 
     f{j}: F[j] (Fg[j] if kept); H2D P[j+1].  turn: head_ms; H2D P[L-1] unless resident.
-    b{j}: B[j] + (Fg[j] unless kept) + segment recompute sum F[s..e-2] (+ embed_ms when s == 0
+    b{j}: B[j] + (Fr[j], the truncated re-forward, unless kept) + segment recompute
+    sum F[s..e-2] (+ embed_ms when s == 0
     is recompute) when j = e-1; H2D P[j-1] unless resident + sum P[s..e-2]; D2H G[j+1].
     The H2D of a load is `problem.load_bytes` (P[j], or the master's bytes for gpu_cast).
     """
@@ -169,7 +170,7 @@ def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_wei
     for j in range(L):
         comp[j] = p.fwd_grad_ms[j] if j in keep else p.fwd_ms[j]
         o = 2 * L - j
-        comp[o] = p.bwd_ms[j] + (0.0 if j in keep else p.fwd_grad_ms[j])
+        comp[o] = p.bwd_ms[j] + (0.0 if j in keep else p.reforward[j])
         d2h[o] = p.drain_bytes[j + 1] if j + 1 <= L - 1 else 0.0
     comp[L] = p.head_ms
     for s, e in segments_of(tiers):

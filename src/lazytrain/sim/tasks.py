@@ -14,7 +14,8 @@ first, then the next weight load, then compute):
 - `turn`: transfers; load of block L-1's weights for its backward unless resident; head.
 - `b{j}`: d2h of block j+1's gradients (G[j+1]); transfers; load of block j-1's weights (unless
   resident); when block j = e-1 ends segment (s, e): [re-embed when boundary 0 is recompute],
-  then per k = s..e-2 the load of P[k] and the recompute forward F[k]; Fg[j] unless kept; B[j].
+  then per k = s..e-2 the load of P[k] and the recompute forward F[k]; Fr[j] (the truncated
+  re-forward) unless kept; B[j].
 - `post`: drain of G[0] (+ the embedding/head gradients in the step's last micro-batch) after
   B[0]; with `prefetch_in_post` (a micro-batch that another follows in the step) no ends
   gradient, then block 0's weight load for the next one.
@@ -269,7 +270,7 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
             continue
         inp = cache.get(j)
         in_deps = [(inp, "recomputed boundary")] if inp is not None else b.boundary_ready(j)
-        fg = b.compute(f"Fg{j}", w, p.fwd_grad_ms[j], load=loads[j], deps=in_deps,
+        fg = b.compute(f"Fg{j}", w, p.reforward[j], load=loads[j], deps=in_deps,
                        kind="fwd_grad", block=j)
         _bwd(b, j, w, loads[j], deps=[(fg, "re-forward before backward"), grad_dep])
     b.begin("post")

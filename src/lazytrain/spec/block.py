@@ -58,6 +58,10 @@ class BlockSpec:
     saved_fp32_per_token: int = 0
     """Autograd-saved fp32 elements per token (softmax statistics, router probabilities,
     gating scalars, chunk matrices)."""
+    reforward_skip_params: int = 0
+    """Active parameters of the block's tail, which the truncated re-forward before its backward
+    does not run: the MLP's down projection (dense), or top-k routed experts' down projections
+    (MoE; the shared expert's runs). 0: the family keeps the full re-forward (Gemma 2/3)."""
 
     def core_attention_flops_per_token(self, seq_len: int) -> float:
         """Forward FLOPs per token of the parameter-free attention core.
@@ -86,6 +90,12 @@ class BlockSpec:
     def fwd_flops_per_token(self, seq_len: int) -> float:
         """Forward FLOPs per token: `2 * active_params` (matmuls) + the attention core."""
         return 2.0 * self.active_params + self.core_attention_flops_per_token(seq_len)
+
+    def reforward_skip_share(self, seq_len: int) -> float:
+        """s: the share of the forward's FLOPs the truncated re-forward skips,
+        `2 * reforward_skip_params / fwd_flops_per_token` (0 for a full re-forward); the
+        re-forward then costs `Fg * (1 - s)` (docs/execution_model.md, b{j})."""
+        return 2.0 * self.reforward_skip_params / self.fwd_flops_per_token(seq_len)
 
 
 def avg_causal_keys(seq_len: int, window: int) -> float:

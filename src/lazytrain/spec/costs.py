@@ -111,6 +111,9 @@ class BlockCosts:
     """F: forward without autograd, ms."""
     fwd_grad_ms: float
     """Fg: forward with autograd, ms."""
+    reforward_ms: float
+    """Fr: the truncated re-forward before the block's backward, `Fg * (1 - s)` with s the
+    block's `BlockSpec.reforward_skip_share` (Fg where the runtime re-forwards in full), ms."""
     bwd_ms: float
     """B: backward, ms."""
     weight_bytes: int
@@ -202,8 +205,10 @@ def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_ba
         core = blk.core_attention_flops_per_token(seq_len) * T
         fwd = blk.fwd_flops_per_token(seq_len) * T
         bwd = BWD_MATMUL_FACTOR * (fwd - core) + BWD_ATTN_CORE_FACTOR * core
+        fwd_grad_ms = FWD_GRAD_FACTOR * fwd * ms_per_flop
         blocks.append(BlockCosts(
-            fwd_ms=fwd * ms_per_flop, fwd_grad_ms=FWD_GRAD_FACTOR * fwd * ms_per_flop,
+            fwd_ms=fwd * ms_per_flop, fwd_grad_ms=fwd_grad_ms,
+            reforward_ms=fwd_grad_ms * (1.0 - blk.reforward_skip_share(seq_len)),
             bwd_ms=bwd * ms_per_flop, weight_bytes=blk.params * b, grad_bytes=blk.params * b,
             boundary_bytes=A,
             internal_bytes=T * (blk.saved_elems_per_token * b + blk.saved_fp32_per_token * 4)
@@ -334,6 +339,8 @@ def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpe
         m = kinds[blk.kind]
         blocks.append(BlockCosts(
             fwd_ms=float(m["fwd_ms"]), fwd_grad_ms=float(m["fwd_grad_ms"]),
+            reforward_ms=float(m.get("reforward_ms", float(m["fwd_grad_ms"])
+                                     * (1.0 - blk.reforward_skip_share(seq_len)))),
             bwd_ms=float(m["bwd_ms"]), weight_bytes=c.weight_bytes, grad_bytes=c.grad_bytes,
             boundary_bytes=c.boundary_bytes,
             internal_bytes=int(m.get("internal_bytes", c.internal_bytes)),

@@ -105,33 +105,37 @@ def _gated_deltanet(c: dict) -> tuple[int, dict, int, int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# MLP parts: (params, active params, saved elems, saved fp32) per token.
+# MLP parts: (params, active params, saved elems, saved fp32, tail active params) per token; the
+# tail is what the truncated re-forward skips (the down projections).
 
 
-def _dense_mlp(H: int, inter: int, *, bias: bool = False) -> tuple[int, int, int, int]:
-    """SwiGLU MLP: gate, up (H x I), down (I x H). Saved: gate, silu(gate), up, product."""
+def _dense_mlp(H: int, inter: int, *, bias: bool = False) -> tuple[int, int, int, int, int]:
+    """SwiGLU MLP: gate, up (H x I), down (I x H). Saved: gate, silu(gate), up, product.
+    Tail: the down projection."""
     p = 3 * H * inter + (2 * inter + H) * bias
-    return p, p, 4 * inter, 0
+    return p, p, 4 * inter, 0, H * inter + H * bias
 
 
 def _moe_mlp(H: int, *, experts: int, top_k: int, inter: int, router_bias: bool = False,
              expert_bias: bool = False, shared_inter: int = 0, shared_gate: bool = False
-             ) -> tuple[int, int, int, int]:
+             ) -> tuple[int, int, int, int, int]:
     """Routed SwiGLU experts (+ optional shared expert). Every expert's weights are streamed;
     a token multiplies with top-k of them. Saved per token: per selected expert the gathered
     input and the SwiGLU intermediates and output; the shared expert's; fp32 router
-    probabilities over all experts."""
+    probabilities over all experts. Tail: the top-k experts' down projections, and an ungated
+    shared expert's (DeepSeek; a gated one, Qwen3-Next, runs in full)."""
     per_expert = 3 * H * inter + (2 * inter + H) * expert_bias
     router = experts * H + experts * router_bias
     shared = 3 * H * shared_inter + H * shared_gate
     params = experts * per_expert + router + shared
     active = top_k * per_expert + router + shared
     saved = top_k * (2 * H + 4 * inter) + (4 * shared_inter + H if shared_inter else 0)
-    return params, active, saved, experts
+    tail = top_k * (H * inter + H * expert_bias) + (0 if shared_gate else H * shared_inter)
+    return params, active, saved, experts, tail
 
 
 def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: int, *,
-           norms: int = 2, fp32_norms: bool = False) -> BlockSpec:
+           norms: int = 2, fp32_norms: bool = False, truncated: bool = True) -> BlockSpec:
     """Assemble a block: attention + MLP + `norms` RMSNorms of width H (2: input and
     post-attention; Gemma2/3: 4, adding pre- and post-feedforward).
 
@@ -140,9 +144,10 @@ def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: in
     fp32) its fp32 normalized input and fp32 reciprocal RMS, and that input cast back to the
     compute dtype for the weight's multiply (with fp32 compute the cast is the fp32 tensor
     itself, counted twice); `fp32_norms` (Gemma / Qwen3.5 style, `x * (1 + weight)` in fp32):
-    a second fp32 tensor instead of that cast."""
+    a second fp32 tensor instead of that cast. `truncated`: the runtime's re-forward skips the
+    MLP's tail (False where a post-feedforward norm reads it)."""
     a_params, a_fields, a_saved, a_fp32 = attn
-    m_params, m_active, m_saved, m_fp32 = mlp
+    m_params, m_active, m_saved, m_fp32, m_tail = mlp
     base = {"full_attention": "", "sliding_attention": "sliding_attention",
             "linear_attention": "linear_attention", "mla": "mla"}[attention]
     kind = (base + "_moe" if base else "moe") if mlp_kind == "moe" else (base or "dense")
@@ -151,7 +156,7 @@ def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: in
                      active_params=a_params + m_active + norms * H,
                      saved_elems_per_token=a_saved + m_saved + norms * H * (2 - fp32_norms),
                      saved_fp32_per_token=a_fp32 + m_fp32 + norms * (H * (1 + fp32_norms) + 1),
-                     **a_fields)
+                     reforward_skip_params=m_tail if truncated else 0, **a_fields)
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "mla")
@@ -305,7 +310,8 @@ def _gemma(c: dict, j: int) -> BlockSpec:
                               window=window if attention == "sliding_attention" else 0,
                               fp32_norms=True)
     mlp = _dense_mlp(c["hidden_size"], c["intermediate_size"])
-    return _block(j, attention, attn, "dense", mlp, c["hidden_size"], norms=4, fp32_norms=True)
+    return _block(j, attention, attn, "dense", mlp, c["hidden_size"], norms=4, fp32_norms=True,
+                  truncated=False)
 
 
 def _deepseek_v2(c: dict, j: int) -> BlockSpec:
