@@ -137,3 +137,9 @@ def test_load_windows_skips_a_torn_last_line_left_by_a_crash_mid_append(tmp_path
 def test_load_windows_names_the_fix_when_the_run_has_no_windows(tmp_path):
     with pytest.raises(FileNotFoundError, match="instrumentation"):
         load_windows(tmp_path / "windows.jsonl")
+
+
+def test_problem_with_rates_scales_the_truncated_reforward_with_the_other_compute():
+    p = _problem().replace(reforward_ms=(0.75,) * L)
+    q = problem_with_rates(p, {}, compute_scale=2.0)
+    assert q.reforward == (1.5,) * L  # 2 x 0.75 ms, as fwd_ms 1 -> 2
