@@ -28,8 +28,19 @@ def test_block_times_are_measured_per_kind_with_the_engine_functions(adapter):
                        device=torch.device("cpu"))
     times = block_kind_times(bench, ["dense", "dense"], repeats=1, warmup=0)
     assert list(times) == ["dense"] and times["dense"]["block"] == 0
-    assert all(times["dense"][k] > 0 for k in ("fwd_ms", "fwd_grad_ms", "bwd_ms"))
+    assert all(times["dense"][k] > 0 for k in ("fwd_ms", "fwd_grad_ms", "reforward_ms", "bwd_ms"))
     assert "workspace_bytes" not in times["dense"]  # CPU: no allocator peak to read
+
+
+def test_the_timed_reforward_is_the_truncated_one_with_the_full_one_s_gradients(adapter):
+    """reforward_ms times the engine's re-forward: the down projection is not run (the output
+    value differs from the full forward's by it) while every gradient equals the full one's."""
+    bench = BlockBench(adapter, micro_batch=BATCH, seq_len=SEQ, dtype="fp32",
+                       device=torch.device("cpu"))
+    flat = bench.weights(0)
+    full, cut = bench.forward_grad(0, flat), bench.forward_grad(0, flat, truncated=True)
+    assert not torch.allclose(full[2], cut[2])
+    torch.testing.assert_close(bench.backward(*cut, j=0), bench.backward(*full, j=0))
 
 
 def test_an_injected_read_delay_bounds_the_measured_nvme_read_rate(tmp_path):

@@ -113,14 +113,16 @@ class BlockBench:
         with self.api.compute_scope(), torch.no_grad():
             return self._block(j, self.h, flat)
 
-    def forward_grad(self, j: int, flat: torch.Tensor):
-        """Block j with autograd, as `Engine.run_forward` of a kept block and the re-forward of
-        `Engine.backward_block`: one leaf per parameter viewing `flat`
+    def forward_grad(self, j: int, flat: torch.Tensor, *, truncated: bool = False):
+        """Block j with autograd, as `Engine.run_forward` of a kept block (`truncated` False) and
+        the re-forward of `Engine.backward_block` (`truncated` True: the block's tail skipped
+        where the family allows it, models/truncate.py): one leaf per parameter viewing `flat`
         (`block_autograd.grad_leaves`). Returns (x, leaves, out)."""
         x = self.h.detach().requires_grad_()
         leaves = grad_leaves(self.params.blocks[j], flat)
         with self.api.compute_scope(), torch.enable_grad():
-            return x, leaves, self.adapter.forward_block(j, x, leaves, self.kwargs[j])
+            return x, leaves, self.adapter.forward_block(j, x, leaves, self.kwargs[j],
+                                                         truncated=truncated)
 
     def backward(self, x, leaves, out, *, j: int = 0) -> torch.Tensor:
         """The backward of `forward_grad`'s graph, its gradients packed into block j's flat
@@ -181,13 +183,17 @@ class BlockBench:
 
 def kind_samples(bench: BlockBench, j: int, *, repeats: int, warmup: int
                  ) -> dict[str, list[float]]:
-    """One try of block j's times: the timed repeats of fwd_ms, fwd_grad_ms and bwd_ms, ms
-    (each backward on a fresh forward-with-autograd graph, timed alone)."""
+    """One try of block j's times: the timed repeats of fwd_ms, fwd_grad_ms, reforward_ms (the
+    truncated re-forward before the block's backward; fwd_grad_ms where the family re-forwards
+    in full) and bwd_ms, ms (each backward on a fresh forward-with-autograd graph, timed
+    alone)."""
     dev = bench.device
     flat = bench.weights(j)
     fwd = time_samples(lambda: bench.forward(j, flat), device=dev, repeats=repeats, warmup=warmup)
     fwd_grad = time_samples(lambda: bench.forward_grad(j, flat), device=dev, repeats=repeats,
                             warmup=warmup)
+    reforward = time_samples(lambda: bench.forward_grad(j, flat, truncated=True), device=dev,
+                             repeats=repeats, warmup=warmup)
     graphs = []
 
     def one_backward():
@@ -197,13 +203,15 @@ def kind_samples(bench: BlockBench, j: int, *, repeats: int, warmup: int
     for _ in range(warmup + max(1, repeats)):
         graphs.append(bench.forward_grad(j, flat))
         bwd_times.append(time_samples(one_backward, device=dev, repeats=1, warmup=0)[0])
-    return {"fwd_ms": fwd, "fwd_grad_ms": fwd_grad, "bwd_ms": bwd_times[warmup:]}
+    return {"fwd_ms": fwd, "fwd_grad_ms": fwd_grad, "reforward_ms": reforward,
+            "bwd_ms": bwd_times[warmup:]}
 
 
 def block_kind_times(bench: BlockBench, kinds: Sequence[str], *, repeats: int = 5,
                      warmup: int = 2, timing: Timing = median_timing) -> dict[str, dict]:
-    """Per block kind (first block of each kind): fwd_ms, fwd_grad_ms, bwd_ms and, on CUDA,
-    workspace_bytes (peak allocated during forward-with-autograd + backward above the start).
+    """Per block kind (first block of each kind): fwd_ms, fwd_grad_ms, reforward_ms, bwd_ms and,
+    on CUDA, workspace_bytes (peak allocated during forward-with-autograd + backward above the
+    start).
 
     Args:
         bench: inputs and weights.
