@@ -94,6 +94,20 @@ def test_profile_times_expand_to_every_block_of_the_kind(tmp_path):
     assert costs.source.startswith("profile:")
 
 
+def test_profile_reforward_is_the_measured_one_else_fg_less_the_analytic_tail(tmp_path):
+    model = ModelSpec.from_hf_config(TINY)
+    share = model.blocks[0].reforward_skip_share(8)
+    assert 0 < share < 1
+    costs = profile_costs(model, _profile(tmp_path, model), hw=PRESETS["cpu"], seq_len=8,
+                          micro_batch=2, compute_dtype="fp32")
+    assert costs.blocks[0].reforward_ms == pytest.approx(1.5 * (1 - share))  # Fg 1.5 ms
+    prof = _profile(tmp_path, model, block_kinds={"dense": {
+        "fwd_ms": 1.0, "fwd_grad_ms": 1.5, "reforward_ms": 1.2, "bwd_ms": 2.0}})
+    costs = profile_costs(model, prof, hw=PRESETS["cpu"], seq_len=8, micro_batch=2,
+                          compute_dtype="fp32")
+    assert [c.reforward_ms for c in costs.blocks] == [1.2, 1.2]
+
+
 def test_profile_for_another_seq_len_is_refused(tmp_path):
     model = ModelSpec.from_hf_config(TINY)
     with pytest.raises(ValueError, match="seq_len=8.*uses 16"):
