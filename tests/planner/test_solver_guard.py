@@ -3,6 +3,7 @@ start comes back as the incumbent; answers and errors of a normal solve pass thr
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 
 import pytest
@@ -52,3 +53,13 @@ def _raises(**_):
 def test_an_error_in_the_guarded_call_is_raised_here():
     with pytest.raises(ValueError, match="bad model"):
         run_guarded(_raises, {}, wall_s=30, fallback=lambda s: None)
+
+
+def _guarded_double(x: int) -> int:
+    return run_guarded(lambda v: 2 * v, {"v": x}, wall_s=30.0, fallback=lambda s: None)
+
+
+def test_a_guarded_call_inside_a_pool_worker_runs_there():
+    # a Pool worker is daemonic and may not fork children: the planner sweep plans in one
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_guarded_double, (21,)) == 42

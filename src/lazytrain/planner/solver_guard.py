@@ -43,12 +43,15 @@ def run_guarded(fn: Callable[..., Any], kwargs: dict, *, wall_s: float,
     `fallback(elapsed_s)` is returned instead.
 
     The child's return value (or exception, re-raised here) must pickle. Where fork is not
-    available, or `wall_s` is not finite, `fn` runs in this process unguarded.
+    available, `wall_s` is not finite, or this process is itself daemonic (a
+    `multiprocessing.Pool` worker, which may not have children), `fn` runs in this process
+    unguarded.
 
     Raises:
         whatever `fn` raises.
     """
-    if wall_s == float("inf") or "fork" not in multiprocessing.get_all_start_methods():
+    if (wall_s == float("inf") or "fork" not in multiprocessing.get_all_start_methods()
+            or multiprocessing.current_process().daemon):
         return fn(**kwargs)
     ctx = multiprocessing.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
