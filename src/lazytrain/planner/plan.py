@@ -1,7 +1,7 @@
 """Plan JSON v1: the planner's output and the runtime's only input from the planner.
 
 Owns the `Plan` type (decisions per boundary, keep-internals, resident weights, 8-bit blocks,
-transfer-to-window assignment, per-window predictions, solver record, bounds), its JSON round
+save levels and their internals' tiers and transfers, transfer-to-window assignment, per-window predictions, solver record, bounds), its JSON round
 trip, atomic save/load, and `Plan.validate()`, which checks a plan against the contract in
 `docs/execution_model.md` (window order, legal transfer windows, cumulative precedence; the
 checks are `planner/plan_checks.py`'s, the window index `planner/windows.py`'s).
@@ -12,7 +12,9 @@ Index legend: block j = 0..L-1 maps boundary j to boundary j+1; boundary i = 0..
 f0..f{L-1} (ord j), turn (ord L), b{L-1}..b0 (ord 2L - j).
 
 Source: docs/design.md, "The plan"; the meaning of every field is docs/execution_model.md's
-(`resident_weights`: "Decisions in a Plan"). Version 1 is extended, never renamed.
+(`resident_weights`: "Decisions in a Plan"; `save_levels`, `saved_tiers`, `internal_transfers`,
+`WindowRecord.hbm_saved_bytes`: "Save levels"). Version 1 is extended, never renamed: an
+optional field is written only when it holds something, so a plan without it keeps its digest.
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ from pathlib import Path
 
 from lazytrain.atomic import write_text_atomic
 from lazytrain.planner.plan_checks import PLAN_VERSION, PlanValidationError, as_int, check_plan
+
+
+def _window_dict(w: "WindowRecord") -> dict:
+    """A window record's JSON object; `hbm_saved_bytes` only when nonzero (old digests hold)."""
+    out = asdict(w)
+    if not out["hbm_saved_bytes"]:
+        del out["hbm_saved_bytes"]
+    return out
 
 
 def plan_digest(plan_dict: dict) -> str:
@@ -48,6 +58,17 @@ class Transfer:
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
+class InternalTransfer:
+    """Move `fraction` of block `block`'s saved internals (S1[j] at L1, S2[j] at L2, bytes) by
+    `kind` ("d2h" | "h2d") during window `window` (a dram-tier block only)."""
+
+    block: int
+    kind: str
+    window: str
+    fraction: float
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
 class WindowRecord:
     """Predicted work and time of one window (bytes, ms); see docs/execution_model.md."""
 
@@ -61,6 +82,10 @@ class WindowRecord:
     exposed_ms: float
     hbm_checkpoint_bytes: float
     """Peak bytes of boundary tensors the activation store holds in HBM during the window."""
+    hbm_saved_bytes: float = 0.0
+    """Bytes of L1/L2 blocks' saved internals held in HBM during the window (hbm tier from f{j}
+    to b{j}; dram tier until its last d2h and from its first h2d); 0 for plans written before
+    this field (JSON: absent when 0)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -135,6 +160,15 @@ class Plan:
     weight_paths: tuple[str, ...] = ()
     """How each block's weights reach the device, one per block (`lazytrain.contract`
     `WEIGHT_PATH_NAMES`); empty (JSON: absent): every block host_convert."""
+    save_levels: tuple[str, ...] = ()
+    """What each block keeps from f{j} for b{j}, one of `SAVE_LEVELS` per block; empty (JSON:
+    absent; plans written before the field and the MegaTrain rule as published): every block
+    L0 with the full re-forward."""
+    saved_tiers: tuple[str, ...] = ()
+    """Where each block's saved internals wait, one of `SAVED_TIERS` per block ("none" for L0
+    and kept blocks); empty exactly when `save_levels` is."""
+    internal_transfers: tuple[InternalTransfer, ...] = ()
+    """D2H/H2D of dram-tier blocks' saved internals, sorted by (window ord, block, kind)."""
     windows: tuple[WindowRecord, ...] = ()
     transfers: tuple[Transfer, ...] = ()
     predicted: Predicted | None = None
@@ -172,6 +206,32 @@ class Plan:
         """Block j's weight path ("host_convert" when the plan has none)."""
         return self.weight_paths[j] if self.weight_paths else "host_convert"
 
+    @property
+    def reforwards_in_full(self) -> bool:
+        """True when the plan gives no save levels: every block's b{j} re-forwards it in full
+        (Fr = Fg; plans written before `save_levels` and the MegaTrain rule as published)."""
+        return not self.save_levels
+
+    def level_of(self, j: int) -> str:
+        """Block j's save level ("L0" when the plan has none; see `reforwards_in_full`)."""
+        return self.save_levels[j] if self.save_levels else "L0"
+
+    def saved_tier_of(self, j: int) -> str:
+        """Where block j's saved internals wait ("none" when the plan has no save levels)."""
+        return self.saved_tiers[j] if self.saved_tiers else "none"
+
+    def saved_blocks(self) -> list[int]:
+        """Blocks at L1 or L2 (whose f{j} runs with autograd and saves internals), ascending."""
+        return [j for j, level in enumerate(self.save_levels) if level != "L0"]
+
+    def internal_transfers_in(self, window: str) -> list[InternalTransfer]:
+        """Saved-internals transfers the plan issues in `window`, in plan order."""
+        return [t for t in self.internal_transfers if t.window == window]
+
+    def internal_transfers_of(self, j: int) -> list[InternalTransfer]:
+        """Saved-internals transfers of block j, in plan order."""
+        return [t for t in self.internal_transfers if t.block == j]
+
     def transfers_in(self, window: str) -> list[Transfer]:
         """Transfers the plan issues in `window`, in plan order."""
         return [t for t in self.transfers if t.window == window]
@@ -204,7 +264,11 @@ class Plan:
             "resident_weights": list(self.resident_weights),
             "q8_blocks": list(self.q8_blocks),
             **({"weight_paths": list(self.weight_paths)} if self.weight_paths else {}),
-            "windows": [asdict(w) for w in self.windows],
+            **({"save_levels": list(self.save_levels)} if self.save_levels else {}),
+            **({"saved_tiers": list(self.saved_tiers)} if self.saved_tiers else {}),
+            **({"internal_transfers": [asdict(t) for t in self.internal_transfers]}
+               if self.internal_transfers else {}),
+            "windows": [_window_dict(w) for w in self.windows],
             "transfers": [asdict(t) for t in self.transfers],
             "predicted": None if self.predicted is None else asdict(self.predicted),
             "solver": None if self.solver is None else asdict(self.solver),
@@ -215,7 +279,9 @@ class Plan:
     def from_dict(cls, d: dict) -> "Plan":
         """Parse a Plan JSON v1 object. Unknown top-level keys are ignored (extensions).
 
-        `resident_weights` defaults to `keep_internals` for plans written without the extension.
+        `resident_weights` defaults to `keep_internals` for plans written without the extension;
+        `save_levels`, `saved_tiers`, `internal_transfers` default to empty and
+        `hbm_saved_bytes` to 0.
 
         Raises:
             PlanValidationError: missing or malformed keys, a non-int index or version (2.7,
@@ -241,6 +307,13 @@ class Plan:
                     as_int(j, "resident_weights") for j in resident),
                 q8_blocks=tuple(as_int(j, "q8_blocks") for j in d.get("q8_blocks", ())),
                 weight_paths=tuple(str(w) for w in d.get("weight_paths") or ()),
+                save_levels=tuple(str(v) for v in d.get("save_levels") or ()),
+                saved_tiers=tuple(str(v) for v in d.get("saved_tiers") or ()),
+                internal_transfers=tuple(
+                    InternalTransfer(block=as_int(t["block"], "internal transfer block"),
+                                     kind=str(t["kind"]), window=str(t["window"]),
+                                     fraction=float(t["fraction"]))
+                    for t in d.get("internal_transfers") or ()),
                 windows=tuple(WindowRecord(**w) for w in d.get("windows", ())),
                 transfers=tuple(Transfer(boundary=as_int(t["boundary"], "transfer boundary"),
                                          kind=str(t["kind"]),

@@ -27,6 +27,15 @@ OFFLOAD_TIERS = ("dram", "nvme")
 """Tiers whose boundaries leave HBM after the forward and come back before use."""
 TRANSFER_KINDS = ("d2h", "h2d", "nvme_write", "nvme_read")
 """Transfer kinds: HBM->DRAM, DRAM->HBM, DRAM->NVMe file, NVMe file->DRAM."""
+SAVE_LEVELS = ("L0", "L1", "L2")
+"""What a block keeps from f{j} for b{j} (Plan JSON `save_levels`): L0 nothing beyond its input
+boundary (truncated re-forward), L1 the token mixer's side (the rest re-forwarded), L2 every
+tensor its backward reads (no re-forward). docs/execution_model.md, "Save levels"."""
+SAVED_TIERS = ("none", "hbm", "dram")
+"""Where an L1/L2 block's saved internals wait for b{j} (Plan JSON `saved_tiers`): "none" for
+an L0 or kept block; "hbm" held on the device; "dram" drained D2H and prefetched H2D."""
+INTERNAL_TRANSFER_KINDS = ("d2h", "h2d")
+"""Transfer kinds of a dram-tier block's saved internals (no NVMe: wear)."""
 
 
 def window_names(num_blocks: int) -> list[str]:
@@ -115,6 +124,40 @@ def legal_ords(kind: str, boundary: int, segment_end: int, num_blocks: int, *,
         lo = i if h_p is None else max(i, use - h_p)
         return range(lo, use)
     raise ValueError(f"unknown transfer kind {kind!r}; expected one of {TRANSFER_KINDS}")
+
+
+def internal_legal_ords(kind: str, block: int, num_blocks: int, *, drain_windows: int | None,
+                        prefetch_windows: int | None) -> range:
+    """Window ords in which a transfer of a dram-tier block's saved internals may run.
+
+    d2h: j + 1 <= ord <= min(j + H_d, 2L - j - 1); h2d: 2L - j - H_p <= ord <= 2L - j - 1
+    (and ord >= j + 1). A horizon of None means unlimited. Every h2d must also come strictly
+    after every d2h of the block (`plan_checks`), so a block with no legal pair (j = L - 1)
+    cannot take the dram tier.
+
+    Args:
+        kind: "d2h" or "h2d".
+        block: j, 0..L-1.
+        num_blocks: L.
+
+    Returns:
+        range of ords (possibly empty).
+
+    Raises:
+        ValueError: unknown kind.
+
+    Source: docs/execution_model.md, "Save levels".
+    """
+    j, L = block, num_blocks
+    use = 2 * L - j  # ord of b{j}, where the internals are read
+    if kind == "d2h":
+        hi = use - 1 if drain_windows is None else min(use - 1, j + drain_windows)
+        return range(j + 1, hi + 1)
+    if kind == "h2d":
+        lo = j + 1 if prefetch_windows is None else max(j + 1, use - prefetch_windows)
+        return range(lo, use)
+    raise ValueError(f"unknown internal transfer kind {kind!r}; expected one of "
+                     f"{INTERNAL_TRANSFER_KINDS}")
 
 
 def horizons_of(problem: PlanningProblem) -> dict:
