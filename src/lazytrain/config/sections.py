@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lazytrain.config.checks import check, check_finite
+from lazytrain.config.grpo import GrpoConfig
 from lazytrain.contract import HEAD_CHUNK_TOKENS
 
 Dtype = Literal["bf16", "fp32"]
@@ -498,6 +499,8 @@ class RunConfig:
     """The `runtime:` section."""
     dist: DistConfig = field(default_factory=DistConfig)
     """The `dist:` section (data parallelism)."""
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
+    """The `grpo:` section (`config/grpo.py`; read with `train.method: grpo`)."""
 
     def to_dict(self) -> dict:
         """Plain nested dict (YAML/JSON-serialisable), `{section: {key: value}}`; tuple fields
@@ -514,6 +517,7 @@ SECTIONS: dict[str, type] = {
     "planner": PlannerConfig,
     "runtime": RuntimeConfig,
     "dist": DistConfig,
+    "grpo": GrpoConfig,
 }
 """Section name -> dataclass, in YAML order."""
 
