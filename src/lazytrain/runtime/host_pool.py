@@ -37,11 +37,14 @@ class HostBufferPool:
             (their errors are not its to raise) or raises where they will not (the store's:
             NvmeTimeoutError after ``runtime.nvme_timeout_s``); ``owner`` is what ``release``
             got. Default: wait as long as it takes.
+        owner: the ledger owner of its buffers (the saved-internals store has its own).
     """
 
     def __init__(self, *, device: Device, capacity_bytes: int | None = None,
-                 wait_io: Callable[[list, object], None] | None = None) -> None:
+                 wait_io: Callable[[list, object], None] | None = None,
+                 owner: str = "checkpoint host buffer") -> None:
         self.device = device
+        self.owner = owner
         self.capacity_bytes = capacity_bytes
         self.allocated_bytes = 0  # abandoned buffers stay counted: their memory is still used
         self._wait_io = wait_io or (lambda futures, owner: device.wait_futures(futures))
@@ -75,7 +78,7 @@ class HostBufferPool:
                     f"{self.capacity_bytes} bytes ({self.allocated_bytes} in use)"
                 )
         self.allocated_bytes += nbytes
-        return self.device.pinned_empty(nbytes, name=f"checkpoint host buffer of {nbytes} bytes")
+        return self.device.pinned_empty(nbytes, name=f"{self.owner} of {nbytes} bytes")
 
     def has(self, nbytes: int) -> bool:
         """Whether `acquire(nbytes)` can hand out a buffer it already holds (free or pending)."""
