@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lazytrain.config.checks import check, check_finite
+from lazytrain.config.dpo import DPOConfig
 from lazytrain.config.grpo import GrpoConfig
 from lazytrain.contract import HEAD_CHUNK_TOKENS
 
@@ -226,8 +227,14 @@ class DataConfig:
 class TrainConfig:
     """`train:` the optimisation: batch shape, schedule, precision, run directory."""
 
+    method: Literal["sft", "dpo", "grpo"] = "sft"
+    """The objective: sft (next-token cross entropy on the trained tokens), dpo (preference
+    pairs, `dpo.*`; the data holds prompt/chosen/rejected records) or grpo (`grpo.*`). The head
+    computes every objective over the targets' log-probs chunk by chunk
+    (`runtime.objectives`)."""
     micro_batch: int = 4
-    """Sequences per micro-batch, >= 1 (4: the default job's 5-minute budget)."""
+    """Sequences per micro-batch, >= 1 (4: the default job's 5-minute budget); with
+    `method: dpo`, preference pairs (each pair is two rows: the plan counts 2 x micro_batch)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step, >= 1."""
     steps: int = 30
@@ -499,6 +506,8 @@ class RunConfig:
     """The `runtime:` section."""
     dist: DistConfig = field(default_factory=DistConfig)
     """The `dist:` section (data parallelism)."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """The `dpo:` section (`config/dpo.py`; read with `train.method: dpo`)."""
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
     """The `grpo:` section (`config/grpo.py`; read with `train.method: grpo`)."""
 
@@ -517,6 +526,7 @@ SECTIONS: dict[str, type] = {
     "planner": PlannerConfig,
     "runtime": RuntimeConfig,
     "dist": DistConfig,
+    "dpo": DPOConfig,
     "grpo": GrpoConfig,
 }
 """Section name -> dataclass, in YAML order."""
