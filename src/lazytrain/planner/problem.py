@@ -49,6 +49,14 @@ class PlanningProblem(Bandwidths):
     """Fr[j]: the truncated re-forward before block j's backward (its tail skipped), ms.
     Empty: Fr = Fg (full re-forward; problems saved before truncation). Read through
     `reforward`."""
+    saved_bytes: tuple[tuple[int, int], ...] = ()
+    """(S1[j], S2[j]): the bytes block j keeps from `f{j}` for `b{j}` at save level L1 (the
+    token mixer's saved tensors and its output) and L2 (every tensor its backward reads),
+    excluding its input boundary, weights and the micro-batch inputs; deduplicated by storage
+    (docs/execution_model.md, "Save levels"). Empty: levels unavailable (every block L0)."""
+    reforward_l1_ms: tuple[float, ...] = ()
+    """Fr1[j]: the re-forward in b{j} at level L1 (post-attention norm, MLP, truncated tail), ms.
+    Empty exactly when `saved_bytes` is."""
     weight_bytes: tuple[int, ...]
     """P[j]: compute-dtype weight bytes streamed H2D per load of block j."""
     grad_bytes: tuple[int, ...]
@@ -190,6 +198,7 @@ class PlanningProblem(Bandwidths):
                              f"(full re-forward); got {len(self.reforward_ms)}")
         if any(v < 0 for v in self.reforward_ms):
             raise ValueError("reforward_ms must be >= 0 everywhere")
+        self._check_save_levels(L)
         if len(self.boundary_bytes) != L + 1:
             raise ValueError(f"boundary_bytes must have {L + 1} entries (boundaries 0..L); "
                              f"got {len(self.boundary_bytes)}")
@@ -222,6 +231,35 @@ class PlanningProblem(Bandwidths):
                              f"got {self.master_bytes_ratio}")
         if self.nvme_lead_windows < 0:
             raise ValueError(f"nvme_lead_windows must be >= 0; got {self.nvme_lead_windows}")
+
+    def _check_save_levels(self, L: int) -> None:
+        """`saved_bytes` and `reforward_l1_ms`: both empty, or L entries each with
+        0 <= S1 <= S2 and 0 <= Fr1 <= Fr (the L1 re-forward runs a part of the L0 one)."""
+        if not self.saved_bytes and not self.reforward_l1_ms:
+            return
+        # a JSON round trip gives lists: keep the field hashable and comparable
+        object.__setattr__(self, "saved_bytes", tuple(tuple(p) for p in self.saved_bytes))
+        object.__setattr__(self, "reforward_l1_ms", tuple(self.reforward_l1_ms))
+        for name in ("saved_bytes", "reforward_l1_ms"):
+            if len(getattr(self, name)) != L:
+                raise ValueError(f"{name} must have {L} entries (one per block) or be empty "
+                                 f"together with the other save-level field (levels "
+                                 f"unavailable); got {len(getattr(self, name))}")
+        for j, pair in enumerate(self.saved_bytes):
+            if len(pair) != 2 or not 0 <= pair[0] <= pair[1]:
+                raise ValueError(f"saved_bytes[{j}] must be (S1, S2) with 0 <= S1 <= S2 (L1 "
+                                 f"keeps a subset of L2's tensors); got {tuple(pair)}")
+        reforward = self.reforward
+        for j, ms in enumerate(self.reforward_l1_ms):
+            if not 0 <= ms <= reforward[j] * (1 + 1e-9):
+                raise ValueError(f"reforward_l1_ms[{j}] must lie in [0, reforward_ms[{j}] = "
+                                 f"{reforward[j]}] (the L1 re-forward is part of the L0 one); "
+                                 f"got {ms}")
+
+    @property
+    def save_levels_available(self) -> bool:
+        """Whether the problem offers save levels L1/L2 (`saved_bytes` given)."""
+        return bool(self.saved_bytes)
 
     @property
     def paths(self) -> tuple[str, ...]:

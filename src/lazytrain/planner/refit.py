@@ -281,7 +281,7 @@ def problem_with_rates(problem: PlanningProblem, rates: dict[str, float | None],
     time scaled by `compute_scale` (the measured / planned compute ratio)."""
     changes = {PROBLEM_FIELD[ch]: r for ch, r in rates.items() if r is not None and r > 0}
     if compute_scale != 1.0:
-        for name in ("fwd_ms", "fwd_grad_ms", "reforward_ms", "bwd_ms"):
+        for name in ("fwd_ms", "fwd_grad_ms", "reforward_ms", "reforward_l1_ms", "bwd_ms"):
             changes[name] = tuple(t * compute_scale for t in getattr(problem, name))
         changes["head_ms"] = problem.head_ms * compute_scale
         changes["embed_ms"] = problem.embed_ms * compute_scale
