@@ -184,11 +184,14 @@ class Engine:
         self.meter.reset()
         if self.instrument is not None:
             self.instrument.begin_step()  # also: this thread's waits are the engine's
-        # label tokens from the host batches, before their H2D (no device sync)
+        # label tokens and the objective's normaliser (SFT: the same label tokens) from the
+        # host batches, before their H2D (no device sync)
         tokens = sum(label_tokens(b) for b in micro_batches)
+        scale = sum(self.ends.objective.denominator(b) for b in micro_batches)
         mbs = [self._prepare(m, b) for m, b in enumerate(micro_batches)]
         if self.grad_sync is not None:  # normalise by the global batch's label tokens
             tokens = int(self.grad_sync.all_sum(tokens))
+            scale = type(scale)(self.grad_sync.all_sum(scale))
         loss = 0.0  # a device tensor after the first micro-batch: read once, at the step's end
         try:
             for mb in mbs:
@@ -198,7 +201,7 @@ class Engine:
                 with self.dev.sync_audit("micro_batch"):
                     # boundary L and d loss / d boundary L are handed from call to call, never
                     # held by a local here: the plan stops counting them after turn and b{L-1}
-                    loss_mb, *grad = self.head_and_loss(mb, self.forward_blocks(mb), tokens)
+                    loss_mb, *grad = self.head_and_loss(mb, self.forward_blocks(mb), scale)
                     self.backward_segments(mb, grad.pop(), step_lr=step_lr if final else None,
                                            next_mb=None if final else mbs[mb.index + 1])
                     mb.kwargs = []  # its masks and rotary tables (the plan counts one mb's)
@@ -239,9 +242,10 @@ class Engine:
                     self.weights.release(mb.weights.pop(j))
         return h
 
-    def head_and_loss(self, mb: MicroBatch, h: torch.Tensor, tokens: int
+    def head_and_loss(self, mb: MicroBatch, h: torch.Tensor, tokens: float
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """turn: final norm, LM head and loss in sequence chunks, and their backward.
+        """turn: final norm, LM head and loss in sequence chunks, and their backward; `tokens`
+        is the step's normaliser of the ends' objective (SFT: label tokens).
 
         Returns:
             (this micro-batch's share of the step loss, a 0-dim fp32 device tensor,
@@ -255,7 +259,7 @@ class Engine:
                 mb.weights[L - 1] = self.prefetch_weights(L - 1)
             with self._owner("head and loss"):
                 loss, grad = self.ends.head_and_loss(self.store.get(L, micro_batch=mb.index),
-                                                     mb.targets, tokens)
+                                                     mb.targets, tokens, extras=mb.extras)
             self.store.release(L, micro_batch=mb.index)
             self.issue_transfers(TURN_WINDOW, mb, after_compute=True)
             self.collect_load(mb, L - 1)
@@ -515,7 +519,8 @@ class Engine:
             ids = batch["input_ids"]
             self.plan.check_matches(seq_len=ids.shape[1], micro_batch=ids.shape[0])
             self._checked_shape = True
-        return prepare_micro_batch(m, batch, adapter=self.adapter, dev=self.dev)
+        return prepare_micro_batch(m, batch, adapter=self.adapter, dev=self.dev,
+                                   extra_keys=tuple(self.ends.objective.extra_keys))
 
     def _stats(self, loss: float, tokens: int, step_s: float, lr: float,
                grad_norm: float | None) -> StepStats:

@@ -47,6 +47,9 @@ class MicroBatch:
     """Block j -> its device weight handle (`DeviceWeights.load`) while it is held."""
     aux: RouterAux | None = None
     """MoE router aux-loss statistics (None when the model adds no aux loss)."""
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The objective's extra tensors on the device (`runtime.objectives.Objective.extra_keys`:
+    reference log-probs, advantages, ...); empty for SFT."""
     pending_drain: tuple | None = None
     """(group, device gradient, on_done) of the block whose backward just ran: drained at the
     start of the next window."""
@@ -59,10 +62,11 @@ def label_tokens(batch: dict) -> int:
 
 
 def prepare_micro_batch(index: int, batch: dict, *, adapter: ModelAdapter,
-                        dev: Device) -> MicroBatch:
+                        dev: Device, extra_keys=()) -> MicroBatch:
     """`batch` ("input_ids" and "labels" [B, S], optional "attention_mask" / "position_ids"
     [B, S], host tensors) moved to `dev` (`Device.batch_to_device`), with shifted labels and the adapter's router
-    statistics; whether it pads and packs is read on the host first.
+    statistics; whether it pads and packs is read on the host first. `extra_keys`: batch keys
+    of the objective's extra tensors, moved with it (`MicroBatch.extras`).
 
     Raises:
         ValueError: packed rows on a model with linear-attention layers
@@ -81,5 +85,6 @@ def prepare_micro_batch(index: int, batch: dict, *, adapter: ModelAdapter,
     return MicroBatch(index=index, input_ids=dev.batch_to_device(batch["input_ids"]),
                       mask_inputs={**moved, "padded": padded, "packed": packed},
                       targets=dev.batch_to_device(shift_labels(batch["labels"])),
-                      aux=adapter.new_router_aux(moved["attention_mask"]))
+                      aux=adapter.new_router_aux(moved["attention_mask"]),
+                      extras={k: dev.batch_to_device(batch[k]) for k in extra_keys})
 

@@ -1,0 +1,32 @@
+"""The `dpo:` config section (read with `train.method: dpo`), composed by `RunConfig`.
+
+Owns each key's name, type, default, documentation and range checks, as `sections.py` does for
+the other sections; imports neither torch nor a solver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from lazytrain.config.checks import check, check_finite
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class DPOConfig:
+    """`dpo:` direct preference optimisation (`train.method: dpo`; `lazytrain.train.dpo`)."""
+
+    beta: float = 0.1
+    """Inverse temperature of the implicit KL penalty, > 0: the loss sees beta * (log-ratio
+    difference of chosen and rejected). 0.1: the DPO paper's and TRL's default."""
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    """sigmoid: -log sigmoid(beta * z), the DPO paper's loss; ipo: (z' - 1/(2 beta))^2 on
+    per-token mean log-ratios (IPO; TRL's normalisation)."""
+    reference_cache: bool = True
+    """Keep the reference log-probs (computed once from the initial weights by a streamed
+    forward pass) in `<run_dir>/reference_logps/`, keyed by data, model and template, so a
+    resumed or repeated run reads them back instead of recomputing. false: recompute."""
+
+    def __post_init__(self) -> None:
+        check_finite(self, "dpo")
+        check(self.beta > 0, "dpo.beta", "> 0", self.beta)
