@@ -9,13 +9,23 @@ Tasks per window, in the runtime engine's issue order (runtime/engine.py: the pl
 first, then the next weight load, then compute):
 - `pre`: embedding forward (compute, embed_ms); block 0's weight load (h2d, P[0]) in a step's
   first micro-batch only (`load_in_pre`): a later one's was prefetched in the previous `post`.
-- `f{j}`: the plan's transfers in the window (by kind d2h, nvme_write, nvme_read, h2d); load of
-  block j+1's weights (P[j+1], j+1 < L); forward of block j (F[j], or Fg[j] when kept).
+- `f{j}`: the plan's transfers in the window (by kind d2h, nvme_write, nvme_read, h2d; the
+  saved internals' d2h after the activation d2h); load of block j+1's weights (P[j+1], j+1 <
+  L); the saved internals' h2d; forward of block j (F[j], or Fg[j] when kept or at save level
+  L1/L2).
 - `turn`: transfers; load of block L-1's weights for its backward unless resident; head.
 - `b{j}`: d2h of block j+1's gradients (G[j+1]); transfers; load of block j-1's weights (unless
   resident); when block j = e-1 ends segment (s, e): [re-embed when boundary 0 is recompute],
-  then per k = s..e-2 the load of P[k] and the recompute forward F[k]; Fr[j] (the truncated
-  re-forward) unless kept; B[j].
+  then per k = s..e-2 the load of P[k] and the recompute forward F[k]; the re-forward of block
+  j by its save level (`reforward_ms`): Fg[j] when the plan has no `save_levels` (the full
+  re-forward), Fr[j] (the truncated one) at L0, Fr1[j] at L1 (`reforward_l1_ms`), none at L2 or
+  when kept; B[j].
+- saved internals (docs/execution_model.md, "Save levels"): a `d2h` fraction x of block j's
+  internals moves x * S (S1[j] at L1, S2[j] at L2, `saved_bytes`) on the D2H stream after the
+  window's activation d2h; an `h2d` fraction last on the H2D stream, after the window's weight
+  load and a segment's recompute loads (so the H2D bytes `X` before the recompute loads stay
+  the activation prefetches and the next block's weights, "In-window order"). The tier `hbm`
+  moves nothing; the simulator tracks no HBM.
 - `post`: drain of G[0] (+ the embedding/head gradients in the step's last micro-batch) after
   B[0]; with `prefetch_in_post` (a micro-batch that another follows in the step) no ends
   gradient, then block 0's weight load for the next one.
@@ -45,6 +55,9 @@ Dependencies (reason strings appear in `compare` explanations):
   moves: a chained transfer never pipelines with its source in one window.
 - "prefetch before its consumer": the first compute that reads an offloaded boundary waits for
   all its h2d chunks.
+- "internals produced before offload": an internals d2h waits for the forward that saved them;
+  "internals staged before h2d": an internals h2d for every d2h of that block issued so far;
+  "saved internals prefetched": block j's backward (its re-forward at L1) for every h2d.
 - "gradient drain after backward": drain of G[j] waits for B[j]; B[j] takes a `grads` pool slot
   (size `grad_buffers`) freed by the drain.
 - boundaries flow along the compute stream (the producing forward / recompute).
@@ -96,6 +109,8 @@ class _Builder:
         self.drain_of: dict[int, int] = {}       # block -> its gradient drain task
         self.open_loads: set[int] = set()        # loads whose slot still gains users
         self.lead: dict[str, int] = {}           # window -> its overhead task
+        self.saved_by: dict[int, int] = {}       # block -> forward task saving its internals
+        self.internal: dict[tuple[int, str], list[tuple[float, int]]] = {}  # (block, kind)
 
     def begin(self, window: str) -> None:
         """Open `window`: its overhead task first, when the problem models one."""
@@ -151,6 +166,43 @@ class _Builder:
             for t in self.plan.transfers_in(window):
                 if t.kind == kind:
                     self.chunk(t.boundary, kind, window, t.fraction)
+        self.internal_transfers(window, "d2h")
+
+    def reforward_ms(self, j: int) -> float:
+        """The re-forward of block j in b{j} (not kept), ms: Fg[j] (full) when the plan has no
+        `save_levels`; else Fr[j] at L0, Fr1[j] at L1, 0 at L2."""
+        if self.plan.reforwards_in_full:
+            return self.p.fwd_grad_ms[j]
+        level = self.plan.level_of(j)
+        if level == "L0":
+            return self.p.reforward[j]
+        return self.p.reforward_l1_ms[j] if level == "L1" else 0.0
+
+    def internal_transfers(self, window: str, kind: str) -> None:
+        """The saved internals' `kind` fractions the plan issues in `window`, by block."""
+        mine = [t for t in self.plan.internal_transfers_in(window) if t.kind == kind]
+        for t in sorted(mine, key=lambda t: t.block):
+            self.internal_chunk(t.block, kind, window, t.fraction)
+
+    def internal_chunk(self, j: int, kind: str, window: str, fraction: float) -> int:
+        """One fraction of block j's saved internals on `kind`'s stream (x * S bytes)."""
+        s1, s2 = self.p.saved_bytes[j]
+        nbytes = fraction * (s1 if self.plan.level_of(j) == "L1" else s2)
+        done = self.internal.setdefault((j, kind), [])
+        hi = (done[-1][0] if done else 0.0) + fraction
+        if kind == "d2h":
+            deps = [(self.saved_by.get(j), "internals produced before offload")]
+        else:
+            have = self.internal.get((j, "d2h"), [])
+            if not have or have[-1][0] < hi - _FRACTION_TOL:
+                raise ValueError(f"block {j}: internals h2d in window {window} moves bytes up to "
+                                 f"{hi:.3f} of its saved internals before their d2h has covered"
+                                 f" them; the plan breaks precedence (run Plan.validate())")
+            deps = [(tid, "internals staged before h2d") for _hi, tid in have]
+        tid = self.add(f"S{j} {kind} {fraction:.2f}", kind, window, nbytes, deps=deps,
+                       kind=f"saved_{kind}", block=j)
+        done.append((hi, tid))
+        return tid
 
     def chunk(self, i: int, kind: str, window: str, fraction: float) -> int:
         done = self.chunks.setdefault((i, kind), [])
@@ -197,12 +249,18 @@ def build_tasks(problem: PlanningProblem, plan: Plan, *, load_in_pre: bool = Tru
     for one that another follows (block 0 loads for it in `post`).
 
     Raises:
-        ValueError: the plan and the problem have different block counts, or a transfer moves
-            bytes its source has not yet covered (names boundary and window).
+        ValueError: the plan and the problem have different block counts, a transfer moves
+            bytes its source has not yet covered (names boundary or block and window), or the
+            plan has save levels the problem has no costs for.
     """
     if plan.num_blocks != problem.num_blocks:
         raise ValueError(f"plan has {plan.num_blocks} blocks but the problem has "
                          f"{problem.num_blocks}; re-plan for this model")
+    levels = set(plan.save_levels) - {"L0"}
+    if levels and not (problem.saved_bytes and problem.reforward_l1_ms):
+        raise ValueError(f"plan has save levels {sorted(levels)} but the problem has no "
+                         f"saved_bytes / reforward_l1_ms; build the problem with "
+                         f"planner.save_levels on, or re-plan without levels")
     b = _Builder(problem, plan, load_in_pre=load_in_pre, prefetch_in_post=prefetch_in_post)
     fwd_load = _forward(b)
     bwd_load = _turn(b, fwd_load)
@@ -225,10 +283,12 @@ def _forward(b: _Builder) -> dict[int, int]:
         b.transfers(w)
         if j + 1 < L:
             loads[j + 1] = b.load(j + 1, w, "fwd", resident=j + 1 in resident)
-        b.produced[j + 1] = b.compute(
-            f"{'Fg' if kept else 'F'}{j}", w, p.fwd_grad_ms[j] if kept else p.fwd_ms[j],
+        b.internal_transfers(w, "h2d")
+        grad = kept or b.plan.level_of(j) != "L0"  # autograd: its graph or internals are kept
+        b.produced[j + 1] = b.saved_by[j] = b.compute(
+            f"{'Fg' if grad else 'F'}{j}", w, p.fwd_grad_ms[j] if grad else p.fwd_ms[j],
             load=loads[j], deps=[(b.produced[j], "boundary produced")],
-            kind="fwd_grad" if kept else "fwd", block=j)
+            kind="fwd_grad" if grad else "fwd", block=j)
         b.open_loads.discard(loads[j])  # the forward is the last user of a streamed slot
     return loads
 
@@ -239,6 +299,7 @@ def _turn(b: _Builder, fwd_load: dict[int, int]) -> dict[int, int]:
     b.begin(TURN_WINDOW)
     b.transfers(TURN_WINDOW)
     loads = {L - 1: fwd_load[L - 1] if L - 1 in resident else b.load(L - 1, TURN_WINDOW, "bwd")}
+    b.internal_transfers(TURN_WINDOW, "h2d")
     b.compute("head", TURN_WINDOW, p.head_ms, load=None,
               deps=[(b.produced[L], "boundary produced")], kind="head", block=None)
     return loads
@@ -264,13 +325,19 @@ def _backward(b: _Builder, fwd_load: dict[int, int], loads: dict[int, int]) -> N
         if j in ends:
             s, e = ends[j]
             cache = _recompute(b, s, e, w)
+        b.internal_transfers(w, "h2d")  # last on the H2D stream: no recompute waits for them
         grad_dep = (b.bwd.get(j + 1), "gradient flows from the later block")
         if j in keep:
             _bwd(b, j, w, loads[j], deps=[grad_dep])
             continue
         inp = cache.get(j)
         in_deps = [(inp, "recomputed boundary")] if inp is not None else b.boundary_ready(j)
-        fg = b.compute(f"Fg{j}", w, p.reforward[j], load=loads[j], deps=in_deps,
+        in_deps += [(tid, "saved internals prefetched")
+                    for _hi, tid in b.internal.get((j, "h2d"), ())]
+        if b.plan.level_of(j) == "L2":  # no re-forward: the backward reads the saved internals
+            _bwd(b, j, w, loads[j], deps=in_deps + [grad_dep])
+            continue
+        fg = b.compute(f"Fg{j}", w, b.reforward_ms(j), load=loads[j], deps=in_deps,
                        kind="fwd_grad", block=j)
         _bwd(b, j, w, loads[j], deps=[(fg, "re-forward before backward"), grad_dep])
     b.begin("post")
