@@ -64,3 +64,27 @@ def test_hf_cache_snapshot_path_names_its_hub_id():
 def test_a_config_without_model_name_is_refused_naming_the_key():
     with pytest.raises(ValueError, match="model.name"):
         convert_megatrain({"training": {"num_steps": 3}})
+
+
+def test_trl_spellings_of_the_grpo_keys_map_onto_ours():
+    raw = {"model": {"name": "a/b"},
+           "training": {"batch_size": 2, "num_steps": 5},
+           "grpo": {"num_generations": 8, "num_prompts_per_batch": 1, "epsilon": 0.28,
+                    "beta": 0.04, "temperature": 0.7, "top_p": 0.9,
+                    "max_completion_length": 64, "learning_rate": 3e-6}}
+    conv = convert_megatrain(raw, train_keys=with_train_keys(TrainConfig))
+    cfg = config_from_dict(conv.config)
+    assert cfg.train.method == "grpo"
+    assert (cfg.grpo.n, cfg.grpo.prompts_per_step, cfg.grpo.clip_eps, cfg.grpo.kl_coef) == \
+        (8, 1, 0.28, 0.04)
+    assert (cfg.grpo.temperature, cfg.grpo.top_p, cfg.grpo.max_new_tokens) == (0.7, 0.9, 64)
+    assert cfg.train.lr == 3e-6
+    assert (cfg.train.micro_batch, cfg.train.grad_accum) == (2, 4)  # 8 rollouts in rows of 2
+    assert conv.dropped == []
+
+
+def test_a_config_without_grpo_keys_stays_supervised():
+    conv = convert_megatrain({"model": {"name": "a/b"},
+                              "dataset": {"max_response_len": 9}})
+    assert "method" not in conv.config.get("train", {})
+    assert "supervised training has no rollouts" in dict(conv.dropped)["dataset.max_response_len"]

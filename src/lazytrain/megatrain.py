@@ -1,7 +1,8 @@
 """MegaTrain run configs: recognising one, and converting it to a LazyTrain run config.
 
 MegaTrain (arXiv 2604.05091) reads a YAML with the sections `model`, `dataset`, `training`,
-`optimizer`, `memory`, `logging` (and `grpo` for its RL example). `convert_megatrain` maps
+`optimizer`, `memory`, `logging` (and `grpo` for its RL example, which becomes `train.method:
+grpo` with our `grpo:` keys: `GRPO_KEYS`). `convert_megatrain` maps
 every key it knows onto ours and lists each key it maps, sets or drops, with the reason, so
 the user sees exactly what changed. The mapping tables are plain dicts read top to bottom.
 
@@ -15,9 +16,9 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-MEGATRAIN_SECTIONS = frozenset({"training", "dataset", "optimizer", "memory", "logging", "grpo"})
+MEGATRAIN_SECTIONS = frozenset({"training", "dataset", "optimizer", "memory", "logging"})
 """Top-level sections that only MegaTrain's YAML has (ours: model, hardware, data, train,
-planner, runtime, dist)."""
+planner, runtime, dist, grpo)."""
 
 DEFAULT_HARDWARE = "h100-sxm"
 """MegaTrain configs name no hardware; its examples and README target one 80 GB H100."""
@@ -52,8 +53,10 @@ DROPPED: dict[str, str] = {
     "model.trust_remote_code": "LazyTrain builds only transformers' own model classes, never "
                                "code downloaded with a checkpoint",
     "dataset.num_workers": "samples are tokenized once before training; no loader workers",
-    "dataset.max_prompt_len": "RL rollout length; supervised training has no rollouts",
-    "dataset.max_response_len": "RL rollout length; supervised training has no rollouts",
+    "dataset.max_prompt_len": "a prompt is cut at data.seq_len - 1 tokens; data.seq_len "
+                              "(dataset.max_seq_len) bounds prompt + completion",
+    "dataset.max_response_len": "RL rollout length; supervised training has no rollouts "
+                                "(with a grpo section it is grpo.max_new_tokens)",
     "optimizer.type": "LazyTrain's host AdamW (decoupled weight decay, as DeepSpeed CPUAdam's "
                       "default adamw_mode) runs the update",
     "memory.num_grad_slabs": "gradient D2H buffers follow the plan: each block's gradients "
@@ -63,6 +66,30 @@ DROPPED: dict[str, str] = {
                              "step in metrics.jsonl)",
 }
 """MegaTrain dotted key -> why it has no LazyTrain counterpart."""
+
+GRPO_KEYS: dict[str, tuple[str, str]] = {
+    "grpo.n_rollouts_per_prompt": ("grpo.n", "group size: completions per prompt"),
+    "grpo.num_generations": ("grpo.n", "TRL spelling"),
+    "grpo.num_prompts_per_batch": ("grpo.prompts_per_step", "distinct prompts per step"),
+    "grpo.clip_range": ("grpo.clip_eps", "epsilon of the clipped ratio"),
+    "grpo.epsilon": ("grpo.clip_eps", "TRL spelling"),
+    "grpo.kl_loss_coef": ("grpo.kl_coef", "per-token KL to the initial weights"),
+    "grpo.beta": ("grpo.kl_coef", "TRL spelling"),
+    "grpo.advantage_norm": ("grpo.scale_by_std", "divide by the group std"),
+    "grpo.temperature": ("grpo.temperature", "rollout sampling temperature"),
+    "grpo.top_p": ("grpo.top_p", ""),
+    "grpo.max_new_tokens": ("grpo.max_new_tokens", ""),
+    "grpo.max_completion_length": ("grpo.max_new_tokens", "TRL spelling"),
+    "grpo.learning_rate": ("train.lr", "peak learning rate"),
+    "dataset.max_response_len": ("grpo.max_new_tokens", "tokens generated per rollout"),
+}
+"""MegaTrain's (and TRL's) GRPO keys -> ours; their presence sets `train.method: grpo`."""
+
+GRPO_DROPPED: dict[str, str] = {
+    "grpo.kl_loss_type": "the KL term is the k3 estimator exp(ref - logp) - (ref - logp) - 1 "
+                         "(MegaTrain's low_var_kl); kl, mse and abs are not offered",
+}
+"""GRPO keys with no counterpart, and why."""
 
 DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float32": "fp32", "fp32": "fp32"}
 """MegaTrain / torch dtype names -> ours."""
@@ -146,6 +173,7 @@ def convert_megatrain(raw: dict, *, hardware: str = DEFAULT_HARDWARE, run_dir: s
     _convert_model(flat, out)
     _convert_dataset(flat, out)
     _convert_precision(flat, out)
+    _convert_grpo(flat, out)
     for key, (target, note) in RENAMES.items():
         if key not in flat:
             continue
@@ -159,9 +187,8 @@ def convert_megatrain(raw: dict, *, hardware: str = DEFAULT_HARDWARE, run_dir: s
         section = key.split(".")[0]
         if key in DROPPED:
             out.dropped.append((key, DROPPED[key]))
-        elif section == "grpo":
-            out.dropped.append((key, "GRPO (RL) is not supported: converted as supervised "
-                                     "fine-tuning of the same model and data"))
+        elif key in GRPO_DROPPED:
+            out.dropped.append((key, GRPO_DROPPED[key]))
         else:
             out.dropped.append((key, "not a MegaTrain key this converter knows"))
         flat.pop(key)
@@ -170,6 +197,24 @@ def convert_megatrain(raw: dict, *, hardware: str = DEFAULT_HARDWARE, run_dir: s
     if run_dir:
         out.set("train.run_dir", run_dir, source="(none)", note="one run directory per config")
     return out
+
+
+def _convert_grpo(flat: dict, out: Conversion) -> None:
+    """A `grpo:` section -> `train.method: grpo` and our `grpo.*` keys (`GRPO_KEYS`); the
+    step's rollouts fill the micro-batches: train.grad_accum = prompts x n / train.micro_batch
+    (MegaTrain's GRPO config has no batch size: ours, 4, unless given)."""
+    if not any(k.startswith("grpo.") for k in flat):
+        return
+    out.set("train.method", "grpo", source="grpo", note="a grpo section: GRPO training")
+    for key, (target, note) in GRPO_KEYS.items():
+        if key in flat:
+            out.set(target, flat.pop(key), source=key, note=note)
+    grpo = out.config.get("grpo", {})
+    micro = flat.get("training.batch_size", flat.get("training.per_device_train_batch_size", 4))
+    rows = grpo.get("prompts_per_step", 4) * grpo.get("n", 4)
+    if rows % micro == 0 and "training.gradient_accumulation_steps" not in flat:
+        out.set("train.grad_accum", rows // micro, source="grpo",
+                note=f"{rows} rollouts per step in micro-batches of {micro}")
 
 
 def _flatten(raw: dict) -> dict:

@@ -53,7 +53,10 @@ def test_megatrain_config_converts_with_its_values_and_every_key_reported(shared
     assert cfg.train.lr == training["learning_rate"]
     assert cfg.train.steps == training["num_steps"]
     assert cfg.train.micro_batch == training.get("batch_size", 4)  # GRPO has none: our default
-    assert cfg.train.grad_accum == training.get("gradient_accumulation_steps", 1)
+    grpo = source.get("grpo", {})  # GRPO: the step's rollouts fill the micro-batches
+    rollouts = grpo.get("num_prompts_per_batch", 0) * grpo.get("n_rollouts_per_prompt", 0)
+    assert cfg.train.grad_accum == training.get("gradient_accumulation_steps",
+                                                rollouts // 4 if grpo else 1)
     assert cfg.train.clip_grad_norm == training["max_grad_norm"]
     assert cfg.train.weight_decay == training["weight_decay"]
     assert cfg.train.seed == training["seed"]
@@ -138,7 +141,21 @@ def test_without_out_the_yaml_goes_to_stdout_and_the_report_to_stderr(shared_dir
     assert "dropped" in captured.err and "dropped" not in captured.out.split("\n\n", 1)[1]
 
 
-def test_grpo_section_is_dropped_with_the_reason(shared_dir, tmp_path, capsys):
-    _, report = _convert(shared_dir, tmp_path, "rl_qwen3_5_27b_grpo", capsys)
-    line = next(x for x in report.splitlines() if "grpo.clip_range" in x)
-    assert "GRPO (RL) is not supported" in line
+def test_grpo_section_becomes_train_method_grpo_with_its_values(shared_dir, tmp_path, capsys):
+    source = yaml.safe_load((shared_dir / "megatrain_configs" / "rl_qwen3_5_27b_grpo.yaml")
+                            .read_text())
+    out, report = _convert(shared_dir, tmp_path, "rl_qwen3_5_27b_grpo", capsys)
+    cfg = load_config(out)
+    grpo, data = source["grpo"], source["dataset"]
+    assert cfg.train.method == "grpo"
+    assert cfg.grpo.n == grpo["n_rollouts_per_prompt"]
+    assert cfg.grpo.prompts_per_step == grpo["num_prompts_per_batch"]
+    assert cfg.grpo.clip_eps == grpo["clip_range"]
+    assert cfg.grpo.kl_coef == grpo["kl_loss_coef"]
+    assert cfg.grpo.scale_by_std is grpo["advantage_norm"]
+    assert cfg.grpo.max_new_tokens == data["max_response_len"]
+    assert cfg.train.lr == source["training"]["learning_rate"]
+    # 4 prompts x 4 rollouts = 16 rows in micro-batches of our default 4
+    assert cfg.train.micro_batch * cfg.train.grad_accum == 16
+    line = next(x for x in report.splitlines() if "grpo.kl_loss_type" in x)
+    assert "k3 estimator" in line
