@@ -8,7 +8,9 @@ ones dram while DRAM fits, the earliest nvme), the transfer schedule of
 down (`keep_suffix`), resident weights where they save most (`resident_fill`) and, when 8-bit
 states are offered, every block 8-bit so that DRAM holds every boundary (then the 8-bit states
 DRAM does not need are dropped, `q8_trim`); a greedy repair when a capacity is violated and a
-first-improvement local search (`planner/search.py`, which evaluates candidates).
+first-improvement local search (`planner/search.py`, which evaluates candidates); then save
+levels L1/L2 where they pay and fit (`greedy_levels`: the heuristic's answer to the MILP's
+level choice, so the two compare fairly; the fixed-K rules keep every block L0).
 Deterministic: no randomness; the wall-clock budget only truncates the local search (the tests'
 problems converge well before it).
 
@@ -21,10 +23,11 @@ import dataclasses
 import itertools
 import time
 
-from lazytrain.planner.evaluate import Decisions, build_plan, decisions_from_tiers
-from lazytrain.planner.plan import Plan, SolveRecord
+from lazytrain.planner.evaluate import Decisions, build_plan, decisions_from_tiers, evaluate
+from lazytrain.planner.plan import InternalTransfer, Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.search import Search
+from lazytrain.planner.windows import internal_legal_ords, window_name
 
 UNIFORM_KS = (1, 2, 3, 4, 6, 8, 12, 16)
 """Segment lengths tried as starts (capped by k_max and L)."""
@@ -172,5 +175,102 @@ def heuristic_plan(problem: PlanningProblem, *, time_budget_s: float = 2.0,
     fixed = best_fixed_k_plan(problem)  # the search scores with the fluid model; make sure
     if fixed is not None and (plan.provenance.get("violations")  # it beats the baseline
                               or fixed.predicted.step_ms < plan.predicted.step_ms):
-        plan = _finish(problem, Decisions.from_plan(fixed), "heuristic", t0)
-    return plan
+        d = Decisions.from_plan(fixed)
+    return _finish(problem, greedy_levels(problem, d), "heuristic", t0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Save levels
+
+
+LEVEL_IMPROVE_REL = 1e-9
+"""A level is accepted only when it shortens the step by more than this share of it (float
+noise of the evaluator's sums is far below; any real saving is far above)."""
+
+
+def greedy_levels(problem: PlanningProblem, decisions: Decisions) -> Decisions:
+    """`decisions` with save levels L1/L2 given greedily, block by block, where they pay.
+
+    The candidates (block j not kept, level L1 or L2) go in order of the compute they save per
+    saved byte: (Fr[j] - Fr1[j] at L1, or Fr[j] at L2) less the autograd forward's extra
+    (Fg[j] - F[j]), over S1[j] or S2[j]; a candidate saving nothing is left out. Each is tried
+    in the `hbm` tier, else in `dram` with its d2h whole in the earliest legal window (j + 1)
+    and its h2d whole in the latest (2L - j - 1; a block with no such pair, j = L - 1, cannot
+    take dram), and kept when the evaluator's step drops and the plan still fits every budget
+    (an L2 candidate may so replace a block's L1). At most 2 evaluations per candidate, 4L in
+    all. The tiers, keep-internals and transfers are left as they are.
+
+    Args:
+        problem: the planning problem; without `saved_bytes` the decisions come back as given.
+        decisions: a tier placement (its levels, if any, are the start: L0 elsewhere).
+
+    Returns:
+        Decisions with `save_levels`, `saved_tiers` and `internal_transfers` set (unchanged
+        when the start breaks a budget: nothing is then known to fit).
+
+    Source: docs/execution_model.md, "Save levels" (costs, legal windows).
+    """
+    p, L = problem, problem.num_blocks
+    if not p.saved_bytes:
+        return decisions
+    best = _with_levels(decisions, decisions.save_levels or ("L0",) * L,
+                        decisions.saved_tiers or ("none",) * L, decisions.internal_transfers)
+    cur = evaluate(p, best)
+    if not cur.feasible:
+        return best
+    for j, level in _level_candidates(p, decisions.keep_internals):
+        if best.save_levels[j] in (level, "L2"):
+            continue  # already there (or beyond)
+        for tier in ("hbm", "dram"):
+            trial = _set_level(p, best, j, level, tier)
+            if trial is None:
+                continue
+            ev = evaluate(p, trial)
+            if ev.feasible and ev.step_ms < cur.step_ms * (1 - LEVEL_IMPROVE_REL):
+                best, cur = trial, ev
+                break
+    return best
+
+
+def _level_candidates(p: PlanningProblem, keep) -> list[tuple[int, str]]:
+    """(block, level) pairs that save compute, by ms saved per byte kept (best first; ties:
+    the lower block, then L1)."""
+    ranked = []
+    for j in range(p.num_blocks):
+        if j in keep:
+            continue
+        extra = p.fwd_grad_ms[j] - p.fwd_ms[j]  # f{j} runs with autograd at L1/L2
+        s1, s2 = p.saved_bytes[j]
+        for level, nbytes, ms in (("L1", s1, p.reforward_l1_ms[j]), ("L2", s2, 0.0)):
+            saved = p.reforward[j] - ms - extra
+            if saved > 0:
+                ranked.append((-saved / max(nbytes, 1), j, level))
+    return [(j, level) for _r, j, level in sorted(ranked)]
+
+
+def _set_level(p: PlanningProblem, d: Decisions, j: int, level: str,
+               tier: str) -> Decisions | None:
+    """`d` with block j at `level` in `tier` (dram: whole d2h in the first legal window,
+    whole h2d in the last); None when `tier` is dram and no legal pair exists."""
+    L = p.num_blocks
+    moves = [t for t in d.internal_transfers if t.block != j]
+    if tier == "dram":
+        d2h = internal_legal_ords("d2h", j, L, drain_windows=p.drain_windows,
+                                  prefetch_windows=p.prefetch_windows)
+        h2d = internal_legal_ords("h2d", j, L, drain_windows=p.drain_windows,
+                                  prefetch_windows=p.prefetch_windows)
+        if not d2h or not h2d or h2d[-1] <= d2h[0]:
+            return None
+        moves += [InternalTransfer(block=j, kind="d2h", window=window_name(d2h[0], L),
+                                   fraction=1.0),
+                  InternalTransfer(block=j, kind="h2d", window=window_name(h2d[-1], L),
+                                   fraction=1.0)]
+    levels, tiers = list(d.save_levels), list(d.saved_tiers)
+    levels[j], tiers[j] = level, tier
+    return _with_levels(d, levels, tiers, moves)
+
+
+def _with_levels(d: Decisions, levels, tiers, moves) -> Decisions:
+    """`d` with these save levels, saved tiers and internal transfers."""
+    return dataclasses.replace(d, save_levels=tuple(levels), saved_tiers=tuple(tiers),
+                               internal_transfers=tuple(moves))
