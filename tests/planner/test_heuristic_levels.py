@@ -14,6 +14,7 @@ import pytest
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
 from lazytrain.planner.heuristics import greedy_levels, heuristic_plan, megatrain_plan
 from lazytrain.planner.plan import InternalTransfer, SolveRecord
+from lazytrain.planner.policy import PlannerOptions, plan
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.windows import window_name
 
@@ -146,3 +147,18 @@ def test_the_heuristic_policy_plans_the_levels_and_the_megatrain_rule_does_not()
     rule = megatrain_plan(p, k=1)
     assert set(rule.save_levels) <= {"L0"}  # the fixed-K rule keeps every block L0
     assert plan.predicted.step_ms < rule.predicted.step_ms
+
+
+def test_a_warm_start_with_levels_is_planned_without_them_where_the_problem_has_none():
+    # the running plan kept block 1 at L2; the re-plan's problem offers no levels
+    # (planner.save_levels off): the warm start is re-priced with every block at L0, never
+    # with free internals
+    tiers = ("hbm",) * 4
+    p = _room_for_one_s2(_problem(), tiers)
+    running = heuristic_plan(p, max_steps=200)
+    assert running.save_levels[1] == "L2"
+    bare = p.replace(saved_bytes=(), reforward_l1_ms=())
+    again = plan(bare, PlannerOptions(policy="heuristic", lp_bound=False, deterministic=True),
+                 warm_start=running).validate()
+    assert set(again.save_levels) <= {"L0"} and not again.internal_transfers
+    assert again.predicted.step_ms == pytest.approx(evaluate(bare, again).step_ms)

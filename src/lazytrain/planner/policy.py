@@ -12,9 +12,9 @@ the same config plans the same way from every caller.
 the solver from the best start it has and ships the better of {solver incumbent, start} by
 predicted step time (the solver's least-wear plan, `planner/wear.py`, counts as better while
 within `least_wear_slack` of the start: it was chosen to write less to NVMe). The start is the
-heuristic plan, or `warm_start`'s decisions re-evaluated under `problem` when those are
-predicted faster and fit (a re-plan starts from the running plan); policy heuristic returns
-that start. With neither HiGHS nor SCIP installed (`solvers.installed_backends`), policy milp
+heuristic plan (its save levels chosen greedily, `heuristics.greedy_levels`), or `warm_start`'s
+decisions re-evaluated under `problem` (levels given the same way) when those are predicted
+faster and fit (a re-plan starts from the running plan); policy heuristic returns that start. With neither HiGHS nor SCIP installed (`solvers.installed_backends`), policy milp
 returns that start too, with provenance `milp_unavailable` (`MILP_UNAVAILABLE`), and no plan
 carries an LP bound: the other three bounds are closed forms and evaluator runs, valid for
 every plan without a solver.
@@ -210,12 +210,26 @@ def _start(problem: PlanningProblem, opts: PlannerOptions, warm_start: Plan | No
         max_steps=math.ceil(budget_s * HEURISTIC_STEPS_PER_S) if opts.deterministic else None)
     if warm_start is None:
         return start
-    again = build_plan(problem, Decisions.from_plan(warm_start),
+    again = build_plan(problem, _warm_levels(problem, Decisions.from_plan(warm_start)),
                        solver=SolveRecord(backend="manual", status="warm start re-evaluated"))
     if "violations" not in again.provenance and (
             "violations" in start.provenance or again.predicted.step_ms < start.predicted.step_ms):
         return again
     return start
+
+
+def _warm_levels(problem: PlanningProblem, decisions: Decisions) -> Decisions:
+    """A warm start's decisions with save levels fit for `problem`: given greedily
+    (`heuristics.greedy_levels`, as the heuristic's own plan gets them) where the problem
+    offers levels, so a re-plan from a plan without them is not priced with the full
+    re-forward; dropped (every block L0) where it offers none (`planner.save_levels` off)."""
+    if problem.saved_bytes:
+        return heuristics.greedy_levels(problem, decisions)
+    if decisions.save_levels and set(decisions.save_levels) != {"L0"}:
+        L = problem.num_blocks
+        return dataclasses.replace(decisions, save_levels=("L0",) * L,
+                                   saved_tiers=("none",) * L, internal_transfers=())
+    return decisions
 
 
 def _without_solve_times(chosen: Plan) -> Plan:
