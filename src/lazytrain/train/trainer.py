@@ -42,6 +42,7 @@ from lazytrain.spec.model import ModelSpec, read_hf_config
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import checks, eval_plans, locks, model_source, setup
 from lazytrain.train.evaluate import eval_line, evaluate_shared
+from lazytrain.train.grpo import start_grpo
 from lazytrain.train.preflight import preflight, preflight_host_floor
 from lazytrain.train.rank import RankContext
 from lazytrain.train.replan import OnlineReplanner, resolve
@@ -211,6 +212,7 @@ class Trainer:
         self.log(f"device: {self.device_kind} (runtime.device); nvme: {self.nvme_dir} "
                  f"({self.nvme_io_mode()} I/O)")
         self.replanner = self._make_replanner()
+        self.grpo = start_grpo(self) if cfg.train.method == "grpo" else None  # rollouts
         self.step = 0
         if saved_state is not None:
             self._restore(saved_state)
@@ -415,14 +417,16 @@ class Trainer:
         """One global step: this rank's share of world_size x grad_accum micro-batches; returns
         its metrics record (appended to metrics.jsonl by the main rank)."""
         tc = self.cfg.train
-        batches = [self.data.train.next_micro_batch()
-                   for _ in range(tc.grad_accum * self.world_size)]
+        batches = (self.grpo.batches(self.step).batches if self.grpo is not None else
+                   [self.data.train.next_micro_batch()
+                    for _ in range(tc.grad_accum * self.world_size)])
         mine = self.ctx.local_share(batches, grad_accum=tc.grad_accum)
         with self._collective():
             stats = self.engine.step(mine, lr=self.lr_at(self.step))
         self.step += 1
         record = {**step_record(self.step, stats, batches, flops_params=self.flops_params),
-                  "world_size": self.world_size}
+                  "world_size": self.world_size,
+                  **(self.grpo.step_metrics() if self.grpo is not None else {})}
         write_windows_jsonl(self.windows_path, step=self.step, records=stats.windows)
         if self.is_main:
             append_jsonl(self.run_dir / "metrics.jsonl", [record])
@@ -556,6 +560,8 @@ class Trainer:
                     if self.replanner is not None:
                         self.replanner.close()
                     self.trackers.close()
+                    if self.grpo is not None:
+                        self.grpo.close()  # the KL reference's copy and slots
                     if self.eval_lm is not None:
                         self.eval_lm.close()  # its weight slots and conversion worker
                     self.engine.close()
@@ -570,6 +576,7 @@ class Trainer:
                 self.ctx.shutdown()
 
     _nvme_lock = None
+    grpo = None  # the GRPO rollouts and objective (`grpo.start_grpo`) with train.method grpo
     eval_lm = None  # the evaluation's StreamedLM (`evaluate`), made at the first evaluation
     """The open lock file of this job's NVMe directory (`locks.lock_nvme_dir`), or None."""
 

@@ -1,0 +1,276 @@
+"""GRPO steps: rollouts from the engine's current weights, rewards, advantages, old (and
+reference) log-probs, and the micro-batches the engine trains on with `GRPOObjective`.
+
+Per rollout batch (every `grpo.updates_per_rollout` steps; module `grpo_loss` has the loss):
+
+1. prompts: `grpo.prompts_per_step` training examples, in an order shuffled once by
+   `train.seed` and walked by step (a resumed run draws the same prompts);
+2. rollouts: `grpo.n` completions of each through `StreamedLM.generate` over the live
+   engine's masters and weight slots (the evaluation's model, `eval_plans.heldout_lm`: no
+   second copy), sampled at `grpo.temperature` / `grpo.top_p` with seed `grpo.seed` + step;
+3. rewards (`rewards.score` over `grpo.rewards`) and group-normalized advantages;
+4. old log-probs: a forward-only pass of the same weights over prompt + completion
+   (`StreamedLM.token_logprobs`); with `grpo.kl_coef` > 0, reference log-probs from a frozen
+   copy of the initial weights in the compute dtype in host DRAM (`ReferenceModel`);
+5. micro-batches of `train.micro_batch` rows: prompt + completion cut at `data.seq_len`,
+   labels on the completion only, right-padded, with `advantages` [B], `old_logp` [B, S] (and
+   `ref_logp`) aligned with the shifted targets.
+
+Knows nothing about plans or windows; the trainer hands the batches to `Engine.step`.
+
+Legend: B = rows of a micro-batch, S = `data.seq_len`, P = prompts per step, n = group size.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from lazytrain.config import RunConfig
+from lazytrain.data import IGNORE_INDEX, Example, encode_prompt
+from lazytrain.evaluation.streamed_lm import StreamedLM
+from lazytrain.models.adapter import ModelAdapter
+from lazytrain.models.host_params import HostParams
+from lazytrain.train import eval_plans
+from lazytrain.train.grpo_loss import GRPOObjective, group_advantages
+from lazytrain.train.rewards import exact_match, load_reward, score
+
+COMPUTE_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+def check_grpo_config(cfg: RunConfig, *, world_size: int = 1) -> None:
+    """The cross-section rules of a GRPO run, each one error naming the keys and the fix.
+
+    Raises:
+        ValueError: prompts_per_step x n != micro_batch x grad_accum, several ranks, or
+            packing on.
+    """
+    g, tc = cfg.grpo, cfg.train
+    if g.prompts_per_step * g.n != tc.micro_batch * tc.grad_accum:
+        raise ValueError(f"grpo.prompts_per_step x grpo.n = {g.prompts_per_step * g.n} "
+                         f"rollouts per step must equal train.micro_batch x train.grad_accum "
+                         f"= {tc.micro_batch * tc.grad_accum} rows; set train.grad_accum to "
+                         f"{g.prompts_per_step * g.n} / train.micro_batch")
+    if world_size > 1:
+        raise ValueError("train.method: grpo runs in one process; launch it without torchrun")
+    if cfg.data.packing:
+        raise ValueError("data.packing: a GRPO row is one rollout; set data.packing: false")
+
+
+class ReferenceModel:
+    """A frozen copy of the initial weights in the compute dtype, in host DRAM (P x b bytes,
+    b = 2 or 4), and the streamed forward pass that scores rollouts with it.
+
+    Shares the policy adapter's module skeleton; its own host store holds the copy. On the
+    cpu backend the pass runs on the copy itself (`host` mode); on a GPU it streams through
+    its own two weight slots (the policy's slots load by block index from the policy's
+    paths).
+    """
+
+    def __init__(self, policy: ModelAdapter, tokenizer, *, device, compute_dtype: torch.dtype,
+                 batch_size: int) -> None:
+        src = policy.params
+        params = HostParams([{s.name: s.shape for s in g.slots} for g in src.blocks],
+                            [g.prefix for g in src.blocks],
+                            {s.name: s.shape for s in src.ends.slots},
+                            master_dtype=COMPUTE_DTYPE_NAMES[compute_dtype])
+        for mine, theirs in zip(params.groups, src.groups):
+            mine.master.copy_(theirs.master)
+            mine.grad = torch.empty(0, dtype=mine.master.dtype)  # never trained
+        self.bytes = sum(g.master.numel() * g.master.element_size() for g in params.groups)
+        """Host DRAM the copy holds, bytes."""
+        adapter = ModelAdapter.__new__(ModelAdapter)
+        adapter.__dict__.update(policy.__dict__)  # the same skeleton, masks and rotaries
+        adapter.params = params
+        mode = "streamed" if device.is_cuda else "host"
+        self.lm = StreamedLM(adapter, tokenizer, device=device, compute_dtype=compute_dtype,
+                             weights=mode, batch_size=batch_size)
+
+    def token_logprobs(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        """`StreamedLM.token_logprobs` under the reference weights."""
+        return self.lm.token_logprobs(sequences)
+
+    def close(self) -> None:
+        self.lm.close()
+
+
+@dataclass(kw_only=True)
+class Rollouts:
+    """One rollout batch: the micro-batches and what the step's metrics report."""
+
+    batches: list[dict]
+    """`train.grad_accum` micro-batches (module docstring, step 5)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """reward_mean, reward_std, rollout_exact_match, completion_tokens (mean per rollout)."""
+    samples: list[dict] = field(default_factory=list)
+    """The first rollout's prompt, completion, reward (for a log line)."""
+
+
+class GrpoRun:
+    """The GRPO side of a run: prompt order, rollouts, rewards and the objective.
+
+    Args:
+        cfg: the run config (`grpo`, `train`, `data.seq_len`).
+        examples: the training examples (prompts with reference answers).
+        tokenizer: the run's tokenizer (its chat template renders the prompts).
+        adapter: the policy's model (its masters are the engine's).
+        lm_factory: () -> the `StreamedLM` over the live engine (`eval_plans.heldout_lm`),
+            called once, at the first rollout.
+        device, compute_dtype: the engine's (for the reference pass).
+
+    Raises:
+        ValueError: a bad reward name (`rewards.load_reward`) or an example without a prompt.
+    """
+
+    def __init__(self, cfg: RunConfig, *, examples: list[Example], tokenizer,
+                 adapter: ModelAdapter, lm_factory, device, compute_dtype: torch.dtype) -> None:
+        self.cfg, self.g = cfg, cfg.grpo
+        self.tokenizer, self.examples = tokenizer, list(examples)
+        if not self.examples:
+            raise ValueError("train.method: grpo needs training prompts; the data has none")
+        self.reward_fns = [load_reward(name) for name in self.g.rewards]
+        self.objective = GRPOObjective(clip_eps=self.g.clip_eps, kl_coef=self.g.kl_coef)
+        self.order = list(range(len(self.examples)))
+        random.Random(f"lazytrain-grpo-prompts-{cfg.train.seed}").shuffle(self.order)
+        self._lm_factory, self._lm = lm_factory, None
+        self.reference = (ReferenceModel(adapter, tokenizer, device=device,
+                                         compute_dtype=compute_dtype,
+                                         batch_size=cfg.train.micro_batch)
+                          if self.g.kl_coef > 0 else None)
+        self._current: Rollouts | None = None
+
+    @property
+    def lm(self) -> StreamedLM:
+        if self._lm is None:
+            self._lm = self._lm_factory()
+        return self._lm
+
+    def batches(self, step: int) -> Rollouts:
+        """The micro-batches of optimizer step `step` (0-based): new rollouts every
+        `grpo.updates_per_rollout` steps, else the last ones again (their old log-probs are
+        still the rollout policy's). Runs with one torch thread and leaves the global RNG as
+        it was (generation draws from its own seeded generator)."""
+        if self._current is None or step % self.g.updates_per_rollout == 0:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # decode: thousands of tiny ops (train/evaluate.py)
+            try:
+                with torch.random.fork_rng(devices=[]):
+                    self._current = self._rollout(step)
+            finally:
+                torch.set_num_threads(threads)
+                self.lm.refresh()
+        return self._current
+
+    def prompts_of(self, step: int) -> list[Example]:
+        """The `grpo.prompts_per_step` examples of step `step` (the shuffled order, walked by
+        rollout batch and wrapped around)."""
+        k = step // self.g.updates_per_rollout * self.g.prompts_per_step
+        return [self.examples[self.order[(k + i) % len(self.order)]]
+                for i in range(self.g.prompts_per_step)]
+
+    def _rollout(self, step: int) -> Rollouts:
+        g, seq_len = self.g, self.cfg.data.seq_len
+        examples = self.prompts_of(step)
+        prompts = [encode_prompt(self.tokenizer, ex)[:seq_len - 1] for ex in examples]
+        rows_prompt = [p for p in prompts for _ in range(g.n)]
+        completions = self.lm.generate(rows_prompt, max_new_tokens=g.max_new_tokens,
+                                       temperature=g.temperature, top_p=g.top_p,
+                                       seed=g.seed + step)
+        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
+        questions = [ex.prompt_messages[-1].content for ex in examples for _ in range(g.n)]
+        answers = [ex.answer for ex in examples for _ in range(g.n)]
+        rewards = torch.tensor(score(self.reward_fns, texts, prompts=questions,
+                                     answers=answers), dtype=torch.float32)
+        advantages = group_advantages(rewards, n=g.n, eps=g.std_eps,
+                                      scale_by_std=g.scale_by_std)
+        sequences = [(p + c)[:seq_len] for p, c in zip(rows_prompt, completions)]
+        scored = [s if len(s) >= 2 else s + [self.lm.pad_id] for s in sequences]
+        old = self.lm.token_logprobs(scored)
+        ref = self.reference.token_logprobs(scored) if self.reference is not None else None
+        rows = [_row(seq, len(p), seq_len=seq_len, pad_id=self.lm.pad_id, old=o,
+                     ref=None if ref is None else ref[i])
+                for i, (seq, p, o) in enumerate(zip(sequences, rows_prompt, old))]
+        mb = self.cfg.train.micro_batch
+        batches = [_stack(rows[i:i + mb], advantages[i:i + mb])
+                   for i in range(0, len(rows), mb)]
+        hits = [exact_match(t, prompt="", answer=a) for t, a in zip(texts, answers)]
+        metrics = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+                   "rollout_exact_match": sum(hits) / len(hits),
+                   "completion_tokens": sum(map(len, completions)) / len(completions)}
+        samples = [{"prompt": questions[0], "completion": texts[0],
+                    "reward": float(rewards[0])}]
+        return Rollouts(batches=batches, metrics=metrics, samples=samples)
+
+    def step_metrics(self) -> dict[str, float]:
+        """The metrics of the step just trained: the rollouts' and the objective's
+        (clip_fraction, kl), prefixed `grpo/`."""
+        out = dict(self._current.metrics if self._current else {})
+        out.update(self.objective.take_metrics())
+        return {f"grpo/{k}": v for k, v in out.items()}
+
+    def close(self) -> None:
+        if self.reference is not None:
+            self.reference.close()
+
+
+def _row(seq: list[int], prompt_len: int, *, seq_len: int, pad_id: int, old: torch.Tensor,
+         ref: torch.Tensor | None) -> dict:
+    """One rollout as a row of seq_len: ids right-padded, labels on the completion tokens,
+    old/ref log-probs at the shifted positions of those labels (0 elsewhere)."""
+    n = len(seq)
+    ids = torch.full((seq_len,), pad_id, dtype=torch.long)
+    ids[:n] = torch.tensor(seq)
+    labels = torch.full((seq_len,), IGNORE_INDEX, dtype=torch.long)
+    labels[prompt_len:n] = ids[prompt_len:n]
+    mask = torch.zeros(seq_len, dtype=torch.long)
+    mask[:n] = 1
+    trained = (labels[1:] != IGNORE_INDEX).float()  # shifted targets t -> label t + 1
+
+    def aligned(lp: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(seq_len, dtype=torch.float32)
+        out[:seq_len - 1] = torch.cat([lp[:n - 1].float(), torch.zeros(seq_len - n)])
+        out[:seq_len - 1] *= trained
+        return out
+
+    row = {"input_ids": ids, "labels": labels, "attention_mask": mask, "old_logp": aligned(old)}
+    if ref is not None:
+        row["ref_logp"] = aligned(ref)
+    return row
+
+
+def _stack(rows: list[dict], advantages: torch.Tensor) -> dict:
+    """Rows -> one micro-batch dict of [B, S] tensors plus `advantages` [B]."""
+    batch = {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+    batch["advantages"] = advantages.clone()
+    return batch
+
+
+def start_grpo(trainer) -> GrpoRun:
+    """The `GrpoRun` of a `train.Trainer` with `train.method: grpo`: checks the config
+    (`check_grpo_config`), sets the engine head's objective, and rolls out through the
+    trainer's evaluation model (made here when the trainer has none yet).
+
+    Raises:
+        ValueError: as `check_grpo_config` and `GrpoRun`.
+    """
+    check_grpo_config(trainer.cfg, world_size=trainer.world_size)
+
+    def lm() -> StreamedLM:
+        if trainer.eval_lm is None:
+            trainer.eval_lm = eval_plans.heldout_lm(trainer.adapter, trainer.tokenizer,
+                                                    trainer.engine, trainer.eval_plans)
+        return trainer.eval_lm
+
+    run = GrpoRun(trainer.cfg, examples=list(trainer.data.train.examples),
+                  tokenizer=trainer.tokenizer, adapter=trainer.adapter, lm_factory=lm,
+                  device=trainer.engine.dev, compute_dtype=trainer.engine.dtype)
+    trainer.engine.ends.objective = run.objective
+    g = trainer.cfg.grpo
+    ref = (f", KL {g.kl_coef:g} to the initial weights ({run.reference.bytes / 1e9:.3g} GB "
+           f"in DRAM)" if run.reference is not None else "")
+    trainer.log(f"grpo: {g.prompts_per_step} prompts x {g.n} rollouts per step, up to "
+                f"{g.max_new_tokens} new tokens at temperature {g.temperature:g}, rewards "
+                f"{'+'.join(g.rewards)}, clip {g.clip_eps:g}{ref}")
+    return run
