@@ -103,7 +103,7 @@ def load_reward(name: str) -> RewardFn:
                          f"({', '.join(BUILTIN_REWARDS)}) nor module:function (e.g. "
                          f"my_rewards:length_penalty)")
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)  # lazy: the user's grpo.rewards module
     except ImportError as exc:
         raise ValueError(f"grpo.rewards: {name!r}: cannot import module {module_name!r} "
                          f"({exc}); put it on PYTHONPATH or in the working directory") from None
