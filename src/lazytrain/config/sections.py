@@ -364,6 +364,11 @@ class PlannerConfig:
     figure, else PlanningProblem.q8_update_ms_per_gparam's default) plus a small tie-breaker
     penalty (PlanningProblem.q8_penalty_ms_per_gparam), so enable it when DRAM, not time, is
     the limit."""
+    save_levels: bool = True
+    """Offer per-block save levels L1/L2 (a block keeps its token mixer's saved tensors, or
+    all of them, from its forward for its backward, in HBM or DRAM, instead of re-forwarding;
+    docs/execution_model.md "Save levels"). Off: the problem has no `saved_bytes` and every
+    block re-forwards (L0), as before levels existed."""
     threads: int = 1
     """Solver threads, >= 1 (1: deterministic plans)."""
     seed: int = 0

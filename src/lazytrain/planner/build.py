@@ -118,6 +118,7 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         fwd_ms=tuple(c.fwd_ms for c in blocks),
         fwd_grad_ms=tuple(c.fwd_grad_ms for c in blocks),
         reforward_ms=tuple(c.reforward_ms for c in blocks),
+        **save_level_fields(blocks, enabled=p.save_levels),
         bwd_ms=tuple(c.bwd_ms for c in blocks),
         weight_bytes=tuple(c.weight_bytes for c in blocks),
         grad_bytes=tuple(c.grad_bytes for c in blocks),
@@ -153,6 +154,17 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         block_fwd_flops=tuple(c.fwd_flops for c in blocks),
         provenance=provenance,
     )
+
+
+def save_level_fields(blocks, *, enabled: bool) -> dict:
+    """The problem's `saved_bytes` (S1, S2 per block) and `reforward_l1_ms` from the blocks'
+    costs (`spec.costs.BlockCosts`: analytic, or measured by a profile); both empty (levels
+    unavailable, every block L0) when `planner.save_levels` is false or a block's family has
+    no save-level sets (S2 = 0)."""
+    if not enabled or any(c.saved_bytes[1] <= 0 for c in blocks):
+        return {"saved_bytes": (), "reforward_l1_ms": ()}
+    return {"saved_bytes": tuple(tuple(c.saved_bytes) for c in blocks),
+            "reforward_l1_ms": tuple(c.reforward_l1_ms for c in blocks)}
 
 
 def host_rates(hw: HardwareSpec, *, master_dtype: str, compute_dtype: str) -> dict:

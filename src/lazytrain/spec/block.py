@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LINEAR_ATTN_CHUNK = 64
-"""Chunk length of the chunked gated-delta-rule kernels (flash-linear-attention's default);
-sets the intra-chunk FLOPs and the per-chunk fp32 matrices autograd saves."""
+from lazytrain.spec.saved_bytes import LINEAR_ATTN_CHUNK, SavedSet
+
+__all__ = ["LINEAR_ATTN_CHUNK", "BlockSpec", "avg_causal_keys"]
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -62,6 +62,38 @@ class BlockSpec:
     """Active parameters of the block's tail, which the truncated re-forward before its backward
     does not run: the MLP's down projection (dense), or top-k routed experts' down projections
     (MoE; the shared expert's runs). 0: the family keeps the full re-forward (Gemma 2/3)."""
+
+    mixer_params: int = 0
+    """Parameters of the input norm and the token mixer (attention or linear attention): what
+    an L1 block's forward runs and its re-forward does not."""
+    saved_l1: SavedSet = SavedSet()
+    """Save level L1's tensors per token (`spec/saved_bytes.py`): the input norm's and the
+    token mixer's saved tensors plus the mixer's output. Empty: levels not modelled."""
+    saved_l2: SavedSet = SavedSet()
+    """Save level L2's tensors per token: every tensor the block's backward reads."""
+
+    def saved_level_bytes(self, *, micro_batch: int, seq_len: int, dtype_bytes: int
+                          ) -> tuple[int, int]:
+        """(S1, S2): the bytes block j keeps from f{j} for b{j} at levels L1 and L2 for one
+        micro-batch of [micro_batch, seq_len] tokens (docs/execution_model.md, "Save-level
+        tensor sets"); a sliding layer whose window is shorter than the sequence is given a
+        mask (k and v expanded). (0, 0) where the family has no sets.
+
+        Raises:
+            ValueError: as `SavedSet.bytes`.
+        """
+        masked = self.attention == "sliding_attention" and 0 < self.sliding_window < seq_len
+        shape = dict(micro_batch=micro_batch, seq_len=seq_len, dtype_bytes=dtype_bytes,
+                     masked=masked)
+        return self.saved_l1.bytes(**shape), self.saved_l2.bytes(**shape)
+
+    def reforward_l1_share(self, seq_len: int) -> float:
+        """The share of the forward's FLOPs the L1 re-forward runs (post-attention norm, MLP
+        or experts, less the truncated tail): `2 * (active_params - mixer_params -
+        reforward_skip_params) / fwd_flops_per_token`; the L1 re-forward then costs
+        `Fr1 = Fg * share` (docs/execution_model.md, "Save levels")."""
+        rest = self.active_params - self.mixer_params - self.reforward_skip_params
+        return 2.0 * rest / self.fwd_flops_per_token(seq_len)
 
     def core_attention_flops_per_token(self, seq_len: int) -> float:
         """Forward FLOPs per token of the parameter-free attention core.

@@ -27,7 +27,10 @@ Profile file (`profile_costs`; `lazytrain profile` writes it), JSON:
      "model_config_sha256": hex,          # optional; checked when present
      "seq_len": int, "micro_batch": int, "compute_dtype": "bf16"|"fp32",
      "block_kinds": {kind: {"fwd_ms": f, "fwd_grad_ms": f, "bwd_ms": f,
-                            "internal_bytes": int (optional), "workspace_bytes": int (optional)}},
+                            "internal_bytes": int (optional), "workspace_bytes": int (optional),
+                            "reforward_ms": f (optional: the truncated re-forward),
+                            "saved_l1_bytes": int, "saved_l2_bytes": int,   # optional: what
+                            "reforward_l1_ms": f}},  # save levels L1 / L2 keep; L1 re-forward
      "ends": {"embed_ms": f, "head_ms": f},                       # optional
      "bandwidths": {"h2d_gb_per_s": f, "d2h_gb_per_s": f, "duplex_gb_per_s": f,
                     "nvme_read_gb_per_s": f, "nvme_write_gb_per_s": f},   # optional, any subset
@@ -128,6 +131,12 @@ class BlockCosts:
     """Forward FLOPs (hardware FLOPs accounting of recompute), FLOP."""
     bwd_flops: float
     """Backward FLOPs, FLOP."""
+    saved_bytes: tuple[int, int] = (0, 0)
+    """(S1, S2): what the block keeps from its forward for its backward at save levels L1 and
+    L2 (`BlockSpec.saved_level_bytes`, or the profile's measured bytes), bytes."""
+    reforward_l1_ms: float = 0.0
+    """Fr1: the L1 re-forward (post-attention norm, MLP, truncated tail), `Fg x
+    BlockSpec.reforward_l1_share` or measured, ms."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -206,6 +215,7 @@ def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_ba
         fwd = blk.fwd_flops_per_token(seq_len) * T
         bwd = BWD_MATMUL_FACTOR * (fwd - core) + BWD_ATTN_CORE_FACTOR * core
         fwd_grad_ms = FWD_GRAD_FACTOR * fwd * ms_per_flop
+        saved = blk.saved_level_bytes(micro_batch=micro_batch, seq_len=seq_len, dtype_bytes=b)
         blocks.append(BlockCosts(
             fwd_ms=fwd * ms_per_flop, fwd_grad_ms=fwd_grad_ms,
             reforward_ms=fwd_grad_ms * (1.0 - blk.reforward_skip_share(seq_len)),
@@ -213,7 +223,8 @@ def analytic_costs(model: ModelSpec, hw: HardwareSpec, *, seq_len: int, micro_ba
             boundary_bytes=A,
             internal_bytes=T * (blk.saved_elems_per_token * b + blk.saved_fp32_per_token * 4)
             + attention_mask_bytes(blk, micro_batch=micro_batch, seq_len=seq_len, dtype_bytes=b),
-            fwd_flops=fwd, bwd_flops=bwd))
+            fwd_flops=fwd, bwd_flops=bwd, saved_bytes=saved,
+            reforward_l1_ms=fwd_grad_ms * blk.reforward_l1_share(seq_len)))
     head_flops = 6.0 * T * model.head_matmul_params
     return ModelCosts(
         blocks=tuple(blocks), boundary_bytes=(A,) * (model.num_blocks + 1),
@@ -337,10 +348,12 @@ def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpe
             raise ValueError(f"profile {path} has no measurements for block kind "
                              f"{blk.kind!r} (block {blk.index}); it has {sorted(kinds)}")
         m = kinds[blk.kind]
+        reforward = float(m.get("reforward_ms", float(m["fwd_grad_ms"])
+                                * (1.0 - blk.reforward_skip_share(seq_len))))
         blocks.append(BlockCosts(
             fwd_ms=float(m["fwd_ms"]), fwd_grad_ms=float(m["fwd_grad_ms"]),
-            reforward_ms=float(m.get("reforward_ms", float(m["fwd_grad_ms"])
-                                     * (1.0 - blk.reforward_skip_share(seq_len)))),
+            reforward_ms=reforward, **_save_level_costs(m, blk, c, seq_len=seq_len,
+                                                         reforward_ms=reforward),
             bwd_ms=float(m["bwd_ms"]), weight_bytes=c.weight_bytes, grad_bytes=c.grad_bytes,
             boundary_bytes=c.boundary_bytes,
             internal_bytes=int(m.get("internal_bytes", c.internal_bytes)),
@@ -361,6 +374,21 @@ def profile_costs(model: ModelSpec, profile_path: str | Path, *, hw: HardwareSpe
         step_const_ms=float(prof.get("step_const_ms") or 0.0),
         window_overhead_ms=float(prof.get("window_overhead_ms") or 0.0),
         q8_update_ms_per_gparam=q8_update_ms_per_gparam(prof.get("host")))
+
+
+def _save_level_costs(m: dict, blk: BlockSpec, analytic: BlockCosts, *, seq_len: int,
+                      reforward_ms: float) -> dict:
+    """A block's save-level costs from its kind's profile entry `m`: the measured
+    `saved_l1_bytes` / `saved_l2_bytes` / `reforward_l1_ms` where present, else the analytic
+    bytes and `Fg x BlockSpec.reforward_l1_share`. Fr1 is capped at the kind's Fr (two timed
+    series of nearly the same work may cross by noise; the L1 re-forward runs a part of the L0
+    one)."""
+    saved = analytic.saved_bytes
+    if "saved_l1_bytes" in m and "saved_l2_bytes" in m:
+        saved = (int(m["saved_l1_bytes"]), int(m["saved_l2_bytes"]))
+    l1_ms = float(m.get("reforward_l1_ms", float(m["fwd_grad_ms"])
+                        * blk.reforward_l1_share(seq_len)))
+    return {"saved_bytes": saved, "reforward_l1_ms": min(l1_ms, reforward_ms)}
 
 
 def q8_update_ms_per_gparam(host: dict | None) -> float | None:

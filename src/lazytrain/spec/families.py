@@ -11,6 +11,7 @@ knows nothing of hardware, time or torch.
 
 from __future__ import annotations
 
+from lazytrain.spec import saved_bytes as sb
 from lazytrain.spec.block import LINEAR_ATTN_CHUNK, BlockSpec
 
 
@@ -54,7 +55,10 @@ def _softmax_attention(c: dict, *, bias_qkv: bool, bias_o: bool, qk_norm: bool, 
     saved = H + q_out + 2 * nh * d + (nh * d + nkv * d) * qk_norm * (not fp32_norms) + nh * d
     saved += 2 * nh * d * gate
     fp32 = nh + ((nh * d + nkv * d) * (1 + fp32_norms) + nh + nkv) * qk_norm
-    fields = dict(num_heads=nh, qk_head_dim=d, v_head_dim=d, sliding_window=window)
+    fields = dict(num_heads=nh, qk_head_dim=d, v_head_dim=d, sliding_window=window,
+                  saved_l1=sb.softmax_attention(
+                      heads=nh, kv_heads=nkv, head_dim=d, gate=gate,
+                      qk_norm=("offset" if fp32_norms else "llama") if qk_norm else ""))
     return params, fields, saved, fp32
 
 
@@ -79,7 +83,9 @@ def _mla_attention(c: dict) -> tuple[int, dict, int, int]:
     params += nh * dv * H + H * bias
     saved += H + (r_kv + rope) + r_kv + nh * (nope + dv) + rope + nh * rope + 2 * nh * qk
     saved += 2 * nh * dv
-    fields = dict(num_heads=nh, qk_head_dim=qk, v_head_dim=dv)
+    fields = dict(num_heads=nh, qk_head_dim=qk, v_head_dim=dv,
+                  saved_l1=sb.mla_attention(heads=nh, nope_dim=nope, rope_dim=rope,
+                                            v_head_dim=dv, kv_lora_rank=r_kv, q_lora_rank=r_q))
     return params, fields, saved, nh
 
 
@@ -100,25 +106,27 @@ def _gated_deltanet(c: dict) -> tuple[int, dict, int, int]:
     params = H * (conv + Vd + 2 * nv) + conv * kernel + 2 * nv + dv + Vd * H
     saved = H + 3 * conv + 2 * K + Vd + 2 * nv + 3 * Vd
     fields = dict(linear_heads=nv, linear_k_dim=dk, linear_v_dim=dv,
-                  conv_flops_per_token=2 * kernel * conv)
+                  conv_flops_per_token=2 * kernel * conv,
+                  saved_l1=sb.gated_deltanet(key_heads=nk, value_heads=nv, key_dim=dk,
+                                             value_dim=dv))
     return params, fields, saved, nv * (2 + LINEAR_ATTN_CHUNK)
 
 
 # ---------------------------------------------------------------------------------------------
-# MLP parts: (params, active params, saved elems, saved fp32, tail active params) per token; the
-# tail is what the truncated re-forward skips (the down projections).
+# MLP parts: (params, active params, saved elems, saved fp32, tail active params, save-level
+# set) per token; the tail is what the truncated re-forward skips (the down projections).
 
 
-def _dense_mlp(H: int, inter: int, *, bias: bool = False) -> tuple[int, int, int, int, int]:
+def _dense_mlp(H: int, inter: int, *, bias: bool = False) -> tuple:
     """SwiGLU MLP: gate, up (H x I), down (I x H). Saved: gate, silu(gate), up, product.
     Tail: the down projection."""
     p = 3 * H * inter + (2 * inter + H) * bias
-    return p, p, 4 * inter, 0, H * inter + H * bias
+    return p, p, 4 * inter, 0, H * inter + H * bias, sb.swiglu_mlp(inter)
 
 
 def _moe_mlp(H: int, *, experts: int, top_k: int, inter: int, router_bias: bool = False,
-             expert_bias: bool = False, shared_inter: int = 0, shared_gate: bool = False
-             ) -> tuple[int, int, int, int, int]:
+             expert_bias: bool = False, shared_inter: int = 0, shared_gate: bool = False,
+             norm_topk: bool = False) -> tuple:
     """Routed SwiGLU experts (+ optional shared expert). Every expert's weights are streamed;
     a token multiplies with top-k of them. Saved per token: per selected expert the gathered
     input and the SwiGLU intermediates and output; the shared expert's; fp32 router
@@ -131,7 +139,11 @@ def _moe_mlp(H: int, *, experts: int, top_k: int, inter: int, router_bias: bool 
     active = top_k * per_expert + router + shared
     saved = top_k * (2 * H + 4 * inter) + (4 * shared_inter + H if shared_inter else 0)
     tail = top_k * (H * inter + H * expert_bias) + (0 if shared_gate else H * shared_inter)
-    return params, active, saved, experts, tail
+    levels = sb.routed_experts(hidden=H, experts=experts, top_k=top_k, intermediate=inter,
+                               norm_topk=norm_topk)
+    if shared_inter:
+        levels += sb.shared_expert(hidden=H, intermediate=shared_inter, gated=shared_gate)
+    return params, active, saved, experts, tail, levels
 
 
 def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: int, *,
@@ -147,7 +159,9 @@ def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: in
     a second fp32 tensor instead of that cast. `truncated`: the runtime's re-forward skips the
     MLP's tail (False where a post-feedforward norm reads it)."""
     a_params, a_fields, a_saved, a_fp32 = attn
-    m_params, m_active, m_saved, m_fp32, m_tail = mlp
+    m_params, m_active, m_saved, m_fp32, m_tail, m_levels = mlp
+    l1, l2 = _save_levels(a_fields.pop("saved_l1"), m_levels, H, norms=norms,
+                          offset=fp32_norms)
     base = {"full_attention": "", "sliding_attention": "sliding_attention",
             "linear_attention": "linear_attention", "mla": "mla"}[attention]
     kind = (base + "_moe" if base else "moe") if mlp_kind == "moe" else (base or "dense")
@@ -156,7 +170,24 @@ def _block(j: int, attention: str, attn: tuple, mlp_kind: str, mlp: tuple, H: in
                      active_params=a_params + m_active + norms * H,
                      saved_elems_per_token=a_saved + m_saved + norms * H * (2 - fp32_norms),
                      saved_fp32_per_token=a_fp32 + m_fp32 + norms * (H * (1 + fp32_norms) + 1),
-                     reforward_skip_params=m_tail if truncated else 0, **a_fields)
+                     reforward_skip_params=m_tail if truncated else 0,
+                     mixer_params=a_params + H, saved_l1=l1, saved_l2=l2, **a_fields)
+
+
+def _save_levels(mixer: sb.SavedSet, mlp: sb.SavedSet, H: int, *, norms: int, offset: bool
+                 ) -> tuple[sb.SavedSet, sb.SavedSet]:
+    """(L1, L2) sets of a block: L1 = input norm (its input is the block's) + token mixer +
+    the mixer's output; L2 = L1 without that output + the norms after the mixer + the MLP.
+    Two norms: the post-attention norm (fp32 copy of the residual sum; output saved by the
+    MLP). Four (Gemma 2/3): post-attention (on the mixer's output, output unsaved),
+    pre-feedforward (output saved by the MLP) and post-feedforward (on the MLP's output)."""
+    l1 = sb.rms_norm(H, offset=offset, input_kept=True) + mixer + sb.mixer_output(H)
+    if norms == 4:
+        after = (sb.rms_norm(H, offset=offset, output_saved=False) + sb.rms_norm(H, offset=offset)
+                 + sb.rms_norm(H, offset=offset, output_saved=False))
+    else:
+        after = sb.rms_norm(H, offset=offset)
+    return l1, l1 - sb.mixer_output(H) + after + mlp
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "mla")
@@ -228,7 +259,8 @@ def _qwen_mlp(c: dict, j: int, *, shared: bool) -> tuple[str, tuple]:
         return "moe", _moe_mlp(H, experts=_num_experts(c), top_k=c["num_experts_per_tok"],
                                inter=c["moe_intermediate_size"],
                                shared_inter=c.get("shared_expert_intermediate_size", 0)
-                               if shared else 0, shared_gate=shared)
+                               if shared else 0, shared_gate=shared,
+                               norm_topk=bool(c.get("norm_topk_prob", False)))
     return "dense", _dense_mlp(H, c["intermediate_size"])
 
 
@@ -268,7 +300,8 @@ def _mixtral(c: dict, j: int) -> BlockSpec:
     attn = _softmax_attention(c, bias_qkv=False, bias_o=False, qk_norm=False, gate=False,
                               sinks=False, window=window)
     mlp = _moe_mlp(c["hidden_size"], experts=c["num_local_experts"],
-                   top_k=c["num_experts_per_tok"], inter=c["intermediate_size"])
+                   top_k=c["num_experts_per_tok"], inter=c["intermediate_size"],
+                   norm_topk=True)
     return _block(j, attention, attn, "moe", mlp, c["hidden_size"])
 
 
