@@ -12,12 +12,14 @@ Owns the four numbers in a Plan's `bounds` object (reported with every plan; doc
   a scheduler's split transfer) is priced by the same evaluator but may beat it. The gap of a
   plan is plan / LP - 1.
 - `memory_bound_ms`: closed form, respects the HBM budget, valid for every plan that fits HBM:
-  compute without segment recompute less the most that keep-internals can save, and the weight
+  compute without segment recompute less the most that keep-internals and save levels can save
+  (saved internals wait in HBM or, in the dram tier, in DRAM), and the weight
   H2D plus each boundary's way back (prefetch or reload) less the most that resident weights
   and hbm-tier boundaries can save, each in the HBM left at the turn beside the fixed working
   set and boundary L (every kept or resident block and hbm boundary is held there).
 - `roofline_ms`: closed form, infinite HBM: the largest mandatory channel total with every
-  block kept and resident (compute without recompute, weight H2D, gradient D2H, their duplex
+  block kept (or at save level L2) and resident (compute without recompute, weight H2D,
+  gradient D2H, their duplex
   sum; on a CPU their sum), plus the constant pre/post/const terms. A bound, but far below
   what fits.
 - `ideal_ms`: the evaluator's step time of the best infinite-HBM plan (`ideal_decisions`: every
@@ -67,7 +69,9 @@ def roofline_ms(problem: PlanningProblem) -> float:
     """max(mandatory compute, H2D, D2H, duplex) over the windows + constant terms, ms per step.
 
     Mandatory per micro-batch (window part): compute sum(min(Fg, F + Fr) + B) + head with keep
-    offered (Fr: the truncated re-forward), else sum(F + Fr + B) + head; H2D the forward weight
+    or save levels offered (Fr: the truncated re-forward; an L2 block runs Fg and no
+    re-forward, as a kept one; L1 runs Fg + Fr1 >= Fg), else sum(F + Fr + B) + head; H2D the
+    forward weight
     loads P[1..L-1], plus the backward loads
     P[0..L-1] when resident weights (offered with keep) are not; D2H the gradients G[1..L-1].
     GPU: the max of compute and channel times; CPU: their sum. Step = ga * that + pre/post of
@@ -75,13 +79,14 @@ def roofline_ms(problem: PlanningProblem) -> float:
     work", "Window time" and "Step time".
     """
     p = problem
-    if p.allow_keep:
+    if p.allow_keep or p.save_levels_available:
         comp = sum(min(g, f + r) for f, g, r in zip(p.fwd_ms, p.fwd_grad_ms, p.reforward))
-        comp += sum(p.bwd_ms) + p.head_ms
-        h2d = float(sum(p.weight_bytes[1:]))
     else:
-        comp = sum(p.fwd_ms) + sum(p.reforward) + sum(p.bwd_ms) + p.head_ms
-        h2d = float(sum(p.weight_bytes[1:]) + sum(p.weight_bytes))
+        comp = sum(p.fwd_ms) + sum(p.reforward)
+    comp += sum(p.bwd_ms) + p.head_ms
+    h2d = float(sum(p.weight_bytes[1:]))
+    if not p.allow_keep:
+        h2d += float(sum(p.weight_bytes))
     return _closed_form_step_ms(p, comp, h2d)
 
 
@@ -108,9 +113,13 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
     room = hbm - fixed_hbm - A[L]: every kept or resident block and every hbm-tier boundary is
     held at the turn beside boundary L.
 
-    compute = sum(F + Fr + B) + head - max sum_{j in K} (F[j] + Fr[j] - Fg[j])+ over keep sets K
-    with sum_{j in K} (I[j] + P[j]) <= room (a kept block runs Fg in f{j} and no re-forward Fr
-    in b{j}; its graph holds its weights too).
+    compute = sum(F + Fr + B) + head - max sum_j sv(j) over one option per block with
+    sum_j sw(j) <= room + dram_room, the options (bytes sw, saving sv): nothing (0, 0); keep
+    (I[j] + P[j], F + Fr - Fg) (a kept block runs Fg in f{j} and no re-forward Fr in b{j}; its
+    graph holds its weights too); L2 (S2[j], F + Fr - Fg); L1 (S1[j], F + Fr - Fg - Fr1), the
+    levels when the problem offers them. Every option's bytes are held at the turn, in HBM or
+    (saved internals of the dram tier) in DRAM, so dram_room = dram - pools - the least host
+    states (8-bit moments where offered) is added to the room when levels are offered.
 
     H2D = sum P[1..L-1] + sum P + sum_{0<i<L} m[i] - max (sum_{j in R} P[j] + sum_{i in H} m[i])
     over resident sets R and hbm-tier sets H with sum_R P[j] + sum_H A[i] <= room, where
@@ -118,7 +127,9 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
     keeps internals, and a boundary 0 < i < L that is not in HBM is either prefetched back
     (A[i] of H2D) or recomputed, which reloads the weights of block i-1 (P[i-1]).
 
-    The maxima are fractional knapsacks, each a relaxation, so both totals are lower bounds.
+    The maxima are fractional knapsacks (one option per block: the LP of the multiple-choice
+    knapsack, over each block's upper hull of options), each a relaxation, so both totals are
+    lower bounds.
     GPU: windows = max(compute, H2D/bw_h2d, D2H/bw_d2h, (H2D + D2H)/cap) with the duplex rule's
     cap (`duplex.effective_cap`); CPU: their sum.
     Step = ga * windows + pre/post of every micro-batch (`ends_step_ms`) + const. Source:
@@ -133,15 +144,62 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
         return None
     P, A = p.weight_bytes, p.boundary_bytes
     blocks = range(L) if p.allow_keep else ()  # keep and residency are offered together
-    saved = [max(0.0, p.fwd_ms[j] + p.reforward[j] - p.fwd_grad_ms[j]) for j in blocks]
+    items = _hull_increments([_saving_options(p, j) for j in range(L)])
     comp = (sum(p.fwd_ms) + sum(p.reforward) + sum(p.bwd_ms) + p.head_ms
-            - _fractional_knapsack(saved,
-                                   [p.internal_bytes[j] + P[j] for j in blocks], room))
+            - _fractional_knapsack([v for v, _ in items], [w for _, w in items],
+                                   room + _dram_room(p)))
     back = [float(min(A[i], P[i - 1])) for i in range(1, L)]  # m[i]: A back or P[i-1] again
     h2d = (float(sum(P[1:]) + sum(P)) + sum(back)
            - _fractional_knapsack([P[j] for j in blocks] + back,
                                   [P[j] for j in blocks] + [A[i] for i in range(1, L)], room))
     return _closed_form_step_ms(p, comp, h2d)
+
+
+def _saving_options(p: PlanningProblem, j: int) -> list[tuple[float, float]]:
+    """(bytes held at the turn, compute ms saved) of block j's options that cut its
+    re-forward: keep (when offered) and save levels L2, L1 (when offered); see
+    `memory_bound_ms`."""
+    full = p.fwd_ms[j] + p.reforward[j] - p.fwd_grad_ms[j]  # F + Fr - Fg
+    out = [(float(p.internal_bytes[j] + p.weight_bytes[j]), full)] if p.allow_keep else []
+    if p.save_levels_available:
+        s1, s2 = p.saved_bytes[j]
+        out += [(float(s2), full), (float(s1), full - p.reforward_l1_ms[j])]
+    return [(w, v) for w, v in out if v > 0]
+
+
+def _dram_room(p: PlanningProblem) -> float:
+    """DRAM bytes saved internals may take at most (0 without save levels): the budget less
+    the constant pools and the least host states (8-bit moments on every block where
+    offered); DRAM-tier boundaries, bounce buffers and pinned copies left out (a bound)."""
+    if not p.save_levels_available:
+        return 0.0
+    bpp = min(p.host_bytes_per_param, p.host_bytes_per_param_q8) if p.allow_q8 \
+        else p.host_bytes_per_param
+    states = sum(p.params_per_block) * bpp + p.ends_params * p.host_bytes_per_param
+    return max(0.0, p.dram_bytes - (p.nvme_staging_bytes - p.nvme_bounce_bytes) - states)
+
+
+def _hull_increments(options_per_block) -> list[tuple[float, float]]:
+    """(value, weight) increments of each block's upper concave hull of options (with (0, 0)):
+    a fractional knapsack over them, which takes each block's increments in order since
+    their ratios fall, is the LP optimum of choosing at most one option per block."""
+    items = []
+    for options in options_per_block:
+        free = max((v for w, v in options if w <= 0), default=0.0)
+        hull = [(0.0, free)]
+        for w, v in sorted(((w, v) for w, v in options if w > 0), key=lambda o: (o[0], -o[1])):
+            if v <= hull[-1][1]:
+                continue  # heavier than a hull point and worth no more
+            while len(hull) >= 2 and _slope(hull[-2], hull[-1]) <= _slope(hull[-1], (w, v)):
+                hull.pop()
+            hull.append((w, v))
+        items.append((free, 0.0))
+        items += [(b[1] - a[1], b[0] - a[0]) for a, b in zip(hull, hull[1:])]
+    return items
+
+
+def _slope(a: tuple[float, float], b: tuple[float, float]) -> float:
+    return (b[1] - a[1]) / (b[0] - a[0])
 
 
 def _fractional_knapsack(values, weights, capacity: float) -> float:
@@ -160,7 +218,8 @@ def _fractional_knapsack(values, weights, capacity: float) -> float:
 
 def ideal_decisions(problem: PlanningProblem) -> Decisions:
     """The fastest infinite-HBM plan: every boundary hbm, every block resident, and block j kept
-    where that is faster (when keep and residency are offered; else neither).
+    where that is faster (when keep and residency are offered; else neither, and block j at
+    save level L2 in HBM where that is faster, when levels are offered: `_ideal_levels`).
 
     With every boundary in HBM and every block resident there are no activation transfers, no
     recompute and no backward weight loads, so window f_j depends only on keep[j] (F[j] or
@@ -173,13 +232,29 @@ def ideal_decisions(problem: PlanningProblem) -> Decisions:
     L = problem.num_blocks
     tiers = ("hbm",) * (L + 1)
     if not problem.allow_keep:
-        return Decisions(tiers=tiers)
+        return _ideal_levels(problem, tiers)
     every = tuple(range(L))
     kept = evaluate(problem, Decisions(tiers=tiers, keep_internals=every)).windows
     plain = evaluate(problem, Decisions(tiers=tiers, resident_weights=every)).windows
     pair = lambda ws, j: ws[j].time_ms + ws[2 * L - j].time_ms  # noqa: E731  f_j + b_j, ms
     keep = tuple(j for j in every if pair(kept, j) <= pair(plain, j))
     return Decisions(tiers=tiers, keep_internals=keep, resident_weights=every)
+
+
+def _ideal_levels(problem: PlanningProblem, tiers) -> Decisions:
+    """Without keep: every block at L2 in HBM where that is faster than L0 (save levels
+    offered), as `ideal_decisions` picks keep (an L2 block computes as a kept one; L1 never
+    computes less than L2); no levels offered: every block L0."""
+    L = problem.num_blocks
+    if not problem.save_levels_available:
+        return Decisions(tiers=tiers)
+    saved = evaluate(problem, Decisions(tiers=tiers, save_levels=("L2",) * L,
+                                        saved_tiers=("hbm",) * L)).windows
+    plain = evaluate(problem, Decisions(tiers=tiers, save_levels=("L0",) * L)).windows
+    pair = lambda ws, j: ws[j].time_ms + ws[2 * L - j].time_ms  # noqa: E731  f_j + b_j, ms
+    l2 = [pair(saved, j) <= pair(plain, j) for j in range(L)]
+    return Decisions(tiers=tiers, save_levels=tuple("L2" if x else "L0" for x in l2),
+                     saved_tiers=tuple("hbm" if x else "none" for x in l2))
 
 
 def ideal_ms(problem: PlanningProblem) -> float:

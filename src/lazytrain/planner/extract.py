@@ -14,7 +14,7 @@ from lazytrain.planner.evaluate import Decisions, build_plan
 from lazytrain.planner.milp import Milp
 from lazytrain.planner.milp_paths import reloaded
 from lazytrain.planner.milp_vars import KINDS, row_name
-from lazytrain.planner.plan import Bounds, Plan, SolveRecord, Transfer
+from lazytrain.planner.plan import Bounds, InternalTransfer, Plan, SolveRecord, Transfer
 from lazytrain.planner.windows import window_name, window_ord
 
 BINARY_TOL = 1e-4
@@ -64,12 +64,27 @@ def start_from_plan(milp: Milp, plan: Plan) -> list[float] | None:
         paths = plan.weight_paths or ("host_convert",) * L
         for (j, w), c in v.path.items():
             x[c] = 1.0 if paths[j] == w else 0.0
+        _start_levels(milp, plan, x)
     except KeyError:
         return None
     _complete_paths(milp, x)
     _complete_epigraph(milp, x)
     worst, _ = milp.model.max_violation(x)
     return x if worst <= 1e-6 else None
+
+
+def _start_levels(milp: Milp, plan: Plan, x: list[float]) -> None:
+    """Set the save-level columns (`planner/milp_levels.py`) from the plan's levels, tiers and
+    internal transfers. Raises KeyError where the model has no such column (a level the
+    problem does not offer, a transfer outside the modelled windows)."""
+    v, L = milp.v, milp.p.L
+    for j, level in enumerate(plan.save_levels):
+        if level != "L0":
+            x[v.lvl[j, int(level[1:]), plan.saved_tiers[j]]] = 1.0
+    for tr in plan.internal_transfers:
+        fam = v.id2h if tr.kind == "d2h" else v.ih2d
+        x[fam[tr.block, int(plan.save_levels[tr.block][1:]), window_ord(tr.window, L)]] \
+            += tr.fraction
 
 
 def _complete_paths(milp: Milp, x: list[float]) -> None:
@@ -144,8 +159,34 @@ def extract_decisions(milp: Milp, x: list[float]) -> Decisions:
                                    fraction=f / total) for o, f in cells]
     paths = tuple(w for j in range(L) for w in milp.p.path_loads
                   if _on(x[v.path[j, w]], row_name("path", j, w))) if v.path else None
+    levels, saved_tiers, internal = extract_levels(milp, x)
     return Decisions(tiers=tuple(tiers), keep_internals=keep, resident_weights=resident,
-                     q8_blocks=q8, transfers=tuple(transfers), weight_paths=paths)
+                     q8_blocks=q8, transfers=tuple(transfers), weight_paths=paths,
+                     save_levels=levels, saved_tiers=saved_tiers, internal_transfers=internal)
+
+
+def extract_levels(milp: Milp, x: list[float]):
+    """(save_levels, saved_tiers, internal_transfers) of an assignment: every block "L0" /
+    "none" but those whose lvl column is on (BINARY_TOL), and one whole d2h and h2d per
+    dram-tier block. (None, None, ()) when the model offers no levels: `build_plan` then
+    writes every block L0 where the problem truncates the re-forward (`evaluate.levels_of`),
+    as a plan from the planner does (docs/execution_model.md, "Save levels")."""
+    v, L = milp.v, milp.p.L
+    if not v.lvl:
+        return None, None, ()  # no levels offered: `evaluate.levels_of` decides (L0)
+    levels, tiers = ["L0"] * L, ["none"] * L
+    for (j, level, tier), c in v.lvl.items():
+        if _on(x[c], row_name("lvl", j, f"L{level}", tier)):
+            levels[j], tiers[j] = f"L{level}", tier
+    internal = []
+    for kind, fam in (("d2h", v.id2h), ("h2d", v.ih2d)):
+        for (j, level, o), c in fam.items():
+            if levels[j] == f"L{level}" and tiers[j] == "dram" and _on(
+                    x[c], row_name(f"i{kind}", j, f"L{level}", window_name(o, L))):
+                internal.append(InternalTransfer(block=j, kind=kind,
+                                                 window=window_name(o, L), fraction=1.0))
+    internal.sort(key=lambda t: (window_ord(t.window, L), t.block, t.kind))
+    return tuple(levels), tuple(tiers), tuple(internal)
 
 
 def extract_plan(milp: Milp, x: list[float], *, solver: SolveRecord,

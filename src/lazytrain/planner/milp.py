@@ -9,6 +9,8 @@ The parts live by concern beside it:
     planner/milp_vars.py     `MilpVars`, `add_variables`, `row_name`: the variable families
     planner/milp_loads.py    the window loads and held[o] as linear expressions
     planner/milp_rows.py     the constraint families 1-10, one `add_*` function each
+    planner/milp_paths.py    family 11, the per-block weight paths (free paths only)
+    planner/milp_levels.py   family 12, the save levels L1/L2 and their tiers and transfers
     planner/milp_solve.py    the solve entry `solve_milp` (its phases, in order)
     planner/extract.py       warm starts (`start_from_plan`) and plans from solutions
     planner/feasibility.py   the feasibility phase (`capacity="min_shortfall"`)
@@ -37,6 +39,7 @@ Parameters (units inside the model: ms and GB; converted once in `scale_inputs`)
     H_d, H_p, H_n          drain / prefetch / NVMe-lead horizons (windows), `windows.legal_ords`
     R[s,e]                 recompute chain of segment (s, e): max_k (P[s..k]/bw_h2d + F[k..e-2]),
                            ms (`chains.recompute_chain_ms`)
+    S[j] = (S1[j], S2[j])  block j's saved internals at L1 / L2, GB;  Fr1[j] its L1 re-forward, ms
 
 Variables (`MilpVars`; code name = design symbol)
     seg[s,e]  in {0,1}  x: s and e consecutive segment starts
@@ -58,6 +61,10 @@ Variables (`MilpVars`; code name = design symbol)
               read and a write of i may share a window (short-lived boundaries near the end)
     nvb[i,e]  in [0,1]  boundary i is on NVMe with segment end e (>= nvme[i] + seg[i,e] - 1):
               its bounce buffer counts in the DRAM rows over span(i,e) (`staging.bounce_spans`)
+    lvl[j,l,t] in {0,1}  block j saves at level l in {1,2} in tier t in {hbm, dram} (only when
+              the problem offers levels; none of them: L0)
+    id2h[j,l,o], ih2d[j,l,o] in {0,1}  a dram-tier block's internals leave HBM / come back in
+              window o (one window each, legal ords `windows.internal_legal_ords`)
     t[o] >= 0                    window time, ms
     slack_hbm[o], slack_host["dram"|"nvme"] >= 0   capacity shortfall, GB: fixed to 0 in the
               step-time model; in the feasibility phase (capacity="min_shortfall") one HBM slack
@@ -67,6 +74,8 @@ Window loads (linear; seg-terms sum over segments (s, j+1) ending at b_j):
     comp[f_j] = F[j] + (Fg[j] - F[j]) keep[j];  comp[turn] = head
     comp[b_j] = B[j] + Fr[j] (1 - keep[j]) + sum_s seg[s,j+1] sum_{k=s}^{j-1} F[k]
                 + embed * emb[j+1]
+                (save levels: f_j + (Fg-F)(x_1 + x_2), b_j - (Fr-Fr1) x_1 - Fr x_2, and the
+                internals' bytes in H2D/D2H: `planner/milp_levels.py`)
     H2D[f_j] = P[j+1];  H2D[turn] = P[L-1] (1 - resident[L-1])
     H2D[b_j] = P[j-1] (1 - resident[j-1]) + sum_s seg[s,j+1] sum_{k=s}^{j-1} P[k] + sum_i A[i] h2d[i,b_j]
     D2H[o] = G[j+1] (o = b_j, j+1 < L) + sum_i A[i] d2h[i,o];  NR[o], NW[o] = sum_i A[i] nvr/nvw
@@ -115,12 +124,16 @@ Constraint families (function that adds them, all in `planner/milp_rows.py`)
    11. weight paths   (build_milp(free_paths=True) only) one path per block, its H2D and host
                       bytes in every load above, its HBM and DRAM in rows 8-9, the recompute
                       chain of 7b as columns: `planner/milp_paths.py`        add_path_rows
+   12. save levels    one level per block (or keep), whole d2h/h2d of dram-tier internals with
+                      the h2d strictly later; their bytes and compute in 7/7b, HBM in 8, DRAM
+                      per window in 9: `planner/milp_levels.py`             add_level_rows
 
 held[o] is the contract's holding intervals (exact, since d2h/h2d are binary): hbm i for i <= o <= 2L-i
 (A[L] at turn); offloaded i: A[i] sum_{o' >= o} d2h[i,o'] (not yet drained, o >= i) plus
 A[i] sum_{o' <= o} h2d[i,o'] (already prefetched, o <= 2L-i); the recompute cache at b_j:
 sum_{s <= j < e} seg[s,e] sum_{k=s+1}^{j} A[k] + A[0] sum_{e > j} emb[e]; block j:
-I[j] keep[j] + P[j] resident[j] for j <= o <= 2L-j. No big-M anywhere.
+I[j] keep[j] + P[j] resident[j] for j <= o <= 2L-j; saved internals S_l[j] lvl[j,l,hbm] for
+j <= o <= 2L-j and, in the dram tier, until their d2h and from their h2d. No big-M anywhere.
 
 Source: docs/execution_model.md (the equations) and docs/design.md ("The plan").
 """
@@ -132,6 +145,7 @@ import math
 from dataclasses import dataclass
 
 from lazytrain.planner.milp_inputs import Scaled, scale_inputs
+from lazytrain.planner.milp_levels import add_level_columns, add_level_rows
 from lazytrain.planner.milp_paths import add_path_columns, add_path_rows, free_path_loads
 from lazytrain.planner.milp_rows import (
     add_dram_capacity, add_hbm_capacity, add_keep, add_nvme_capacity, add_path, add_precedence,
@@ -213,9 +227,11 @@ def build_milp(problem: PlanningProblem, *, relax: bool = False,
     m = LinearModel()
     v = add_variables(m, p, relax=relax, capacity=capacity)
     add_path_columns(m, v, p, relax=relax, shortfall=capacity == "min_shortfall")
+    add_level_columns(m, v, p, relax=relax)
     add_path(m, v=v, p=p)
     add_tiers(m, v=v, p=p)
     add_keep(m, v=v, p=p)
+    add_level_rows(m, v=v, p=p)
     add_transfer_totals(m, v=v, p=p)
     add_transfer_legality(m, v=v, p=p)
     add_precedence(m, v=v, p=p)

@@ -33,6 +33,10 @@ class Scaled:
     Fr: tuple[float, ...]
     """The truncated re-forward in b{j} unless kept, ms (`PlanningProblem.reforward`)."""
     B: tuple[float, ...]
+    S: tuple[tuple[float, float], ...]
+    """(S1[j], S2[j]): block j's saved internals at L1 and L2, GB; empty: no save levels."""
+    Fr1: tuple[float, ...]
+    """The re-forward in b{j} at L1, ms (`PlanningProblem.reforward_l1_ms`)."""
     P: tuple[float, ...]
     Pl: tuple[float, ...]
     """H2D GB of one load of block j (P[j], or the master's bytes on the gpu_cast path)."""
@@ -90,7 +94,8 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
     ref_ms = max(compute, 1e-3)
     return Scaled(
         L=L, F=tuple(p.fwd_ms), Fg=tuple(p.fwd_grad_ms), Fr=tuple(p.reforward),
-        B=tuple(p.bwd_ms),
+        B=tuple(p.bwd_ms), S=tuple((s1 / GB, s2 / GB) for s1, s2 in p.saved_bytes),
+        Fr1=tuple(p.reforward_l1_ms),
         P=gb(p.weight_bytes), Pl=gb(p.load_bytes), Pc=gb(p.convert_bytes), G=gb(p.drain_bytes),
         I=gb(p.internal_bytes), A=gb(p.boundary_bytes),
         A_padded=gb(align_up(a) for a in p.boundary_bytes),

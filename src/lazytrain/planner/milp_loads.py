@@ -9,6 +9,7 @@ Owns `Lin` ({column: coefficient}, constant) and the window loads of the formula
 from __future__ import annotations
 
 from lazytrain.planner.milp_inputs import Scaled
+from lazytrain.planner.milp_levels import level_hbm_held, level_loads
 from lazytrain.planner.milp_paths import block_load, cast_slots_gb
 from lazytrain.planner.milp_vars import MilpVars
 
@@ -95,9 +96,11 @@ def window_host(v: MilpVars, p: Scaled, o: int) -> Lin:
 
 
 def window_loads(v: MilpVars, p: Scaled, o: int) -> tuple[Lin, Lin, Lin, Lin, Lin]:
-    """(compute ms, H2D GB, D2H GB, NVMe read GB, NVMe write GB) of window o (`planner/milp.py`)."""
+    """(compute ms, H2D GB, D2H GB, NVMe read GB, NVMe write GB) of window o (`planner/milp.py`;
+    the save levels' terms: `milp_levels.level_loads`)."""
     (comp, c0), (h2d, h0), (d2h, d0) = window_fixed_loads(v, p, o)
-    h2d, d2h = dict(h2d), dict(d2h)
+    lv_comp, lv_h2d, lv_d2h = level_loads(v, p, o)
+    comp, h2d, d2h = {**comp, **lv_comp}, {**h2d, **lv_h2d}, {**d2h, **lv_d2h}
     for (i, q), x in v.h2d.items():
         if q == o:
             h2d[x] = h2d.get(x, 0.0) + p.A[i]
@@ -144,6 +147,8 @@ def hbm_held(v: MilpVars, p: Scaled, o: int) -> Lin:
         if j <= o <= 2 * L - j:
             add(x, p.P[j])
     for x, a in cast_slots_gb(v).items():
+        add(x, a)
+    for x, a in level_hbm_held(v, p, o).items():
         add(x, a)
     return coeffs, const
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from lazytrain.planner.duplex import duplex_pieces, effective_cap
 from lazytrain.planner.milp_inputs import Scaled
+from lazytrain.planner.milp_levels import level_dram_held, level_order_terms
 from lazytrain.planner.milp_loads import (
     reload_unless_resident, hbm_held, lin_scale, lin_sum, window_host, window_loads,
 )
@@ -198,14 +199,15 @@ def add_window_time(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
     """t[b_j] >= X[b_j]/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fr[j]) - Fr[j] keep[j]
-    (GPU), X[b_j] = sum_i A[i] h2d[i,b_j] + P[j-1] (1 - resident[j-1]),
+    - CUT[j] (GPU), X[b_j] = sum_i A[i] h2d[i,b_j] + P[j-1] (1 - resident[j-1]), CUT[j] the
+    re-forward the save levels remove (`milp_levels.level_order_terms`),
     R[s,e] = max_{k=s..e-2} (sum_{q=s}^{k} P[q]/bw_h2d + sum_{q=k}^{e-2} F[q])  for e - s >= 2.
 
     A segment's recompute forward of block k waits for its weights, which queue on the H2D
     stream behind the window's activation prefetches and the next block's weights
     (`chains.recompute_chain_ms`). At most one segment ends at j + 1, so the sum picks its
     term; without a recompute segment the row is implied by the H2D row (t >= X/bw_h2d), and
-    with keep[j] the re-forward Fr[j] is not run. No big-M. ms.
+    with keep[j] (or L2) the re-forward Fr[j] is not run (L1: Fr1[j] of it). No big-M. ms.
     Source: docs/execution_model.md, "In-window order".
     """
     if not p.overlap:
@@ -228,6 +230,7 @@ def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
             row[v.chain[j - 1, j + 1][1]] = -1.0
         if j in v.keep:
             row[v.keep[j]] = p.Fr[j]
+        row.update(level_order_terms(v, p, j))
         for (i, q), x in v.h2d.items():
             if q == o:
                 row[x] = -p.A[i] / p.bw_h2d
@@ -250,17 +253,20 @@ def add_hbm_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
 
 
 def add_dram_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
-    """sum_i A[i] dram[i] + sum_{(i,e): o in span(i,e)} Ab[i] nvb[i,e] - sum_j Q[j] q8[j]
-    - slack_host[dram] <= M_dram  for the step and every o;  nvb[i,e] >= nvme[i] + seg[i,e] - 1.
+    """sum_i A[i] dram[i] + sum_{(i,e): o in span(i,e)} Ab[i] nvb[i,e] + SAVED[o]
+    - sum_j Q[j] q8[j] - slack_host[dram] <= M_dram  for the step and every o;
+    nvb[i,e] >= nvme[i] + seg[i,e] - 1.
 
     DRAM checkpoints and the NVMe tier's bounce buffers fit beside the host optimizer states
     (8-bit moments free Q[j]) and the constant staging pools in every window. nvb[i,e]
     (auxiliary, [0, 1]) is 1 when boundary i is on NVMe with segment end e; its padded buffer
     Ab[i] counts in every window of span(i,e) = `staging.bounce_spans(i, e)`, the windows any
     legal schedule may hold it, so the rows are the evaluator's DRAM and predicted pinned bytes
-    (`staging.bounce_bound_by_window`) window by window. A row per window some span covers,
-    plus the step row (the windows no NVMe boundary touches). GB. Source:
-    docs/execution_model.md, "DRAM and NVMe capacity".
+    (`staging.bounce_bound_by_window`) window by window. SAVED[o]: the dram-tier saved
+    internals page-locked in window o (`milp_levels.level_dram_held`, exact: whole transfers).
+    A row per window some span or saved internal covers, plus the step row (the windows
+    neither touches). GB. Source: docs/execution_model.md, "DRAM and NVMe capacity", "Save
+    levels".
     """
     coeffs = {x: p.A[i] for i, x in v.dram.items()}
     coeffs.update({x: -p.q8_saving[j] for j, x in v.q8.items()})
@@ -274,9 +280,10 @@ def add_dram_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
         for first, last in bounce_spans(i, e, p.L, **p.horizons):
             for o in range(first, last + 1):
                 bounce.setdefault(o, {})[x] = p.A_padded[i]
-    for o in sorted(bounce):
-        m.add_row(row_name("dram_cap", window_name(o, p.L)), {**coeffs, **bounce[o]},
-                  ub=p.dram_cap)
+    inner = {o: level_dram_held(v, p, o) for o in range(2 * p.L + 1)}
+    for o in sorted(set(bounce) | {o for o, held in inner.items() if held}):
+        m.add_row(row_name("dram_cap", window_name(o, p.L)),
+                  {**coeffs, **bounce.get(o, {}), **inner[o]}, ub=p.dram_cap)
 
 
 def add_nvme_capacity(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:

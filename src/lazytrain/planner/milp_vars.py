@@ -54,6 +54,12 @@ class MilpVars:
     wreload: dict[tuple[int, int, int], int] = field(default_factory=dict)
     cast_max: dict[int, int] = field(default_factory=dict)
     chain: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    lvl: dict[tuple[int, int, str], int] = field(default_factory=dict)
+    """(block, level 1|2, tier hbm|dram) -> column, only with save levels (`milp_levels`)."""
+    id2h: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    """(block, level, ord) -> whole d2h of a dram-tier block's saved internals."""
+    ih2d: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    """(block, level, ord) -> whole h2d of a dram-tier block's saved internals."""
     legal_ends: dict[tuple[str, int, int], tuple[int, ...]] = field(default_factory=dict)
     """(family, i, o) -> segment ends e for which window o is legal (not a variable)."""
 
