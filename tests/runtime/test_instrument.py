@@ -127,7 +127,8 @@ def test_windows_jsonl_has_one_line_per_step_and_micro_batch_with_the_schema(tmp
         for w in r["windows"]:
             assert set(w) == {"name", "wall_ms", "compute_ms", "exposed_ms", "wait_ms",
                               "busy_ms", "host_ms", "bytes", "peak_bytes", "ledger",
-                              "host_blocked_ms", "host_blocked_on_ms"}
+                              "host_blocked_ms", "host_blocked_on_ms", "saved_d2h_bytes",
+                              "saved_h2d_bytes"}
             assert set(w["host_blocked_on_ms"]) == set(CHANNELS)
             assert sum(w["host_blocked_on_ms"].values()) == pytest.approx(
                 w["host_blocked_ms"], abs=1e-3)

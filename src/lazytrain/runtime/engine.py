@@ -33,12 +33,14 @@ from lazytrain.models.adapter import ModelAdapter
 from lazytrain.planner.budgets import plan_budgets
 from lazytrain.planner.plan import Plan
 from lazytrain.runtime.activations import ActivationStore
-from lazytrain.runtime.block_autograd import flat_grad, grad_leaves, replay_rng, rng_state
+from lazytrain.runtime.block_autograd import flat_grad, replay_rng, rng_state
 from lazytrain.runtime.engine_config import COMPUTE_DTYPES, EngineSettings, StepStats
 from lazytrain.runtime.ends import ResidentEnds
 from lazytrain.runtime.instrument import Instrument
+from lazytrain.runtime.levels import BlockLevels
 from lazytrain.runtime.micro_batch import MicroBatch, label_tokens, prepare_micro_batch
 from lazytrain.runtime.optim import BlockOptimizer, clip_scale, global_grad_norm
+from lazytrain.runtime.saved_store import SavedStore
 from lazytrain.runtime.streams import DeviceWeights, GradDrain, WindowMeter
 
 
@@ -113,6 +115,8 @@ class Engine:
         self.grad_accum = settings.grad_accum
         self.resident = set(plan.resident_weights) | set(plan.keep_internals)
         self.keep = set(plan.keep_internals)
+        self.saved = SavedStore(self.dev)  # L1/L2 blocks' saved internals (runtime/levels.py)
+        self.levels = BlockLevels(self)
         self._checked_shape = False
         self.instrument: Instrument | None = None
         if settings.instrument:
@@ -144,6 +148,7 @@ class Engine:
         self.plan = plan
         self.resident = set(plan.resident_weights) | set(plan.keep_internals)
         self.keep = set(plan.keep_internals)
+        self.levels.set_plan(plan)
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # converts moments of blocks that change
         self.weights.set_paths(plan.weight_paths, self.optimizer)
         # the store's per-window HBM limits come from the plan (constructor argument)
@@ -180,6 +185,7 @@ class Engine:
             raise ValueError(f"got {len(micro_batches)} micro-batches; grad_accum is "
                              f"{self.grad_accum}")
         self.store.reset_peaks()
+        self.saved.reset()
         self.ledger.reset()
         self.meter.reset()
         if self.instrument is not None:
@@ -344,6 +350,7 @@ class Engine:
         and an h2d chained to another transfer of its boundary in the window (their h2d
         buffers are allocated before the compute, `ActivationStore.reserve_h2d`); a prefetch
         is never used in its own window."""
+        self.levels.issue(window, mb, after_compute=after_compute)  # saved internals
         transfers = sorted(self.plan.transfers_in(window), key=lambda t: TRANSFER_ORDER.index(t.kind))
         chained = {t.boundary for t in transfers if t.kind != "h2d"}
         for t in transfers:
@@ -355,24 +362,19 @@ class Engine:
                 self.store.reserve_h2d(t.boundary, micro_batch=mb.index)
 
     def run_forward(self, mb: MicroBatch, j: int, h: torch.Tensor) -> torch.Tensor:
-        """Block j's forward; a kept block runs with autograd and keeps its graph until b{j}."""
+        """Block j's forward; a kept or L1/L2 block runs with autograd (`runtime/levels.py`)
+        and keeps its graph or its saved internals until b{j}."""
         mb.rng[j] = rng_state(self.device, is_cuda=self.dev.is_cuda)
         flat = self.weights.ready(mb.weights[j])
         logits = None if mb.aux is None else []  # router logits, counted once per forward
-        if j not in self.keep:
+        if j in self.keep or self.levels.saves(j):
+            out = self.levels.forward(mb, j, h, flat, logits)
+        else:
             with torch.no_grad(), self._owner(f"block {j} forward"):
                 out = self._block(mb, j, h, flat, router_logits=logits)
-            if mb.aux is not None:
-                mb.aux.observe(logits)
-            return out
-        x = h.detach().requires_grad_()
-        leaves = grad_leaves(self.params.blocks[j], flat)
-        with torch.enable_grad(), self._owner(f"kept graph of block {j}"):
-            out = self.adapter.forward_block(j, x, leaves, mb.kwargs[j], router_logits=logits)
         if mb.aux is not None:
             mb.aux.observe(logits)
-        mb.kept[j] = (x, out, leaves, logits)
-        return out.detach()
+        return out
 
     def recompute_segment(self, mb: MicroBatch, s: int, e: int) -> None:
         """Blocks s..e-2 without autograd from boundary s; outputs go to the recompute cache."""
@@ -395,8 +397,8 @@ class Engine:
 
     def backward_block(self, mb: MicroBatch, j: int, grad: torch.Tensor, *,
                        step_lr: float | None) -> torch.Tensor:
-        """Re-forward block j with autograd, truncated (models/truncate.py), or use its kept
-        graph; backward; drain its grads.
+        """Block j's backward as its level says (`runtime/levels.py`: kept graph, re-forward
+        truncated or in full, saved internals); drain its grads.
 
         Returns:
             d loss / d boundary j [B, S, H].
@@ -406,23 +408,7 @@ class Engine:
 
     def _backward_block(self, mb: MicroBatch, j: int, grad: torch.Tensor, *,
                         step_lr: float | None) -> torch.Tensor:
-        if j in mb.kept:
-            x, out, leaves, logits = mb.kept.pop(j)
-        else:
-            x = self.store.get(j, micro_batch=mb.index).detach().requires_grad_()
-            leaves = grad_leaves(self.params.blocks[j], self.weights.ready(mb.weights[j]))
-            logits = None if mb.aux is None else []
-            with torch.enable_grad(), replay_rng(mb.rng[j], self.device,
-                                                 is_cuda=self.dev.is_cuda):
-                out = self.adapter.forward_block(j, x, leaves, mb.kwargs[j],
-                                                 router_logits=logits, truncated=True)
-        outs, grads = [out], [grad]
-        aux = None if mb.aux is None else mb.aux.block_term(logits)
-        if aux is not None:  # block j's exact share of d(coef * aux) (models/router_aux.py)
-            outs.append(aux)
-            grads.append(torch.ones_like(aux))
-        grad_x, *leaf_grads = torch.autograd.grad(outs, (x, *leaves.values()), grads,
-                                                  allow_unused=True)
+        grad_x, leaves, leaf_grads = self.levels.backward(mb, j, grad)
         group = self.params.blocks[j]
         grad_w = flat_grad(group, leaves, leaf_grads)
         self.optimizer.note_gradients(group, dict(zip(leaves, leaf_grads)), first=mb.index == 0)
@@ -458,10 +444,12 @@ class Engine:
         NVMe fault, a budget check) the window is closed and the step's stored boundaries are
         released before the error propagates, so the engine can run another step."""
         self.store.begin_window(name)
+        self.saved.begin_window(name)
         try:
             with self._timed_window(name):
                 yield
                 self.store.end_window()
+                self.saved.end_window()
         except BaseException:
             self._abandon_step()
             raise
@@ -483,6 +471,8 @@ class Engine:
         for boundary, micro_batch in self.store.stored():
             with suppress(Exception):
                 self.store.release(boundary, micro_batch=micro_batch)
+        with suppress(Exception):
+            self.levels.abandon()  # the saved internals it left
 
     @contextmanager
     def _timed_window(self, name: str):
@@ -590,6 +580,7 @@ class Engine:
         self.drain.close()
         self.weights.close()
         self.optimizer.close()
+        self.saved.close()
         self.store.close()
         if self._owns_device:
             self.dev.close()

@@ -63,6 +63,8 @@ re-planning/refit code reads these key names):
          "bytes": {"h2d", "d2h", "nvme_read", "nvme_write": int},
                                 # bytes the device API copied / NVMe I/O issued in the window
                                 # (the ledger's; NVMe kinds include 4 KiB padding)
+         "saved_d2h_bytes": int,  # of which L1/L2 blocks' saved internals moved D2H / H2D
+         "saved_h2d_bytes": int,  # by the plan's internal transfers (runtime/saved_store.py)
          "peak_bytes": {"hbm", "dram", "nvme": int},
                                 # store accounting: checkpoint bytes in HBM, host bytes
                                 # (dram + dram_staging), NVMe file bytes. Peaks are the store's
@@ -139,6 +141,7 @@ class Instrument:
         self._mb_windows: list[_Window] = []
         self._records: list[tuple[dict, list[_Window]]] = []  # (host figures, windows)
         self._ledger_seen: dict[str, dict[str, int]] = {}
+        self.saved = None  # the engine's SavedStore (`attach`): saved internals moved
 
     # --- wiring ------------------------------------------------------------------------------
 
@@ -146,6 +149,7 @@ class Instrument:
         """Observe the engine's device API (waits, copies, host work): nothing is patched."""
         self._engine_thread = threading.current_thread()
         self.device.set_observer(self)
+        self.saved = getattr(engine, "saved", None)
 
     def set_plan(self, plan) -> None:
         """A new plan from the next window on (re-planning switches at a step boundary)."""
@@ -244,6 +248,10 @@ class Instrument:
             for w, figures in zip(resolved, record.pop("ledger_windows")):
                 w["bytes"] = dict(figures["moved"])
                 w["ledger"] = figures
+                saved = ({} if self.saved is None
+                         else self.saved.moved(record["micro_batch"], w["name"]))
+                w["saved_d2h_bytes"] = int(saved.get("d2h", 0))
+                w["saved_h2d_bytes"] = int(saved.get("h2d", 0))
             out.append({**record, "windows": resolved})
         self._records = []
         self._ledger_seen = {}

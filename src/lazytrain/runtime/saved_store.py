@@ -11,7 +11,10 @@ the bytes moved per window. It decides nothing: the engine calls `put` / `transf
 Byte ranges: the storages of one block (uint8 1-D device tensors) are treated as one
 concatenated range of `S = sum(sizes)` bytes; a transfer fraction moves
 `[round(cum_before * S), round(cum_after * S))` of it (the last fraction ends at S), split at
-the storages' edges, as the activation store moves a boundary's flat bytes.
+the storages' edges, as the activation store moves a boundary's flat bytes. The host copy is
+one page-locked buffer holding storage k at offset `sum(align16(size) for the ones before)`:
+`SavedInternals.replace_storages` takes views of it that start 16-byte aligned (at most 15
+bytes of padding per storage).
 
 Device path: the copies run on the activation store's copy streams (`ckpt_d2h`, `ckpt_h2d`)
 through the device API, with host buffers from a bounded pool of page-locked buffers
@@ -19,8 +22,8 @@ through the device API, with host buffers from a bounded pool of page-locked buf
 ordering checkers (`cpu-checked`, `cpu-threaded`) see every access:
 - a d2h waits for the compute event recorded at `put` (the forward that produced the tensors);
 - at the barrier of the window holding a block's last d2h fraction the compute stream waits for
-  the window's copies, and the device copies are dropped (`replace_storages` with no tensors:
-  the saved graph holds them nowhere else);
+  the window's copies, the saved graph is pointed at the host copy (`replace_storages`: it
+  holds its storages nowhere else) and the device copies are discarded;
 - the first h2d allocates new device buffers (on the compute stream, booked to the owner
   "saved internals of block j"), the copies wait for that allocation and for the d2h; the last
   one hands them to the saved graph (`replace_storages`); `take` makes the compute stream wait
@@ -45,6 +48,9 @@ SAVED_TIERS = ("hbm", "dram")
 SAVED_KINDS = ("d2h", "h2d")
 """Transfer kinds of saved internals (Plan JSON `internal_transfers`), in issue order."""
 
+HOST_ALIGN = 16
+"""Byte alignment of each storage's view in the host copy (`replace_storages` requires it)."""
+
 _FRACTION_TOL = 1e-6
 """Cumulative fractions within this of 1 count as complete (plans store floats)."""
 
@@ -65,6 +71,7 @@ class _Entry:
     tier: str
     saved: object  # models.saved_tensors.SavedInternals
     sizes: list[int]
+    offsets: list[int]  # storage k's byte offset in the host copy (HOST_ALIGN-aligned)
     nbytes: int
     device: list | None  # the device storages held now (None: drained, not yet prefetched)
     produced: object | None = None  # compute event at `put`: the d2h waits for it
@@ -150,8 +157,12 @@ class SavedStore:
         for s in storages:
             self.dev.ledger.relabel(s, saved_owner(block))
         sizes = [s.numel() for s in storages]
-        e = _Entry(key=key, tier=tier, saved=saved, sizes=sizes, nbytes=sum(sizes),
-                   device=storages)
+        offsets, at = [], 0
+        for n in sizes:
+            offsets.append(at)
+            at += -(-n // HOST_ALIGN) * HOST_ALIGN
+        e = _Entry(key=key, tier=tier, saved=saved, sizes=sizes, offsets=offsets,
+                   nbytes=sum(sizes), device=storages)
         if tier == "dram":  # its d2h, issued later, waits for no newer compute
             e.produced = self.dev.record(self.dev.compute)
         self._entries[key] = e
@@ -257,13 +268,13 @@ class SavedStore:
     # ---- copies ----------------------------------------------------------------------------
 
     def _pieces(self, e: _Entry, start: int, end: int):
-        """(storage index, offset in it, offset in the concatenation, length) covering
-        [start, end) of the concatenated bytes."""
+        """(storage index, offset in it, length) covering [start, end) of the concatenated
+        bytes."""
         base = 0
         for k, size in enumerate(e.sizes):
             lo, hi = max(start, base), min(end, base + size)
             if lo < hi:
-                yield k, lo - base, lo, hi - lo
+                yield k, lo - base, hi - lo
             base += size
 
     def _d2h(self, e: _Entry, target: int) -> int:
@@ -275,10 +286,12 @@ class SavedStore:
             raise TransferOrderError(f"{e.label}: d2h after its device copies were dropped",
                                      boundary=e.key[0], micro_batch=e.key[1])
         if e.host is None:
-            e.host = self._pool.acquire(e.nbytes)
+            last = len(e.sizes) - 1
+            e.host = self._pool.acquire(e.offsets[last] + e.sizes[last])
         # after the forward that produced them (queued before `put`), not the window's compute
         self.dev.wait_event(self.d2h_stream, e.produced)
-        for k, off, at, n in self._pieces(e, start, target):
+        for k, off, n in self._pieces(e, start, target):
+            at = e.offsets[k] + off
             e.d2h_event = self._track(self.dev.copy(e.host[at:at + n], e.device[k][off:off + n],
                                                     stream=self.d2h_stream))
         e.done["d2h"] = target
@@ -305,7 +318,8 @@ class SavedStore:
             # after the allocation (compute queued so far) and the d2h that filled the host
             self.dev.wait_stream(self.h2d_stream, self.dev.compute)
         self.dev.wait_event(self.h2d_stream, e.d2h_event)
-        for k, off, at, n in self._pieces(e, start, target):
+        for k, off, n in self._pieces(e, start, target):
+            at = e.offsets[k] + off
             e.h2d_event = self._track(self.dev.copy(e.prefetch[k][off:off + n],
                                                     e.host[at:at + n], stream=self.h2d_stream))
         for buf in e.prefetch:
@@ -317,9 +331,10 @@ class SavedStore:
         return target - start
 
     def _drop_device(self, e: _Entry) -> None:
-        """The saved graph lets go of its device storages; the device API discards them."""
+        """The saved graph reads the host copy from now on (it holds its storages nowhere
+        else); the device API discards the device copies."""
         storages, e.device = e.device, None
-        e.saved.replace_storages([None] * len(storages))
+        e.saved.replace_storages([e.host[o:o + n] for o, n in zip(e.offsets, e.sizes)])
         for s in storages:
             self.dev.discard(s)
 
