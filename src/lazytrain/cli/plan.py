@@ -26,6 +26,7 @@ from lazytrain.config import apply_overrides, config_from_dict, load_config
 from lazytrain.planner import policy
 from lazytrain.planner.build import hardware_from_config, rank_problem_from_config, topology_of
 from lazytrain.planner.capacity import max_batch_search
+from lazytrain.planner.grpo_phase import grpo_plan_lines
 from lazytrain.planner.infeasible import PlanInfeasibleError, shortfall_fix
 from lazytrain.planner.inference_plans import summary_lines as inference_lines
 from lazytrain.planner.policy import BACKENDS, POLICIES, planner_options
@@ -178,6 +179,11 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(inference_lines(
             problem, read_hf_config(cfg.model.config_path),
             hbm_bytes_per_s=hardware_from_config(cfg).hbm_bandwidth_bytes_per_s)))
+        if cfg.train.method == "grpo":  # its generation phase and its training phase
+            print("\n".join(grpo_plan_lines(
+                problem, read_hf_config(cfg.model.config_path), plan=plan, grpo=cfg.grpo,
+                compute_dtype=cfg.train.compute_dtype,
+                hbm_bytes_per_s=hardware_from_config(cfg).hbm_bandwidth_bytes_per_s)))
         if topo is not None:
             print(scaling_text(node_problem, topo, options))
     write_outputs(problem, plan, out=args.out, gantt=args.gantt)

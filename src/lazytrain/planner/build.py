@@ -62,6 +62,7 @@ from lazytrain.contract import (
     HOST_BYTES_PER_PARAM, HOST_BYTES_PER_PARAM_Q8, NVME_BOUNCE_BUFFERS,
     OPTIMIZER_SCRATCH_BYTES_PER_PARAM, WEIGHT_STAGING_BUFFERS, align_up,
 )
+from lazytrain.planner.grpo_phase import reference_bytes
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.topology import Topology, rank_problem
 from lazytrain.spec.costs import DTYPE_BYTES, ModelCosts, analytic_costs, profile_costs
@@ -138,7 +139,11 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         **host_rates(hw, master_dtype=t.master_dtype, compute_dtype=t.compute_dtype),
         copies_overlap_compute=hw.copies_overlap_compute,
         hbm_bytes=mem["hbm_budget_bytes"], fixed_hbm_bytes=mem["fixed_hbm_bytes"],
-        dram_bytes=hw.dram_bytes, nvme_bytes=hw.nvme_bytes,
+        # GRPO with a KL term holds a reference copy of the weights in DRAM beside the plan
+        dram_bytes=hw.dram_bytes - reference_bytes(model.total_params, method=t.method,
+                                                   kl_coef=cfg.grpo.kl_coef,
+                                                   compute_dtype=t.compute_dtype),
+        nvme_bytes=hw.nvme_bytes,
         nvme_staging_bytes=mem["staging_bytes"], nvme_bounce_bytes=mem["nvme_bounce_bytes"],
         host_scratch_bytes=mem["optimizer_scratch_bytes"],
         master_bytes_ratio=DTYPE_BYTES[t.master_dtype] / DTYPE_BYTES[t.compute_dtype],

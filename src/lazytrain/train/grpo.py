@@ -33,6 +33,7 @@ from lazytrain.data import IGNORE_INDEX, Example, encode_prompt
 from lazytrain.evaluation.streamed_lm import StreamedLM
 from lazytrain.models.adapter import ModelAdapter
 from lazytrain.models.host_params import HostParams
+from lazytrain.planner.grpo_phase import grpo_summary_lines
 from lazytrain.train import eval_plans
 from lazytrain.train.grpo_loss import GRPOObjective, group_advantages
 from lazytrain.train.rewards import exact_match, load_reward, score
@@ -268,6 +269,12 @@ def start_grpo(trainer) -> GrpoRun:
                   device=trainer.engine.dev, compute_dtype=trainer.engine.dtype)
     trainer.engine.ends.objective = run.objective
     g = trainer.cfg.grpo
+    if trainer.is_main:  # the plan summary's GRPO lines, under the inference plans' lines
+        predicted = trainer.plan.predicted.step_ms if trainer.plan.predicted else 0.0
+        print("\n".join(grpo_summary_lines(
+            trainer.eval_plans, training_step_ms=predicted, grpo=g,
+            total_params=trainer.adapter.params.total_numel(),
+            compute_dtype=trainer.cfg.train.compute_dtype)), flush=True)
     ref = (f", KL {g.kl_coef:g} to the initial weights ({run.reference.bytes / 1e9:.3g} GB "
            f"in DRAM)" if run.reference is not None else "")
     trainer.log(f"grpo: {g.prompts_per_step} prompts x {g.n} rollouts per step, up to "
