@@ -113,7 +113,7 @@ class _Sink:
 
 class _Entry(torch.autograd.Function):
     """(anchor, sink, *tensors) -> aliases of `tensors` that require grad; backward stores the
-    aliases' gradients in `sink` (None for an alias no kept node used) and gives the 0-dim
+    aliases' gradients in `sink` (None for an alias no kept node used) and gives the empty
     anchor none. The graph reaches the caller's tensors through this node only, which saves
     nothing, so it holds neither the boundary nor the weights."""
 
@@ -130,12 +130,13 @@ class _Entry(torch.autograd.Function):
 
 
 class _Root(torch.autograd.Function):
-    """t -> zeros of t's shape (zero-stride: one element of storage) whose gradient is passed
-    to t unchanged: a graph root that does not hold t's storage."""
+    """t -> a tensor of t's shape over one element of storage (zero stride; its value is never
+    read) whose gradient is passed to t unchanged: a graph root that does not hold t's
+    storage."""
 
     @staticmethod
     def forward(ctx, t):
-        return t.new_zeros(()).expand(t.shape)
+        return t.new_empty(()).expand(t.shape)
 
     @staticmethod
     def backward(ctx, g):
@@ -378,7 +379,7 @@ def forward_saving(adapter, j: int, x: torch.Tensor, leaves: dict[str, torch.Ten
                           *(_BaseShape.of(f"kwargs tensor {i}", t)
                             for i, t in enumerate(saved._bases[2:]))]
     logits = [] if router_logits is not None else None
-    saved._anchor = torch.zeros((), device=x.device, requires_grad=True)
+    saved._anchor = torch.empty(0, device=x.device, requires_grad=True)  # no kernel
 
     def mixer_returned(_module, _args, output):
         t = output[0] if isinstance(output, tuple) else output
