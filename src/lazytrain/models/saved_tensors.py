@@ -222,7 +222,8 @@ class SavedInternals:
         self.nbytes = 0
         self.dropped = 0
         self.host_held: list[torch.Tensor] = []
-        self._bases: list[torch.Tensor] | None = None  # bound only while packing / unpacking
+        self._bases: list[torch.Tensor] | None = None  # bound only while unpacking
+        self._spans: list[tuple] = []  # per base (address, device, first byte, end byte)
         self._index: dict[tuple[int, int], int] = {}  # (address, bytes) -> storages index
         self._dropping = False  # L1: the token mixer has returned
         self._base_shapes: list[_BaseShape] = []
@@ -269,15 +270,14 @@ class SavedInternals:
             raise TypeError(f"saved tensor of type {type(t).__name__}, layout {t.layout}: "
                             f"save levels keep plain strided tensors only; use L0")
         storage, (lo, hi) = t.untyped_storage(), _byte_span(t)
-        for i, base in enumerate(self._bases):
-            b_lo, b_hi = _byte_span(base)
-            if (base.untyped_storage().data_ptr() == storage.data_ptr()
-                    and base.device == t.device and b_lo <= lo and hi <= b_hi):
+        address = storage.data_ptr()
+        for i, (b_address, b_device, b_lo, b_hi) in enumerate(self._spans):
+            if address == b_address and t.device == b_device and b_lo <= lo and hi <= b_hi:
                 return _Ref(i, _view_of(t, lo - b_lo))
-        if t.device != self._bases[1].device:
+        if t.device != self._spans[1][1]:
             self.host_held.append(t)
             return t
-        key = (storage.data_ptr(), storage.nbytes())
+        key = (address, storage.nbytes())
         index = self._index.get(key) if storage.nbytes() else None
         if index is None:
             index = len(self.storages)
@@ -305,8 +305,8 @@ class SavedInternals:
             return _materialize(base.untyped_storage(), start + packed.view.offset_bytes,
                                 packed.view)
         kept = self.storages[packed.storage]
-        return _materialize(kept.untyped_storage(), kept.storage_offset() + packed.view.offset_bytes,
-                            packed.view)
+        start = kept.storage_offset() + packed.view.offset_bytes
+        return _materialize(kept.untyped_storage(), start, packed.view)
 
     def _bind(self, flat: torch.Tensor, x: torch.Tensor, kwargs: dict) -> None:
         """Set the bases the references resolve against (checked against the forward's)."""
@@ -339,7 +339,8 @@ def forward_saving(adapter, j: int, x: torch.Tensor, leaves: dict[str, torch.Ten
                    flat: torch.Tensor, kwargs: dict, *, level: str,
                    router_logits: list | None = None
                    ) -> tuple[torch.Tensor, SavedInternals]:
-    """Block j's forward with autograd, keeping the internals of save level `level`.
+    """Block j's forward with autograd (enabled here: the caller may run under no_grad),
+    keeping the internals of save level `level`.
 
     Args:
         adapter: the `ModelAdapter` (its `forward_block` runs the block).
@@ -374,10 +375,11 @@ def forward_saving(adapter, j: int, x: torch.Tensor, leaves: dict[str, torch.Ten
             raise ValueError(f"leaves[{name!r}] is not a view of flat; pass "
                              f"grad_leaves(group, flat)")
     saved = SavedInternals(level)
-    saved._bases = [flat, x, *_tensors(kwargs)]
+    bases = [flat, x, *_tensors(kwargs)]
+    saved._spans = [(b.untyped_storage().data_ptr(), b.device, *_byte_span(b)) for b in bases]
     saved._base_shapes = [_BaseShape.of("flat", flat), _BaseShape.of("x", x),
                           *(_BaseShape.of(f"kwargs tensor {i}", t)
-                            for i, t in enumerate(saved._bases[2:]))]
+                            for i, t in enumerate(bases[2:]))]
     logits = [] if router_logits is not None else None
     saved._anchor = torch.empty(0, device=x.device, requires_grad=True)  # no kernel
 
@@ -404,7 +406,7 @@ def forward_saving(adapter, j: int, x: torch.Tensor, leaves: dict[str, torch.Ten
     finally:
         if hook is not None:
             hook.remove()
-        saved._bases, saved._index, saved._dropping = None, {}, False
+        saved._spans, saved._index, saved._dropping = [], {}, False
     if router_logits is not None:
         router_logits.extend(lg.detach() for lg in logits)
     saved.nbytes = sum(s.numel() for s in saved.storages)
