@@ -5,7 +5,8 @@ NVMe bytes and host time; window time as max of channels and the host on a GPU o
 CPU, and on a GPU at
 least the in-window stream order of `planner/chains.py`; step time with
 the `pre`/`post` terms; HBM bytes held by the activation store with the exact holding
-intervals; peak HBM with fixed and keep terms; DRAM and NVMe bytes). It also owns `build_plan`,
+intervals; peak HBM with fixed, keep and saved-internals terms; DRAM and NVMe bytes; save
+levels: the re-forward by level and the saved internals' bytes, holding and transfers). It also owns `build_plan`,
 the one place a `Plan` is assembled from decisions; the transfer scheduler is
 `planner/schedule.py`, and the per-window primitives both use are `planner/window_time.py`'s.
 
@@ -20,13 +21,16 @@ from dataclasses import dataclass
 
 from lazytrain.planner.chains import stream_bounds_ms
 from lazytrain.planner.host_bound import host_record
-from lazytrain.planner.plan import Bounds, Plan, Predicted, SolveRecord, Transfer, WindowRecord
+from lazytrain.planner.plan import (
+    Bounds, InternalTransfer, Plan, Predicted, SolveRecord, Transfer, WindowRecord,
+)
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.schedule import schedule_transfers
 from lazytrain.planner.staging import bounce_bound_by_window
 from lazytrain.planner.weight_paths import with_weight_paths
 from lazytrain.planner.window_time import (
-    binding_term, ends_step_ms, fixed_loads, host_by_window_ms, q8_update_ms, window_time_ms,
+    binding_term, ends_step_ms, fixed_loads, host_by_window_ms, q8_update_ms,
+    reforward_by_level_ms, window_time_ms, with_reforward,
 )
 from lazytrain.planner.windows import (
     OFFLOAD_TIERS, TRANSFER_KINDS, check_tiers, horizons_of, segment_ends, segments_of, use_ord,
@@ -49,6 +53,15 @@ class Decisions:
     transfers: tuple[Transfer, ...] = ()
     weight_paths: tuple[str, ...] | None = None
     """One weight path per block (`PlanningProblem.weight_paths`); None: the problem's."""
+    save_levels: tuple[str, ...] | None = None
+    """One of L0, L1, L2 per block. None: the planner's default (`levels_of`: every block L0,
+    the truncated re-forward, when the problem has re-forward or save-level data; else none);
+    (): no levels, every block re-forwards in full (a plan written before the field, the
+    MegaTrain rule as published)."""
+    saved_tiers: tuple[str, ...] | None = None
+    """One of none, hbm, dram per block; None: "none" for every block."""
+    internal_transfers: tuple[InternalTransfer, ...] = ()
+    """D2H/H2D of dram-tier blocks' saved internals."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -60,13 +73,19 @@ class Decisions:
         set_(self, "transfers", tuple(self.transfers))
         if self.weight_paths is not None:
             set_(self, "weight_paths", tuple(self.weight_paths))
+        for name in ("save_levels", "saved_tiers"):
+            if getattr(self, name) is not None:
+                set_(self, name, tuple(getattr(self, name)))
+        set_(self, "internal_transfers", tuple(self.internal_transfers))
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "Decisions":
-        """The decisions a plan carries."""
+        """The decisions a plan carries (no save levels in the plan: none, full re-forward)."""
         return cls(tiers=plan.tiers, keep_internals=plan.keep_internals,
                    resident_weights=plan.resident_weights, q8_blocks=plan.q8_blocks,
-                   transfers=plan.transfers, weight_paths=plan.weight_paths)
+                   transfers=plan.transfers, weight_paths=plan.weight_paths,
+                   save_levels=plan.save_levels, saved_tiers=plan.saved_tiers,
+                   internal_transfers=plan.internal_transfers)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -99,8 +118,9 @@ class Evaluation:
     """Parameters with 8-bit Adam moments / all parameters (blocks + ends)."""
     pinned_bytes: float = 0.0
     """Page-locked host bytes: DRAM-tier checkpoints, the weight staging and gradient landing
-    pools and the NVMe bounce buffers at their peak over every legal schedule
-    (`staging.bounce_bound_by_window`): the DRAM row less host states and pageable scratch."""
+    pools, and the NVMe bounce buffers at their peak over every legal schedule
+    (`staging.bounce_bound_by_window`) plus the dram-tier saved internals, at the window where
+    those two peak together: the DRAM row less host states and pageable scratch."""
     host_ms_by_window: tuple[float, ...] = ()
     """Host time of each window (conversion + accumulation, `host_ms`), ms, in window order."""
     binding_by_window: tuple[str, ...] = ()
@@ -182,6 +202,92 @@ def checkpoint_bytes(problem: PlanningProblem, tiers, transfers) -> list[float]:
     return out
 
 
+def levels_of(problem: PlanningProblem, decisions: Decisions
+              ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(save_levels, saved_tiers) that price `decisions`: as given, or where `save_levels` is
+    None every block L0 with tier none when the problem has re-forward data (`reforward_ms`
+    or `saved_bytes`: the planner's plans re-forward truncated) and no levels otherwise (both
+    empty: the full re-forward, which is the same price there). `saved_tiers` None: "none"
+    for every block.
+
+    Raises:
+        ValueError: `saved_tiers` of another length than `save_levels`, or levels neither
+            empty nor one per block.
+    """
+    L = problem.num_blocks
+    levels = decisions.save_levels
+    if levels is None:
+        levels = ("L0",) * L if problem.reforward_ms or problem.saved_bytes else ()
+    tiers = ("none",) * len(levels) if decisions.saved_tiers is None else decisions.saved_tiers
+    if len(levels) not in (0, L) or len(tiers) != len(levels):
+        raise ValueError(f"save_levels and saved_tiers must have {L} entries each (one per "
+                         f"block) or none; got {len(levels)} and {len(tiers)}")
+    return tuple(levels), tuple(tiers)
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class SavedInternals:
+    """Per window ord (0..2L), bytes: what L1/L2 blocks' saved internals hold and move."""
+
+    hbm: list[float]
+    """Held in HBM (`WindowRecord.hbm_saved_bytes`)."""
+    dram: list[float]
+    """Held in page-locked DRAM (dram tier)."""
+    d2h: list[float]
+    """Moved D2H by the window's internal d2h transfers."""
+    h2d: list[float]
+    """Moved H2D by the window's internal h2d transfers."""
+
+
+def saved_internals(problem: PlanningProblem, save_levels, saved_tiers,
+                    internal_transfers) -> SavedInternals:
+    """Bytes of the saved internals per window, S = S1[j] at L1, S2[j] at L2 (`saved_bytes`).
+
+    hbm tier: HBM holds S in [j, 2L - j]. dram tier: HBM holds S in [j, last d2h] and
+    [first h2d, 2L - j] (from production to use where a kind has no transfer yet), DRAM from
+    the first d2h to the last h2d; a d2h (h2d) fraction x adds x S to its window's D2H (H2D).
+    L0 and tier none hold nothing.
+
+    Raises:
+        ValueError: a block at L1/L2 while the problem has no `saved_bytes`.
+
+    Source: docs/execution_model.md, "Save levels".
+    """
+    L, n = problem.num_blocks, 2 * problem.num_blocks + 1
+    out = SavedInternals(hbm=[0.0] * n, dram=[0.0] * n, d2h=[0.0] * n, h2d=[0.0] * n)
+    ords: dict[tuple[int, str], list[int]] = {}
+    for t in internal_transfers:
+        ords.setdefault((t.block, t.kind), []).append(window_ord(t.window, L))
+    for j, (level, tier) in enumerate(zip(save_levels, saved_tiers)):
+        if level == "L0" or tier == "none":
+            continue
+        if not problem.saved_bytes:
+            raise ValueError(f"block {j}: save level {level} but the problem has no saved_bytes"
+                             f" (levels unavailable); use L0 or build the problem with "
+                             f"planner.save_levels: true")
+        size = float(problem.saved_bytes[j][0 if level == "L1" else 1])
+        spans = [(j, 2 * L - j)]
+        if tier == "dram":
+            d2h, h2d = ords.get((j, "d2h"), []), ords.get((j, "h2d"), [])
+            last, first = max(d2h, default=2 * L - j), min(h2d, default=j)
+            spans = [(j, 2 * L - j)] if first <= last + 1 else [(j, last), (first, 2 * L - j)]
+            for o in range(min(d2h, default=n), max(h2d, default=-1) + 1):
+                out.dram[o] += size
+        for lo, hi in spans:
+            for o in range(lo, hi + 1):
+                out.hbm[o] += size
+    for t in internal_transfers:
+        if t.kind not in ("d2h", "h2d") or not 0 <= t.block < L:
+            raise ValueError(f"internal transfer of block {t.block} in window {t.window}: kind "
+                             f"{t.kind!r} must be d2h or h2d, the block in 0..{L - 1}")
+        level = save_levels[t.block] if save_levels else "L0"
+        if level == "L0" or not problem.saved_bytes:
+            continue  # nothing saved: moves no bytes (validation refuses the transfer)
+        nbytes = float(problem.saved_bytes[t.block][0 if level == "L1" else 1])
+        getattr(out, t.kind)[window_ord(t.window, L)] += nbytes * t.fraction
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Evaluation
 
@@ -210,8 +316,13 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
     p, L = problem, problem.num_blocks
     tiers = check_tiers(p, d.tiers)
     A = p.boundary_bytes
-    comp, h2d, d2h = fixed_loads(p, tiers, d.keep_internals, d.resident_weights)
+    levels, saved_tiers = levels_of(p, d)
+    comp, h2d, d2h = fixed_loads(p, tiers, d.keep_internals, d.resident_weights,
+                                 save_levels=levels)
     host = host_by_window_ms(p, tiers, d.resident_weights, d2h)  # drains only, no transfers
+    saved = saved_internals(p, levels, saved_tiers, d.internal_transfers)
+    h2d = [a + b for a, b in zip(h2d, saved.h2d)]
+    d2h = [a + b for a, b in zip(d2h, saved.d2h)]
     nr, nw = [0.0] * (2 * L + 1), [0.0] * (2 * L + 1)
     chan = {"h2d": h2d, "d2h": d2h, "nvme_read": nr, "nvme_write": nw}
     for t in d.transfers:
@@ -224,8 +335,8 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
     for j in d.resident_weights:
         keep_add[j] += p.weight_bytes[j]
         keep_add[2 * L - j + 1] -= p.weight_bytes[j]
-    order = stream_bounds_ms(p, tiers, d.transfers, keep_internals=d.keep_internals,
-                             resident_weights=d.resident_weights)
+    order = stream_bounds_ms(with_reforward(p, levels), tiers, d.transfers,
+                             keep_internals=d.keep_internals, resident_weights=d.resident_weights)
     windows, hbm, acc, total, binding = [], [], 0.0, 0.0, []
     for o, name in enumerate(window_names(L)):
         t = max(window_time_ms(p, comp[o], h2d[o], d2h[o], nr[o], nw[o], host[o]),
@@ -233,21 +344,23 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
         binding.append(binding_term(p, comp[o], h2d[o], d2h[o], nr[o], nw[o], host[o], order[o]))
         total += t
         acc += keep_add[o]
-        hbm.append(p.fixed_hbm_bytes + held[o] + acc)
+        hbm.append(p.fixed_hbm_bytes + held[o] + acc + saved.hbm[o])
         windows.append(WindowRecord(name=name, compute_ms=comp[o], h2d_bytes=h2d[o],
                                     d2h_bytes=d2h[o], nvme_read_bytes=nr[o],
                                     nvme_write_bytes=nw[o], time_ms=t, exposed_ms=t - comp[o],
-                                    hbm_checkpoint_bytes=held[o]))
+                                    hbm_checkpoint_bytes=held[o], hbm_saved_bytes=saved.hbm[o]))
     micro = total + ends_step_ms(p) / p.grad_accum
     q8 = q8_update_ms(p, d.q8_blocks)
     step = p.grad_accum * micro + p.const_ms + q8
-    return _finish(p, d, tiers, windows, hbm, micro, step, host_ms_by_window=tuple(host),
+    return _finish(p, d, tiers, windows, hbm, micro, step, levels=levels,
+                   dram_saved=saved.dram, host_ms_by_window=tuple(host),
                    binding_by_window=tuple(binding), q8_update_ms=q8)
 
 
 def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
-            step: float, **records) -> Evaluation:
-    """Capacities, violations and throughput figures."""
+            step: float, *, levels, dram_saved, **records) -> Evaluation:
+    """Capacities, violations and throughput figures (`levels`: the save levels priced;
+    `dram_saved`: the saved internals held in DRAM per window ord, bytes)."""
     A = p.boundary_bytes
     q8 = set(d.q8_blocks)
     states = sum(n * (p.host_bytes_per_param_q8 if j in q8 else p.host_bytes_per_param)
@@ -259,7 +372,10 @@ def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
     # bytes per window, so dram <= budget is the row, and pinned (what the runtime page-locks:
     # everything but the states and the pageable optimizer scratch) stays within the ledger's
     # pinned budget (`budgets.plan_budgets`: the DRAM left after the states and the scratch).
-    bounce = max(bounce_bound_by_window(A, tiers, p.num_blocks, horizons_of(p)))
+    # The dram-tier saved internals are page-locked like the bounce buffers and vary by window:
+    # both join the DRAM and pinned rows at the window where their sum peaks.
+    bounce = max(b + s for b, s in zip(bounce_bound_by_window(A, tiers, p.num_blocks,
+                                                              horizons_of(p)), dram_saved))
     pools = p.nvme_staging_bytes - p.nvme_bounce_bytes  # weight staging, grad landing, scratch
     dram = dram_tier + pools + bounce + states
     pinned = dram_tier + pools - p.host_scratch_bytes + bounce
@@ -284,8 +400,13 @@ def _finish(p: PlanningProblem, d: Decisions, tiers, windows, hbm, micro: float,
                           f"(checkpoints {nvme / GB:.2f} GB > budget {p.nvme_bytes / GB:.2f} GB)")
     hw_flops = 0.0
     if p.block_fwd_flops:
+        # the re-forward's FLOPs: the full forward's at L0 (the truncated tail not subtracted)
+        # and with no levels, its Fr1/Fg share at L1, none at L2 or kept
         keep = set(d.keep_internals)
-        extra = sum(f for j, f in enumerate(p.block_fwd_flops) if j not in keep)
+        share = [0.0 if j in keep else 1.0 if not levels or levels[j] == "L0"
+                 else r / g if g > 0 else 0.0
+                 for j, (r, g) in enumerate(zip(reforward_by_level_ms(p, levels), p.fwd_grad_ms))]
+        extra = sum(f * share[j] for j, f in enumerate(p.block_fwd_flops))
         extra += sum(sum(p.block_fwd_flops[s:e - 1]) for s, e in segments_of(tiers))
         hw_flops = (p.hardware_flops_per_micro_batch_base + extra) * p.grad_accum
     step_s = step / 1e3
@@ -318,6 +439,8 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
                bounds: Bounds | None = None) -> Plan:
     """Evaluate `decisions`, assemble the Plan (windows, predicted, provenance) and validate it.
 
+    The plan's save levels are `levels_of(problem, decisions)` (every block L0 when the
+    decisions leave them None and the problem has re-forward data; none when they give ()).
     Provenance is `problem.provenance` plus `horizons`, `k_max`, `step_terms` (`step_terms_of`),
     `host` (`host_bound.host_record`: assumed host rates, host-bound windows) and, when a capacity is violated, `violations` (the plan is still returned; callers decide
     whether to raise).
@@ -325,13 +448,17 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
     Raises:
         PlanValidationError: the decisions break the execution-model contract.
     """
-    decisions = _final_paths(problem, decisions)
+    levels, saved_tiers = levels_of(problem, decisions)
+    decisions = dataclasses.replace(_final_paths(problem, decisions), save_levels=levels,
+                                    saved_tiers=saved_tiers)
     problem = with_weight_paths(problem, decisions.weight_paths)
     ev = evaluate(problem, decisions)
     L = problem.num_blocks
     kind_rank = {k: n for n, k in enumerate(TRANSFER_KINDS)}
     transfers = tuple(sorted(decisions.transfers, key=lambda t: (
         window_ord(t.window, L), t.boundary, kind_rank.get(t.kind, 9))))
+    internal = tuple(sorted(decisions.internal_transfers, key=lambda t: (
+        window_ord(t.window, L), t.block, kind_rank.get(t.kind, 9))))
     prov = dict(problem.provenance)
     prov.setdefault("model", problem.name)
     prov["horizons"] = horizons_of(problem)
@@ -344,7 +471,9 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
                 keep_internals=decisions.keep_internals,
                 resident_weights=tuple(decisions.resident_weights),
                 q8_blocks=decisions.q8_blocks, weight_paths=decisions.weight_paths,
-                windows=ev.windows, transfers=transfers, predicted=ev.predicted, solver=solver, bounds=bounds or Bounds())
+                save_levels=levels, saved_tiers=saved_tiers, internal_transfers=internal,
+                windows=ev.windows, transfers=transfers, predicted=ev.predicted, solver=solver,
+                bounds=bounds or Bounds())
     return plan.validate()
 
 
@@ -363,12 +492,19 @@ def _final_paths(problem: PlanningProblem, decisions: Decisions) -> Decisions:
 
 
 def decisions_from_tiers(problem: PlanningProblem, tiers, keep_internals=(), *,
-                         resident_weights=None, q8_blocks=()) -> Decisions:
+                         resident_weights=None, q8_blocks=(), save_levels=None,
+                         saved_tiers=None) -> Decisions:
     """Decisions for a tier assignment with a legal transfer schedule (`schedule_transfers`).
 
+    `save_levels` None: every block L0 with tier none when the problem has re-forward data
+    (`levels_of`); (): no levels, every block re-forwards in full (the MegaTrain rule as
+    published). `saved_tiers` None: "none" for every block. The boundaries' transfers are
+    scheduled with every block's compute at L0; no saved internals are scheduled, so a block
+    may not take the dram tier here.
+
     Raises:
-        ValueError: malformed tiers, a kept block whose next boundary is recomputed, or no
-            legal schedule within the problem's horizons.
+        ValueError: malformed tiers, a kept block whose next boundary is recomputed, no
+            legal schedule within the problem's horizons, or a dram saved tier.
     """
     tiers = check_tiers(problem, tiers)
     for j in keep_internals:
@@ -377,6 +513,12 @@ def decisions_from_tiers(problem: PlanningProblem, tiers, keep_internals=(), *,
                              f" ({j + 1}) is materialized")
     transfers = schedule_transfers(problem, tiers, keep_internals,
                                    resident_weights=resident_weights)
-    return Decisions(tiers=tiers, keep_internals=tuple(keep_internals),
-                     resident_weights=resident_weights, q8_blocks=tuple(q8_blocks),
-                     transfers=transfers)
+    decisions = Decisions(tiers=tiers, keep_internals=tuple(keep_internals),
+                          resident_weights=resident_weights, q8_blocks=tuple(q8_blocks),
+                          transfers=transfers, save_levels=save_levels, saved_tiers=saved_tiers)
+    levels, saved_tiers = levels_of(problem, decisions)
+    if "dram" in saved_tiers:
+        raise ValueError(f"saved_tiers: block {saved_tiers.index('dram')} is 'dram', whose "
+                         f"internal transfers decisions_from_tiers does not schedule; give "
+                         f"them in Decisions(internal_transfers=...) or use 'hbm'")
+    return dataclasses.replace(decisions, save_levels=levels, saved_tiers=saved_tiers)

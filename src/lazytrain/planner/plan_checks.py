@@ -1,6 +1,7 @@
 """The checks of `Plan.validate()`: a plan against the contract of docs/execution_model.md
 (provenance types, structure, finite figures, legal transfer windows, fractions summing to 1,
-cumulative precedence), one concern per function; every message names boundary and window.
+cumulative precedence, save levels and their internals' tiers and transfers), one concern per
+function; every message names the field, boundary or block, and window.
 
 Reads a `Plan` through its fields only; knows no solver and no torch.
 """
@@ -15,7 +16,8 @@ from typing import TYPE_CHECKING
 from lazytrain.contract import WEIGHT_PATH_NAMES
 from lazytrain.errors import UserError
 from lazytrain.planner.windows import (
-    OFFLOAD_TIERS, TIERS, TRANSFER_KINDS, legal_ords, window_name, window_names, window_ord,
+    INTERNAL_TRANSFER_KINDS, OFFLOAD_TIERS, SAVE_LEVELS, SAVED_TIERS, TIERS, TRANSFER_KINDS,
+    internal_legal_ords, legal_ords, window_name, window_names, window_ord,
 )
 
 if TYPE_CHECKING:
@@ -32,7 +34,8 @@ class PlanValidationError(UserError, ValueError):
 
 
 def check_plan(plan: Plan) -> None:
-    """Every check of `Plan.validate()`, in order: provenance, structure, numbers, transfers.
+    """Every check of `Plan.validate()`, in order: provenance, structure, numbers, transfers,
+    save levels (with their internals' transfers).
 
     Raises:
         PlanValidationError: naming the boundary and window of the first inconsistency.
@@ -41,6 +44,8 @@ def check_plan(plan: Plan) -> None:
     _check_structure(plan)
     _check_numbers(plan)
     _check_transfers(plan)
+    _check_save_levels(plan)
+    _check_internal_transfers(plan)
 
 
 def _fail(msg: str) -> None:
@@ -211,3 +216,80 @@ def _check_precedence(plan: Plan, i: int, tier: str,
                 _fail(f"boundary {i}: {kind} in window {window_name(o, L)} {verb} "
                       f"{cum_dst:.2f} of the checkpoint but only {cum_src:.2f} has been "
                       f"{have} by then")
+
+
+def _check_save_levels(plan: Plan) -> None:
+    """save_levels / saved_tiers: both empty or one valid entry per block; a kept block is L0
+    with tier none; L0 has tier none; L1/L2 name hbm or dram (docs/execution_model.md, "Save
+    levels")."""
+    L, levels, tiers = plan.num_blocks, plan.save_levels, plan.saved_tiers
+    if not levels:
+        if tiers or plan.internal_transfers:
+            _fail("saved_tiers / internal_transfers given without save_levels; give save_levels"
+                  f" (one of {SAVE_LEVELS} per block) or leave all three out")
+        return
+    for field_, values, vocab in (("save_levels", levels, SAVE_LEVELS),
+                                  ("saved_tiers", tiers, SAVED_TIERS)):
+        if len(values) != L:
+            _fail(f"{field_}: give one of {vocab} per block ({L}); got {len(values)} entries")
+        bad = next((j for j, v in enumerate(values) if v not in vocab), None)
+        if bad is not None:
+            _fail(f"{field_}: block {bad} has {values[bad]!r}; expected one of {vocab}")
+    keep = set(plan.keep_internals)
+    for j, (level, tier) in enumerate(zip(levels, tiers)):
+        if j in keep and (level, tier) != ("L0", "none"):
+            _fail(f"block {j}: kept (keep_internals) but save_levels {level!r} / saved_tiers "
+                  f"{tier!r}; a kept block is L0 with tier 'none' (keep holds the whole graph)")
+        if level == "L0" and tier != "none":
+            _fail(f"block {j}: save_levels 'L0' saves nothing but saved_tiers is {tier!r}; "
+                  f"set it to 'none'")
+        if level != "L0" and tier == "none":
+            _fail(f"block {j}: save_levels {level!r} needs saved_tiers 'hbm' or 'dram'; got "
+                  f"'none'")
+
+
+def _check_internal_transfers(plan: Plan) -> None:
+    """Internal transfers: a dram-tier block, a known kind, a legal window, 0 < fraction <= 1,
+    each kind's fractions summing to 1 for every dram-tier block, and every h2d window strictly
+    later than every d2h window of the block (an h2d never adopts a copy still held)."""
+    L, hz = plan.num_blocks, plan.horizons()
+    horizons = {"drain_windows": hz["drain_windows"], "prefetch_windows": hz["prefetch_windows"]}
+    table: dict[tuple[int, str], dict[int, float]] = {}
+    for t in plan.internal_transfers:
+        where = f"internal_transfers: block {t.block} {t.kind} in window {t.window}"
+        if not 0 <= t.block < L:
+            _fail(f"{where} names a block outside 0..{L - 1}")
+        if t.kind not in INTERNAL_TRANSFER_KINDS:
+            _fail(f"{where}: kind must be one of {INTERNAL_TRANSFER_KINDS}")
+        if plan.saved_tier_of(t.block) != "dram":
+            _fail(f"{where}, but the block's saved_tiers is {plan.saved_tier_of(t.block)!r}; "
+                  f"only a 'dram' block moves its internals (drop the transfer or set 'dram')")
+        try:
+            o = window_ord(t.window, L)
+        except ValueError as exc:
+            raise PlanValidationError(f"internal_transfers: block {t.block} {t.kind} names "
+                                      f"{exc}") from None
+        if not (t.fraction > 0.0 and t.fraction <= 1.0 + FRACTION_TOL):
+            _fail(f"{where} has fraction {t.fraction!r}; expected 0 < fraction <= 1")
+        legal = internal_legal_ords(t.kind, t.block, L, **horizons)
+        if o not in legal:
+            span = (f"{window_name(legal[0], L)}..{window_name(legal[-1], L)}" if len(legal)
+                    else "none")
+            _fail(f"{where} is outside its legal windows ({span}); move it there")
+        cell = table.setdefault((t.block, t.kind), {})
+        cell[o] = cell.get(o, 0.0) + t.fraction
+    for j in range(L):
+        if plan.saved_tier_of(j) != "dram":
+            continue
+        for kind in INTERNAL_TRANSFER_KINDS:
+            cell = table.get((j, kind), {})
+            if abs(sum(cell.values()) - 1.0) > FRACTION_TOL:
+                _fail(f"internal_transfers: block {j}'s {kind} fractions sum to "
+                      f"{sum(cell.values()):.6f} (windows "
+                      f"{[window_name(o, L) for o in sorted(cell)]}); a 'dram' block needs "
+                      f"them to sum to 1")
+        last_d2h, first_h2d = max(table[j, "d2h"]), min(table[j, "h2d"])
+        if first_h2d <= last_d2h:
+            _fail(f"internal_transfers: block {j}'s h2d in window {window_name(first_h2d, L)} "
+                  f"is not after its d2h in window {window_name(last_d2h, L)}; every h2d "
+                  f"must come in a later window than every d2h")

@@ -7,7 +7,8 @@ Shared by the evaluator (`planner/evaluate.py`) and the transfer scheduler
 import them from here. Pure Python; knows no solver and no torch. Index legend as in
 `planner/windows.py`.
 
-Source: docs/execution_model.md, "Per-window work", "Window time", "Host work", "Step time".
+Source: docs/execution_model.md, "Per-window work", "Window time", "Host work", "Step time",
+"Save levels".
 """
 
 from __future__ import annotations
@@ -153,24 +154,79 @@ def ends_step_ms(problem: PlanningProblem) -> float:
     return out
 
 
-def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_weights=None
-                ) -> tuple[list[float], list[float], list[float]]:
+def reforward_by_level_ms(problem: PlanningProblem, save_levels) -> tuple[float, ...]:
+    """The re-forward each block's b{j} runs by its save level, ms (a kept block's 0 is the
+    caller's): with no levels (an empty `save_levels`: plans before the field, the MegaTrain
+    rule as published) Fg[j], the full re-forward; L0 Fr[j] (`problem.reforward`: the
+    truncated re-forward, Fg where the problem has none); L1 Fr1[j] (`reforward_l1_ms`); L2 0.
+
+    Raises:
+        ValueError: `save_levels` neither empty nor one entry per block, an unknown level, or
+            a block at L1 while the problem has no `reforward_l1_ms`.
+
+    Source: docs/execution_model.md, "Save levels".
+    """
+    p, L = problem, problem.num_blocks
+    levels = tuple(save_levels)
+    if not levels:
+        return tuple(p.fwd_grad_ms)
+    if len(levels) != L:
+        raise ValueError(f"save_levels must have {L} entries (one per block) or none; got "
+                         f"{len(levels)}")
+    out = []
+    for j, level in enumerate(levels):
+        if level == "L0":
+            out.append(p.reforward[j])
+        elif level == "L1":
+            if not p.reforward_l1_ms:
+                raise ValueError(f"block {j}: save level L1 but the problem has no "
+                                 f"reforward_l1_ms (levels unavailable); use L0 or build the "
+                                 f"problem with planner.save_levels: true")
+            out.append(p.reforward_l1_ms[j])
+        elif level == "L2":
+            out.append(0.0)
+        else:
+            raise ValueError(f"block {j}: save level {level!r} is not one of L0, L1, L2")
+    return tuple(out)
+
+
+def with_reforward(problem: PlanningProblem, save_levels) -> PlanningProblem:
+    """`problem` whose `reforward` is each block's re-forward by its level
+    (`reforward_by_level_ms`), for the per-window terms that read `problem.reforward` (the
+    in-window order of `planner/chains.py`). The L1 fields are dropped from the copy: the
+    levels are already in its `reforward_ms`."""
+    return problem.replace(reforward_ms=reforward_by_level_ms(problem, save_levels),
+                           saved_bytes=(), reforward_l1_ms=())
+
+
+def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_weights=None, *,
+                save_levels=None) -> tuple[list[float], list[float], list[float]]:
     """Per-window compute (ms), H2D and D2H bytes before activation transfers, by ord.
 
-    f{j}: F[j] (Fg[j] if kept); H2D P[j+1].  turn: head_ms; H2D P[L-1] unless resident.
-    b{j}: B[j] + (Fr[j], the truncated re-forward, unless kept) + segment recompute
-    sum F[s..e-2] (+ embed_ms when s == 0
+    f{j}: F[j] (Fg[j] if kept or at L1/L2); H2D P[j+1].  turn: head_ms; H2D P[L-1] unless
+    resident.  b{j}: B[j] + (the re-forward by level, `reforward_by_level_ms`, unless kept) +
+    segment recompute sum F[s..e-2] (+ embed_ms when s == 0
     is recompute) when j = e-1; H2D P[j-1] unless resident + sum P[s..e-2]; D2H G[j+1].
     The H2D of a load is `problem.load_bytes` (P[j], or the master's bytes for gpu_cast).
+    `save_levels` None prices every block at L0 (Fr[j], `problem.reforward`); saved
+    internals' transfers are not in these terms (the evaluator adds them).
+
+    Raises:
+        ValueError: as `reforward_by_level_ms`.
     """
     p, L = problem, problem.num_blocks
     keep = set(keep_internals)
+    if save_levels is None:
+        reforward, autograd = p.reforward, keep
+    else:
+        reforward = reforward_by_level_ms(p, save_levels)
+        autograd = keep | {j for j, level in enumerate(save_levels) if level != "L0"}
     n = 2 * L + 1
     comp, d2h = [0.0] * n, [0.0] * n
     for j in range(L):
-        comp[j] = p.fwd_grad_ms[j] if j in keep else p.fwd_ms[j]
+        comp[j] = p.fwd_grad_ms[j] if j in autograd else p.fwd_ms[j]
         o = 2 * L - j
-        comp[o] = p.bwd_ms[j] + (0.0 if j in keep else p.reforward[j])
+        comp[o] = p.bwd_ms[j] + (0.0 if j in keep else reforward[j])
         d2h[o] = p.drain_bytes[j + 1] if j + 1 <= L - 1 else 0.0
     comp[L] = p.head_ms
     for s, e in segments_of(tiers):
