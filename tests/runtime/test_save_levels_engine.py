@@ -25,7 +25,9 @@ import torch
 
 from engine_helpers import (BATCH, HIDDEN, SEQ, micro_batches, model_pair, problem_for,
                             reference_grads, tiny_config)
+from ledger_helpers import real_problem
 from levels_helpers import levels_plan
+from lazytrain.planner.evaluate import evaluate
 from lazytrain.runtime.backends import make_device
 from lazytrain.runtime.build import make_engine
 from test_engine_grads import _assert_grads_match
@@ -176,3 +178,32 @@ def test_windows_record_the_saved_bytes_the_plan_moves(tmp_path):
         for name, (d2h, h2d) in got.items():
             assert (d2h, h2d) == pytest.approx(tuple(want[name]), abs=1), name
     assert all(sizes[j] > 0 for j in range(3))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu-threaded"])
+@pytest.mark.parametrize("case", ["L2_hbm", "L2_dram", "mixed_with_kept"])
+def test_ledger_peaks_stay_within_the_plans(case, backend, tmp_path):
+    """The allocation ledger's HBM peak of every window (saved internals booked to their own
+    owners) stays within the evaluator's HBM of that window, and the step's pinned peak within
+    the plan's predicted pinned bytes, for a plan of the planner's real memory model
+    (`build_problem`, whose saved bytes are the analytic S1/S2). Unpadded rows: with a padding
+    mask the attention saves a [B, 1, S, S] mask and one more [B, S, H] tensor per block that
+    the analytic S2 does not count (7296 bytes per block here)."""
+    _, adapter = model_pair(tiny_config("llama"))
+    problem = real_problem(adapter)
+    assert problem.saved_bytes
+    plan = levels_plan(problem, TIERS, *LEVELS[case])
+    predicted = dict(zip((w.name for w in plan.windows), evaluate(problem, plan).hbm_by_window))
+    engine = make_engine(adapter, plan, device=make_device(backend, seed=3),
+                         nvme_dir=tmp_path / "nvme", grad_accum=2, instrument=True,
+                         budgets=True, model_config_sha256=plan.provenance["model_config_sha256"])
+    try:
+        records = engine.step(micro_batches(2, pad_last=False), lr=1e-3).windows
+        records += engine.step(micro_batches(2, seed=5, pad_last=False), lr=1e-3).windows
+    finally:
+        engine.close()
+    for rec in records:
+        assert rec["ledger_peak"]["pinned_bytes"] <= plan.predicted.pinned_bytes
+        for w in rec["windows"]:
+            if w["name"] in predicted:
+                assert w["ledger"]["hbm_bytes"] <= predicted[w["name"]], w["name"]
