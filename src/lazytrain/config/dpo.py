@@ -22,10 +22,6 @@ class DPOConfig:
     loss: Literal["sigmoid", "ipo"] = "sigmoid"
     """sigmoid: -log sigmoid(beta * z), the DPO paper's loss; ipo: (z' - 1/(2 beta))^2 on
     per-token mean log-ratios (IPO; TRL's normalisation)."""
-    reference_cache: bool = True
-    """Keep the reference log-probs (computed once from the initial weights by a streamed
-    forward pass) in `<run_dir>/reference_logps/`, keyed by data, model and template, so a
-    resumed or repeated run reads them back instead of recomputing. false: recompute."""
 
     def __post_init__(self) -> None:
         check_finite(self, "dpo")

@@ -52,26 +52,28 @@ def _finish(problem: PlanningProblem, decisions: Decisions, backend: str, t0: fl
     return dataclasses.replace(plan, solver=rec)
 
 
-def megatrain_plan(problem: PlanningProblem, k: int = 4) -> Plan:
+def megatrain_plan(problem: PlanningProblem, k: int = 4, *, as_published: bool = False) -> Plan:
     """MegaTrain's rule: every k-th boundary (and L) in HBM, the rest recomputed, no keep.
 
-    Each block's re-forward in backward is priced as the problem has it (`reforward`); the rule
-    as MegaTrain publishes it re-forwards in full: plan it on
-    `problem.replace(reforward_ms=())`. A plan
+    Every block is L0 (the truncated re-forward where the problem has one); `as_published`
+    gives the rule as MegaTrain publishes it: no save levels, every block re-forwarded in full
+    (docs/execution_model.md, "Save levels"). A plan
     that violates a capacity is still returned with `solver.status == "infeasible"` and
     `provenance["violations"]`.
 
     Raises:
         ValueError: k < 1 or k > problem.k_max.
     """
-    return uniform_plan(problem, k, lifetime_tiers=False, rule="megatrain")
+    return uniform_plan(problem, k, lifetime_tiers=False, rule="megatrain",
+                        save_levels=() if as_published else None)
 
 
-def best_fixed_k_plan(problem: PlanningProblem) -> Plan | None:
+def best_fixed_k_plan(problem: PlanningProblem, *, as_published: bool = False) -> Plan | None:
     """The MegaTrain rule at the K that fits every budget with the shortest predicted step.
 
     Tries every K in 1..min(k_max, L) (ties: the smaller K). This is the fair fixed-K
-    baseline: the paper's K = 4 may leave HBM unused or not fit at all.
+    baseline: the paper's K = 4 may leave HBM unused or not fit at all. `as_published`: the
+    rule re-forwards every block in full (`megatrain_plan`).
 
     Returns:
         The plan (its `solver.backend` is "megatrain"; K is `k_of(plan)`), or None when no K
@@ -79,7 +81,7 @@ def best_fixed_k_plan(problem: PlanningProblem) -> Plan | None:
     """
     best = None
     for k in range(1, min(problem.k_max, problem.num_blocks) + 1):
-        plan = megatrain_plan(problem, k)
+        plan = megatrain_plan(problem, k, as_published=as_published)
         if plan.provenance.get("violations"):
             continue
         if best is None or plan.predicted.step_ms < best.predicted.step_ms:
@@ -105,11 +107,12 @@ def ideal_plan(problem: PlanningProblem) -> Plan:
 
 
 def uniform_plan(problem: PlanningProblem, k: int, *, lifetime_tiers: bool = True,
-                 rule: str = "uniform") -> Plan:
+                 rule: str = "uniform", save_levels: tuple[str, ...] | None = None) -> Plan:
     """Every k-th boundary materialized; tiers by lifetime (or all hbm); no keep, no repair.
 
     `rule` names the plan's `solver.backend` and the error ("megatrain" for `megatrain_plan`,
-    which is this rule with every materialized boundary in hbm).
+    which is this rule with every materialized boundary in hbm). `save_levels` as
+    `decisions_from_tiers` takes them (None: every block L0; (): none, the full re-forward).
 
     Raises:
         ValueError: k < 1 or k > problem.k_max.
@@ -120,7 +123,8 @@ def uniform_plan(problem: PlanningProblem, k: int, *, lifetime_tiers: bool = Tru
     tiers = megatrain_tiers(problem.num_blocks, k)
     if lifetime_tiers:
         tiers = Search(problem, deadline=float("inf")).lifetime(tiers).tiers
-    return _finish(problem, decisions_from_tiers(problem, tiers), rule, t0)
+    return _finish(problem, decisions_from_tiers(problem, tiers, save_levels=save_levels),
+                   rule, t0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 `lazytrain plan` prints, and the summary the trainer prints at start-up.
 
 `plan_comparison` plans the MegaTrain rule (the configured K) and the best fixed-K rule that
-fits through `planner.policy.plan` / `planner.heuristics`, and checks the plan with the event
+fits through `planner.heuristics` (the rule on the weight paths `planner.path_choice` gives
+it), and checks the plan with the event
 simulator; `format_plan_table` and `plan_summary` turn plans into text. The costs line comes
 from the caller (`profile.calibrate.costs_line_of`): this module knows neither torch nor the
 runtime.
@@ -14,10 +15,10 @@ import math
 from collections import Counter
 from dataclasses import asdict
 
-from lazytrain.planner.heuristics import best_fixed_k_plan, k_of
+from lazytrain.planner.heuristics import best_fixed_k_plan, k_of, megatrain_plan
+from lazytrain.planner.path_choice import choose_weight_paths
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.policy import PlannerOptions
-from lazytrain.planner.policy import plan as plan_problem
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.windows import TIERS
 from lazytrain.sim import disagreements, simulate
@@ -97,7 +98,7 @@ def _row(problem, plan) -> dict:
 
 PUBLISHED = "megatrain as published"
 """The label of the MegaTrain rule priced as the paper runs it: every block re-forwarded in full
-in its backward window (`reforward_ms` dropped); the baseline of the speedup."""
+in its backward window (a plan without save levels); the baseline of the speedup."""
 
 NO_SOLVER_LABEL = "heuristic (no MILP solver)"
 """The table row of a milp-policy plan that the heuristic made (provenance `milp_unavailable`)."""
@@ -119,21 +120,20 @@ def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOption
     Args:
         problem: the problem `plan` was made for.
         plan: the plan (made with `options`).
-        options: the planner options (policy, megatrain_k; the rule is planned with the same
-            options, without the LP bound).
+        options: the planner options (policy, megatrain_k).
     """
     policy = options.policy
     # the rule at the longest segment the job allows (a segment beyond k_max is no valid plan)
     megatrain_k = options.megatrain_k if policy == "megatrain" else min(options.megatrain_k,
                                                                         problem.k_max)
-    published = problem.replace(reforward_ms=())  # MegaTrain re-forwards each block in full
-    baseline = plan_problem(published, options.replace(policy="megatrain",
-                                                        megatrain_k=megatrain_k, lp_bound=False))
-    best_fixed = best_fixed_k_plan(published)
+    # the rule as published: no save levels, every block re-forwarded in full, on the weight
+    # paths the policy would give it
+    baseline = megatrain_plan(choose_weight_paths(problem), megatrain_k, as_published=True)
+    best_fixed = best_fixed_k_plan(problem, as_published=True)
     ours_label = NO_SOLVER_LABEL if plan.provenance.get("milp_unavailable") else policy
     rows = {ours_label: _row(problem, plan)}
     paper = f"{PUBLISHED} (K={megatrain_k})"
-    rows[paper] = _row(published, baseline)
+    rows[paper] = _row(problem, baseline)
     fits = {} if baseline.provenance.get("violations") else {paper: baseline}
     if baseline.provenance.get("violations"):
         rows[paper]["over_budget"] = True
@@ -141,7 +141,7 @@ def plan_comparison(problem: PlanningProblem, plan: Plan, options: PlannerOption
         rows["best fixed K (none fits)"] = throughput(problem, None)
     else:
         best_label = f"best fixed K as published (K={k_of(best_fixed)})"
-        rows[best_label] = _row(published, best_fixed)
+        rows[best_label] = _row(problem, best_fixed)
         fits[best_label] = best_fixed
     truncated = best_fixed_k_plan(problem) if problem.reforward != problem.fwd_grad_ms else None
     if truncated is not None:

@@ -355,4 +355,5 @@ def _summary(trainer: Trainer, *, records, before, after, saved, stopped_by, wal
         "nvme": {"dir": str(trainer.nvme_dir), "io": trainer.nvme_io_mode()},
         "device": trainer.device, "device_backend": trainer.device_kind,
         "model_flops_params": trainer.flops_params, "wall_s": wall_s,
+        **({"dpo_eval": trainer.dpo.evals} if getattr(trainer, "dpo", None) else {}),
     }

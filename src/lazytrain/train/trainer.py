@@ -41,6 +41,7 @@ from lazytrain.runtime.optim import lr_at, refit_note
 from lazytrain.spec.model import ModelSpec, read_hf_config
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import checks, eval_plans, locks, model_source, setup
+from lazytrain.train.dpo_run import DPORun, pairs_line, planning_config, preference_data
 from lazytrain.train.evaluate import eval_line, evaluate_shared
 from lazytrain.train.grpo import start_grpo
 from lazytrain.train.preflight import preflight, preflight_host_floor
@@ -212,6 +213,8 @@ class Trainer:
         self.log(f"device: {self.device_kind} (runtime.device); nvme: {self.nvme_dir} "
                  f"({self.nvme_io_mode()} I/O)")
         self.replanner = self._make_replanner()
+        # the objective on the head and, before step 1, the reference log-probs (dpo_run.py)
+        self.dpo = DPORun(self) if cfg.train.method == "dpo" else None
         self.grpo = start_grpo(self) if cfg.train.method == "grpo" else None  # rollouts
         self.step = 0
         if saved_state is not None:
@@ -289,7 +292,7 @@ class Trainer:
         where a time-limited MILP would not be repeatable."""
         mine = None
         if self.ctx.is_main:
-            mine = _get_plan(self.cfg, self.run_dir, plan=plan,
+            mine = _get_plan(planning_config(self.cfg), self.run_dir, plan=plan,
                              resuming=self.resumed_from is not None, log=self.log).to_dict()
         agreed = Plan.from_dict(self.ctx.broadcast_object(mine))
         self.ctx.barrier()
@@ -312,8 +315,9 @@ class Trainer:
         self.tokenizer = model_source.load_tokenizer(
             source, vocab_size=hf_config.vocab_size,
             corpus=lambda: corpus_texts(cfg.data, seed=tc.seed))
-        self.data = build_data(cfg.data, self.tokenizer, micro_batch=tc.micro_batch,
-                               seed=tc.seed, hf_config=hf_config)
+        read = preference_data if tc.method == "dpo" else build_data  # pairs: dpo_run.py
+        self.data = read(cfg.data, self.tokenizer, micro_batch=tc.micro_batch, seed=tc.seed,
+                         **({} if tc.method == "dpo" else {"hf_config": hf_config}))
         for note in self.data.notes:  # e.g. chatml chosen for a tokenizer without a template
             self.log(note)
         if tc.epochs:
@@ -427,6 +431,8 @@ class Trainer:
         record = {**step_record(self.step, stats, batches, flops_params=self.flops_params),
                   "world_size": self.world_size,
                   **(self.grpo.step_metrics() if self.grpo is not None else {})}
+        if self.dpo is not None:
+            record.update(self.dpo.step_metrics())  # the step's pairs: rewards, accuracy
         write_windows_jsonl(self.windows_path, step=self.step, records=stats.windows)
         if self.is_main:
             append_jsonl(self.run_dir / "metrics.jsonl", [record])
@@ -489,6 +495,8 @@ class Trainer:
                     seq_len=self.cfg.data.seq_len, data_format=self.data.format)
         finally:  # the device copies (ends, resident blocks) go before training resumes
             self.eval_lm.refresh()
+        if self.dpo is not None and self.is_main:  # held-out pairs: rewards, accuracy, margin
+            self.log(pairs_line(f"at step {self.step}", self.dpo.evaluate_pairs()))
         return result if self.is_main else None
 
     def evaluate_and_record(self, log) -> None:
