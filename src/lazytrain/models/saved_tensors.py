@@ -361,6 +361,8 @@ def forward_saving(adapter, j: int, x: torch.Tensor, leaves: dict[str, torch.Ten
     Raises:
         ValueError: unknown level; a leaf that is not a view of `flat`; L1 on a layer without
             one token mixer (`token_mixer`).
+        RuntimeError: L1 and the token mixer did not run.
+        TypeError: autograd saved a tensor that is not a plain strided one.
     """
     if level not in LEVELS:
         raise ValueError(f"save level {level!r}: forward_saving runs {LEVELS}; L0 keeps "
@@ -407,6 +409,9 @@ def forward_saving(adapter, j: int, x: torch.Tensor, leaves: dict[str, torch.Ten
         if hook is not None:
             hook.remove()
         saved._spans, saved._index, saved._dropping = [], {}, False
+    if level == "L1" and saved._root is None:
+        raise RuntimeError(f"block {j}: its token mixer {type(mixer).__name__} did not run in "
+                           f"the forward; save level L1 cannot split this layer")
     if router_logits is not None:
         router_logits.extend(lg.detach() for lg in logits)
     saved.nbytes = sum(s.numel() for s in saved.storages)
