@@ -52,7 +52,7 @@ def test_rollouts_per_step_must_fill_the_micro_batches():
 
 @pytest.mark.parametrize("kl_coef", [0.0, 0.1], ids=["no_kl", "kl"])
 def test_two_grpo_steps_on_a_tiny_model_write_metrics(arithmetic_model_dir, tmp_path, tiny_plan,
-                                                      kl_coef, monkeypatch):
+                                                      kl_coef, monkeypatch, capsys):
     # a random tiny model never answers right: a length reward gives the group a spread
     (tmp_path / "grpo_test_rewards.py").write_text(
         "def length(completion, *, prompt, answer):\n    return len(completion) / 10\n")
@@ -79,3 +79,6 @@ def test_two_grpo_steps_on_a_tiny_model_write_metrics(arithmetic_model_dir, tmp_
     assert records[0]["grpo/kl"] == pytest.approx(0.0, abs=1e-6)
     assert (records[1]["grpo/kl"] > 0) == (kl_coef > 0)
     assert any(line.startswith("grpo: 1 prompts x 2 rollouts") for line in logs)
+    out = capsys.readouterr().out.splitlines()  # the start-up summary: one line per phase
+    assert sum(line.startswith("grpo generation: 2 rollouts") for line in out) == 1
+    assert sum(line.startswith("grpo training: 2 rows per step") for line in out) == 1
