@@ -62,6 +62,8 @@ class PreferenceData:
     """The held-out prompts with their chosen responses (loss and exact match, as SFT)."""
     source: str
     format: str = "preference"
+    """"arithmetic" for the embedded pairs (its generation length, `train.evaluate`), else
+    "preference"."""
     notes: tuple[str, ...] = ()
 
 
@@ -124,7 +126,9 @@ def preference_data(cfg, tokenizer, *, micro_batch: int, seed: int, base_dir=Non
                               pad_id=pad_id, seed=seed, counts=counts)
     return PreferenceData(train=stream, eval_pairs=[e for _, e in held_enc],
                           eval_examples=tuple(p.example("chosen") for p, _ in held_enc),
-                          source=cfg.path, notes=(note,) if note else ())
+                          source=cfg.path, notes=(note,) if note else (),
+                          format="arithmetic" if cfg.path.startswith(EMBEDDED_PREFIX)
+                          else "preference")
 
 
 class DPORun:
