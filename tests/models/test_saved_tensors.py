@@ -104,7 +104,7 @@ class Block:
         if aux is not None:
             aux.observe(logits)
         flat_b, x_b = flat.clone(), x.clone()
-        for t in (flat, x, *st._tensors(kwargs)):
+        for t in (flat, x, *_tensors_in(kwargs)):
             _garbage(t)
         originals = saved.storages
         saved.replace_storages([s.to("cpu", copy=True) for s in originals])
@@ -125,6 +125,15 @@ def _clone(tree):
     if isinstance(tree, (tuple, list)):
         return type(tree)(_clone(v) for v in tree)
     return tree
+
+
+def _tensors_in(tree) -> list[torch.Tensor]:
+    """Every tensor of a kwargs tree (dicts, tuples, lists)."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    items = tree.values() if isinstance(tree, dict) else \
+        tree if isinstance(tree, (tuple, list)) else ()
+    return [t for item in items for t in _tensors_in(item)]
 
 
 def _garbage(t: torch.Tensor) -> None:
@@ -170,7 +179,7 @@ def _hook_count(block: Block) -> dict[str, int]:
     S1 and S2 exclude the storages of the flat weights, the input and the kwargs tensors."""
     flat = block.flat()
     x = block.x.clone().requires_grad_()
-    outside = {t.untyped_storage().data_ptr() for t in (flat, x, *st._tensors(block.kwargs))}
+    outside = {t.untyped_storage().data_ptr() for t in (flat, x, *_tensors_in(block.kwargs))}
     layer = block.adapter.blocks[block.j]
     mixer = layer.self_attn if hasattr(layer, "self_attn") else layer.linear_attn
     upto, rest, mixer_out, held = {}, {}, {}, []  # storage address -> bytes
