@@ -82,3 +82,15 @@ def test_two_grpo_steps_on_a_tiny_model_write_metrics(arithmetic_model_dir, tmp_
     out = capsys.readouterr().out.splitlines()  # the start-up summary: one line per phase
     assert sum(line.startswith("grpo generation: 2 rollouts") for line in out) == 1
     assert sum(line.startswith("grpo training: 2 rows per step") for line in out) == 1
+
+
+@pytest.mark.parametrize("bad", [["grpo.prompts_per_step=3"], ["grpo.rewards=[exact]"]],
+                         ids=["rows_do_not_fill_the_batch", "unknown_reward"])
+def test_a_bad_grpo_config_is_refused_before_a_file_is_written(arithmetic_model_dir, tmp_path,
+                                                                tiny_plan, bad):
+    cfg = tiny_config(arithmetic_model_dir, tmp_path / "run", "train.method=grpo",
+                      "grpo.prompts_per_step=1", "grpo.n=2", *bad)
+    with pytest.raises(ValueError, match="grpo"):
+        train(cfg, plan=tiny_plan, progress=False, log=lambda msg: None)
+    assert not (tmp_path / "run" / "config.yaml").exists()
+    assert not (tmp_path / "run" / "plan.json").exists()

@@ -45,10 +45,12 @@ def check_grpo_config(cfg: RunConfig, *, world_size: int = 1) -> None:
     """The cross-section rules of a GRPO run, each one error naming the keys and the fix.
 
     Raises:
-        ValueError: prompts_per_step x n != micro_batch x grad_accum, several ranks, or
-            packing on.
+        ValueError: prompts_per_step x n != micro_batch x grad_accum, several ranks, packing
+            on, or a reward name that does not resolve (`rewards.load_reward`).
     """
     g, tc = cfg.grpo, cfg.train
+    for name in g.rewards:
+        load_reward(name)
     if g.prompts_per_step * g.n != tc.micro_batch * tc.grad_accum:
         raise ValueError(f"grpo.prompts_per_step x grpo.n = {g.prompts_per_step * g.n} "
                          f"rollouts per step must equal train.micro_batch x train.grad_accum "

@@ -68,6 +68,7 @@ from lazytrain.profile.calibrate import costs_line_of
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import locks
 from lazytrain.train.evaluate import eval_line, sample_lines
+from lazytrain.train.grpo import check_grpo_config
 from lazytrain.train.preflight import free_bytes
 from lazytrain.train.rank import join_job, launched_rank, quiet_unless_main
 from lazytrain.train.rundir import check_run_dir
@@ -245,6 +246,8 @@ def _train(cfg: RunConfig, *, run_dir: Path, plan: Plan | None, resume: bool, ov
     t_start = time.perf_counter()
     check_run_dir(run_dir, resume=resume, overwrite=overwrite)  # deletes nothing
     ctx, cfg = join_job(cfg, run_dir=run_dir, log=log)  # torchrun: this rank's context
+    if cfg.train.method == "grpo":  # refused before a file of the run is written
+        check_grpo_config(cfg, world_size=ctx.world_size)
     if not ctx.is_main:
         log = lambda msg: None  # noqa: E731  (rank 0 logs)
         progress = False
