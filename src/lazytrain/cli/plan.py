@@ -2,9 +2,9 @@
 
 Reads the run config (YAML + flags named after config keys + `--set section.key=value`),
 builds the PlanningProblem, plans with the chosen policy, and prints a table: boundaries per
-tier, recomputed blocks, keep-internals, predicted step time / model TFLOPS / tokens/s / peak
-HBM next to the MegaTrain rule and the bounds, the solver record, and the event simulator's
-check. `--out` writes the Plan JSON, `--gantt` the simulated timeline (both atomically, paths
+tier, recomputed blocks, keep-internals, save levels (blocks per level and tier, their saved
+bytes), predicted step time / model TFLOPS / tokens/s / peak HBM next to the MegaTrain rule and
+the bounds, the solver record, and the event simulator's check. `--out` writes the Plan JSON, `--gantt` the simulated timeline (both atomically, paths
 on stderr). The costs are those `lazytrain train` would plan with
 (`profile.calibrate.resolve_profile`: `hardware.profile_path`, else this machine's cached
 calibration, else the preset's analytic model); the table's `costs:` line says which (stderr

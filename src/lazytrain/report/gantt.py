@@ -6,6 +6,8 @@ simulated timeline (`lazytrain.sim.SimResult`, converted by `bars_from_events` a
 windows from the runtime's instrumentation (`spans_from_durations`, `bars_from_measured`), and both one above the other (`render_panels`).
 Every image is `FIG_WIDTH_PX` wide with a legend entry for every colour drawn; a long timeline
 (a 64-block step) is split into a forward and a backward panel so its window names stay legible.
+The saved internals of L1/L2 blocks in the dram tier (`saved_d2h`, `saved_h2d`) get their
+own colours on the D2H and H2D rows, apart from the boundaries' offloads and prefetches.
 `bars_from_planned` draws a plan's windows without a simulator: compute from the window start,
 then the exposed remainder. matplotlib (Agg backend) is imported only when a chart is drawn
 (`_matplotlib`); it is the `report` extra.
@@ -26,6 +28,7 @@ KIND_COLORS = {
     "fwd": "#4C72B0", "fwd_grad": "#55A868", "bwd": "#C44E52", "recompute": "#DD8452",
     "head": "#8172B3", "embed": "#937860", "weights": "#64B5CD", "grad": "#DA8BC3",
     "d2h": "#8C8C8C", "h2d": "#CCB974", "nvme_read": "#4C4C4C", "nvme_write": "#1F9E89",
+    "saved_d2h": "#6A3D9A", "saved_h2d": "#B15928",
     "exposed": "#E5AE38", "optimizer": "#B07AA1",
     "wait_h2d": "#CCB974", "wait_d2h": "#8C8C8C", "wait_nvme_read": "#4C4C4C",
     "wait_nvme_write": "#1F9E89",
@@ -37,6 +40,8 @@ KIND_LABELS = {
     "recompute": "recompute", "head": "LM head + loss", "embed": "embedding",
     "weights": "weight H2D", "grad": "gradient D2H", "d2h": "activation D2H (offload)",
     "h2d": "activation H2D (prefetch)", "nvme_read": "NVMe read", "nvme_write": "NVMe write",
+    "saved_d2h": "saved internals D2H (L1/L2, dram)",
+    "saved_h2d": "saved internals H2D (L1/L2, dram)",
     "exposed": "exposed wait (planned)", "optimizer": "optimizer wait (measured)",
     "wait_h2d": "H2D wait (measured)", "wait_d2h": "D2H wait (measured)",
     "wait_nvme_read": "NVMe read wait (measured)", "wait_nvme_write": "NVMe write wait (measured)",

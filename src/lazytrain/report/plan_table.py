@@ -186,6 +186,56 @@ def ranges(indices) -> str:
     return ",".join(parts)
 
 
+LEVEL_TIERS = (("L1", "hbm"), ("L1", "dram"), ("L2", "hbm"), ("L2", "dram"))
+"""The (save level, saved tier) pairs a saving block can take, in the order lines print."""
+
+
+def save_level_line(plan: Plan) -> str:
+    """`save levels: L0 20, L1 hbm 3, L2 dram 5` (pairs with no block left out), or `save
+    levels: none (every block re-forwarded in full)` for a plan without them (the MegaTrain
+    rule as published, plans written before the field)."""
+    if plan.reforwards_in_full:
+        return "save levels: none (every block re-forwarded in full)"
+    counts = Counter(zip(plan.save_levels, plan.saved_tiers))
+    parts = [f"L0 {plan.save_levels.count('L0')}"] + [
+        f"{level} {tier} {counts[level, tier]}" for level, tier in LEVEL_TIERS
+        if counts[level, tier]]
+    return "save levels: " + ", ".join(parts)
+
+
+def save_level_lines(problem: PlanningProblem, plan: Plan) -> list[str]:
+    """`save_level_line`, then per (level, tier) taken its blocks and the bytes they keep
+    (`  L2 dram   3-7   5 blocks, 0.21 GB`), then the saved bytes per block, compact
+    (`saved bytes per block (S1 / S2, MB): 0-2 12.6 / 40.2, 3 12.6 / 44.0`; blocks in a run
+    of equal values share one entry). The bytes line is left out when the problem has no
+    `saved_bytes` (levels unavailable)."""
+    out = [save_level_line(plan)]
+    sizes = problem.saved_bytes
+    for level, tier in LEVEL_TIERS:
+        blocks = [j for j in plan.saved_blocks()
+                  if (plan.save_levels[j], plan.saved_tiers[j]) == (level, tier)]
+        if blocks:
+            held = sum(sizes[j][level == "L2"] for j in blocks) if sizes else 0
+            out.append(f"  {level} {tier:<6} {ranges(blocks)}  {len(blocks)} "
+                       f"block{'s' if len(blocks) > 1 else ''}, {held / GB:.2f} GB")
+    if sizes:
+        out.append("saved bytes per block (S1 / S2, MB): " + compact_pairs(
+            [(s1 / 1e6, s2 / 1e6) for s1, s2 in sizes]))
+    return out
+
+
+def compact_pairs(values: list[tuple[float, float]]) -> str:
+    """Runs of equal (rounded) pairs by index: [(1, 2), (1, 2), (3, 4)] -> '0-1 1 / 2, 2 3 / 4'
+    (3 significant digits)."""
+    shown = [f"{a:.3g} / {b:.3g}" for a, b in values]
+    parts, lo = [], 0
+    for k in range(1, len(shown) + 1):
+        if k == len(shown) or shown[k] != shown[lo]:
+            parts.append(f"{ranges(range(lo, k))} {shown[lo]}")
+            lo = k
+    return ", ".join(parts)
+
+
 def recomputed_blocks(plan: Plan) -> list[int]:
     """Blocks re-run in backward before their segment's last block: s..e-2 of each segment."""
     return [k for s, e in plan.segments() for k in range(s, e - 1)]
@@ -228,6 +278,7 @@ def format_plan_table(problem: PlanningProblem, plan: Plan, report: dict, *,
     lines.append(f"recomputed blocks ({len(rec)}): {ranges(rec)}")
     lines.append(nvme_writes_line(plan, problem.grad_accum))
     lines.append(f"keep-internals ({len(plan.keep_internals)}): {ranges(plan.keep_internals)}")
+    lines += save_level_lines(problem, plan)
     lines.append(f"resident weights ({len(plan.resident_weights)}): "
                  f"{ranges(plan.resident_weights)}")
     frac = plan.predicted.q8_param_fraction if plan.predicted else 0.0
@@ -298,8 +349,8 @@ def _check_lines(report: dict) -> list[str]:
 
 def plan_summary(plan: Plan, *, source: str | None = None, costs_line: str = "") -> str:
     """A few lines describing the plan (model and where it came from, tiers, segments, kept
-    blocks, prediction, solver, whether the MILP was unavailable, the host rates assumed and
-    the host-bound windows: `planner_lines`).
+    blocks, save levels (`save_level_line`), prediction, solver, whether the MILP was
+    unavailable, the host rates assumed and the host-bound windows: `planner_lines`).
 
     Args:
         plan: the plan.
@@ -317,7 +368,8 @@ def plan_summary(plan: Plan, *, source: str | None = None, costs_line: str = "")
              f"{plan.num_blocks} blocks, seq {prov.get('seq_len', '?')} x micro-batch "
              f"{prov.get('micro_batch', '?')}",
              f"  boundaries: {tiers}; {len(plan.segments())} segments; "
-             f"keep-internals {len(plan.keep_internals)} blocks"]
+             f"keep-internals {len(plan.keep_internals)} blocks",
+             f"  {save_level_line(plan)}"]
     if plan.predicted is not None:
         p = plan.predicted
         lines.append(f"  predicted: {p.step_ms / 1e3:.2f} s/step, {p.tokens_per_s:.0f} tokens/s, "

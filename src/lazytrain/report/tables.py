@@ -11,6 +11,12 @@ no per-window prediction in a plan (they are constant terms; execution_model.md)
 (the compute stream idle while the engine's thread was blocked; not compute, not a copy wait)
 is shown beside its waits and summed per step, where the run recorded it.
 
+Saved internals (save levels L1/L2 in the dram tier, docs/execution_model.md "Save levels"):
+where the run recorded per-window `saved_d2h_bytes` / `saved_h2d_bytes`, each window's median
+is shown beside the bytes the plan's `internal_transfers` move there (fraction x S1[j] at L1 or
+S2[j] at L2; the sizes from plan provenance `saved_bytes`, without which the prediction is
+unknown), with both totals per micro-batch.
+
 Must not know torch or the runtime: it reads JSON only.
 """
 
@@ -26,6 +32,8 @@ CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write", "optimizer")
 """`wait_ms` keys of windows.jsonl (runtime/instrument.py)."""
 BYTE_CHANNELS = ("h2d", "d2h", "nvme_read", "nvme_write")
 """Per-window byte channels: the plan's `{channel}_bytes`, the ledger's `moved`."""
+SAVED_KINDS = ("d2h", "h2d")
+"""Directions of the saved internals' transfers; windows.jsonl keys `saved_{kind}_bytes`."""
 
 
 def plan_id_of_dict(plan_dict: dict) -> str:
@@ -60,6 +68,11 @@ class WindowRow:
     """Median time the compute stream idled while the engine's thread was blocked (a host
     wait, its own host work), ms; not compute, not a copy wait. None for runs recorded before
     the field."""
+    predicted_saved_bytes: dict[str, float] | None = None
+    """{"d2h", "h2d"}: bytes of saved internals the plan moves in this window (None: the plan
+    does not carry the blocks' saved sizes)."""
+    measured_saved_bytes: dict[str, float] | None = None
+    """{"d2h", "h2d"}: median bytes of saved internals the run moved (None: not recorded)."""
 
     @property
     def delta_ms(self) -> float | None:
@@ -99,6 +112,16 @@ class Comparison:
     measured_host_blocked_ms: float | None = None
     """Median over steps of the step's summed `host_blocked_ms`, ms (None: not recorded)."""
 
+    def saved_totals(self, side: str) -> dict[str, float] | None:
+        """{"d2h", "h2d"}: saved-internals bytes per micro-batch, summed over the windows'
+        `predicted_saved_bytes` (`side` "predicted") or `measured_saved_bytes` ("measured");
+        None when no window has them."""
+        cells = [getattr(w, f"{side}_saved_bytes") for w in self.windows]
+        cells = [c for c in cells if c is not None]
+        if not cells:
+            return None
+        return {k: sum(c[k] for c in cells) for k in SAVED_KINDS}
+
     def most_wrong(self, k: int = 5) -> list[WindowRow]:
         """The k windows with the largest |measured - predicted| (predicted windows only)."""
         rows = [w for w in self.windows if w.predicted_ms is not None]
@@ -129,7 +152,12 @@ class Comparison:
                          "measured_checkpoint_bytes": w.measured_hbm_bytes,
                          "measured_hbm_bytes": w.measured_ledger_hbm_bytes,
                          "predicted_bytes": w.predicted_bytes,
-                         "measured_bytes": w.measured_bytes} for w in self.windows],
+                         "measured_bytes": w.measured_bytes,
+                         "predicted_saved_bytes": w.predicted_saved_bytes,
+                         "measured_saved_bytes": w.measured_saved_bytes}
+                        for w in self.windows],
+            "predicted_saved_bytes": self.saved_totals("predicted"),
+            "measured_saved_bytes": self.saved_totals("measured"),
             "most_wrong": [w.name for w in self.most_wrong()],
         }
 
@@ -175,7 +203,10 @@ def compare_with_run(plan_dict: dict, records: list[dict], *, skip_steps: int = 
             blocked_by_step.append(sum(w["host_blocked_ms"] for w in ws))
         for c in CHANNELS:
             exposed_by_step[c].append(sum(w["wait_ms"].get(c, 0.0) for w in ws))
-    rows = [_row(n, samples[n], predicted.get(n)) for n in names]
+    saved = predicted_saved_bytes(plan_dict)
+    rows = [_row(n, samples[n], predicted.get(n),
+                 None if saved is None else saved.get(n, dict.fromkeys(SAVED_KINDS, 0.0)))
+            for n in names]
     accum = int((plan_dict.get("provenance") or {}).get("grad_accum", 1) or 1)
     pred = plan_dict.get("predicted") or {}
     memory = memory_model_of(plan_dict.get("provenance"))
@@ -203,7 +234,37 @@ def compare_with_run(plan_dict: dict, records: list[dict], *, skip_steps: int = 
                                   if len(blocked_by_step) == len(steps) else None))
 
 
-def _row(name: str, ws: list[dict], pred: dict | None) -> WindowRow:
+def predicted_saved_bytes(plan_dict: dict) -> dict[str, dict[str, float]] | None:
+    """{window: {"d2h": bytes, "h2d": bytes}} of saved internals the plan's
+    `internal_transfers` move (fraction x S1[j] at L1, x S2[j] at L2), windows with none left
+    out; {} for a plan without internal transfers; None when it has some but no per-block
+    sizes (provenance `saved_bytes`, [S1, S2] per block).
+
+    Raises:
+        ValueError: a transfer names a block the sizes or levels do not cover.
+    """
+    moves = plan_dict.get("internal_transfers") or []
+    if not moves:
+        return {}
+    sizes = (plan_dict.get("provenance") or {}).get("saved_bytes")
+    if not sizes:
+        return None
+    levels = plan_dict.get("save_levels") or []
+    out: dict[str, dict[str, float]] = {}
+    for t in moves:
+        j = t["block"]
+        if not (j < len(sizes) and j < len(levels)):
+            raise ValueError(f"plan internal_transfers name block {j} but provenance "
+                             f"saved_bytes has {len(sizes)} and save_levels {len(levels)} "
+                             f"entries; re-plan with `lazytrain plan --out`")
+        nbytes = t["fraction"] * sizes[j][1 if levels[j] == "L2" else 0]
+        cell = out.setdefault(t["window"], dict.fromkeys(SAVED_KINDS, 0.0))
+        cell[t["kind"]] += nbytes
+    return out
+
+
+def _row(name: str, ws: list[dict], pred: dict | None,
+         pred_saved: dict[str, float] | None = None) -> WindowRow:
     med = statistics.median
     return WindowRow(
         name=name,
@@ -222,7 +283,11 @@ def _row(name: str, ws: list[dict], pred: dict | None) -> WindowRow:
         measured_ledger_hbm_bytes=(max(w["ledger"]["hbm_bytes"] for w in ws)
                                    if all("ledger" in w for w in ws) else None),
         measured_host_blocked_ms=(med(w["host_blocked_ms"] for w in ws)
-                                  if all("host_blocked_ms" in w for w in ws) else None))
+                                  if all("host_blocked_ms" in w for w in ws) else None),
+        predicted_saved_bytes=None if pred is None else pred_saved,
+        measured_saved_bytes=({k: med(w[f"saved_{k}_bytes"] for w in ws) for k in SAVED_KINDS}
+                              if all(f"saved_{k}_bytes" in w for w in ws for k in SAVED_KINDS)
+                              else None))
 
 
 def format_table(c: Comparison) -> str:
@@ -258,9 +323,29 @@ def format_table(c: Comparison) -> str:
               *([f"largest at the HBM peak ({c.peak_window}): " + ", ".join(
                   f"{o} {b / 1e6:.2f} MB" for o, b in c.peak_owners.items())]
                 if c.peak_owners else []),
+              *_saved_lines(c),
               "most wrong: " + ", ".join(f"{w.name} ({w.delta_ms:+.2f} ms)"
                                          for w in c.most_wrong())]
     return "\n".join(lines)
+
+
+def _saved_lines(c: Comparison) -> list[str]:
+    """Saved internals: predicted vs measured bytes per micro-batch, then per window that moves
+    any (MB); nothing when the run recorded none, or neither side moves a byte."""
+    meas, pred = c.saved_totals("measured"), c.saved_totals("predicted")
+    if meas is None or not (any(meas.values()) or (pred is not None and any(pred.values()))):
+        return []
+
+    def pair(p: dict | None, m: dict | None, k: str) -> str:
+        return f"{k.upper()} {_mb(None if p is None else p[k]).strip()} / {_mb(m[k]).strip()}"
+
+    out = ["saved internals (MB per micro-batch, predicted / measured): "
+           + ", ".join(pair(pred, meas, k) for k in SAVED_KINDS)]
+    for w in c.windows:
+        m, p = w.measured_saved_bytes, w.predicted_saved_bytes
+        if m is not None and (any(m.values()) or (p is not None and any(p.values()))):
+            out.append(f"  {w.name:<7} " + ", ".join(pair(p, m, k) for k in SAVED_KINDS))
+    return out
 
 
 def _mb(nbytes: float | None) -> str:
