@@ -108,7 +108,7 @@ def _gated_deltanet(c: dict) -> tuple[int, dict, int, int]:
     fields = dict(linear_heads=nv, linear_k_dim=dk, linear_v_dim=dv,
                   conv_flops_per_token=2 * kernel * conv,
                   saved_l1=sb.gated_deltanet(key_heads=nk, value_heads=nv, key_dim=dk,
-                                             value_dim=dv))
+                                             value_dim=dv, conv_kernel=kernel))
     return params, fields, saved, nv * (2 + LINEAR_ATTN_CHUNK)
 
 

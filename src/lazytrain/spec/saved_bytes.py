@@ -43,8 +43,9 @@ class SavedSet:
     """Saved tensors of a block part, per token of the micro-batch (plus a fixed part).
 
     `bytes(...)` = `B * S * (compute * b + 4 * fp32 + 4 * upcast [b != 4] + 4 * alias [b == 4]
-    + index_bytes + b * masked_compute [masked]) + B * S_pad * 4 * padded_fp32 + fixed_bytes`,
-    with S_pad = S rounded up to a multiple of `LINEAR_ATTN_CHUNK`.
+    + index_bytes + b * masked_compute [masked]) + B * (S_pad * 4 * padded_fp32 + S_pad / C * 4 *
+    chunk_fp32 + b * sequence_compute) + fixed_bytes`, with C = `LINEAR_ATTN_CHUNK` and S_pad =
+    S rounded up to a multiple of C.
     """
 
     compute: int = 0
@@ -65,6 +66,11 @@ class SavedSet:
     padded_fp32: int = 0
     """fp32 elements per token of the sequence padded to a multiple of `LINEAR_ATTN_CHUNK`
     (the chunked linear attention's per-chunk matrices)."""
+    chunk_fp32: int = 0
+    """fp32 elements per chunk of `LINEAR_ATTN_CHUNK` tokens of each sequence (the recurrent
+    state the chunk scan reads)."""
+    sequence_compute: int = 0
+    """Compute-dtype elements per sequence (the causal conv's left padding)."""
     fixed_bytes: int = 0
     """Bytes per micro-batch whatever its tokens (per-expert offsets, `1 + weight` of an
     offset-style norm)."""
@@ -96,9 +102,11 @@ class SavedSet:
         per_token = (self.compute * dtype_bytes + FP32_BYTES * self.fp32
                      + FP32_BYTES * (self.alias if fp32_compute else self.upcast)
                      + self.index_bytes + dtype_bytes * self.masked_compute * masked)
-        padded = -(-seq_len // LINEAR_ATTN_CHUNK) * LINEAR_ATTN_CHUNK
-        return (micro_batch * seq_len * per_token
-                + micro_batch * padded * FP32_BYTES * self.padded_fp32 + self.fixed_bytes)
+        chunks = -(-seq_len // LINEAR_ATTN_CHUNK)
+        per_sequence = (chunks * LINEAR_ATTN_CHUNK * FP32_BYTES * self.padded_fp32
+                        + chunks * FP32_BYTES * self.chunk_fp32
+                        + dtype_bytes * self.sequence_compute)
+        return micro_batch * (seq_len * per_token + per_sequence) + self.fixed_bytes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,19 +202,49 @@ def mla_attention(*, heads: int, nope_dim: int, rope_dim: int, v_head_dim: int,
     return out
 
 
-def gated_deltanet(*, key_heads: int, value_heads: int, key_dim: int, value_dim: int) -> SavedSet:
-    """Gated-DeltaNet linear attention (Qwen3-Next / Qwen3.5), HF's torch chunked fallback.
+def gated_deltanet(*, key_heads: int, value_heads: int, key_dim: int, value_dim: int,
+                   conv_kernel: int) -> SavedSet:
+    """Gated-DeltaNet linear attention (Qwen3-Next / Qwen3.5) through HF's torch fallback
+    (`torch_chunk_gated_delta_rule`, what runs without flash-linear-attention).
 
-    Saved per token (K = key_heads x key_dim, V = value_heads x value_dim, n = value_heads):
-    TODO calibrate.
+    With K = key_heads x d_k, V = value_heads x d_v, n = value_heads, conv = 2K + V, C the
+    chunk and S_pad the sequence padded to a multiple of C, saved:
+    - projections and conv (compute dtype): the conv's input (conv per token) and its output
+      before the silu, left-padded by kernel - 1 (conv per token + (kernel - 1) conv per
+      sequence); beta = sigmoid(b) (n);
+    - decay (fp32): softplus's input and output (2n per token) and exp(A_log), -exp(A_log)
+      (2n per micro-batch);
+    - l2 norms (fp32, per token): q and k repeated to the value heads (n d_k each) and their
+      inverse norms (n each);
+    - the chunked rule (fp32, per padded token): padded k, v and beta (n (d_k + d_v + 1));
+      5 n C of chunk matrices (pairwise decay, UT system and its product, intra-chunk
+      attention and its use); 6 n d of chunked q, k, k x beta and decayed keys and values
+      (taken as 3 n d_k + 3 n d_v: exact when d_k = d_v, every shipped config); the per-chunk
+      new values (n d_v) and 3 n decay vectors; per chunk of each sequence the recurrent state
+      read (n d_k d_v) and the chunk's decay (n); per micro-batch the C x C bool mask;
+    - the gated RMSNorm: fp32 input, silu(z) input and output, reciprocal RMS (3V + n), and in
+      the compute dtype its normalized cast, the product with the weight and the out
+      projection's input (3V).
 
-    Source: arXiv 2412.06464 section 3 (chunkwise form); transformers
-    `torch_chunk_gated_delta_rule`.
+    Exact (against saved-tensor hooks) with bf16 compute for S > C, and with fp32 compute when
+    S is not a multiple of C. Two known gaps: with fp32 compute and S a multiple of C the hooks
+    see (4 x chunks - 1) more chunk slices of B x C x n x d fp32 (the unpadded fp32 path keeps
+    views of distinct storages), +7% at S = 2C; with one chunk (S <= C) this counts one chunk's
+    new values (B x C x n x d_v fp32) that the hooks do not see.
+
+    Source: arXiv 2412.06464 section 3 (chunkwise form); the saved tensors of transformers'
+    `Qwen3NextGatedDeltaNet` read with saved-tensor hooks (tests/spec/test_saved_bytes.py).
+    flash-linear-attention's fused kernels save far less (q, k, v, g, beta and one chunk
+    matrix, recomputing the rest); a measured profile then gives the real bytes.
     """
     K, V, n = key_heads * key_dim, value_heads * value_dim, value_heads
-    C = LINEAR_ATTN_CHUNK
-    return SavedSet(compute=2 * K + 2 * V + 2 * n + 2 * (2 * K + V) + V, fp32=3 * n + 6 * V,
-                    padded_fp32=4 * C * n + 2 * n * (key_dim + value_dim))
+    dk, dv, C = key_dim, value_dim, LINEAR_ATTN_CHUNK
+    conv = 2 * K + V
+    return SavedSet(
+        compute=2 * conv + n + 3 * V, sequence_compute=(conv_kernel - 1) * conv,
+        fp32=2 * n + 2 * (n * dk + n) + 3 * V + n, fixed_bytes=FP32_BYTES * 2 * n + C * C,
+        padded_fp32=n * (dk + dv + 1) + 5 * n * C + 3 * n * dk + 3 * n * dv + n * dv + 3 * n,
+        chunk_fp32=n * dk * dv + n)
 
 
 # ---------------------------------------------------------------------------------------------
