@@ -27,7 +27,7 @@ from lazytrain.planner.evaluate import Decisions, build_plan, decisions_from_tie
 from lazytrain.planner.plan import InternalTransfer, Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.search import Search
-from lazytrain.planner.windows import internal_legal_ords, window_name
+from lazytrain.planner.windows import internal_legal_ords, window_name, window_ord
 
 UNIFORM_KS = (1, 2, 3, 4, 6, 8, 12, 16)
 """Segment lengths tried as starts (capped by k_max and L)."""
@@ -202,7 +202,8 @@ def greedy_levels(problem: PlanningProblem, decisions: Decisions) -> Decisions:
     and its h2d whole in the latest (2L - j - 1; a block with no such pair, j = L - 1, cannot
     take dram), and kept when the evaluator's step drops and the plan still fits every budget
     (an L2 candidate may so replace a block's L1). At most 2 evaluations per candidate, 4L in
-    all. The tiers, keep-internals and transfers are left as they are.
+    all, and none where the HBM or DRAM room left cannot hold the internals (`_may_fit`). The
+    tiers, keep-internals and transfers are left as they are.
 
     Args:
         problem: the planning problem; without `saved_bytes` the decisions come back as given.
@@ -227,7 +228,7 @@ def greedy_levels(problem: PlanningProblem, decisions: Decisions) -> Decisions:
             continue  # already there (or beyond)
         for tier in ("hbm", "dram"):
             trial = _set_level(p, best, j, level, tier)
-            if trial is None:
+            if trial is None or not _may_fit(p, cur, trial, j, level, tier):
                 continue
             ev = evaluate(p, trial)
             if ev.feasible and ev.step_ms < cur.step_ms * (1 - LEVEL_IMPROVE_REL):
@@ -250,6 +251,24 @@ def _level_candidates(p: PlanningProblem, keep) -> list[tuple[int, str]]:
             if saved > 0:
                 ranked.append((-saved / max(nbytes, 1), j, level))
     return [(j, level) for _r, j, level in sorted(ranked)]
+
+
+def _may_fit(p: PlanningProblem, cur, trial: Decisions, j: int, level: str,
+             tier: str) -> bool:
+    """False when block j's internals at `level` in `tier` cannot fit beside the current plan
+    (`cur`, its evaluation), so the trial needs no evaluation: HBM has less room than S in a
+    window that would hold them (hbm: ords j..2L-j; dram: from j to its d2h window and from
+    its h2d window to 2L-j), or, for dram, DRAM less than S. Adding internals only adds bytes,
+    so this never rejects a trial that fits."""
+    L = p.num_blocks
+    size = p.saved_bytes[j][0 if level == "L1" else 1]
+    held = range(j, 2 * L - j + 1)
+    if tier == "dram":
+        moves = [window_ord(t.window, L) for t in trial.internal_transfers if t.block == j]
+        held = [o for o in held if o <= min(moves) or o >= max(moves)]
+        if cur.dram_bytes + size > p.dram_bytes:
+            return False
+    return all(cur.hbm_by_window[o] + size <= p.hbm_bytes for o in held)
 
 
 def _set_level(p: PlanningProblem, d: Decisions, j: int, level: str,
