@@ -52,13 +52,18 @@ def test_the_table_lists_each_level_s_blocks_their_bytes_and_the_bytes_per_block
         "  L1 hbm    2  1 block, 0.20 GB",      # S1[2] = 200 MB
         "  L2 hbm    3  1 block, 0.40 GB",      # S2[3]
         "  L2 dram   1  1 block, 0.40 GB",      # S2[1]
-        "saved bytes per block (S1 / S2, MB): 0-1 100 / 400, 2 200 / 500, 3 100 / 400",
+        "saved bytes per block (S1 / S2): 100 / 400 MB 3 blocks 0-1,3; 200 / 500 MB 1 block 2",
     ]
 
 
-def test_compact_pairs_groups_runs_of_equal_values():
-    assert compact_pairs([(1, 2), (1, 2), (1, 2)]) == "0-2 1 / 2"
-    assert compact_pairs([(1.23456, 2), (1.2349, 2), (3, 4)]) == "0-1 1.23 / 2, 2 3 / 4"
+def test_compact_pairs_lists_each_distinct_size_once_with_its_blocks():
+    assert compact_pairs([(MB, 2 * MB)] * 3) == "1 / 2 MB 3 blocks 0-2"
+    assert compact_pairs([(1.23456 * MB, 2 * MB), (1.2349 * MB, 2 * MB), (3 * MB, 4 * MB)]) \
+        == "1.23 / 2 MB 2 blocks 0-1; 3 / 4 MB 1 block 2"
+    # a 3:1 hybrid of 20 blocks in GB: the ranges of the common size cut after four
+    hybrid = [(4 * 10**9, 6 * 10**9) if j % 4 != 3 else (10**9, 2 * 10**9) for j in range(20)]
+    assert compact_pairs(hybrid) == ("4 / 6 GB 15 blocks 0-2,4-6,8-10,12-14,...; "
+                                     "1 / 2 GB 5 blocks 3,7,11,15,...")
 
 
 def test_the_summary_carries_the_level_line():

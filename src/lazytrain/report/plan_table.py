@@ -205,10 +205,10 @@ def save_level_line(plan: Plan) -> str:
 
 def save_level_lines(problem: PlanningProblem, plan: Plan) -> list[str]:
     """`save_level_line`, then per (level, tier) taken its blocks and the bytes they keep
-    (`  L2 dram   3-7   5 blocks, 0.21 GB`), then the saved bytes per block, compact
-    (`saved bytes per block (S1 / S2, MB): 0-2 12.6 / 40.2, 3 12.6 / 44.0`; blocks in a run
-    of equal values share one entry). The bytes line is left out when the problem has no
-    `saved_bytes` (levels unavailable)."""
+    (`  L2 dram   3-7  5 blocks, 0.21 GB`), then the saved bytes per block, compact: each
+    distinct (S1, S2) once with its blocks (`saved bytes per block (S1 / S2): 43.9 / 57.2 GB
+    48 blocks 0-2,4-6,8-10,...; 13.6 / 26.9 GB 16 blocks 3,7,11,...`). The bytes line is left
+    out when the problem has no `saved_bytes` (levels unavailable)."""
     out = [save_level_line(plan)]
     sizes = problem.saved_bytes
     for level, tier in LEVEL_TIERS:
@@ -219,21 +219,30 @@ def save_level_lines(problem: PlanningProblem, plan: Plan) -> list[str]:
             out.append(f"  {level} {tier:<6} {ranges(blocks)}  {len(blocks)} "
                        f"block{'s' if len(blocks) > 1 else ''}, {held / GB:.2f} GB")
     if sizes:
-        out.append("saved bytes per block (S1 / S2, MB): " + compact_pairs(
-            [(s1 / 1e6, s2 / 1e6) for s1, s2 in sizes]))
+        out.append(f"saved bytes per block (S1 / S2): {compact_pairs(sizes)}")
     return out
 
 
-def compact_pairs(values: list[tuple[float, float]]) -> str:
-    """Runs of equal (rounded) pairs by index: [(1, 2), (1, 2), (3, 4)] -> '0-1 1 / 2, 2 3 / 4'
-    (3 significant digits)."""
-    shown = [f"{a:.3g} / {b:.3g}" for a, b in values]
-    parts, lo = [], 0
-    for k in range(1, len(shown) + 1):
-        if k == len(shown) or shown[k] != shown[lo]:
-            parts.append(f"{ranges(range(lo, k))} {shown[lo]}")
-            lo = k
-    return ", ".join(parts)
+SIZE_RANGES_SHOWN = 4
+"""Index ranges printed per distinct saved size before '...'."""
+
+
+def compact_pairs(sizes) -> str:
+    """Each distinct (S1, S2) byte pair once, in order of first block, with its block count and
+    ranges (at most SIZE_RANGES_SHOWN): [(1e6, 2e6)] * 2 + [(3e6, 4e6)] -> '1 / 2 MB 2 blocks
+    0-1; 3 / 4 MB 1 block 2'. Sizes in GB when the largest is at least 1 GB, else MB (3
+    significant digits)."""
+    unit, name = (GB, "GB") if max(b for pair in sizes for b in pair) >= GB else (1e6, "MB")
+    blocks: dict[str, list[int]] = {}
+    for j, (s1, s2) in enumerate(sizes):
+        blocks.setdefault(f"{s1 / unit:.3g} / {s2 / unit:.3g} {name}", []).append(j)
+    parts = []
+    for text, idx in blocks.items():
+        spans = ranges(idx).split(",")
+        shown = ",".join(spans[:SIZE_RANGES_SHOWN]) + (",..." if len(spans) > SIZE_RANGES_SHOWN
+                                                        else "")
+        parts.append(f"{text} {len(idx)} block{'s' if len(idx) > 1 else ''} {shown}")
+    return "; ".join(parts)
 
 
 def recomputed_blocks(plan: Plan) -> list[int]:
