@@ -14,8 +14,9 @@ predicted step time (the solver's least-wear plan, `planner/wear.py`, counts as 
 within `least_wear_slack` of the start: it was chosen to write less to NVMe). The start is the
 heuristic plan (its save levels chosen greedily, `heuristics.greedy_levels`), or `warm_start`'s
 decisions re-evaluated under `problem` (levels given the same way) when those are predicted
-faster and fit (a re-plan starts from the running plan); policy heuristic returns that start. With neither HiGHS nor SCIP installed (`solvers.installed_backends`), policy milp
-returns that start too, with provenance `milp_unavailable` (`MILP_UNAVAILABLE`), and no plan
+faster and fit (a re-plan starts from the running plan); policy heuristic returns that start.
+With neither HiGHS nor SCIP installed (`solvers.installed_backends`), policy milp returns that
+start too, with provenance `milp_unavailable` (`MILP_UNAVAILABLE`), and no plan
 carries an LP bound: the other three bounds are closed forms and evaluator runs, valid for
 every plan without a solver.
 
