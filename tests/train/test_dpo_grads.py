@@ -70,11 +70,12 @@ def _reference(ref_model, batches, *, beta: float, loss: str):
     return total, {n: p.grad for n, p in ref_model.named_parameters()}
 
 
-def _engine(config, tiers, keep, tmp_path, batches, *, beta, loss, chunk_tokens=8):
+def _engine(config, tiers, keep, tmp_path, batches, *, beta, loss, chunk_tokens=8,
+            device="cpu", **engine_kw):
     ref_model, adapter = model_pair(config, seed=0)
     plan = plan_for(adapter, tiers, keep, grad_accum=len(batches))
-    engine = make_engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme",
-                         grad_accum=len(batches), head_chunk_tokens=chunk_tokens)
+    engine = make_engine(adapter, plan, device=device, nvme_dir=tmp_path / "nvme",
+                         grad_accum=len(batches), head_chunk_tokens=chunk_tokens, **engine_kw)
     engine.ends.objective = DPOObjective(beta=beta, loss_type=loss)
     try:
         got = engine.compute_gradients(batches)
@@ -114,6 +115,18 @@ def test_dpo_gradient_with_grad_accum_2_and_tied_head_equals_autograd(loss, tmp_
     assert got == pytest.approx(want, rel=1e-5)
     _assert_close(grads, ref_grads)
     assert metrics["pairs"] == 2
+
+
+@pytest.mark.parametrize("device", ["cpu-checked", "cpu-threaded"])
+def test_dpo_gradient_under_the_ordering_checker_and_threads_equals_autograd(device, tmp_path):
+    """The two-pass head under the happens-before checker and the threaded streams, with the
+    plan's budgets enforced by the ledger."""
+    tiers, keep = PLANS["mixed_tiers"]
+    got, want, grads, ref_grads, _ = _engine(tiny_config("llama"), tiers, keep, tmp_path,
+                                             _pair_batches(2), beta=0.3, loss="sigmoid",
+                                             device=device, budgets=True, instrument=True)
+    assert got == pytest.approx(want, rel=1e-5)
+    _assert_close(grads, ref_grads)
 
 
 def test_dpo_metrics_are_the_rewards_of_the_pairs(tmp_path):
