@@ -43,6 +43,10 @@ def test_the_level_line_counts_blocks_per_level_and_tier():
     assert save_level_line(_levels_plan()) == "save levels: L0 1, L1 hbm 1, L2 hbm 1, L2 dram 1"
     assert save_level_line(Plan(tiers=("hbm",) * 3)) == \
         "save levels: none (every block re-forwarded in full)"
+    # a kept block is L0 in the plan (tier none) but keeps its whole graph: counted apart
+    kept = Plan(tiers=("hbm",) * 4, keep_internals=(2,), save_levels=("L0", "L2", "L0"),
+                saved_tiers=("none", "hbm", "none"))
+    assert save_level_line(kept) == "save levels: L0 1, kept 1, L2 hbm 1"
 
 
 def test_the_table_lists_each_level_s_blocks_their_bytes_and_the_bytes_per_block():

@@ -191,15 +191,17 @@ LEVEL_TIERS = (("L1", "hbm"), ("L1", "dram"), ("L2", "hbm"), ("L2", "dram"))
 
 
 def save_level_line(plan: Plan) -> str:
-    """`save levels: L0 20, L1 hbm 3, L2 dram 5` (pairs with no block left out), or `save
-    levels: none (every block re-forwarded in full)` for a plan without them (the MegaTrain
-    rule as published, plans written before the field)."""
+    """`save levels: L0 20, kept 2, L1 hbm 3, L2 dram 5` (kept: the keep-internals blocks,
+    L0 in the plan but keeping everything; pairs with no block left out), or `save levels:
+    none (every block re-forwarded in full)` for a plan without them (the MegaTrain rule as
+    published, plans written before the field)."""
     if plan.reforwards_in_full:
         return "save levels: none (every block re-forwarded in full)"
     counts = Counter(zip(plan.save_levels, plan.saved_tiers))
-    parts = [f"L0 {plan.save_levels.count('L0')}"] + [
-        f"{level} {tier} {counts[level, tier]}" for level, tier in LEVEL_TIERS
-        if counts[level, tier]]
+    kept = len(plan.keep_internals)
+    parts = [f"L0 {plan.save_levels.count('L0') - kept}"] + ([f"kept {kept}"] if kept else [])
+    parts += [f"{level} {tier} {counts[level, tier]}" for level, tier in LEVEL_TIERS
+              if counts[level, tier]]
     return "save levels: " + ", ".join(parts)
 
 
