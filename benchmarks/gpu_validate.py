@@ -30,7 +30,8 @@ Sections (each a function below; each writes its figures and `ok` into the JSON)
   the copy stream before every copy (by wrapping the engine's `_timed_window` and the device's
   `copy` here, never in product code); gradients must equal the unstressed run's;
 - gradients: a mid-size Llama (hidden 1024, 4-6 layers, seq 1024, random init) under a plan
-  matrix (all hbm, all dram, nvme in a temp dir, recompute segments, keep-internals, mixed)
+  matrix (all hbm, all dram, nvme in a temp dir, recompute segments, keep-internals, mixed,
+  save levels L1/L2 with internals in HBM and DRAM: `levels_plan_of`)
   with grad_accum 2: fp32 engine vs plain HF autograd on the GPU; bf16 engine error vs the
   fp32 reference within 1.5x HF's own bf16 error; 3 AdamW steps vs torch.optim.AdamW; every
   fp32 plan run twice (a race shows as drift between runs);
@@ -321,6 +322,28 @@ def plan_of(problem, tiers, keep=()):
     return build_plan(problem, decisions, solver=SolveRecord(backend="manual"))
 
 
+def levels_plan_of(problem, L: int):
+    """The gradient matrix's save-levels plan: boundaries recomputed in segments of 2, blocks
+    at L2 / L1 alternately with their internals in DRAM (d2h whole in f{j+1}, h2d whole in
+    b{j+1}) or HBM, the last block in HBM (no legal DRAM pair). The problem's saved bytes are
+    placeholders (only the plan's structure matters for a correctness run)."""
+    from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
+    from lazytrain.planner.heuristics import megatrain_tiers
+    from lazytrain.planner.plan import InternalTransfer, SolveRecord
+    A = problem.boundary_bytes[0]
+    problem = dataclasses.replace(problem, saved_bytes=((4 * A, 8 * A),) * L,
+                                  reforward_ms=(1.0,) * L, reforward_l1_ms=(0.6,) * L)
+    levels = tuple(("L2", "L1")[j % 2] for j in range(L))
+    saved_tiers = tuple(("dram", "dram", "hbm")[j % 3] for j in range(L - 1)) + ("hbm",)
+    d = decisions_from_tiers(problem, tuple(megatrain_tiers(L, 2)), save_levels=levels,
+                             saved_tiers=("hbm",) * L)
+    moves = tuple(InternalTransfer(block=j, kind=kind, window=f"{w}{j + 1}", fraction=1.0)
+                  for j in range(L - 1) if saved_tiers[j] == "dram"
+                  for kind, w in (("d2h", "f"), ("h2d", "b")))
+    d = dataclasses.replace(d, saved_tiers=saved_tiers, internal_transfers=moves)
+    return build_plan(problem, d, solver=SolveRecord(backend="manual"))
+
+
 def plan_matrix(L: int) -> dict[str, tuple[list[str], tuple[int, ...]]]:
     """name -> (tiers, keep_internals) of the gradient matrix for L blocks."""
     from lazytrain.planner.heuristics import megatrain_tiers
@@ -329,7 +352,8 @@ def plan_matrix(L: int) -> dict[str, tuple[list[str], tuple[int, ...]]]:
     keep_mixed = tuple(j for j in range(L) if mixed[j + 1] == H)
     return {"all_hbm": ([H] * (L + 1), ()), "all_dram": ([D] * L + [H], ()),
             "nvme": ([N] * L + [H], ()), "recompute": (list(megatrain_tiers(L, 2)), ()),
-            "keep": ([D] * L + [H], (L - 2, L - 1)), "mixed": (mixed, keep_mixed)}
+            "keep": ([D] * L + [H], (L - 2, L - 1)), "mixed": (mixed, keep_mixed),
+            "levels": (list(megatrain_tiers(L, 2)), ())}  # save levels: `levels_plan_of`
 
 
 def grad_error(mine: dict, ref: dict) -> dict:
@@ -790,7 +814,8 @@ def gradients(ctx: Ctx) -> dict:
             if ctx.budget.left() < 20:
                 out["fp32"][name] = {"ok": False, "error": "time budget"}
                 continue
-            plan = plan_of(problem, tiers, keep)
+            plan = (levels_plan_of(problem, shape["layers"]) if name == "levels"
+                    else plan_of(problem, tiers, keep))
             first = engine_grads(adapter, plan, ctx, batches)
             second = engine_grads(adapter, plan, ctx, batches)
             err, drift = grad_error(first, want), grad_error(second, first)

@@ -17,6 +17,7 @@ and the bytes the runtime moves and holds for saved internals are the plan's.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -207,3 +208,26 @@ def test_ledger_peaks_stay_within_the_plans(case, backend, tmp_path):
         for w in rec["windows"]:
             if w["name"] in predicted:
                 assert w["ledger"]["hbm_bytes"] <= predicted[w["name"]], w["name"]
+
+
+def test_gpu_validate_levels_plan_builds_and_runs_on_the_checker(tmp_path, monkeypatch):
+    """benchmarks/gpu_validate.py's save-levels case (it needs a GPU to run as a whole): its
+    plan builds without a solver, and its gradients equal HF autograd under `cpu-checked`."""
+    if "gpu_validate" not in sys.modules:
+        script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_validate.py"
+        spec = importlib.util.spec_from_file_location("gpu_validate", script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gpu_validate"] = module
+        spec.loader.exec_module(module)
+    gv = sys.modules["gpu_validate"]
+    monkeypatch.setattr(gv, "REF_DEVICE", "cpu")
+    config = gv.llama_config(hidden=64, layers=4, seq=24, intermediate=128, heads=2, kv_heads=2,
+                             vocab=256)
+    ref, adapter = gv.model_pair(config, seed=3)
+    plan = gv.levels_plan_of(gv.hand_problem(adapter, batch=1, seq=24, act_bytes=4,
+                                             grad_accum=2), 4)
+    assert set(plan.save_levels) == {"L1", "L2"} and "dram" in plan.saved_tiers
+    batches = gv.make_batches(2, batch=1, seq=24, vocab=256, seed=4)
+    ctx = type("Ctx", (), {"dev": "cpu-checked", "tmp": tmp_path})()
+    err = gv.grad_error(gv.engine_grads(adapter, plan, ctx, batches), gv.hf_grads(ref, batches))
+    assert err["max_rel"] <= 1e-5, err
