@@ -74,6 +74,9 @@ def test_the_measured_profile_is_accepted_by_profile_costs(adapter, tmp_path):
                           compute_dtype="fp32")
     kind = spec.blocks[0].kind
     assert costs.blocks[0].fwd_ms == prof["block_kinds"][kind]["fwd_ms"]
+    measured = prof["block_kinds"][kind]
+    assert costs.blocks[0].saved_bytes == (measured["saved_l1_bytes"],
+                                           measured["saved_l2_bytes"])
     assert costs.hardware.nvme_read_bytes_per_s == pytest.approx(
         prof["bandwidths"]["nvme_read_gb_per_s"] * 1e9)
     assert costs.step_const_ms == prof["step_const_ms"] > 0
@@ -94,7 +97,8 @@ def test_the_quick_profile_has_every_key_of_the_full_one(adapter, tmp_path):
                                           for x in keys(v, f"{prefix}{k}.")}
     assert keys(quick) >= keys(full)  # quick adds only the record of its steady timing
     assert all(k.startswith("measurements.steady") for k in keys(quick) - keys(full))
-    assert set(quick["measurements"]["steady"]) == {"block kind dense", "ends"}
+    assert set(quick["measurements"]["steady"]) == {"block kind dense",
+                                                    "save levels of block kind dense", "ends"}
 
 
 def test_the_head_bench_runs_on_boundary_l_and_computes_the_hf_loss():

@@ -27,6 +27,9 @@ written for the CPU are therefore *effective* rates under contention:
 The `cpu_contention` entry records the raw factors (compute slowdown while the optimizer runs,
 rates alone and with the optimizer) for the report.
 
+Save levels (`profile/save_levels.py`): per block kind the bytes the runtime's L1 / L2 forward
+keeps and the L1 re-forward's time (L1 backward less L2 backward).
+
 Host work (`host_rates`): the conversion and accumulation rates on the runtime's own host
 workers, the NVMe staging memcpy and the optimizer update, the profile's `host` section.
 
@@ -49,6 +52,7 @@ from lazytrain.profile.bench_rates import (
     optimizer_ms_per_param, optimizer_running,
 )
 from lazytrain.profile.overhead import window_overhead_ms
+from lazytrain.profile.save_levels import save_level_entries
 from lazytrain.runtime.steady import SteadyTiming, Timing, median_timing
 from lazytrain.units import GB
 
@@ -118,6 +122,10 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
     if timing is None:
         timing = SteadyTiming(log=log) if quick else median_timing
     block = block_kind_times(bench, kinds, repeats=repeats, warmup=warmup, timing=timing)
+    log("profile: save levels (saved bytes, L1 re-forward)")
+    for kind, entry in save_level_entries(bench, kinds, repeats=repeats, warmup=warmup,
+                                          timing=timing, log=log).items():
+        block[kind].update(entry)
     ends = timing(lambda: {
         "embed_ms": time_samples(bench.embed, device=dev, repeats=repeats, warmup=warmup),
         "head_ms": time_samples(bench.head, device=dev, repeats=repeats, warmup=warmup)}, "ends")
