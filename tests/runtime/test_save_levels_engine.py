@@ -231,3 +231,39 @@ def test_gpu_validate_levels_plan_builds_and_runs_on_the_checker(tmp_path, monke
     ctx = type("Ctx", (), {"dev": "cpu-checked", "tmp": tmp_path})()
     err = gv.grad_error(gv.engine_grads(adapter, plan, ctx, batches), gv.hf_grads(ref, batches))
     assert err["max_rel"] <= 1e-5, err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_step_releases_the_saved_internals_and_the_next_step_is_exact(backend,
+                                                                               tmp_path):
+    """A backward that fails in b1 (blocks 0 and 1 in the dram tier: block 0's internals in
+    DRAM, block 1's prefetched, blocks 2 and 3 already released) abandons the step: nothing is
+    held, no ordering violation, and the next step's gradients equal HF autograd."""
+    ref, adapter = model_pair(tiny_config("llama"))
+    plan = levels_plan(_problem(adapter, grad_accum=1), TIERS, *LEVELS["L2_dram"])
+    dev = make_device(backend, seed=5)
+    engine = make_engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme")
+    backward, failed = engine.levels.backward, []
+
+    def fail_once(mb, j, grad):
+        if j == 1 and not failed:
+            failed.append(j)
+            raise RuntimeError("injected backward failure")
+        return backward(mb, j, grad)
+
+    engine.levels.backward = fail_once
+    batches = micro_batches(1)
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            engine.compute_gradients(batches)
+        assert engine.saved.held() == [] and engine.saved.bytes_held() == {"hbm": 0, "dram": 0}
+        torch.manual_seed(123)
+        engine.compute_gradients(batches)
+        grads = {k: v.clone() for k, v in engine.gradients().items()}
+    finally:
+        engine.close()
+    if getattr(dev, "violations", None):
+        raise dev.violations[0]
+    torch.manual_seed(123)
+    _, ref_grads = reference_grads(ref, batches)
+    _assert_grads_match(grads, ref_grads)
