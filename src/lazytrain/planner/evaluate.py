@@ -2,12 +2,11 @@
 
 Implements the equations of `docs/execution_model.md` exactly (per-window compute, H2D, D2H and
 NVMe bytes and host time; window time as max of channels and the host on a GPU or their sum on a
-CPU, and on a GPU at
-least the in-window stream order of `planner/chains.py`; step time with
-the `pre`/`post` terms; HBM bytes held by the activation store with the exact holding
-intervals; peak HBM with fixed, keep and saved-internals terms; DRAM and NVMe bytes; save
-levels: the re-forward by level and the saved internals' bytes, holding and transfers). It also owns `build_plan`,
-the one place a `Plan` is assembled from decisions; the transfer scheduler is
+CPU, and on a GPU at least the in-window stream order of `planner/chains.py`; step time with the
+`pre`/`post` terms; HBM bytes held by the activation store with the exact holding intervals;
+peak HBM with fixed, keep and saved-internals terms; DRAM and NVMe bytes; save levels: the
+re-forward by level and the saved internals' bytes, holding and transfers). It also owns
+`build_plan`, the one place a `Plan` is assembled from decisions; the transfer scheduler is
 `planner/schedule.py`, and the per-window primitives both use are `planner/window_time.py`'s.
 
 Pure Python; knows no solver and no torch. Index legend: block j = 0..L-1, boundary i = 0..L,

@@ -1,10 +1,11 @@
 """Plan JSON v1: the planner's output and the runtime's only input from the planner.
 
 Owns the `Plan` type (decisions per boundary, keep-internals, resident weights, 8-bit blocks,
-save levels and their internals' tiers and transfers, transfer-to-window assignment, per-window predictions, solver record, bounds), its JSON round
-trip, atomic save/load, and `Plan.validate()`, which checks a plan against the contract in
-`docs/execution_model.md` (window order, legal transfer windows, cumulative precedence; the
-checks are `planner/plan_checks.py`'s, the window index `planner/windows.py`'s).
+save levels and their internals' tiers and transfers, transfer-to-window assignment, per-window
+predictions, solver record, bounds), its JSON round trip, atomic save/load, and
+`Plan.validate()`, which checks a plan against the contract in `docs/execution_model.md` (window
+order, legal transfer windows, cumulative precedence, save levels; the checks are
+`planner/plan_checks.py`'s, the window index `planner/windows.py`'s).
 
 Must not know: any solver, torch, or how a plan was found. `runtime` imports this module.
 
