@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from lazytrain.planner.evaluate import Decisions, build_plan, decisions_from_tiers, evaluate
+from lazytrain.planner.heuristics import best_fixed_k_plan, megatrain_plan
 from lazytrain.planner.plan import InternalTransfer, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 
@@ -172,3 +173,16 @@ def test_a_level_the_problem_cannot_price_names_the_field():
     with pytest.raises(ValueError, match="saved_tiers: block 1 is 'dram'"):
         decisions_from_tiers(_problem(), (H,) * 4, save_levels=("L0", "L2", "L0"),
                              saved_tiers=("none", "dram", "none"))
+
+
+def test_the_megatrain_rule_as_published_is_a_plan_without_levels():
+    p = _problem()
+    published = megatrain_plan(p, 1, as_published=True)
+    assert published.save_levels == () and published.reforwards_in_full
+    # K = 1 stores every boundary: b{j} = B + Fg = 32; step as the no-levels case by hand
+    assert published.predicted.step_ms == pytest.approx(10 + 10 + 10 + 15 + 3 * 32 + 20)
+    truncated = megatrain_plan(p, 1)
+    assert truncated.save_levels == ("L0",) * 3
+    assert truncated.predicted.step_ms == pytest.approx(10 + 10 + 10 + 15 + 3 * 29 + 20)
+    best = best_fixed_k_plan(p, as_published=True)
+    assert best.save_levels == () and best.predicted.step_ms >= truncated.predicted.step_ms
