@@ -171,3 +171,20 @@ def test_report_without_recorded_internals_prints_no_internals_line():
     plan = _plan_dict(sizes=False)
     text = format_table(compare_with_run(plan, _records(plan)))
     assert "D2H - / 4.000, H2D - / 4.000" in text
+
+
+def test_a_built_plan_that_moves_internals_carries_the_sizes_the_report_prices_them_with():
+    from lazytrain.planner.evaluate import Decisions, build_plan
+    from lazytrain.planner.plan import SolveRecord
+    lv = _levels_plan()
+    d = Decisions(tiers=lv.tiers, save_levels=lv.save_levels, saved_tiers=lv.saved_tiers,
+                  internal_transfers=lv.internal_transfers)
+    plan = build_plan(_problem(), d, solver=SolveRecord(backend="manual"))
+    # block 1 at L2 in dram: S2[1] = 400 MB out in f2, back in b2
+    assert predicted_saved_bytes(plan.to_dict()) == {"f2": {"d2h": 400 * MB, "h2d": 0.0},
+                                                     "b2": {"d2h": 0.0, "h2d": 400 * MB}}
+    # a plan moving none carries no sizes (its JSON, and digest, as before the field)
+    d = Decisions(tiers=lv.tiers, save_levels=("L0", "L0", "L1", "L2"),
+                  saved_tiers=("none", "none", "hbm", "hbm"))
+    assert "saved_bytes" not in build_plan(_problem(), d,
+                                           solver=SolveRecord(backend="manual")).provenance

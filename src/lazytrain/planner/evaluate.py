@@ -441,8 +441,9 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
     The plan's save levels are `levels_of(problem, decisions)` (every block L0 when the
     decisions leave them None and the problem has re-forward data; none when they give ()).
     Provenance is `problem.provenance` plus `horizons`, `k_max`, `step_terms` (`step_terms_of`),
-    `host` (`host_bound.host_record`: assumed host rates, host-bound windows) and, when a capacity is violated, `violations` (the plan is still returned; callers decide
-    whether to raise).
+    `host` (`host_bound.host_record`: assumed host rates, host-bound windows), `saved_bytes`
+    (the problem's [S1, S2] per block) when the plan moves saved internals, and, when a capacity
+    is violated, `violations` (the plan is still returned; callers decide whether to raise).
 
     Raises:
         PlanValidationError: the decisions break the execution-model contract.
@@ -464,6 +465,8 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
     prov["k_max"] = problem.k_max
     prov["step_terms"] = step_terms_of(problem)
     prov["host"] = host_record(problem, ev.windows, ev.host_ms_by_window, ev.binding_by_window)
+    if decisions.internal_transfers:  # what they move: `lazytrain report` predicts its bytes
+        prov["saved_bytes"] = [list(pair) for pair in problem.saved_bytes]
     if ev.violations:
         prov["violations"] = list(ev.violations)
     plan = Plan(provenance=prov, tiers=tuple(decisions.tiers),
