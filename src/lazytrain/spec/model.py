@@ -212,6 +212,10 @@ def check_relative_positions(config: dict) -> None:
                          f"(rotary positions): {', '.join(sorted(BLOCK_PARSERS))}")
 
 
+DERIVED_BLOCK_FIELDS = ("mixer_params", "saved_l1", "saved_l2")
+"""BlockSpec fields derived from the others for save levels, left out of `config_sha256`."""
+
+
 def parse_config(config: dict, *, name: str) -> ModelSpec:
     """Build a `ModelSpec` from a HF config dict (see `ModelSpec.from_hf_config`)."""
     top = config
@@ -232,5 +236,8 @@ def parse_config(config: dict, *, name: str) -> ModelSpec:
                      head_params=0 if tie else V * H, final_norm_params=H)
     arch = spec.to_dict()
     del arch["name"], arch["config_sha256"]
+    for blk in arch["blocks"]:  # derived save-level sets: the digest stays the one plans and
+        for key in DERIVED_BLOCK_FIELDS:  # profiles made before them recorded
+            del blk[key]
     digest = hashlib.sha256(json.dumps(arch, sort_keys=True, separators=(",", ":")).encode())
     return dataclasses.replace(spec, config_sha256=digest.hexdigest())
