@@ -4,6 +4,7 @@
   one `block.BlockSpec` per layer, parsed per family in `families`.
 - `hardware.HardwareSpec` + `PRESETS`: capacities, bandwidths, compute rate of a machine.
 - `costs.BlockCosts` / `ModelCosts`: per-block ms and bytes, analytic or from a measured profile.
+- `saved_bytes.SavedSet`: what a block keeps at save levels L1 / L2, per part and per token.
 
 The planning problem is assembled above this layer, in `lazytrain.planner.build`.
 """
