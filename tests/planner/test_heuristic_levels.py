@@ -12,6 +12,7 @@ import random
 import pytest
 
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate
+from lazytrain.planner import heuristics
 from lazytrain.planner.heuristics import greedy_levels, heuristic_plan, megatrain_plan
 from lazytrain.planner.plan import InternalTransfer, SolveRecord
 from lazytrain.planner.policy import PlannerOptions, plan
@@ -110,8 +111,9 @@ def test_dram_takes_the_internals_when_hbm_is_full_and_the_link_hides_them():
     assert plan.internal_transfers_of(0) and not plan.provenance.get("violations")
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_greedy_levels_never_make_the_step_slower_and_the_plan_validates(seed):
+def _seeded(seed: int):
+    """A 4-block problem with random costs, saved sizes, link rate and HBM room, and its
+    start (boundaries hbm, recompute, hbm, dram, hbm)."""
     rng = random.Random(seed)
     L = 4
     fg = tuple(rng.uniform(1.0, 2.0) for _ in range(L))
@@ -125,7 +127,12 @@ def test_greedy_levels_never_make_the_step_slower_and_the_plan_validates(seed):
     tiers = ("hbm", "recompute", "hbm", "dram", "hbm")
     peak = evaluate(p, decisions_from_tiers(p, tiers)).peak_hbm_bytes
     p = p.replace(hbm_bytes=int(peak + rng.uniform(0, 3) * 5000))
-    start = decisions_from_tiers(p, tiers)
+    return p, decisions_from_tiers(p, tiers)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_levels_never_make_the_step_slower_and_the_plan_validates(seed):
+    p, start = _seeded(seed)
     d = greedy_levels(p, start)
     assert evaluate(p, d).step_ms <= evaluate(p, start).step_ms
     assert evaluate(p, d).feasible
@@ -162,3 +169,11 @@ def test_a_warm_start_with_levels_is_planned_without_them_where_the_problem_has_
                  warm_start=running).validate()
     assert set(again.save_levels) <= {"L0"} and not again.internal_transfers
     assert again.predicted.step_ms == pytest.approx(evaluate(bare, again).step_ms)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_skipping_trials_that_cannot_fit_hbm_changes_no_choice(seed, monkeypatch):
+    p, start = _seeded(seed)
+    pruned = greedy_levels(p, start)
+    monkeypatch.setattr(heuristics, "_may_fit", lambda *args: True)  # evaluate every trial
+    assert greedy_levels(p, start) == pruned

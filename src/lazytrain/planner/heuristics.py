@@ -202,8 +202,8 @@ def greedy_levels(problem: PlanningProblem, decisions: Decisions) -> Decisions:
     and its h2d whole in the latest (2L - j - 1; a block with no such pair, j = L - 1, cannot
     take dram), and kept when the evaluator's step drops and the plan still fits every budget
     (an L2 candidate may so replace a block's L1). At most 2 evaluations per candidate, 4L in
-    all, and none where the HBM or DRAM room left cannot hold the internals (`_may_fit`). The
-    tiers, keep-internals and transfers are left as they are.
+    all, and none where the HBM room left cannot hold the internals (`_may_fit`). The tiers,
+    keep-internals and transfers are left as they are.
 
     Args:
         problem: the planning problem; without `saved_bytes` the decisions come back as given.
@@ -258,16 +258,15 @@ def _may_fit(p: PlanningProblem, cur, trial: Decisions, j: int, level: str,
     """False when block j's internals at `level` in `tier` cannot fit beside the current plan
     (`cur`, its evaluation), so the trial needs no evaluation: HBM has less room than S in a
     window that would hold them (hbm: ords j..2L-j; dram: from j to its d2h window and from
-    its h2d window to 2L-j), or, for dram, DRAM less than S. Adding internals only adds bytes,
-    so this never rejects a trial that fits."""
+    its h2d window to 2L-j). They add S to each such window's HBM, so this never rejects a
+    trial that fits. (DRAM is a peak over windows, which S may raise by less: left to the
+    evaluation.)"""
     L = p.num_blocks
     size = p.saved_bytes[j][0 if level == "L1" else 1]
     held = range(j, 2 * L - j + 1)
     if tier == "dram":
         moves = [window_ord(t.window, L) for t in trial.internal_transfers if t.block == j]
         held = [o for o in held if o <= min(moves) or o >= max(moves)]
-        if cur.dram_bytes + size > p.dram_bytes:
-            return False
     return all(cur.hbm_by_window[o] + size <= p.hbm_bytes for o in held)
 
 
