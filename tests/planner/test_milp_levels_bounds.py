@@ -13,7 +13,7 @@ import pytest
 
 from lazytrain.planner.bounds import compute_bounds, ideal_ms, memory_bound_ms, roofline_ms
 from lazytrain.planner.milp_solve import solve_milp
-from test_milp_levels import SCENARIOS, level_problem, optimum
+from test_milp_levels import SCENARIOS, U, level_problem, optimum
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -57,7 +57,6 @@ def test_memory_bound_takes_the_best_level_per_block_within_the_room():
     80 u 2.8 + 50 x 0.048 = 5.2; 130 u and more 7.6. With S1 = 50 u L1 falls under the line
     to L2 (2.8/50 < 7.6/130): room 50 u saves 50 x 7.6/130, more than L1's 2.8. The bound is
     the compute term there (the links are fast), so differences of bounds are these savings."""
-    U = 10**7
 
     def bound(room_u: int, s1_u: int = 30) -> float:
         p = level_problem(L=1, hbm_bytes=(1000 + 90 + room_u) * U, saved_bytes=(
@@ -70,3 +69,20 @@ def test_memory_bound_takes_the_best_level_per_block_within_the_room():
     for room, saved in ((15, 1.4), (30, 2.8), (80, 5.2), (130, 7.6), (500, 7.6)):
         assert full - bound(room) == pytest.approx(ga * saved, rel=1e-9), room
     assert full - bound(50, s1_u=50) == pytest.approx(ga * 50 * 7.6 / 130, rel=1e-9)
+
+
+def test_lp_bound_gains_nothing_from_internals_no_whole_transfer_can_hide():
+    """Internals of 400-500 u (HBM room 400 u beside 1000 u fixed: only the dram tier is
+    offered) move in 40-50 ms at 1e4 u/s. Their d2h runs in f1, f2 or the turn (legal windows
+    of blocks 0 and 1; block 2 has no pair), whose compute is at most 14 ms, so it adds at
+    least 26 ms, while a level saves at most Fr - (Fg - F) = 0.8 x 16 - 2 = 10.8 ms (block 1):
+    no plan saves a level, and the LP relaxation with levels must bound as high as without
+    them. Without the transfer cuts (family 12b) the relaxation spreads fractions of them over
+    the links' idle time and bounds lower (277.9 against 281.5 ms when written)."""
+    pytest.importorskip("highspy")
+    from lazytrain.planner.bounds import lp_bound_ms
+
+    problem = level_problem(saved_bytes=((400 * U, 500 * U),) * 3, dram_bytes=10**13,
+                            hbm_bytes=1400 * U)
+    plain = problem.replace(saved_bytes=(), reforward_l1_ms=())
+    assert lp_bound_ms(problem) == pytest.approx(lp_bound_ms(plain), rel=1e-9)

@@ -127,6 +127,10 @@ Constraint families (function that adds them, all in `planner/milp_rows.py`)
    12. save levels    one level per block (or keep), whole d2h/h2d of dram-tier internals with
                       the h2d strictly later; their bytes and compute in 7/7b, HBM in 8, DRAM
                       per window in 9: `planner/milp_levels.py`             add_level_rows
+   12b. level cuts    GPU: t[o] >= c[o] + sum_y ((X0[o] + a_y)/bw - c[o])+ y over the window's
+                      whole transfers y (valid; tightens the LP: a whole transfer cannot hide
+                      in a window's idle link a few percent at a time)
+                                                                            add_level_transfer_cuts
 
 held[o] is the contract's holding intervals (exact, since d2h/h2d are binary): hbm i for i <= o <= 2L-i
 (A[L] at turn); offloaded i: A[i] sum_{o' >= o} d2h[i,o'] (not yet drained, o >= i) plus
@@ -148,7 +152,8 @@ from lazytrain.planner.milp_inputs import Scaled, scale_inputs
 from lazytrain.planner.milp_levels import add_level_columns, add_level_rows
 from lazytrain.planner.milp_paths import add_path_columns, add_path_rows, free_path_loads
 from lazytrain.planner.milp_rows import (
-    add_dram_capacity, add_hbm_capacity, add_keep, add_nvme_capacity, add_path, add_precedence,
+    add_dram_capacity, add_hbm_capacity, add_keep, add_level_transfer_cuts, add_nvme_capacity,
+    add_path, add_precedence,
     add_reads_after_writes, add_recompute_order, add_tiers, add_transfer_legality,
     add_transfer_totals, add_window_time,
 )
@@ -238,6 +243,7 @@ def build_milp(problem: PlanningProblem, *, relax: bool = False,
     add_reads_after_writes(m, v=v, p=p)
     add_window_time(m, v=v, p=p)
     add_recompute_order(m, v=v, p=p)
+    add_level_transfer_cuts(m, v=v, p=p)
     add_hbm_capacity(m, v=v, p=p)
     add_dram_capacity(m, v=v, p=p)
     add_nvme_capacity(m, v=v, p=p)

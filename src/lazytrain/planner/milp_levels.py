@@ -7,6 +7,7 @@ l in {1, 2} (L1: the token mixer's side, S1[j] GB, re-forward Fr1[j]; L2: everyt
 backward reads, S2[j] GB, no re-forward) in tier t in {hbm, dram}:
 
     lvl[j,l,t] in {0,1},  sum_{l,t} lvl[j,l,t] + keep[j] <= 1               level_one[j]
+                          (only where a budget can hold S_l[j] in tier t: `level_fits`)
     dram tier, whole transfers (one window each, so HBM holding is exact):
     id2h[j,l,o] in {0,1}  o in D(j) = j+1 .. min(j + H_d, 2L-j-1)
     ih2d[j,l,o] in {0,1}  o in U(j) = max(j+1, 2L-j-H_p) .. 2L-j-1
@@ -58,6 +59,21 @@ def level_windows(p: Scaled, j: int) -> tuple[list[int], list[int]]:
     return (d2h, h2d) if d2h and h2d else ([], [])
 
 
+def level_fits(p: Scaled, j: int, level: int, tier: str, *, dram_windows: bool) -> bool:
+    """Whether block j's internals at `level` can wait in `tier` in any plan: in HBM they are
+    held in f_j beside nothing else of the plan's (S <= M_hbm) and, in the hbm tier, at the turn
+    beside boundary L (S + A[L] <= M_hbm); in the dram tier a legal window pair exists and
+    DRAM holds them beside nothing else (S <= M_dram). A level that fails gets no column (a
+    capacity no plan meets, so the model stays exact and smaller: the seed offers L1 only on
+    its 16 full-attention blocks)."""
+    size = p.S[j][level - 1]
+    if size > p.hbm_cap:
+        return False
+    if tier == "hbm":
+        return size + p.A[p.L] <= p.hbm_cap
+    return dram_windows and size <= p.dram_cap
+
+
 def add_level_columns(m: LinearModel, v: MilpVars, p: Scaled, *, relax: bool) -> None:
     """The lvl, id2h and ih2d columns (module docstring); none without levels. Tie-breakers:
     the dram tier costs one `tie_ms` unit (internals stay in HBM where that is as fast), a d2h
@@ -69,12 +85,12 @@ def add_level_columns(m: LinearModel, v: MilpVars, p: Scaled, *, relax: bool) ->
         d2h, h2d = level_windows(p, j)
         for level in LEVELS:
             for tier in LEVEL_TIERS:
-                if tier == "dram" and not d2h:
+                if not level_fits(p, j, level, tier, dram_windows=bool(d2h)):
                     continue
                 v.lvl[j, level, tier] = m.add_var(
                     row_name("lvl", j, f"L{level}", tier), ub=1, integer=binary,
                     obj=p.tie_ms if tier == "dram" else 0.0)
-            if not d2h:
+            if (j, level, "dram") not in v.lvl:
                 continue
             for o in d2h:
                 v.id2h[j, level, o] = m.add_var(

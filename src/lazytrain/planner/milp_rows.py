@@ -197,6 +197,44 @@ def add_window_time(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
             m.add_row(row_name(f"time_{name}", window_name(o, p.L)), row, lb=const * k)
 
 
+def add_level_transfer_cuts(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
+    """t[o] >= c[o] + sum_y ((X0[o] + a_y) / bw - c[o])+ y  for o, per direction (GPU, with
+    save levels): y the window's whole transfers (D2H: d2h[i,o], id2h[j,l,o]; H2D: h2d[i,o],
+    ih2d[j,l,o]) of a_y GB, X0 the direction's least bytes (every column at its cheapest),
+    c[o] = max(least compute, D2H0/bw_d2h, H2D0/bw_h2d), a constant floor of t[o].
+
+    Valid cuts, not new limits: with the set K of transfers on, the right side is
+    (X0 + sum_K a)/bw + (|K| - 1)(X0/bw - c) <= (X0 + sum_K a)/bw <= t[o] (family 7), and c
+    when K is empty. They tighten the LP relaxation, where a fractional level spreads its
+    internals over every legal window and fills each window's idle link with a few percent
+    of them, which no whole transfer can do (Llama-3.1-70B on the h800 preset: the LP bound
+    lay 3.6% below the optimum without them). ms. Source: the window time's D2H / H2D term
+    over binaries (docs/execution_model.md, "Window time", "Save levels").
+    """
+    if not p.overlap or not v.lvl:
+        return
+    for o in range(2 * p.L + 1):
+        (comp, c0), (h2d, h0), (d2h, d0) = window_loads(v, p, o)[:3]
+        least = lambda lin, k: max(0.0, k + sum(min(0.0, a) for a in lin.values()))  # noqa: E731
+        h_min, d_min = least(h2d, h0), least(d2h, d0)
+        floor = max(least(comp, c0), d_min / p.bw_d2h, h_min / p.bw_h2d)
+        for kind, whole, x0, bw in (
+                ("d2h", [(v.d2h, p.A, 1), (v.id2h, None, 2)], d_min, p.bw_d2h),
+                ("h2d", [(v.h2d, p.A, 1), (v.ih2d, None, 2)], h_min, p.bw_h2d)):
+            row = {}
+            for fam, sizes, arity in whole:
+                for key, y in fam.items():
+                    if key[-1] != o:
+                        continue
+                    size = sizes[key[0]] if arity == 1 else p.S[key[0]][key[1] - 1]
+                    slope = (x0 + size) / bw - floor
+                    if slope > 0:
+                        row[y] = -slope
+            if row:
+                m.add_row(row_name(f"transfer_cut_{kind}", window_name(o, p.L)),
+                          {v.t[o]: 1.0, **row}, lb=floor)
+
+
 def add_recompute_order(m: LinearModel, *, v: MilpVars, p: Scaled) -> None:
     """t[b_j] >= X[b_j]/bw_h2d + sum_s seg[s,j+1] (R[s,j+1] + B[j] + Fr[j]) - Fr[j] keep[j]
     - CUT[j] (GPU), X[b_j] = sum_i A[i] h2d[i,b_j] + P[j-1] (1 - resident[j-1]), CUT[j] the
