@@ -219,3 +219,16 @@ def test_milp_objective_of_a_plan_with_levels_equals_the_evaluators_step(seed, g
         assert milp.step_ms(x) == pytest.approx(plan.predicted.step_ms, rel=1e-9)
         priced += 1
     assert priced >= 6
+
+
+def test_levels_no_budget_can_hold_get_no_column():
+    """HBM room 330 u beside 1000 u fixed, boundary L 90 u: S2 = 300 u fits f_j (300 <= 330)
+    but not the turn beside boundary L (390 > 330), so L2 is offered only in DRAM; S2 = 340 u
+    fits nowhere in HBM, so not at all. DRAM room 310 - 10 (staging) = 300 u: S1 = 200 u fits
+    there, S2 = 300 u just fits, 340 u not. Block 2 has no legal d2h/h2d pair (H_p = 1)."""
+    problem = level_problem(saved_bytes=((200 * U, 300 * U), (200 * U, 340 * U),
+                                         (200 * U, 300 * U)))
+    v = build_milp(problem).v
+    assert sorted(v.lvl) == [(0, 1, "dram"), (0, 1, "hbm"), (0, 2, "dram"),
+                             (1, 1, "dram"), (1, 1, "hbm"), (2, 1, "hbm")]
+    assert {(j, lv) for j, lv, _ in v.id2h} == {(0, 1), (0, 2), (1, 1)}

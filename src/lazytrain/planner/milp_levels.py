@@ -63,7 +63,8 @@ def level_fits(p: Scaled, j: int, level: int, tier: str, *, dram_windows: bool) 
     """Whether block j's internals at `level` can wait in `tier` in any plan: in HBM they are
     held in f_j beside nothing else of the plan's (S <= M_hbm) and, in the hbm tier, at the turn
     beside boundary L (S + A[L] <= M_hbm); in the dram tier a legal window pair exists and
-    DRAM holds them beside nothing else (S <= M_dram). A level that fails gets no column (a
+    DRAM holds them beside nothing else (S <= M_dram + sum_j Q[j], every block's 8-bit saving
+    where offered). A level that fails gets no column (a
     capacity no plan meets, so the model stays exact and smaller: the seed offers L1 only on
     its 16 full-attention blocks)."""
     size = p.S[j][level - 1]
@@ -71,7 +72,7 @@ def level_fits(p: Scaled, j: int, level: int, tier: str, *, dram_windows: bool) 
         return False
     if tier == "hbm":
         return size + p.A[p.L] <= p.hbm_cap
-    return dram_windows and size <= p.dram_cap
+    return dram_windows and size <= p.dram_cap + (sum(p.q8_saving) if p.allow_q8 else 0.0)
 
 
 def add_level_columns(m: LinearModel, v: MilpVars, p: Scaled, *, relax: bool) -> None:
