@@ -86,3 +86,22 @@ def test_lp_bound_gains_nothing_from_internals_no_whole_transfer_can_hide():
                             hbm_bytes=1400 * U)
     plain = problem.replace(saved_bytes=(), reforward_l1_ms=())
     assert lp_bound_ms(problem) == pytest.approx(lp_bound_ms(plain), rel=1e-9)
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+def test_memory_bound_charges_dram_tier_internals_their_copies(gpu):
+    """One block, no HBM room beside boundary L (hbm = 1000 u fixed + 90 u), DRAM unlimited:
+    saved internals can only wait in DRAM, and w u of them move w more each way. Compute
+    43.6 ms (F 10 + Fr 9.6 + B 20 + head 4) less 7.6/130 ms per u (L2's hull; L1 lies under
+    it); links at 4e3 u/s each way, duplex 6e3: the reload of P[0] = 50 u plus w H2D, w D2H,
+    (50 + 2w)/6 ms on the shared link, which binds past w = 50. GPU: the least max is the
+    crossing 43.6 - 7.6 w/130 = (50 + 2w)/6, w = 90.01 u, 38.34 ms, against 43.6 without
+    levels (x grad_accum 2). CPU: a u moved costs 0.5 ms of copies for 0.058 ms saved, so
+    none moves and the bound is the one without levels."""
+    problem = level_problem(L=1, hbm_bytes=1090 * U, dram_bytes=10**13,
+                            h2d_bytes_per_s=4e3 * U, d2h_bytes_per_s=4e3 * U,
+                            duplex_bytes_per_s=6e3 * U, copies_overlap_compute=gpu)
+    plain = problem.replace(saved_bytes=(), reforward_l1_ms=())
+    w = (43.6 - 50 / 6) / (2 / 6 + 7.6 / 130)
+    saved = 2 * (43.6 - (50 + 2 * w) / 6) if gpu else 0.0
+    assert memory_bound_ms(plain) - memory_bound_ms(problem) == pytest.approx(saved, abs=1e-9)

@@ -96,15 +96,30 @@ def _closed_form_step_ms(p: PlanningProblem, comp: float, h2d: float) -> float:
     CPU: their sum; step = ga * windows + pre/post of every micro-batch (`ends_step_ms`) +
     const. cap = max(bw_duplex, bw_h2d, bw_d2h) (`duplex.effective_cap`: a cap below a direction's own rate counts as that rate,
     as the evaluator and the simulator count it)."""
+    return _step_of_windows_ms(p, _windows_ms(p, comp, h2d))
+
+
+def _step_of_windows_ms(p: PlanningProblem, windows: float) -> float:
+    return p.grad_accum * windows + ends_step_ms(p) + p.const_ms
+
+
+def _windows_ms(p: PlanningProblem, comp: float, h2d: float, moved: float = 0.0) -> float:
+    """The window part of `_closed_form_step_ms`, ms, with `moved` bytes more in each
+    direction (saved internals of the dram tier, which go D2H and come back H2D)."""
+    return max(comp, _links_ms(p, h2d, moved)) if p.copies_overlap_compute \
+        else comp + _links_ms(p, h2d, moved)
+
+
+def _links_ms(p: PlanningProblem, h2d: float, moved: float) -> float:
+    """The copy terms of `_windows_ms`, ms: GPU their max, CPU their sum."""
     ms = lambda nbytes, bps: nbytes / bps * 1e3  # noqa: E731
-    d2h = float(sum(p.grad_bytes[1:p.num_blocks]))
+    d2h = float(sum(p.grad_bytes[1:p.num_blocks])) + moved
+    h2d += moved
     h2d_ms, d2h_ms = ms(h2d, p.h2d_bytes_per_s), ms(d2h, p.d2h_bytes_per_s)
     if p.copies_overlap_compute:
         cap = effective_cap(p.h2d_bytes_per_s, p.d2h_bytes_per_s, p.duplex_bytes_per_s)
-        windows = max(comp, h2d_ms, d2h_ms, ms(h2d + d2h, cap))
-    else:
-        windows = comp + h2d_ms + d2h_ms
-    return p.grad_accum * windows + ends_step_ms(p) + p.const_ms
+        return max(h2d_ms, d2h_ms, ms(h2d + d2h, cap))
+    return h2d_ms + d2h_ms
 
 
 def memory_bound_ms(problem: PlanningProblem) -> float | None:
@@ -118,8 +133,10 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
     (I[j] + P[j], F + Fr - Fg) (a kept block runs Fg in f{j} and no re-forward Fr in b{j}; its
     graph holds its weights too); L2 (S2[j], F + Fr - Fg); L1 (S1[j], F + Fr - Fg - Fr1), the
     levels when the problem offers them. Every option's bytes are held at the turn, in HBM or
-    (saved internals of the dram tier) in DRAM, so dram_room = dram - pools - the least host
-    states (8-bit moments where offered) is added to the room when levels are offered.
+    (saved internals of the dram tier) in DRAM; the w bytes in DRAM (at most dram_room = dram -
+    pools - the least host states, 8-bit moments where offered) join the room and move D2H and
+    back H2D, so the bound takes the least over w of the windows with compute(room + w) and
+    w more bytes each way (`_least_windows_ms`).
 
     H2D = sum P[1..L-1] + sum P + sum_{0<i<L} m[i] - max (sum_{j in R} P[j] + sum_{i in H} m[i])
     over resident sets R and hbm-tier sets H with sum_R P[j] + sum_H A[i] <= room, where
@@ -145,14 +162,42 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
     P, A = p.weight_bytes, p.boundary_bytes
     blocks = range(L) if p.allow_keep else ()  # keep and residency are offered together
     items = _hull_increments([_saving_options(p, j) for j in range(L)])
-    comp = (sum(p.fwd_ms) + sum(p.reforward) + sum(p.bwd_ms) + p.head_ms
-            - _fractional_knapsack([v for v, _ in items], [w for _, w in items],
-                                   room + _dram_room(p)))
+    full = sum(p.fwd_ms) + sum(p.reforward) + sum(p.bwd_ms) + p.head_ms
+    comp = lambda moved: full - _fractional_knapsack(  # noqa: E731
+        [v for v, _ in items], [w for _, w in items], room + moved)
     back = [float(min(A[i], P[i - 1])) for i in range(1, L)]  # m[i]: A back or P[i-1] again
     h2d = (float(sum(P[1:]) + sum(P)) + sum(back)
            - _fractional_knapsack([P[j] for j in blocks] + back,
                                   [P[j] for j in blocks] + [A[i] for i in range(1, L)], room))
-    return _closed_form_step_ms(p, comp, h2d)
+    return _step_of_windows_ms(p, _least_windows_ms(p, comp, h2d, items, room=room,
+                                                    dram_room=_dram_room(p)))
+
+
+def _least_windows_ms(p: PlanningProblem, comp, h2d: float, items, *, room: float,
+                      dram_room: float) -> float:
+    """min over w in [0, dram_room] of `_windows_ms(p, comp(w), h2d, w)`: w bytes of saved
+    internals wait in DRAM (each moves D2H and back H2D) beside the HBM `room`, comp(w) the
+    compute less what room + w can save (non-increasing in w), ms. A lower bound of that
+    minimum, within 1e-9 of it: GPU, the crossing of comp (falling) and the links (rising),
+    bracketed by bisection (max(links(lo), comp(hi)) <= the crossing's value); CPU, the sum is
+    convex and least where the next saving per byte falls below the links' ms per byte."""
+    links = lambda w: _links_ms(p, h2d, w)  # noqa: E731
+    if dram_room <= 0:
+        return _windows_ms(p, comp(0.0), h2d)
+    if not p.copies_overlap_compute:
+        per_byte = 1e3 / p.h2d_bytes_per_s + 1e3 / p.d2h_bytes_per_s
+        worth = sum(w for v, w in items if w > 0 and v > per_byte * w)
+        w = min(dram_room, max(0.0, worth - room))
+        return comp(w) + links(w)
+    if comp(dram_room) >= links(dram_room):
+        return comp(dram_room)
+    if comp(0.0) <= links(0.0):
+        return links(0.0)
+    lo, hi = 0.0, dram_room
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if comp(mid) >= links(mid) else (lo, mid)
+    return max(links(lo), comp(hi))
 
 
 def _saving_options(p: PlanningProblem, j: int) -> list[tuple[float, float]]:
