@@ -19,6 +19,22 @@ in), each with and without levels: solve time and gap (target: <= 1% within 10 s
 
 Ratios and plan figures are the model's predictions (analytic costs), not measurements; the
 solve times depend on the machine's load.
+
+A run on the 2-core shared development machine (2026-12-02, other jobs running):
+  seed: MILP with levels 52171.9 ms, 1.277x over the best fixed K as published (K=3, 66612.6
+  ms); without levels 52223.7 (1.276x); the heuristic with greedy levels 52223.2. One block at
+  L1 in HBM (block 59, 13.61 GB). HiGHS optimal, gap 0.06%, 4.35 s (least-wear phase
+  included); simulator equal to the evaluator. 1.30x needs <= 51240.5 ms: the LP bound
+  (52105.5, 1.278x) and the memory bound (52026.0, 1.280x) show no plan the model prices gets
+  there. HBM binds: 22.82 GB of room at the turn with no boundary in HBM, against 13.61 GB for
+  one full-attention block at L1 (51.8 ms saved) or 26.89 GB at L2 (151.0 ms); the target
+  takes 18 such L1 (245 GB) or 7 L2 (188 GB). DRAM leaves 12.31 GB beside the states and
+  pools, less than any block's internals.
+  llama-3.1-70b (SCIP): with levels 34447.5 ms, 6 blocks L2 in HBM, gap 0.13% in 4.63 s (the
+  step-time solve; 34608.1 ms, 0.18%, 4.52 s without levels); policy.plan 13.5 s with the
+  least-wear phase (8.4 s without levels).
+  seed x2 (128 blocks, SCIP): 101874.0 ms, no level pays, gap 0.09% in 7.38 s (0.57 s without
+  levels); policy.plan 15.5 s with the least-wear phase (7.3 s without).
 """
 
 from __future__ import annotations
