@@ -24,10 +24,12 @@ MODEL_OF = {
 NO_MODEL_CONFIG = {"glm4_flash": "THUDM/glm-4-9b-chat", "qwen_7b": "Qwen/Qwen2.5-7B-Instruct",
                    "qwen_7b_1gpu": "/media/volume/Model/hf_cache/models--Qwen--Qwen2.5-7B"}
 """MegaTrain config stem -> what the plan refusal must name (the hub id or path)."""
-BIG_HOST = {"qwen3_5_27b_4gpu": 1000, "qwen3_next_80b": 1000}
-"""DRAM (GB) of the machines these two ran on: 80B x 12 B/param (bf16 masters + fp32 moments)
+BIG_HOST = {"qwen3_5_27b_4gpu": 1000, "qwen3_next_80b": 1000, "rl_qwen3_5_27b_grpo": 512}
+"""DRAM (GB) of the machines these ran on: 80B x 12 B/param (bf16 masters + fp32 moments)
 is 960 GB, and four ranks of a 27B model need ~4 x 128 GB; the h100-sxm preset's 360 GB fits
-neither (the planner says so in one line). The config comment says "~640GB+ CPU RAM"."""
+neither (the planner says so in one line). The config comment says "~640GB+ CPU RAM". The
+GRPO config's KL term (kl_loss_coef 0.001) holds a bf16 reference copy of the 27B weights
+beside the 12 B/param states: 54 GB more than the 348 GB its plan needs without it."""
 STEMS = sorted([*MODEL_OF, *NO_MODEL_CONFIG])
 
 
