@@ -65,12 +65,13 @@ def recompute_chain_ms(problem: PlanningProblem, s: int, e: int) -> float:
 
 
 def stream_bounds_ms(problem: PlanningProblem, tiers, transfers, *, keep_internals=(),
-                     resident_weights=()) -> list[float]:
+                     resident_weights=(), saved_h2d_bytes=None) -> list[float]:
     """Per window ord, the FIFO-stream lower bound on its time (module docstring), ms.
 
     Streams in issue order (runtime/engine.py, sim/tasks.py): d2h = [gradient drain G[j+1] in
     b{j}] + the window's d2h transfers; nvme_write, nvme_read; h2d = the window's h2d transfers
-    + the next weight load (+ the recompute loads in a segment's last window). Transfers of one
+    + the next weight load (+ the recompute loads in a segment's last window) + the saved
+    internals' h2d (`saved_h2d_bytes`). Transfers of one
     kind run in boundary order. A transfer whose source kind of the same boundary runs in the
     same window starts after that source's end.
 
@@ -79,6 +80,8 @@ def stream_bounds_ms(problem: PlanningProblem, tiers, transfers, *, keep_interna
         tiers: tier per boundary (len L + 1).
         transfers: the plan's transfers (`plan.Transfer`).
         keep_internals, resident_weights: block indices.
+        saved_h2d_bytes: per window ord, the saved internals' h2d bytes (save levels, dram
+            tier), queued last on the H2D stream, after the recompute loads; None: none.
 
     Returns:
         list of 2L + 1 floats (0.0 everywhere on a CPU, where the window is a sum anyway).
@@ -117,6 +120,9 @@ def stream_bounds_ms(problem: PlanningProblem, tiers, transfers, *, keep_interna
         if e - s >= 2:  # block j ends a segment with recompute
             tail = p.bwd_ms[j] + (0.0 if j in keep else p.reforward[j])
             bound = max(bound, h2d + recompute_chain_ms(p, s, e) + tail)
+        if saved_h2d_bytes is not None and saved_h2d_bytes[o] > 0:  # behind every load
+            loads = sum(p.load_bytes[s:e - 1]) if e - s >= 2 else 0.0
+            bound = max(bound, h2d + (loads + saved_h2d_bytes[o]) / bw["h2d"] * 1e3)
         out.append(bound)
     return out
 

@@ -335,7 +335,8 @@ def evaluate(problem: PlanningProblem, decisions_or_plan: Decisions | Plan) -> E
         keep_add[j] += p.weight_bytes[j]
         keep_add[2 * L - j + 1] -= p.weight_bytes[j]
     order = stream_bounds_ms(with_reforward(p, levels), tiers, d.transfers,
-                             keep_internals=d.keep_internals, resident_weights=d.resident_weights)
+                             keep_internals=d.keep_internals, resident_weights=d.resident_weights,
+                             saved_h2d_bytes=saved.h2d)
     windows, hbm, acc, total, binding = [], [], 0.0, 0.0, []
     for o, name in enumerate(window_names(L)):
         t = max(window_time_ms(p, comp[o], h2d[o], d2h[o], nr[o], nw[o], host[o]),
