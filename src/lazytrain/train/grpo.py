@@ -39,6 +39,7 @@ from lazytrain.train.grpo_loss import GRPOObjective, group_advantages
 from lazytrain.train.rewards import exact_match, load_reward, score
 
 COMPUTE_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+"""Compute dtype -> the `HostParams` master dtype name of the reference copy."""
 
 
 def check_grpo_config(cfg: RunConfig, *, world_size: int = 1) -> None:
@@ -107,8 +108,6 @@ class Rollouts:
     """`train.grad_accum` micro-batches (module docstring, step 5)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """reward_mean, reward_std, rollout_exact_match, completion_tokens (mean per rollout)."""
-    samples: list[dict] = field(default_factory=list)
-    """The first rollout's prompt, completion, reward (for a log line)."""
 
 
 class GrpoRun:
@@ -202,9 +201,7 @@ class GrpoRun:
         metrics = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                    "rollout_exact_match": sum(hits) / len(hits),
                    "completion_tokens": sum(map(len, completions)) / len(completions)}
-        samples = [{"prompt": questions[0], "completion": texts[0],
-                    "reward": float(rewards[0])}]
-        return Rollouts(batches=batches, metrics=metrics, samples=samples)
+        return Rollouts(batches=batches, metrics=metrics)
 
     def step_metrics(self) -> dict[str, float]:
         """The metrics of the step just trained: the rollouts' and the objective's
