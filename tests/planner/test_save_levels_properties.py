@@ -307,3 +307,24 @@ def test_saved_internals_h2d_queue_behind_a_same_window_nvme_chain():
     plan = build_plan(p, d, solver=SolveRecord(backend="manual"))
     assert plan.window("turn").time_ms == pytest.approx(5.5)
     assert simulate(p, plan).window("turn").time_ms == pytest.approx(5.5)
+
+
+def test_greedy_moves_an_l1_block_to_l2_where_only_the_l1_bytes_given_back_make_room():
+    # 2 blocks, every boundary hbm (A = 1000 B): HBM holds 1000, 2000, 3000, 2000, 1000 B in
+    # f0, f1, turn, b1, b0. Block 0: L1 saves Fr - Fr1 - (Fg - F) = 1.2 - 0.5 - 0.5 = 0.2 ms on
+    # S1 = 100 B, L2 saves 1.2 - 0.5 = 0.7 ms on S2 = 5000 B (tried after L1: less per byte);
+    # block 1's autograd forward costs more than any level saves. Budget 3000 + 5000 B: L2 in
+    # hbm fits exactly once block 0's L1 bytes are given back (8000 B at turn); in dram its
+    # 5 ms copies would be exposed (f1 and b1 compute 1 and 3.2 ms).
+    p = PlanningProblem(
+        fwd_ms=(1.0, 1.0), fwd_grad_ms=(1.5, 3.0), bwd_ms=(2.0, 2.0), reforward_ms=(1.2, 1.2),
+        reforward_l1_ms=(0.5, 0.5), saved_bytes=((100, 5000), (100, 5000)),
+        weight_bytes=(1000, 1000), grad_bytes=(1000, 1000), internal_bytes=(0, 0),
+        boundary_bytes=(1000, 1000, 1000), params_per_block=(10, 10), embed_ms=0.5,
+        head_ms=1.0, h2d_bytes_per_s=KB_PER_MS, d2h_bytes_per_s=KB_PER_MS,
+        duplex_bytes_per_s=2 * KB_PER_MS, nvme_read_bytes_per_s=KB_PER_MS,
+        nvme_write_bytes_per_s=KB_PER_MS, hbm_bytes=8000, dram_bytes=10**12, nvme_bytes=0,
+        drain_windows=8, prefetch_windows=8, nvme_lead_windows=8)
+    d = greedy_levels(p, decisions_from_tiers(p, ("hbm",) * 3))
+    assert (d.save_levels, d.saved_tiers) == (("L2", "L0"), ("hbm", "none"))
+    assert max(evaluate(p, d).hbm_by_window) == 8000

@@ -228,7 +228,7 @@ def greedy_levels(problem: PlanningProblem, decisions: Decisions) -> Decisions:
             continue  # already there (or beyond)
         for tier in ("hbm", "dram"):
             trial = _set_level(p, best, j, level, tier)
-            if trial is None or not _may_fit(p, cur, trial, j, level, tier):
+            if trial is None or not _may_fit(p, cur, best, trial, j, level, tier):
                 continue
             ev = evaluate(p, trial)
             if ev.feasible and ev.step_ms < cur.step_ms * (1 - LEVEL_IMPROVE_REL):
@@ -253,21 +253,38 @@ def _level_candidates(p: PlanningProblem, keep) -> list[tuple[int, str]]:
     return [(j, level) for _r, j, level in sorted(ranked)]
 
 
-def _may_fit(p: PlanningProblem, cur, trial: Decisions, j: int, level: str,
+def _may_fit(p: PlanningProblem, cur, now: Decisions, trial: Decisions, j: int, level: str,
              tier: str) -> bool:
     """False when block j's internals at `level` in `tier` cannot fit beside the current plan
-    (`cur`, its evaluation), so the trial needs no evaluation: HBM has less room than S in a
-    window that would hold them (hbm: ords j..2L-j; dram: from j to its d2h window and from
-    its h2d window to 2L-j). They add S to each such window's HBM, so this never rejects a
+    (`now`, `cur` its evaluation), so the trial needs no evaluation: HBM has less room than S
+    in a window that would hold them (hbm: ords j..2L-j; dram: from j to its d2h window and
+    from its h2d window to 2L-j), counting the room block j's own internals free there when
+    it already saves them (an L1 block tried at L2 gives its S1 back). The trial changes each
+    such window's HBM by at most S less what block j holds there now, so this never rejects a
     trial that fits. (DRAM is a peak over windows, which S may raise by less: left to the
     evaluation.)"""
-    L = p.num_blocks
     size = p.saved_bytes[j][0 if level == "L1" else 1]
+    held_now = _held_ords(p, now, j)
+    before = (p.saved_bytes[j][0 if now.save_levels[j] == "L1" else 1]
+              if now.save_levels[j] != "L0" else 0)
+    return all(cur.hbm_by_window[o] - (before if o in held_now else 0) + size <= p.hbm_bytes
+               for o in _held_ords(p, trial, j))
+
+
+def _held_ords(p: PlanningProblem, d: Decisions, j: int) -> set[int]:
+    """Window ords in which block j's saved internals are held in HBM under `d` (none at L0;
+    hbm: j..2L-j; dram: j..last d2h and first h2d..2L-j; docs/execution_model.md, "Save
+    levels")."""
+    L = p.num_blocks
+    if d.save_levels[j] == "L0":
+        return set()
     held = range(j, 2 * L - j + 1)
-    if tier == "dram":
-        moves = [window_ord(t.window, L) for t in trial.internal_transfers if t.block == j]
-        held = [o for o in held if o <= min(moves) or o >= max(moves)]
-    return all(cur.hbm_by_window[o] + size <= p.hbm_bytes for o in held)
+    if d.saved_tiers[j] != "dram":
+        return set(held)
+    moves = [(t.kind, window_ord(t.window, L)) for t in d.internal_transfers if t.block == j]
+    last = max(o for kind, o in moves if kind == "d2h")
+    first = min(o for kind, o in moves if kind == "h2d")
+    return {o for o in held if o <= last or o >= first}
 
 
 def _set_level(p: PlanningProblem, d: Decisions, j: int, level: str,
