@@ -24,6 +24,7 @@ from lazytrain.planner.plan import (
     InternalTransfer, Plan, PlanValidationError, SolveRecord, Transfer,
 )
 from lazytrain.planner.problem import PlanningProblem
+from lazytrain.planner.staging import bounce_bound_by_window
 from lazytrain.planner.windows import internal_legal_ords, segments_of, window_name, window_ord
 from lazytrain.sim import disagreements, simulate
 
@@ -165,6 +166,19 @@ def test_hbm_saved_bytes_and_peak_follow_the_contract_intervals():
             assert ev.hbm_by_window[o] == pytest.approx(
                 p.fixed_hbm_bytes + w.hbm_checkpoint_bytes + kept + res + want[o]), (seed, o)
         assert ev.peak_hbm_bytes == pytest.approx(max(ev.hbm_by_window))
+        # DRAM: a dram block's S is page-locked from its first d2h to its last h2d window and
+        # joins the bounce buffers at the window where the two peak together
+        dram = [0.0] * (2 * L + 1)
+        for j, tier in enumerate(plan.saved_tiers):
+            if tier == "dram":
+                size = p.saved_bytes[j][0 if plan.save_levels[j] == "L1" else 1]
+                for o in range(min(_ords(plan, j, "d2h")), max(_ords(plan, j, "h2d")) + 1):
+                    dram[o] += size
+        bounce = bounce_bound_by_window(p.boundary_bytes, plan.tiers, L, plan.horizons())
+        states = sum(p.params_per_block) * p.host_bytes_per_param
+        tier_dram = sum(a for a, t in zip(p.boundary_bytes, plan.tiers) if t == "dram")
+        assert ev.dram_bytes == pytest.approx(
+            tier_dram + states + max(b + s for b, s in zip(bounce, dram))), seed
 
 
 def ring_bound(p: PlanningProblem, plan: Plan) -> bool:
