@@ -11,8 +11,8 @@ Owns the dispatch the plan's `keep_internals` and `save_levels` ask for (docs/ex
 | L1 / L2            | `forward_saving`: saved internals go  | `backward_saved` on the weights loaded |
 |                    | to the `SavedStore` (tier hbm / dram) | for b{j} and the stored boundary j     |
 
-and issuing the plan's `internal_transfers` of a window (h2d before the window's compute, d2h
-after it, as the activation store's boundaries). The weights, the activation store, the RNG
+and issuing the plan's `internal_transfers` of a window (d2h then h2d, after the window's
+compute). The weights, the activation store, the RNG
 replay and the gradient drain are the engine's (`runtime/engine.py`); the saved tensors' hooks
 are `models/saved_tensors.py`'s. Knows nothing about windows beyond the names the plan gives.
 
@@ -131,8 +131,15 @@ class BlockLevels:
     # --- internal transfers ------------------------------------------------------------------
 
     def issue(self, window: str, mb: MicroBatch, *, after_compute: bool) -> None:
-        """The plan's internal transfers of `window`: h2d before the window's compute (no host
-        wait), d2h after it (it may wait for a pool buffer)."""
-        for t in self.plan.internal_transfers_in(window):
-            if (t.kind == "d2h") == after_compute:
-                self.e.saved.transfer(t.block, t.kind, t.fraction, micro_batch=mb.index)
+        """The plan's internal transfers of `window`, all queued after the window's compute:
+        the d2h (they may wait for a pool buffer) behind the boundary d2h, then the h2d, last
+        on the H2D stream, behind the weight and recompute loads (docs/execution_model.md,
+        "In-window order"). An h2d is never used in its own window, so queuing it late costs
+        nothing and leaves the recompute chain as the planner prices it."""
+        if not after_compute:
+            return
+        transfers = self.plan.internal_transfers_in(window)
+        for kind in ("d2h", "h2d"):
+            for t in transfers:
+                if t.kind == kind:
+                    self.e.saved.transfer(t.block, t.kind, t.fraction, micro_batch=mb.index)
