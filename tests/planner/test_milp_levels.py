@@ -232,3 +232,28 @@ def test_levels_no_budget_can_hold_get_no_column():
     assert sorted(v.lvl) == [(0, 1, "dram"), (0, 1, "hbm"), (0, 2, "dram"),
                              (1, 1, "dram"), (1, 1, "hbm"), (2, 1, "hbm")]
     assert {(j, lv) for j, lv, _ in v.id2h} == {(0, 1), (0, 2), (1, 1)}
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["overlap", "serial"])
+@pytest.mark.parametrize("scenario", ["hbm_tight", "slow_link"])
+def test_milp_objective_equals_the_evaluator_on_the_plan_it_extracts(scenario, gpu):
+    """Levels and saved tiers fixed to the brute-force optimum's (the rest free, the solver
+    choosing every transfer window): the model's objective must be the evaluator's step of the
+    plan `extract_plan` reads back, internal transfers included."""
+    pytest.importorskip("highspy")
+    from lazytrain.planner.extract import extract_plan
+    from lazytrain.planner.solvers import solve
+
+    problem = SCENARIOS[scenario].replace(copies_overlap_compute=gpu)
+    _, best = optimum(scenario)
+    milp = build_milp(problem, tie_breakers=False, q8_penalty=False)
+    fixed = {c: 0.0 for c in milp.v.lvl.values()}
+    for j, (level, tier) in enumerate(zip(best.save_levels, best.saved_tiers)):
+        if level != "L0":
+            fixed[milp.v.lvl[j, int(level[1:]), tier]] = 1.0
+    res = solve(milp.model, backend="highs", fixed=fixed, gap=1e-9, time_limit_s=60)
+    assert res.status == "optimal", res.status
+    plan = extract_plan(milp, res.values, solver=MANUAL)
+    assert (plan.save_levels, plan.saved_tiers) == (best.save_levels, best.saved_tiers)
+    assert len(plan.internal_transfers) == 2 * plan.saved_tiers.count("dram")
+    assert milp.step_ms(res.values) == pytest.approx(evaluate(problem, plan).step_ms, rel=1e-7)
