@@ -58,8 +58,9 @@ def recompute_chain_ms(problem: PlanningProblem, s: int, e: int) -> float:
         return 0.0
     bw_ms = problem.h2d_bytes_per_s / 1e3
     best, loaded = 0.0, 0.0
+    load_bytes = problem.load_bytes  # a property: read once
     for k in range(s, e - 1):
-        loaded += problem.load_bytes[k] / bw_ms
+        loaded += load_bytes[k] / bw_ms
         best = max(best, loaded + sum(problem.fwd_ms[k:e - 1]))
     return best
 
@@ -99,12 +100,14 @@ def stream_bounds_ms(problem: PlanningProblem, tiers, transfers, *, keep_interna
     bw = {"d2h": p.d2h_bytes_per_s, "nvme_write": p.nvme_write_bytes_per_s,
           "nvme_read": p.nvme_read_bytes_per_s, "h2d": p.h2d_bytes_per_s}
     out = []
+    load_bytes, drain_bytes = p.load_bytes, p.drain_bytes  # properties: read once, not per window
+    reforward = p.reforward
     for o in range(n):
         ends: dict[tuple[int, str], float] = {}
         free = {k: 0.0 for k in TRANSFER_ORDER}
         j = 2 * L - o if o > L else None
         if j is not None and j + 1 <= L - 1:
-            free["d2h"] = p.drain_bytes[j + 1] / bw["d2h"] * 1e3
+            free["d2h"] = drain_bytes[j + 1] / bw["d2h"] * 1e3
         for t in sorted(by_ord.get(o, ()), key=lambda t: (rank[t.kind], t.boundary)):
             start = free[t.kind]
             src = CHAIN_SOURCE.get(t.kind)
@@ -114,14 +117,14 @@ def stream_bounds_ms(problem: PlanningProblem, tiers, transfers, *, keep_interna
                 start = max(start, ends.get((t.boundary, src), 0.0))
             free[t.kind] = start + p.boundary_bytes[t.boundary] * t.fraction / bw[t.kind] * 1e3
             ends[t.boundary, t.kind] = free[t.kind]
-        h2d = free["h2d"] + _next_load_bytes(p, o, resident) / bw["h2d"] * 1e3
+        h2d = free["h2d"] + _next_load_bytes(load_bytes, L, o, resident) / bw["h2d"] * 1e3
         bound = max(free["d2h"], free["nvme_write"], free["nvme_read"], h2d)
         s, e = seg_of_last.get(j, (0, 0))
         if e - s >= 2:  # block j ends a segment with recompute
-            tail = p.bwd_ms[j] + (0.0 if j in keep else p.reforward[j])
+            tail = p.bwd_ms[j] + (0.0 if j in keep else reforward[j])
             bound = max(bound, h2d + recompute_chain_ms(p, s, e) + tail)
         if saved_h2d_bytes is not None and saved_h2d_bytes[o] > 0:  # behind every load
-            loads = sum(p.load_bytes[s:e - 1]) if e - s >= 2 else 0.0
+            loads = sum(load_bytes[s:e - 1]) if e - s >= 2 else 0.0
             bound = max(bound, h2d + (loads + saved_h2d_bytes[o]) / bw["h2d"] * 1e3)
         out.append(bound)
     return out
@@ -133,16 +136,16 @@ def _segments_by_last_block(tiers) -> dict[int, tuple[int, int]]:
     return {e - 1: (s, e) for s, e in zip(starts[:-1], starts[1:])}
 
 
-def _next_load_bytes(p: PlanningProblem, o: int, resident: set) -> float:
+def _next_load_bytes(load_bytes, L: int, o: int, resident: set) -> float:
     """The weight load issued after a window's transfers: f{j}: P[j+1]; turn: P[L-1]; b{j}:
-    P[j-1] (resident blocks' backward loads are skipped), bytes."""
-    L = p.num_blocks
+    P[j-1] (resident blocks' backward loads are skipped), bytes; `load_bytes` is
+    `problem.load_bytes` of the L blocks."""
     if o < L:
-        return float(p.load_bytes[o + 1]) if o + 1 < L else 0.0
+        return float(load_bytes[o + 1]) if o + 1 < L else 0.0
     if o == L:
-        return 0.0 if L - 1 in resident else float(p.load_bytes[L - 1])
+        return 0.0 if L - 1 in resident else float(load_bytes[L - 1])
     j = 2 * L - o
-    return float(p.load_bytes[j - 1]) if j >= 1 and j - 1 not in resident else 0.0
+    return float(load_bytes[j - 1]) if j >= 1 and j - 1 not in resident else 0.0
 
 
 def recompute_terms(problem: PlanningProblem, tiers, keep_internals=()

@@ -328,8 +328,8 @@ def _perf_table(report: dict) -> list[str]:
 
 BOUND_NOTES = (
     "LP bound       the MILP relaxed, within every budget: bounds the plans the MILP models",
-    "memory bound   no recompute; keep-internals and resident weights only as far as HBM holds"
-    " them",
+    "memory bound   no recompute; keep-internals, save levels and resident weights only as far"
+    " as HBM (and DRAM, for saved internals) holds them",
     "roofline       every block kept and resident, unlimited HBM: mandatory compute and traffic",
     "ideal          every boundary in HBM, every block resident and kept where that pays,"
     " unlimited HBM: unreachable when it does not fit",
