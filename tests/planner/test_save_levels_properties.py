@@ -295,20 +295,26 @@ def test_greedy_levels_keep_validation_and_every_budget_they_started_within():
     assert tried >= 15
 
 
+def two_blocks(**changes) -> PlanningProblem:
+    """2 blocks: F 1, Fg 1.5, B 2, Fr 1.2, Fr1 0.5 ms; P = G = A = 1000 B at 1000 B/ms."""
+    base = dict(
+        fwd_ms=(1.0, 1.0), fwd_grad_ms=(1.5, 1.5), bwd_ms=(2.0, 2.0), reforward_ms=(1.2, 1.2),
+        reforward_l1_ms=(0.5, 0.5), weight_bytes=(1000, 1000), grad_bytes=(1000, 1000),
+        internal_bytes=(0, 0), boundary_bytes=(1000, 1000, 1000), params_per_block=(10, 10),
+        embed_ms=0.5, head_ms=1.0, h2d_bytes_per_s=KB_PER_MS, d2h_bytes_per_s=KB_PER_MS,
+        duplex_bytes_per_s=2 * KB_PER_MS, nvme_read_bytes_per_s=KB_PER_MS,
+        nvme_write_bytes_per_s=KB_PER_MS, hbm_bytes=10**12, dram_bytes=10**12,
+        nvme_bytes=10**12, drain_windows=8, prefetch_windows=8, nvme_lead_windows=8)
+    base.update(changes)
+    return PlanningProblem(**base)
+
+
 def test_saved_internals_h2d_queue_behind_a_same_window_nvme_chain():
     # 2 blocks, boundary 1 nvme with its whole chain in turn (write, read, h2d; its d2h in f1),
     # block 0 L2 in dram (S2 = 1500 B) with its d2h in f1 and its h2d in turn.
     # turn's H2D stream: A1 h2d waits for its read: write [0, 1], read [1, 2], h2d [2, 3];
     # then W1 for b1 [3, 4]; then the internals [4, 5.5]. Head 1 ms: the window is 5.5 ms.
-    p = PlanningProblem(
-        fwd_ms=(1.0, 1.0), fwd_grad_ms=(1.5, 1.5), bwd_ms=(2.0, 2.0), reforward_ms=(1.2, 1.2),
-        reforward_l1_ms=(0.5, 0.5), saved_bytes=((400, 1500), (400, 1500)),
-        weight_bytes=(1000, 1000), grad_bytes=(1000, 1000), internal_bytes=(0, 0),
-        boundary_bytes=(1000, 1000, 1000), params_per_block=(10, 10), embed_ms=0.5,
-        head_ms=1.0, h2d_bytes_per_s=KB_PER_MS, d2h_bytes_per_s=KB_PER_MS,
-        duplex_bytes_per_s=2 * KB_PER_MS, nvme_read_bytes_per_s=KB_PER_MS,
-        nvme_write_bytes_per_s=KB_PER_MS, hbm_bytes=10**12, dram_bytes=10**12,
-        nvme_bytes=10**12, drain_windows=8, prefetch_windows=8, nvme_lead_windows=8)
+    p = two_blocks(saved_bytes=((400, 1500), (400, 1500)))
     d = decisions_from_tiers(p, ("hbm", "nvme", "hbm"))
     chain = (Transfer(boundary=1, kind="d2h", window="f1", fraction=1.0),) + tuple(
         Transfer(boundary=1, kind=k, window="turn", fraction=1.0)
@@ -330,15 +336,8 @@ def test_greedy_moves_an_l1_block_to_l2_where_only_the_l1_bytes_given_back_make_
     # block 1's autograd forward costs more than any level saves. Budget 3000 + 5000 B: L2 in
     # hbm fits exactly once block 0's L1 bytes are given back (8000 B at turn); in dram its
     # 5 ms copies would be exposed (f1 and b1 compute 1 and 3.2 ms).
-    p = PlanningProblem(
-        fwd_ms=(1.0, 1.0), fwd_grad_ms=(1.5, 3.0), bwd_ms=(2.0, 2.0), reforward_ms=(1.2, 1.2),
-        reforward_l1_ms=(0.5, 0.5), saved_bytes=((100, 5000), (100, 5000)),
-        weight_bytes=(1000, 1000), grad_bytes=(1000, 1000), internal_bytes=(0, 0),
-        boundary_bytes=(1000, 1000, 1000), params_per_block=(10, 10), embed_ms=0.5,
-        head_ms=1.0, h2d_bytes_per_s=KB_PER_MS, d2h_bytes_per_s=KB_PER_MS,
-        duplex_bytes_per_s=2 * KB_PER_MS, nvme_read_bytes_per_s=KB_PER_MS,
-        nvme_write_bytes_per_s=KB_PER_MS, hbm_bytes=8000, dram_bytes=10**12, nvme_bytes=0,
-        drain_windows=8, prefetch_windows=8, nvme_lead_windows=8)
+    p = two_blocks(fwd_grad_ms=(1.5, 3.0), saved_bytes=((100, 5000), (100, 5000)),
+                   hbm_bytes=8000, nvme_bytes=0)
     d = greedy_levels(p, decisions_from_tiers(p, ("hbm",) * 3))
     assert (d.save_levels, d.saved_tiers) == (("L2", "L0"), ("hbm", "none"))
     assert max(evaluate(p, d).hbm_by_window) == 8000
