@@ -1,0 +1,219 @@
+"""Save levels under adversarial plans and failures (docs/execution_model.md, "Save levels").
+
+Reference: plain HF autograd on an independent copy of the same tiny model
+(`engine_helpers.reference_grads`), never the engine's own output. Covered here, beyond
+test_save_levels_engine.py:
+- plans that mix levels with recompute segments, kept blocks, resident weights, 8-bit blocks,
+  the pinned_copy / gpu_cast weight paths and an NVMe boundary read by a dram-tier block;
+- a step that fails mid-way (an NVMe write fault, a KeyboardInterrupt in a saved-internals
+  transfer, in the host pool, after `take`) and then a normal step;
+- re-planning between steps: levels -> none -> other levels -> levels;
+- padded batches, whose saved internals pass the analytic S2 (the mask keeps k and v expanded
+  per query head): a clear `HostBudgetExceeded` where the pinned budget cannot hold them, and no
+  failure from idle host buffers cached for another batch's sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine_helpers import (BATCH, HIDDEN, SEQ, micro_batches, model_pair, problem_for,
+                            reference_grads, tiny_config)
+from ledger_helpers import real_problem
+from levels_helpers import internal_moves, levels_plan
+from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
+from lazytrain.planner.plan import SolveRecord
+from lazytrain.runtime.activations import ActivationStore
+from lazytrain.runtime.backends import make_device
+from lazytrain.runtime.build import make_engine
+from lazytrain.runtime.errors import HostBudgetExceeded, NvmeIOError
+from lazytrain.runtime.nvme import FaultInjector
+from test_engine_grads import _assert_grads_match
+
+H, R, D, N = "hbm", "recompute", "dram", "nvme"
+A = BATCH * SEQ * HIDDEN * 4
+BACKENDS = ["cpu", "cpu-checked", "cpu-threaded"]
+
+
+def _plan(adapter, tiers, levels, saved_tiers, *, keep=(), resident=None, q8=(), paths=None,
+          grad_accum=2):
+    """A validated plan with levels, the dram tier's internal transfers split over two windows
+    per kind (`levels_helpers.internal_moves`), and the given resident / 8-bit / path choices."""
+    L = adapter.num_blocks
+    problem = problem_for(adapter, grad_accum=grad_accum, saved_bytes=((2 * A, 6 * A),) * L,
+                          reforward_ms=(1.0,) * L, reforward_l1_ms=(0.6,) * L)
+    decisions = decisions_from_tiers(
+        problem, tuple(tiers), tuple(keep), resident_weights=resident, q8_blocks=q8,
+        save_levels=tuple(levels), saved_tiers=tuple(t if t != D else H for t in saved_tiers))
+    decisions = dataclasses.replace(
+        decisions, saved_tiers=tuple(saved_tiers), weight_paths=paths,
+        internal_transfers=internal_moves(problem, levels, saved_tiers))
+    return build_plan(problem, decisions, solver=SolveRecord(backend="manual"))
+
+
+MIXED = {  # boundary tiers, levels, saved tiers, other choices
+    # boundary 1 on NVMe is block 1's input; blocks 0-2 dram-tier, block 2 recomputed for
+    # boundary 3, block 3 kept
+    "nvme_next_to_dram": ([H, N, H, R, H], ["L2", "L1", "L1", "L0"], [D, D, D, "none"],
+                          dict(keep=(3,))),
+    "resident_and_q8": ([H, N, H, R, H], ["L2", "L1", "L2", "L2"], [D, D, H, H],
+                        dict(resident=(1, 3), q8=(0, 2))),
+    "weight_paths": ([R, D, R, N, H], ["L1", "L2", "L2", "L1"], [D, D, D, H],
+                     dict(paths=("pinned_copy", "gpu_cast", "pinned_copy", "gpu_cast"))),
+    "one_segment_reembedded": ([R, R, R, R, H], ["L2", "L1", "L2", "L1"], [D, D, D, H], {}),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(MIXED))
+def test_mixed_plans_equal_autograd(case, backend, tmp_path):
+    ref, adapter = model_pair(tiny_config("llama"))
+    tiers, levels, saved_tiers, other = MIXED[case]
+    plan = _plan(adapter, tiers, levels, saved_tiers, **other)
+    dev = make_device(backend, seed=7)
+    batches = micro_batches(2)
+    engine = make_engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2)
+    try:
+        torch.manual_seed(123)
+        loss = engine.compute_gradients(batches)
+        grads = {k: v.clone() for k, v in engine.gradients().items()}
+        assert engine.saved.held() == [] and engine.saved.bytes_held() == {"hbm": 0, "dram": 0}
+    finally:
+        engine.close()
+    assert not getattr(dev, "violations", None), dev.violations[:1]
+    torch.manual_seed(123)
+    ref_loss, ref_grads = reference_grads(ref, batches)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    _assert_grads_match(grads, ref_grads)
+
+
+# --- a failed step, then a normal one ----------------------------------------------------------
+
+def _nvme_fault(engine, faults):
+    faults.fail_next_write(boundary=1)
+    return NvmeIOError
+
+
+def _interrupt_transfer(kind, block, mb_index, nth):
+    """KeyboardInterrupt at the `nth` `kind` transfer of (block, micro-batch `mb_index`), once."""
+    def inject(engine, faults):
+        transfer, seen = engine.saved.transfer, []
+
+        def interrupted(b, k, fraction, *, micro_batch=0):
+            if (b, k, micro_batch) == (block, kind, mb_index):
+                seen.append(k)
+                if len(seen) == nth:
+                    raise KeyboardInterrupt
+            return transfer(b, k, fraction, micro_batch=micro_batch)
+
+        engine.saved.transfer = interrupted
+        return KeyboardInterrupt
+    return inject
+
+
+def _interrupt_pool(engine, faults):
+    """KeyboardInterrupt at the saved store's third host-buffer acquire, once."""
+    acquire, calls = engine.saved._pool.acquire, []
+
+    def interrupted(nbytes):
+        calls.append(nbytes)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return acquire(nbytes)
+
+    engine.saved._pool.acquire = interrupted
+    return KeyboardInterrupt
+
+
+def _interrupt_after_take(engine, faults):
+    """KeyboardInterrupt right after micro-batch 1 took block 1's prefetched internals, once."""
+    take, done = engine.saved.take, []
+
+    def interrupted(block, *, micro_batch=0):
+        saved = take(block, micro_batch=micro_batch)
+        if (block, micro_batch) == (1, 1) and not done:
+            done.append(block)
+            raise KeyboardInterrupt
+        return saved
+
+    engine.saved.take = interrupted
+    return KeyboardInterrupt
+
+
+FAILURES = {
+    "nvme_write_fault": _nvme_fault,
+    "interrupt_in_second_d2h_fraction": _interrupt_transfer("d2h", 0, 0, 2),
+    "interrupt_in_h2d_of_micro_batch_1": _interrupt_transfer("h2d", 1, 1, 1),
+    "interrupt_in_host_pool": _interrupt_pool,
+    "interrupt_after_take": _interrupt_after_take,
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("failure", list(FAILURES))
+def test_a_step_that_fails_midway_then_a_normal_step_is_exact(failure, backend, tmp_path):
+    ref, adapter = model_pair(tiny_config("llama"))
+    plan = _plan(adapter, *MIXED["nvme_next_to_dram"][:3], keep=(3,))
+    dev = make_device(backend, seed=5)
+    faults = FaultInjector()
+    engine = make_engine(adapter, plan, device=dev, grad_accum=2,
+                         store=ActivationStore(device=dev, nvme_dir=tmp_path / "nvme",
+                                               fault_hook=faults))
+    batches = micro_batches(2)
+    try:
+        expected = FAILURES[failure](engine, faults)
+        with pytest.raises(expected):
+            engine.compute_gradients(batches)
+        assert engine.saved.held() == [] and engine.saved.bytes_held() == {"hbm": 0, "dram": 0}
+        assert engine.store.stored() == []
+        torch.manual_seed(123)
+        engine.compute_gradients(batches)
+        grads = {k: v.clone() for k, v in engine.gradients().items()}
+    finally:
+        engine.close()
+    assert not getattr(dev, "violations", None), dev.violations[:1]
+    torch.manual_seed(123)
+    _, ref_grads = reference_grads(ref, batches)
+    _assert_grads_match(grads, ref_grads)
+
+
+# --- re-planning between steps -----------------------------------------------------------------
+
+REPLANS = [  # levels -> none (full re-forward) -> other levels and tiers -> the first again
+    ([H, R, H, D, H], ["L2", "L1", "L0", "L2"], [D, D, "none", H], dict(keep=(2,))),
+    ([H, R, H, D, H], (), (), {}),
+    ([R, H, N, H, H], ["L1", "L2", "L1", "L2"], [D, H, D, H], {}),
+    ([H, R, H, D, H], ["L2", "L1", "L0", "L2"], [D, D, "none", H], dict(keep=(2,))),
+]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu-threaded"])
+def test_replanning_between_levels_and_none_keeps_gradients_exact(backend, tmp_path):
+    """After each optimizer step under a new plan, the next plan's gradients equal HF autograd
+    on the engine's current masters (loaded into the reference model)."""
+    ref, adapter = model_pair(tiny_config("llama"))
+    plans = [_plan(adapter, tiers, levels, saved, **other) if levels else
+             levels_plan(problem_for(adapter, grad_accum=2), tiers, (), ())
+             for tiers, levels, saved, other in REPLANS]
+    assert [bool(p.save_levels) for p in plans] == [True, False, True, True]
+    dev = make_device(backend, seed=3)
+    engine = make_engine(adapter, plans[0], device=dev, nvme_dir=tmp_path / "nvme",
+                         grad_accum=2, lr=1e-2, instrument=True)
+    try:
+        for s, plan in enumerate(plans):
+            engine.set_plan(plan)
+            batches = micro_batches(2, seed=30 + s)
+            ref.load_state_dict(engine.named_masters(), strict=False)
+            torch.manual_seed(s)
+            engine.compute_gradients(batches)
+            grads = {k: v.clone() for k, v in engine.gradients().items()}
+            torch.manual_seed(s)
+            _, ref_grads = reference_grads(ref, batches)
+            _assert_grads_match(grads, ref_grads)
+            engine.step(batches)
+            assert engine.saved.held() == []
+    finally:
+        engine.close()
