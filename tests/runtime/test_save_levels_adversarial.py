@@ -16,6 +16,8 @@ test_save_levels_engine.py:
 from __future__ import annotations
 
 import dataclasses
+import gc
+from pathlib import Path
 
 import pytest
 import torch
@@ -217,3 +219,146 @@ def test_replanning_between_levels_and_none_keeps_gradients_exact(backend, tmp_p
             assert engine.saved.held() == []
     finally:
         engine.close()
+
+
+# --- padded batches: saved bytes past the analytic S2 ------------------------------------------
+
+PADDED_PLAN = ([H, R, H, D, H], ["L2"] * 4, [D, D, D, H])
+
+
+def _budget_engine(adapter, plan, backend, tmp_path):
+    return make_engine(adapter, plan, device=make_device(backend, seed=3),
+                       nvme_dir=tmp_path / "nvme", grad_accum=2, instrument=True, budgets=True,
+                       model_config_sha256=plan.provenance["model_config_sha256"])
+
+
+def _pinned_peak(engine, batches) -> int:
+    """The ledger's pinned peak over one optimizer step of `batches`."""
+    return max(r["ledger_peak"]["pinned_bytes"]
+               for r in engine.step(batches, lr=1e-3).windows)
+
+
+@pytest.fixture
+def padded_setup(tmp_path):
+    """(adapter, plan of the planner's real memory model, pinned peak of one padded step alone,
+    pinned peak of one unpadded step alone), each peak measured on a fresh engine."""
+    _, adapter = model_pair(tiny_config("llama"))
+    plan = levels_plan(real_problem(adapter), *PADDED_PLAN)
+    peaks = []
+    for pad in (True, False):
+        engine = _budget_engine(adapter, plan, "cpu", tmp_path / f"peak{pad}")
+        try:
+            peaks.append(_pinned_peak(engine, micro_batches(2, pad_last=pad)))
+        finally:
+            engine.close()
+    padded, unpadded = peaks
+    assert unpadded == plan.predicted.pinned_bytes < padded  # the mask's k, v copies: past S2
+    return adapter, plan, padded, unpadded
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu-threaded"])
+def test_padded_step_past_the_booked_pinned_bytes_fails_clearly_then_unpadded_steps_run(
+        padded_setup, backend, tmp_path):
+    """Pinned budget = what the plan booked (the unpadded step's need): the padded step's larger
+    saved internals raise HostBudgetExceeded naming the saved-internals host buffer; the next
+    unpadded steps run (no idle padded-size buffer held against the budget) and stay within it."""
+    adapter, plan, _, unpadded = padded_setup
+    engine = _budget_engine(adapter, plan, backend, tmp_path)
+    engine.ledger.set_limits(hbm_limits=engine.ledger.hbm_limits, pinned_limit_bytes=unpadded)
+    try:
+        assert _pinned_peak(engine, micro_batches(2, seed=1, pad_last=False)) <= unpadded
+        with pytest.raises(HostBudgetExceeded, match="saved internals host buffer"):
+            engine.step(micro_batches(2, seed=2, pad_last=True), lr=1e-3)
+        assert engine.saved.held() == []
+        for seed in (3, 4):
+            assert _pinned_peak(engine, micro_batches(2, seed=seed, pad_last=False)) <= unpadded
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu-threaded"])
+def test_idle_host_buffers_of_another_batch_do_not_fail_a_step_that_fits(padded_setup, backend,
+                                                                         tmp_path):
+    """Pinned budget = the padded step's own need: unpadded, padded, unpadded, padded steps all
+    run; host buffers cached for the other batch kind's sizes are idle and must not count
+    against the step that needs the room."""
+    adapter, plan, padded, _ = padded_setup
+    engine = _budget_engine(adapter, plan, backend, tmp_path)
+    engine.ledger.set_limits(hbm_limits=engine.ledger.hbm_limits, pinned_limit_bytes=padded)
+    try:
+        for seed, pad in enumerate((False, True, False, True)):
+            assert _pinned_peak(engine, micro_batches(2, seed=seed, pad_last=pad)) <= padded
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("tier", [H, D])
+def test_a_failed_step_gives_back_the_saved_internals_memory_at_once(tier, tmp_path):
+    """A forward that fails in f2 after blocks 0 and 1 saved their internals: once the step is
+    abandoned the ledger holds no HBM byte of theirs (the dram tier's host buffers go back to
+    the pool for reuse), without waiting for Python's cycle collector (their graphs refer back to them)."""
+    _, adapter = model_pair(tiny_config("llama"))
+    plan = _plan(adapter, [H, H, H, H, H], ["L2"] * 4, [tier, tier, H, H], grad_accum=1)
+    engine = make_engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme",
+                         instrument=True)
+    forward = engine.levels.forward
+
+    def fail_in_block_2(mb, j, *args):
+        if j == 2:
+            raise RuntimeError("injected forward failure")
+        return forward(mb, j, *args)
+
+    engine.levels.forward = fail_in_block_2
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the cycle collector would hide a leak that only it frees
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            engine.compute_gradients(micro_batches(1))
+        held = {owner: n for owner, n in engine.ledger.held_by_owner("hbm").items()
+                if owner.startswith("saved internals") and n}
+        assert held == {}
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        engine.close()
+
+
+# --- the CLI: train with a hand plan with levels, resume in the middle, report -----------------
+
+@pytest.mark.slow
+def test_train_resume_and_report_with_a_hand_plan_with_levels(tmp_path, monkeypatch, capsys):
+    """`lazytrain train --plan` with L1/L2 blocks in the hbm and dram tiers, a recompute segment
+    and an NVMe boundary (configs/tiny-llama-cpu.yaml): 2 steps, then `--resume` to 3, give the
+    weights of 3 steps in one run bit for bit; `lazytrain report` prints the saved internals'
+    bytes, predicted equal to measured."""
+    from safetensors.torch import load_file
+
+    from lazytrain.cli.main import main
+    from lazytrain.config import load_config
+    from lazytrain.profile.calibrate import costed_problem
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no shared calibration
+    monkeypatch.setenv("LAZYTRAIN_CALIBRATE", "off")
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "tiny-llama-cpu.yaml")
+    sets = ["train.schedule=constant", "train.checkpoint_every_steps=1", "train.eval_every=0",
+            "data.num_eval=1"]
+    problem = costed_problem(load_config(config, sets), log=lambda msg: None)
+    plan = levels_plan(problem, [H, N, H, R, H], ["L2", "L1", "L2", "L1"], [D, D, D, H])
+    plan.save(tmp_path / "plan.json")
+    args = ["--config", config, "--plan", str(tmp_path / "plan.json"), "--no-progress",
+            *(a for s in sets for a in ("--set", s))]
+    assert main(["train", *args, "--run-dir", str(tmp_path / "one"), "--steps", "3"]) == 0
+    assert main(["train", *args, "--run-dir", str(tmp_path / "two"), "--steps", "2"]) == 0
+    assert main(["train", "--resume", str(tmp_path / "two"), "--steps", "3",
+                 "--no-progress"]) == 0
+    one, two = (load_file(tmp_path / run / "checkpoints" / "step-000003" / "model.safetensors")
+                for run in ("one", "two"))
+    assert one.keys() == two.keys()
+    assert all(torch.equal(one[k], two[k]) for k in one)
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "two")]) == 0
+    out = capsys.readouterr().out
+    line = next(s for s in out.splitlines() if s.startswith("saved internals"))
+    d2h, h2d = line.split("D2H ")[1].split(", H2D ")
+    assert d2h.split(" / ")[0] == d2h.split(" / ")[1] != "0.000"
+    assert h2d.split(" / ")[0] == h2d.split(" / ")[1]

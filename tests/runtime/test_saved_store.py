@@ -22,7 +22,8 @@ BACKENDS = ["cpu", "cpu-checked", "cpu-threaded"]
 
 
 class _Internals:
-    """The slice of `SavedInternals` the store uses: `storages` and `replace_storages`."""
+    """The slice of `SavedInternals` the store uses: `storages`, `replace_storages` and
+    `release` (here it only records the call)."""
 
     def __init__(self, storages):
         self.storages = list(storages)
@@ -34,6 +35,9 @@ class _Internals:
     def replace_storages(self, storages) -> None:
         assert len(storages) == len(self.storages)
         self.storages = list(storages)
+
+    def release(self) -> None:
+        self.released = True
 
 
 def _internals(dev, seed: int) -> tuple[_Internals, list[torch.Tensor]]:

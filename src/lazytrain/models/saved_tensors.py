@@ -324,6 +324,13 @@ class SavedInternals:
                                  f"input on {device}; copy it back (replace_storages) first")
         self._bases = bases
 
+    def release(self) -> None:
+        """Drop the kept graph and storages (`backward_saved` does it at its end; a failed step
+        whose backward never ran must do it too: the graph's hooks refer back to this object,
+        so without it the storages, which may be views of a pooled host buffer, stay alive
+        until Python's cycle collector runs)."""
+        self._release()
+
     def _release(self) -> None:
         self._bases = self._anchor = self._root = None
         self._logit_roots = self._logit_values = self._mixer_out = None

@@ -77,8 +77,9 @@ class HostBufferPool:
                     f"host buffer pool: {nbytes} more bytes would exceed its cap of "
                     f"{self.capacity_bytes} bytes ({self.allocated_bytes} in use)"
                 )
-        self.allocated_bytes += nbytes
-        return self.device.pinned_empty(nbytes, name=f"{self.owner} of {nbytes} bytes")
+        buffer = self.device.pinned_empty(nbytes, name=f"{self.owner} of {nbytes} bytes")
+        self.allocated_bytes += nbytes  # after: a refused pin (HostBudgetExceeded) adds nothing
+        return buffer
 
     def has(self, nbytes: int) -> bool:
         """Whether `acquire(nbytes)` can hand out a buffer it already holds (free or pending)."""
@@ -123,6 +124,11 @@ class HostBufferPool:
         self._wait_io(futures, owner)
         self.device.recycle(buffer)
         self._free.setdefault(buffer.numel(), []).append(buffer)
+
+    def drop_cached(self) -> None:
+        """Forget every free buffer (pending ones stay): their pinned memory goes back once
+        nothing else holds them, e.g. buffers of sizes the caller no longer asks for."""
+        self._drop_cached()
 
     def _drop_cached(self) -> None:
         for size, buffers in self._free.items():

@@ -29,7 +29,8 @@ ordering checkers (`cpu-checked`, `cpu-threaded`) see every access:
   one hands them to the saved graph (`replace_storages`); `take` makes the compute stream wait
   for the h2d before `b{j}` reads them;
 - the host buffer goes back to the pool with its last copy events (no host block).
-Nothing here blocks the host on the device except the pool's back-pressure.
+Nothing here blocks the host on the device except the pool's back-pressure and, where pinning
+a host buffer would pass the pinned budget, the wait before idle pool buffers are dropped.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lazytrain.runtime.device import Device
-from lazytrain.runtime.errors import TransferOrderError
+from lazytrain.runtime.errors import HostBudgetExceeded, TransferOrderError
 from lazytrain.runtime.host_pool import HostBufferPool
 
 SAVED_TIERS = ("hbm", "dram")
@@ -228,6 +229,7 @@ class SavedStore:
         if e.d2h_event is not None:  # the allocator frees them on compute: after the d2h
             self.dev.wait_event(self.dev.compute, e.d2h_event)
         buffers = {id(t): t for t in (e.device or []) + (e.prefetch or [])}
+        e.saved.release()  # the graph refers back to it: break the cycle (a failed step)
         e.saved = e.device = e.prefetch = None  # the graph's holders go first
         for t in buffers.values():
             self.dev.discard(t)
@@ -287,7 +289,7 @@ class SavedStore:
                                      boundary=e.key[0], micro_batch=e.key[1])
         if e.host is None:
             last = len(e.sizes) - 1
-            e.host = self._pool.acquire(e.offsets[last] + e.sizes[last])
+            e.host = self._acquire_host(e.offsets[last] + e.sizes[last])
         # after the forward that produced them (queued before `put`), not the window's compute
         self.dev.wait_event(self.d2h_stream, e.produced)
         for k, off, n in self._pieces(e, start, target):
@@ -337,6 +339,20 @@ class SavedStore:
         e.saved.replace_storages([e.host[o:o + n] for o, n in zip(e.offsets, e.sizes)])
         for s in storages:
             self.dev.discard(s)
+
+    def _acquire_host(self, nbytes: int) -> torch.Tensor:
+        """A host buffer of `nbytes` from the pool. Where pinning it would pass the pinned
+        budget, the pool's idle buffers (cached for sizes of an earlier batch: a padded batch's
+        internals are larger, docs/execution_model.md "Save-level tensor sets") are dropped
+        after their copies and the request is made once more; only then does
+        `HostBudgetExceeded` propagate. The pool recycles by exact size, so without this a run
+        that alternates batch kinds would hold both kinds' buffers against the budget."""
+        try:
+            return self._pool.acquire(nbytes)
+        except HostBudgetExceeded:
+            self._pool.reclaim(block=True)  # a host wait on this path only: else the step fails
+            self._pool.drop_cached()
+        return self._pool.acquire(nbytes)
 
     def _track(self, event):
         self._window_events.append(event)
