@@ -22,7 +22,7 @@ no seed lower than before. Not part of CI (minutes per seed on 2 cores).
 Measured once here (2 cores, load average 5-11 from other jobs), reduced to what fit the time:
 one seed, 8 steps, from a main-job checkpoint stopped after 8 of its 30 steps
 (`--seeds 1 --steps 8 --sft-run <that run>`): 27/128 -> 29/128 (+1.6 points), 1048 s of GRPO
-(100-190 s a step with its rollouts), 470 s per 128-problem evaluation. Only 2 of the 8 steps
+(about 130 s a step with its rollouts and set-up; 49-144 s of it training), 470 s per 128-problem evaluation. Only 2 of the 8 steps
 had a group whose rewards differed (the others: every rollout of a prompt right, or every one
 wrong), so the target needs more prompts per step and more steps than this machine gave.
 """
