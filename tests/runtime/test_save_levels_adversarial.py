@@ -325,7 +325,6 @@ def test_a_failed_step_gives_back_the_saved_internals_memory_at_once(tier, tmp_p
 
 # --- the CLI: train with a hand plan with levels, resume in the middle, report -----------------
 
-@pytest.mark.slow
 def test_train_resume_and_report_with_a_hand_plan_with_levels(tmp_path, monkeypatch, capsys):
     """`lazytrain train --plan` with L1/L2 blocks in the hbm and dram tiers, a recompute segment
     and an NVMe boundary (configs/tiny-llama-cpu.yaml): 2 steps, then `--resume` to 3, give the
@@ -362,3 +361,28 @@ def test_train_resume_and_report_with_a_hand_plan_with_levels(tmp_path, monkeypa
     d2h, h2d = line.split("D2H ")[1].split(", H2D ")
     assert d2h.split(" / ")[0] == d2h.split(" / ")[1] != "0.000"
     assert h2d.split(" / ")[0] == h2d.split(" / ")[1]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu-checked"])
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_packed_and_a_padded_micro_batch_in_one_step_equal_autograd(family, backend, tmp_path):
+    """Micro-batch 0 packs two documents per row (position_ids restart, no mask), micro-batch 1
+    right-pads its last row (attention mask): their saved internals differ in size and both
+    equal HF autograd at L1 and L2, in the hbm and dram tiers."""
+    ref, adapter = model_pair(tiny_config(family))
+    plan = _plan(adapter, [H, R, H, D, H], ["L1", "L2", "L1", "L2"], [D, D, H, H])
+    batches = micro_batches(2)
+    positions = torch.cat([torch.arange(5), torch.arange(SEQ - 5)]).repeat(BATCH, 1)
+    batches[0] = {"input_ids": batches[0]["input_ids"], "labels": batches[0]["labels"],
+                  "position_ids": positions}
+    dev = make_device(backend, seed=7)
+    engine = make_engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2)
+    try:
+        loss = engine.compute_gradients(batches)
+        grads = {k: v.clone() for k, v in engine.gradients().items()}
+    finally:
+        engine.close()
+    assert not getattr(dev, "violations", None), dev.violations[:1]
+    ref_loss, ref_grads = reference_grads(ref, batches)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    _assert_grads_match(grads, ref_grads)
