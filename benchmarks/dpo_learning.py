@@ -3,6 +3,7 @@ after, per seed.
 
 Run:  python benchmarks/dpo_learning.py [--seeds 0] [--steps 12] [--num-eval 16]
                                         [--sft-run runs/default] [--work runs/dpo_bench]
+                                        [--set train.lr=1e-5 ...]
 
 1. The SFT checkpoint: the newest one of `--sft-run` (the main job's run directory); without
    one, the main job is trained there first (`lazytrain train`, a few minutes on 2 cores).
@@ -55,14 +56,15 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def run_seed(seed: int, *, ckpt: Path, work: Path, steps: int, num_eval: int) -> dict:
+def run_seed(seed: int, *, ckpt: Path, work: Path, steps: int, num_eval: int,
+             extra: list[str]) -> dict:
     """One DPO run from `ckpt`; its summary's before/after figures."""
     run_dir = work / f"seed{seed}"
     t0 = time.perf_counter()
     lazytrain("train", "--run-dir", str(run_dir), "--overwrite", "--no-progress",
               "--steps", str(steps), "--set", f"model.config_path={ckpt}",
               "--set", f"train.seed={seed}", "--set", f"data.num_eval={num_eval}",
-              *[x for kv in DPO_SETTINGS for x in ("--set", kv)])
+              *[x for kv in DPO_SETTINGS + extra for x in ("--set", kv)])
     wall_s = time.perf_counter() - t0
     summary = json.loads((run_dir / "summary.json").read_text())
     before, after = summary["dpo_eval"][0], summary["dpo_eval"][-1]
@@ -87,6 +89,8 @@ def main() -> int:
     parser.add_argument("--sft-run", type=Path, default=Path("runs/default"))
     parser.add_argument("--work", type=Path, default=Path("runs/dpo_bench"))
     parser.add_argument("--out", type=Path, default=None, help="JSON of the results")
+    parser.add_argument("--set", dest="extra", action="append", default=[],
+                        metavar="KEY=VALUE", help="another key for the DPO runs (repeatable)")
     args = parser.parse_args()
     if newest_checkpoint(args.sft_run) is None:
         print(f"training the main job into {args.sft_run} first", flush=True)
@@ -97,7 +101,8 @@ def main() -> int:
           "step) | wall | s/step |\n|---|---|---|---|---|---|---|", flush=True)
     results = []
     for seed in args.seeds:
-        r = run_seed(seed, ckpt=ckpt, work=args.work, steps=args.steps, num_eval=args.num_eval)
+        r = run_seed(seed, ckpt=ckpt, work=args.work, steps=args.steps, num_eval=args.num_eval,
+                     extra=args.extra)
         results.append(r)
         print(f"| {seed} | {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f} "
               f"({r['pairs']} pairs) | {r['margin_before']:.3f} -> {r['margin_after']:.3f} | "
