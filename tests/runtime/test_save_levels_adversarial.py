@@ -99,6 +99,11 @@ def _nvme_fault(engine, faults):
     return NvmeIOError
 
 
+def _nvme_short_read(engine, faults):
+    faults.truncate_next_read(boundary=1)  # in b-windows: blocks 2 and 3 already backed up
+    return NvmeIOError
+
+
 def _interrupt_transfer(kind, block, mb_index, nth):
     """KeyboardInterrupt at the `nth` `kind` transfer of (block, micro-batch `mb_index`), once."""
     def inject(engine, faults):
@@ -147,6 +152,7 @@ def _interrupt_after_take(engine, faults):
 
 FAILURES = {
     "nvme_write_fault": _nvme_fault,
+    "nvme_short_read": _nvme_short_read,
     "interrupt_in_second_d2h_fraction": _interrupt_transfer("d2h", 0, 0, 2),
     "interrupt_in_h2d_of_micro_batch_1": _interrupt_transfer("h2d", 1, 1, 1),
     "interrupt_in_host_pool": _interrupt_pool,
