@@ -392,3 +392,22 @@ def test_a_packed_and_a_padded_micro_batch_in_one_step_equal_autograd(family, ba
     ref_loss, ref_grads = reference_grads(ref, batches)
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     _assert_grads_match(grads, ref_grads)
+
+
+def test_set_plan_takes_the_new_plans_budgets(tmp_path):
+    """The ledger's hard limits after `set_plan` are the new plan's (`plan_budgets`): a plan
+    with 8-bit blocks keeps fewer host states pageable, so its pinned budget is larger."""
+    from ledger_helpers import real_plan
+    from lazytrain.planner.budgets import plan_budgets
+
+    _, adapter = model_pair(tiny_config("llama"))
+    first = levels_plan(real_problem(adapter), [H, R, H, D, H], ["L2"] * 4, [D, D, D, H])
+    second = real_plan(adapter, [H] * 5, q8_blocks=(1, 2))
+    assert plan_budgets(second) != plan_budgets(first)
+    engine = _budget_engine(adapter, first, "cpu", tmp_path)
+    try:
+        engine.set_plan(second)
+        hbm, pinned = plan_budgets(second)
+        assert (engine.ledger.hbm_limits, engine.ledger.pinned_limit_bytes) == ({"*": hbm}, pinned)
+    finally:
+        engine.close()

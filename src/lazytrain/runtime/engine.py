@@ -96,9 +96,7 @@ class Engine:
         # checked or reported: budgets on, or instrumented (windows.jsonl carries the ledger)
         self.track_compute = settings.budgets or settings.instrument
         if settings.budgets:
-            hbm, pinned = plan_budgets(plan)
-            self.ledger.set_limits(hbm_limits=None if hbm is None else {"*": hbm},
-                                   pinned_limit_bytes=pinned)
+            self._set_budgets(plan)
         self.drain = GradDrain(self.dev, self.params.max_block_numel(), dtype=self.dtype,
                                land_all=settings.grad_accum == 1)
         self.meter = WindowMeter(self.dev)
@@ -128,7 +126,8 @@ class Engine:
 
         Plans change placement, never the math: weights, RNG and data position are untouched;
         optimizer moments are kept, re-quantized or de-quantized when a block enters or leaves
-        the plan's `q8_blocks`. The new plan must match the model (provenance) and, once the
+        the plan's `q8_blocks`; with budgets on, the ledger's limits become the new plan's
+        (`plan_budgets`). The new plan must match the model (provenance) and, once the
         first step has run, the batch shape it checked.
 
         Raises:
@@ -149,6 +148,8 @@ class Engine:
         self.resident = set(plan.resident_weights) | set(plan.keep_internals)
         self.keep = set(plan.keep_internals)
         self.levels.set_plan(plan)
+        if self.budgets:  # its 8-bit blocks change the pageable host states, so the pinned room
+            self._set_budgets(plan)
         self.optimizer.set_q8_blocks(plan.q8_blocks)  # converts moments of blocks that change
         self.weights.set_paths(plan.weight_paths, self.optimizer)
         # the store's per-window HBM limits come from the plan (constructor argument)
@@ -462,6 +463,12 @@ class Engine:
                 with suppress(BaseException):
                     self.weights.release(handle)
             mb.weights.clear()
+
+    def _set_budgets(self, plan: Plan) -> None:
+        """The ledger's hard limits: the HBM and pinned bytes `plan` was made to fit."""
+        hbm, pinned = plan_budgets(plan)
+        self.ledger.set_limits(hbm_limits=None if hbm is None else {"*": hbm},
+                               pinned_limit_bytes=pinned)
 
     def _abandon_step(self) -> None:
         """Close the store's open window (waiting for its I/O) and release every stored
