@@ -86,7 +86,7 @@ def write_local_tasks(root: Path) -> Path:
     return root
 
 
-def fitted_model_dir(root: Path, *, steps: int = 40) -> Path:
+def fitted_model_dir(root: Path, *, steps: int = 80) -> Path:
     """A tiny Llama (`tiny_models.tiny_model_dir`) fitted on the tasks' own lines, so greedy
     answers, stop strings and greedy continuations occur (a random model never stops early and
     is never greedy on a continuation); returns the HF directory."""
