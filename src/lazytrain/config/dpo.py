@@ -6,6 +6,7 @@ the other sections; imports neither torch nor a solver.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,3 +27,13 @@ class DPOConfig:
     def __post_init__(self) -> None:
         check_finite(self, "dpo")
         check(self.beta > 0, "dpo.beta", "> 0", self.beta)
+
+
+def planning_config(cfg):
+    """The config the planner sees: with `train.method: dpo`, `train.micro_batch` pairs are
+    2 x micro_batch rows (chosen and rejected in one micro-batch); else `cfg` itself. The
+    trainer and `lazytrain plan` both plan through it, so they plan the same rows."""
+    if cfg.train.method != "dpo":
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, micro_batch=2 * cfg.train.micro_batch))

@@ -18,12 +18,12 @@ summary.json): rewards of the chosen and rejected responses, accuracy, margin (`
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from lazytrain.config.dpo import planning_config  # the trainer plans through it
 from lazytrain.data import EMBEDDED_PREFIX, _resolver
 from lazytrain.data.batching import DataCounts
 from lazytrain.data.formats import Example
@@ -39,15 +39,6 @@ EMBEDDED_PAIRS = 128
 """Training pairs generated for `embedded:arithmetic` under DPO: every one is tokenized twice
 and scored for the reference before the first step (a few minutes for SmolLM2-135M on this
 2-core machine when it is busy), and 128 covers 32 steps of 4 pairs without a repeat."""
-
-
-def planning_config(cfg):
-    """The config the planner sees: with `train.method: dpo`, `train.micro_batch` pairs are
-    2 x micro_batch rows (chosen and rejected in one micro-batch); else `cfg` itself."""
-    if cfg.train.method != "dpo":
-        return cfg
-    return dataclasses.replace(cfg, train=dataclasses.replace(
-        cfg.train, micro_batch=2 * cfg.train.micro_batch))
 
 
 @dataclass(kw_only=True, slots=True)
