@@ -241,8 +241,9 @@ def _convert_model(flat: dict, out: Conversion) -> None:
         raise ValueError("model.name: a MegaTrain config must name its model (hub id or path)")
     out.model_id = model_id_of(str(name))
     local = str(name).startswith(("/", ".", "~"))
-    note = ("a path on the MegaTrain machine" if local else "hub id") + (
-        "; planning reads no network: set model.config_path to the model's config.json")
+    note = ("a path on the MegaTrain machine: set model.config_path to the model's config.json"
+            if local else "hub id: `lazytrain plan` fetches only its config.json into the HF "
+            "cache; offline, set model.config_path to a local config.json")
     if out.model_id != name:
         note = f"HF cache snapshot of {out.model_id}, " + note
     out.set("model.config_path", str(name), source="model.name", note=note)

@@ -161,3 +161,16 @@ def test_grpo_section_becomes_train_method_grpo_with_its_values(shared_dir, tmp_
     assert cfg.train.micro_batch * cfg.train.grad_accum == 16
     line = next(x for x in report.splitlines() if "grpo.kl_loss_type" in x)
     assert "k3 estimator" in line
+
+
+def test_hub_model_note_says_plan_fetches_its_config_not_that_planning_is_offline(
+        shared_dir, tmp_path, capsys):
+    # `lazytrain plan` resolves a hub id through huggingface_hub (README "Long runs"): the
+    # converter's note and the YAML header must not tell the user that planning reads no network
+    out, report = _convert(shared_dir, tmp_path, "qwen3_8b", capsys)
+    header = "".join(line for line in out.read_text().splitlines(keepends=True)
+                     if line.startswith("#"))
+    for text in (report, header):
+        assert "no network" not in text
+    assert "fetches only its config.json into the HF cache" in report
+    assert "fetches only its config.json into the HF cache" in header

@@ -76,8 +76,9 @@ def header(source: Path, out_name: str, conversion) -> str:
     it assumes, and the conversion report)."""
     lines = [f"Converted from the MegaTrain config {source.name} by "
              f"`lazytrain convert megatrain`.",
-             f"Model: {conversion.model_id} (planning needs its config.json, no network):",
-             f"  lazytrain plan --config {out_name} --model PATH/TO/config.json",
+             f"Model: {conversion.model_id} (`lazytrain plan` needs its config.json: the "
+             f"HF cache's, fetched once, or a local file):",
+             f"  lazytrain plan --config {out_name} [--model PATH/TO/config.json]",
              f"Hardware assumed: {conversion.config['hardware']['preset']} (MegaTrain configs "
              f"name none).", ""]
     lines += conversion.summary().splitlines()
