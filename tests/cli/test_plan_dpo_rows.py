@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from lazytrain.cli.plan import load_problem, register
 
 
@@ -20,3 +22,8 @@ def test_dpo_pairs_are_planned_as_two_rows_each():
     dpo_cfg, dpo = _problem("train.method=dpo")
     assert sft_cfg.train.micro_batch == 3 and dpo_cfg.train.micro_batch == 6
     assert dpo.tokens_per_micro_batch == 2 * sft.tokens_per_micro_batch
+
+
+def test_grpo_rollouts_that_do_not_fill_the_micro_batches_are_refused_by_plan():
+    with pytest.raises(ValueError, match="grpo.prompts_per_step x grpo.n"):
+        _problem("train.method=grpo", "grpo.n=7")

@@ -24,6 +24,7 @@ import sys
 
 from lazytrain.config import apply_overrides, config_from_dict, load_config
 from lazytrain.config.dpo import planning_config
+from lazytrain.config.grpo import check_grpo_rows
 from lazytrain.planner import policy
 from lazytrain.planner.build import hardware_from_config, rank_problem_from_config, topology_of
 from lazytrain.planner.capacity import max_batch_search
@@ -152,6 +153,7 @@ def load_problem(args: argparse.Namespace, *, base: dict | None = None):
     else:
         cfg = load_config(args.config, overrides)
     cfg = planning_config(cfg)  # DPO: 2 rows per pair, as the trainer plans
+    check_grpo_rows(cfg)  # GRPO: the rollouts fill the micro-batches, as the trainer checks
     return cfg, costed_problem(cfg, log=lambda msg: print(msg, file=sys.stderr))
 
 

@@ -72,3 +72,21 @@ class GrpoConfig:
               self.std_eps)
         check(len(self.rewards) >= 1 and all(self.rewards), "grpo.rewards",
               "a non-empty list of reward names", list(self.rewards))
+
+
+def check_grpo_rows(cfg) -> None:
+    """With `train.method: grpo`, the step's rollouts must fill its micro-batches exactly;
+    `lazytrain plan` and the trainer check it before planning.
+
+    Raises:
+        ValueError: grpo.prompts_per_step x grpo.n != train.micro_batch x train.grad_accum,
+            naming the keys and the grad_accum that fits.
+    """
+    if cfg.train.method != "grpo":
+        return
+    g, tc = cfg.grpo, cfg.train
+    if g.prompts_per_step * g.n != tc.micro_batch * tc.grad_accum:
+        raise ValueError(f"grpo.prompts_per_step x grpo.n = {g.prompts_per_step * g.n} "
+                         f"rollouts per step must equal train.micro_batch x train.grad_accum "
+                         f"= {tc.micro_batch * tc.grad_accum} rows; set train.grad_accum to "
+                         f"{g.prompts_per_step * g.n} / train.micro_batch")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lazytrain.config import RunConfig
+from lazytrain.config.grpo import check_grpo_rows
 from lazytrain.data import IGNORE_INDEX, Example, encode_prompt
 from lazytrain.evaluation.streamed_lm import StreamedLM
 from lazytrain.models.adapter import ModelAdapter
@@ -49,14 +50,10 @@ def check_grpo_config(cfg: RunConfig, *, world_size: int = 1) -> None:
         ValueError: prompts_per_step x n != micro_batch x grad_accum, several ranks, packing
             on, or a reward name that does not resolve (`rewards.load_reward`).
     """
-    g, tc = cfg.grpo, cfg.train
+    g = cfg.grpo
     for name in g.rewards:
         load_reward(name)
-    if g.prompts_per_step * g.n != tc.micro_batch * tc.grad_accum:
-        raise ValueError(f"grpo.prompts_per_step x grpo.n = {g.prompts_per_step * g.n} "
-                         f"rollouts per step must equal train.micro_batch x train.grad_accum "
-                         f"= {tc.micro_batch * tc.grad_accum} rows; set train.grad_accum to "
-                         f"{g.prompts_per_step * g.n} / train.micro_batch")
+    check_grpo_rows(cfg)
     if world_size > 1:
         raise ValueError("train.method: grpo runs in one process; launch it without torchrun")
     if cfg.data.packing:
