@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from lazytrain.config.dpo import planning_config  # the trainer plans through it
-from lazytrain.data import EMBEDDED_PREFIX, _resolver
+from lazytrain.data import EMBEDDED_PREFIX, _resolver, corpus_texts
 from lazytrain.data.batching import DataCounts
 from lazytrain.data.formats import Example
 from lazytrain.data.preference import (PreferencePair, PreferenceStream, arithmetic_pairs,
@@ -78,6 +78,16 @@ def _read(cfg, resolve, *, seed: int) -> tuple[list[PreferencePair], list[Prefer
         raise ValueError(f"data.num_eval: {cfg.path} has {len(train)} pairs, not more than "
                          f"num_eval={cfg.num_eval}; lower data.num_eval or set data.eval_path")
     return (train[: -cfg.num_eval], train[-cfg.num_eval:]) if cfg.num_eval else (train, [])
+
+
+def training_corpus(cfg, *, seed: int, base_dir=None) -> list[str]:
+    """Every message text of the run's training data, to train a tokenizer on for a model
+    that ships none: the pairs' prompt, chosen and rejected turns with `train.method: dpo`,
+    else `data.corpus_texts`. Errors as `preference_data` / `corpus_texts`."""
+    if cfg.train.method != "dpo":
+        return corpus_texts(cfg.data, seed=seed, base_dir=base_dir)
+    train, held = _read(cfg.data, _resolver(base_dir), seed=seed)
+    return [m.content for p in [*train, *held] for m in (*p.prompt, *p.chosen, *p.rejected)]
 
 
 def preference_data(cfg, tokenizer, *, micro_batch: int, seed: int, base_dir=None

@@ -26,7 +26,7 @@ import torch
 from lazytrain.atomic import append_jsonl, read_jsonl, write_text_atomic
 from lazytrain.config import RunConfig, apply_overrides, save_config
 from lazytrain.contract import HOST_BYTES_PER_PARAM
-from lazytrain.data import build_data, corpus_texts, real_token_count
+from lazytrain.data import build_data, real_token_count
 from lazytrain.data.batching import steps_for_epochs
 from lazytrain.models.families import text_model_config
 from lazytrain.models.host_params import MASTER_DTYPES
@@ -40,7 +40,7 @@ from lazytrain.runtime.instrument import write_windows_jsonl
 from lazytrain.runtime.optim import lr_at, refit_note
 from lazytrain.spec.model import ModelSpec, read_hf_config
 from lazytrain.train import checkpoint as ckpt
-from lazytrain.train import checks, eval_plans, locks, model_source, setup
+from lazytrain.train import checks, dpo_run, eval_plans, locks, model_source, setup
 from lazytrain.train.dpo_run import DPORun, pairs_line, planning_config, preference_data
 from lazytrain.train.evaluate import eval_line, evaluate_shared
 from lazytrain.train.grpo import start_grpo
@@ -314,7 +314,7 @@ class Trainer:
                            self.resumed_from.step if self.resumed_from is not None else 0))
         self.tokenizer = model_source.load_tokenizer(
             source, vocab_size=hf_config.vocab_size,
-            corpus=lambda: corpus_texts(cfg.data, seed=tc.seed))
+            corpus=lambda: dpo_run.training_corpus(cfg, seed=tc.seed))
         read = preference_data if tc.method == "dpo" else build_data  # pairs: dpo_run.py
         self.data = read(cfg.data, self.tokenizer, micro_batch=tc.micro_batch, seed=tc.seed,
                          **({} if tc.method == "dpo" else {"hf_config": hf_config}))
