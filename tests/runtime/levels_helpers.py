@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
 from lazytrain.planner.plan import InternalTransfer, SolveRecord
 from lazytrain.planner.windows import internal_legal_ords, window_name
+from lazytrain.runtime.backends import make_device
+from lazytrain.runtime.build import make_engine
 
 
 def internal_moves(problem, levels, saved_tiers) -> tuple[InternalTransfer, ...]:
@@ -44,3 +48,22 @@ def levels_plan(problem, tiers, levels, saved_tiers, keep=()):
                                     internal_transfers=internal_moves(problem, levels,
                                                                       saved_tiers))
     return build_plan(problem, decisions, solver=SolveRecord(backend="manual"))
+
+
+def engine_grads(adapter, plan, backend, tmp_path, batches, **engine_kw):
+    """(loss, {name: gradient}) of one engine step over `batches` (grad_accum = their count)
+    under `backend`, seeded as the references are; raises the checker's first violation and
+    asserts that no saved internals are held afterwards."""
+    dev = make_device(backend, seed=7)
+    engine = make_engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme",
+                         grad_accum=len(batches), **engine_kw)
+    try:
+        torch.manual_seed(123)
+        loss = engine.compute_gradients(batches)
+        grads = {k: v.clone() for k, v in engine.gradients().items()}
+        assert engine.saved.held() == [] and engine.saved.bytes_held() == {"hbm": 0, "dram": 0}
+    finally:
+        engine.close()
+    if getattr(dev, "violations", None):
+        raise dev.violations[0]
+    return loss, grads

@@ -25,7 +25,7 @@ import torch
 from engine_helpers import (BATCH, HIDDEN, SEQ, micro_batches, model_pair, problem_for,
                             reference_grads, tiny_config)
 from ledger_helpers import real_problem
-from levels_helpers import internal_moves, levels_plan
+from levels_helpers import engine_grads, internal_moves, levels_plan
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.runtime.activations import ActivationStore
@@ -75,17 +75,8 @@ def test_mixed_plans_equal_autograd(case, backend, tmp_path):
     ref, adapter = model_pair(tiny_config("llama"))
     tiers, levels, saved_tiers, other = MIXED[case]
     plan = _plan(adapter, tiers, levels, saved_tiers, **other)
-    dev = make_device(backend, seed=7)
     batches = micro_batches(2)
-    engine = make_engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme", grad_accum=2)
-    try:
-        torch.manual_seed(123)
-        loss = engine.compute_gradients(batches)
-        grads = {k: v.clone() for k, v in engine.gradients().items()}
-        assert engine.saved.held() == [] and engine.saved.bytes_held() == {"hbm": 0, "dram": 0}
-    finally:
-        engine.close()
-    assert not getattr(dev, "violations", None), dev.violations[:1]
+    loss, grads = engine_grads(adapter, plan, backend, tmp_path, batches)
     torch.manual_seed(123)
     ref_loss, ref_grads = reference_grads(ref, batches)
     assert loss == pytest.approx(ref_loss, rel=1e-6)

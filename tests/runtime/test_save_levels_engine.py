@@ -27,7 +27,7 @@ import torch
 from engine_helpers import (BATCH, HIDDEN, SEQ, micro_batches, model_pair, problem_for,
                             reference_grads, tiny_config)
 from ledger_helpers import real_problem
-from levels_helpers import levels_plan
+from levels_helpers import engine_grads, levels_plan
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.runtime.backends import make_device
 from lazytrain.runtime.build import make_engine
@@ -64,20 +64,6 @@ def _problem(adapter, *, grad_accum: int = 2):
                        reforward_ms=(1.0,) * L, reforward_l1_ms=(0.6,) * L)
 
 
-def _run(adapter, plan, backend, tmp_path, batches, **engine_kw):
-    dev = make_device(backend, seed=7)
-    engine = make_engine(adapter, plan, device=dev, nvme_dir=tmp_path / "nvme",
-                         grad_accum=len(batches), **engine_kw)
-    try:
-        torch.manual_seed(123)
-        loss = engine.compute_gradients(batches)
-        grads = {k: v.clone() for k, v in engine.gradients().items()}
-        assert engine.saved.held() == [] and engine.saved.bytes_held() == {"hbm": 0, "dram": 0}
-    finally:
-        engine.close()
-    if getattr(dev, "violations", None):
-        raise dev.violations[0]
-    return loss, grads
 
 
 def _check(family, case, backend, tmp_path):
@@ -86,7 +72,7 @@ def _check(family, case, backend, tmp_path):
     plan = levels_plan(_problem(adapter), TIERS, levels, saved_tiers, keep)
     assert plan.save_levels == tuple(levels)
     batches = micro_batches(2)
-    loss, grads = _run(adapter, plan, backend, tmp_path, batches)
+    loss, grads = engine_grads(adapter, plan, backend, tmp_path, batches)
     torch.manual_seed(123)
     ref_loss, ref_grads = reference_grads(ref, batches)
     assert loss == pytest.approx(ref_loss, rel=1e-6)
@@ -116,7 +102,7 @@ def test_dropout_under_levels_draws_the_forwards_masks(tmp_path):
     ref, adapter = model_pair(tiny_config("llama", dropout=0.3))
     plan = levels_plan(_problem(adapter), TIERS, *LEVELS["mixed_with_kept"])
     batches = micro_batches(2)
-    loss, grads = _run(adapter, plan, "cpu-threaded", tmp_path, batches)
+    loss, grads = engine_grads(adapter, plan, "cpu-threaded", tmp_path, batches)
     torch.manual_seed(123)
     ref_loss, ref_grads = reference_grads(ref, batches)
     assert loss == pytest.approx(ref_loss, rel=1e-6)
@@ -143,7 +129,7 @@ def test_a_plan_without_levels_reforwards_in_full_and_L0_truncated(levels, tmp_p
     assert plan.reforwards_in_full == (not levels)
     calls = _spy_truncated(adapter)
     batches = micro_batches(1)
-    loss, grads = _run(adapter, plan, "cpu", tmp_path, batches)
+    loss, grads = engine_grads(adapter, plan, "cpu", tmp_path, batches)
     # 4 forwards (no grad, never truncated), then 4 re-forwards in b3..b0
     assert calls == [False] * 4 + [bool(levels)] * 4
     torch.manual_seed(123)
