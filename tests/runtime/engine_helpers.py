@@ -76,6 +76,21 @@ def problem_for(adapter, *, grad_accum: int = 1, **overrides) -> PlanningProblem
     return PlanningProblem(**kw)
 
 
+_R, _H, _D, _N = "recompute", "hbm", "dram", "nvme"
+PLAN_KINDS = {
+    "all_hbm_segments_of_1": ([_H, _H, _H, _H, _H], ()),
+    "all_dram": ([_D, _D, _D, _D, _H], ()),
+    "all_nvme": ([_N, _N, _N, _N, _H], ()),
+    "mixed_tiers": ([_R, _D, _H, _N, _H], ()),
+    "segments_of_2": ([_H, _R, _H, _R, _H], ()),
+    "segments_of_3_and_1": ([_D, _R, _R, _H, _H], ()),
+    "one_segment_of_4_reembedded": ([_R, _R, _R, _R, _H], ()),
+    "keep_internals_last_blocks": ([_H, _R, _H, _H, _H], (2, 3)),
+    "keep_after_recomputed_segment": ([_N, _R, _R, _D, _H], (2, 3)),
+}
+"""The plan-kind matrix for a 4-block model: name -> (boundary tiers, keep_internals)."""
+
+
 def plan_for(adapter, tiers, keep=(), **problem_overrides):
     """A validated Plan with a legal transfer schedule for `tiers` (len L+1)."""
     problem = problem_for(adapter, **problem_overrides)

@@ -15,23 +15,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_helpers import (micro_batches, model_pair, plan_for, reference_grads, tiny_config)
+from engine_helpers import (PLAN_KINDS, micro_batches, model_pair, plan_for, reference_grads,
+                            tiny_config)
 from lazytrain.runtime.build import make_engine
 from lazytrain.runtime.optim import lr_at
 
 R, H, D, N = "recompute", "hbm", "dram", "nvme"
 
-PLANS = {
-    "all_hbm_segments_of_1": ([H, H, H, H, H], ()),
-    "all_dram": ([D, D, D, D, H], ()),
-    "all_nvme": ([N, N, N, N, H], ()),
-    "mixed_tiers": ([R, D, H, N, H], ()),
-    "segments_of_2": ([H, R, H, R, H], ()),
-    "segments_of_3_and_1": ([D, R, R, H, H], ()),
-    "one_segment_of_4_reembedded": ([R, R, R, R, H], ()),
-    "keep_internals_last_blocks": ([H, R, H, H, H], (2, 3)),
-    "keep_after_recomputed_segment": ([N, R, R, D, H], (2, 3)),
-}
+PLANS = PLAN_KINDS
 
 
 def _assert_grads_match(engine_grads: dict, ref_grads: dict) -> None:

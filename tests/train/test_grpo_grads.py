@@ -18,20 +18,15 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from engine_helpers import micro_batches, model_pair, plan_for, tiny_config  # noqa: E402
+from engine_helpers import (PLAN_KINDS, micro_batches, model_pair, plan_for,  # noqa: E402
+                            tiny_config)
 
 from lazytrain.runtime.build import make_engine  # noqa: E402
 from lazytrain.train.grpo_loss import GRPOObjective  # noqa: E402
 
-R, H, D, N = "recompute", "hbm", "dram", "nvme"
-PLANS = {
-    "all_hbm_segments_of_1": ([H, H, H, H, H], ()),
-    "all_nvme": ([N, N, N, N, H], ()),
-    "mixed_tiers": ([R, D, H, N, H], ()),
-    "segments_of_3_and_1": ([D, R, R, H, H], ()),
-    "one_segment_of_4_reembedded": ([R, R, R, R, H], ()),
-    "keep_after_recomputed_segment": ([N, R, R, D, H], (2, 3)),
-}
+PLANS = {k: PLAN_KINDS[k] for k in ("all_hbm_segments_of_1", "all_nvme", "mixed_tiers",
+                                    "segments_of_3_and_1", "one_segment_of_4_reembedded",
+                                    "keep_after_recomputed_segment")}
 EPS = 0.2
 
 
