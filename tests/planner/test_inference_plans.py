@@ -157,3 +157,31 @@ def test_plans_round_trip_through_their_files_and_bad_files_are_refused(tmp_path
     (tmp_path / "bad.json").write_text(json.dumps({**raw, "kind": "forward"}))
     with pytest.raises(PlanValidationError, match="forward plan: cache_bytes"):
         InferencePlan.load(tmp_path / "bad.json")
+
+
+def test_rows_asked_halve_until_both_plans_fit_down_to_eval_rows():
+    # a GRPO run asks for its 64 rollouts per step; the budget below holds both plans of 16
+    # rows with streamed weights, not of 32, so 64 -> 32 -> 16
+    from lazytrain.planner.inference_plans import EVAL_ROWS
+    spec = ModelSpec.from_hf_config(dict(
+        model_type="llama", vocab_size=V, hidden_size=H, num_hidden_layers=L,
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        max_position_embeddings=64))
+    kv = kv_layout(spec, {"num_key_value_heads": 2}, dtype_bytes=4)
+
+    def peak(kind, batch):  # streamed: two blocks' weights (2 P) instead of all four
+        plan = make_inference_plan(_problem(hbm_bytes=10**12), kind=kind, kv=kv,
+                                   vocab_size=V, hidden_size=H, batch=batch)
+        return plan.peak_hbm_bytes - L * P + 2 * P
+    budget = max(peak("forward", 16), peak("decode", 16))
+    assert max(peak("forward", 32), peak("decode", 32)) > budget
+    plans = make_inference_plans(_problem(hbm_bytes=budget), model=spec,
+                                 hf_config={"num_key_value_heads": 2}, batch=64)
+    assert {p.batch for p in plans.values()} == {16}
+    assert plans["forward"].weights == "streamed"  # the forward plan binds
+    wide = make_inference_plans(_problem(hbm_bytes=10**12), model=spec,
+                                hf_config={"num_key_value_heads": 2}, batch=64)
+    assert {p.batch for p in wide.values()} == {64}
+    with pytest.raises(PlanValidationError, match="over the HBM budget"):
+        make_inference_plans(_problem(hbm_bytes=peak("forward", EVAL_ROWS) - 1), model=spec,
+                             hf_config={"num_key_value_heads": 2}, batch=64)

@@ -54,6 +54,12 @@ class GrpoConfig:
     """Optimizer steps over one batch of rollouts, >= 1 (GRPO's mu). 1: the ratio r is 1 at
     the update (on-policy) and the clip never binds; > 1 reuses the rollouts with the
     rollout policy's log-probs as logp_old."""
+    skip_flat_groups: bool = True
+    """Leave out of the training phase the rollouts of a group whose rewards are all equal
+    (advantage 0, so gradient 0 when `kl_coef` is 0; with a KL term they are kept). The
+    step's token mean then runs over the rollouts that carry a gradient, as with DAPO's
+    dynamic sampling (Yu et al., arXiv:2503.14476, section 3.2), which also draws more
+    prompts to refill the batch; this does not. False: train every rollout."""
     rewards: tuple[str, ...] = ("exact_match",)
     """Reward functions, summed: built-ins `exact_match`, `format`, `math_verify`, or a user's
     function as `module:function` (`lazytrain.train.rewards`; signature fn(completion, *,

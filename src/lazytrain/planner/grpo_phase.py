@@ -2,12 +2,16 @@
 (the forward plan) and a training phase (the training Plan), one summary line each; and the
 host DRAM the KL reference holds, which the training plan's DRAM budget leaves out.
 
-Per step, with R = prompts x n rollouts, decode and forward plans of `batch` rows
-(`inference_plans`: EVAL_ROWS) and T = max new tokens:
+Per step, with R = prompts x n rollouts, decode and forward plans of `batch` rows (R, or
+fewer when R rows do not fit HBM: `inference_plans.make_inference_plans`) and T = max new
+tokens:
 
     generation_ms = ceil(R / batch) * (T * decode.step_ms + forward.step_ms)
     scoring_ms    = ceil(R / batch) * forward.step_ms * (2 with a KL reference, else 1)
     training_ms   = plan.predicted.step_ms   (micro_batch x grad_accum = R rows)
+
+The training phase is an upper bound: rows are cut to their longest rollout, and with
+`grpo.skip_flat_groups` the rollouts of groups without a reward spread are not trained.
 
 The prefill of a generation batch is charged as one forward pass of `batch` rows of
 seq_len tokens (an upper bound: prompts are shorter), and each decode step at the decode
@@ -138,7 +142,8 @@ def grpo_plan_lines(problem: PlanningProblem, hf_config: dict, *, plan, grpo,
     model = ModelSpec.from_hf_config(hf_config)
     try:
         plans = make_inference_plans(problem, model=model, hf_config=hf_config,
-                                     hbm_bytes_per_s=hbm_bytes_per_s)
+                                     hbm_bytes_per_s=hbm_bytes_per_s,
+                                     batch=grpo.prompts_per_step * grpo.n)
     except PlanValidationError:
         plans = {}
     step = plan.predicted.step_ms if plan.predicted else 0.0

@@ -337,18 +337,34 @@ def _step_ms(problem: PlanningProblem, *, scale: float, resident: bool,
 
 
 def make_inference_plans(problem: PlanningProblem, *, model: ModelSpec, hf_config: dict,
-                         hbm_bytes_per_s: float = 0.0) -> dict[str, InferencePlan]:
-    """Both plans of `model` at their defaults (`make_inference_plan`, at `hbm_bytes_per_s`
-    bytes/s of device memory bandwidth), by kind; each is written beside plan.json as
-    `FILES[kind]` (`InferencePlan.save`).
+                         hbm_bytes_per_s: float = 0.0,
+                         batch: int | None = None) -> dict[str, InferencePlan]:
+    """Both plans of `model` (`make_inference_plan`, at `hbm_bytes_per_s` bytes/s of device
+    memory bandwidth), by kind; each is written beside plan.json as `FILES[kind]`
+    (`InferencePlan.save`).
+
+    Args:
+        batch: rows of both plans; None: EVAL_ROWS. A GRPO run asks for its rollouts per step
+            (every rollout of a step in one generation batch); when that many rows do not fit
+            the HBM budget, the rows halve until both plans fit, down to EVAL_ROWS.
 
     Raises:
-        PlanValidationError: a plan does not fit the HBM budget (`make_inference_plan`).
+        PlanValidationError: a plan does not fit the HBM budget at EVAL_ROWS (or at `batch`
+            when that is below EVAL_ROWS) (`make_inference_plan`).
     """
     kv = kv_layout(model, hf_config, dtype_bytes=_dtype_bytes(problem))
-    return {kind: make_inference_plan(problem, kind=kind, kv=kv, vocab_size=model.vocab_size,
-                                      hidden_size=model.hidden_size,
-                                      hbm_bytes_per_s=hbm_bytes_per_s) for kind in KINDS}
+    rows = batch or EVAL_ROWS
+    while True:
+        try:
+            return {kind: make_inference_plan(problem, kind=kind, kv=kv,
+                                              vocab_size=model.vocab_size,
+                                              hidden_size=model.hidden_size, batch=rows,
+                                              hbm_bytes_per_s=hbm_bytes_per_s)
+                    for kind in KINDS}
+        except PlanValidationError:
+            if rows <= EVAL_ROWS:
+                raise
+            rows = max(EVAL_ROWS, rows // 2)
 
 
 def summary_lines(problem: PlanningProblem, hf_config: dict, *,

@@ -38,7 +38,8 @@ from lazytrain.runtime.engine_config import COMPUTE_DTYPES, EngineSettings, Step
 from lazytrain.runtime.ends import ResidentEnds
 from lazytrain.runtime.instrument import Instrument
 from lazytrain.runtime.levels import BlockLevels
-from lazytrain.runtime.micro_batch import MicroBatch, label_tokens, prepare_micro_batch
+from lazytrain.runtime.micro_batch import (MicroBatch, check_planned_shape, label_tokens,
+                                           prepare_micro_batch)
 from lazytrain.runtime.optim import BlockOptimizer, clip_scale, global_grad_norm
 from lazytrain.runtime.saved_store import SavedStore
 from lazytrain.runtime.streams import DeviceWeights, GradDrain, WindowMeter
@@ -115,7 +116,6 @@ class Engine:
         self.keep = set(plan.keep_internals)
         self.saved = SavedStore(self.dev)  # L1/L2 blocks' saved internals (runtime/levels.py)
         self.levels = BlockLevels(self)
-        self._checked_shape = False
         self.instrument: Instrument | None = None
         if settings.instrument:
             self.instrument = Instrument(device=self.dev, store=self.store, plan=plan)
@@ -511,11 +511,8 @@ class Engine:
                                           router_logits=router_logits)
 
     def _prepare(self, m: int, batch: dict) -> MicroBatch:
-        """Micro-batch m on the device; the first one of the run checks the plan's shape."""
-        if not self._checked_shape:
-            ids = batch["input_ids"]
-            self.plan.check_matches(seq_len=ids.shape[1], micro_batch=ids.shape[0])
-            self._checked_shape = True
+        """Micro-batch m on the device, within the plan's shape (`check_planned_shape`)."""
+        check_planned_shape(m, batch, self.plan.provenance)
         return prepare_micro_batch(m, batch, adapter=self.adapter, dev=self.dev,
                                    extra_keys=tuple(self.ends.objective.extra_keys))
 

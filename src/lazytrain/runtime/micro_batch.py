@@ -21,6 +21,7 @@ import torch
 
 from lazytrain.models.adapter import IGNORE_INDEX, ModelAdapter, shift_labels
 from lazytrain.models.router_aux import RouterAux
+from lazytrain.planner.plan_checks import PlanValidationError
 from lazytrain.runtime.device import Device
 
 
@@ -59,6 +60,22 @@ def label_tokens(batch: dict) -> int:
     """Label tokens of a host batch (next-token targets that are not IGNORE_INDEX), counted
     on the host before its H2D (on the device the count would be a sync per micro-batch)."""
     return int((shift_labels(batch["labels"]) != IGNORE_INDEX).sum())
+
+
+def check_planned_shape(m: int, batch: dict, provenance: dict) -> None:
+    """Micro-batch m's [B, S] against the plan's provenance `micro_batch` and `seq_len`: fewer
+    or shorter rows need less memory and time than planned (GRPO cuts its rollouts' padding);
+    more would break the plan's budgets.
+
+    Raises:
+        PlanValidationError: more rows or tokens per row than planned (names the key).
+    """
+    rows, width = batch["input_ids"].shape
+    for key, have in (("micro_batch", rows), ("seq_len", width)):
+        if provenance.get(key) is not None and have > provenance[key]:
+            raise PlanValidationError(
+                f"micro-batch {m}: {key} {have} exceeds the plan's {key}={provenance[key]}; "
+                f"re-plan with `lazytrain plan` for this shape")
 
 
 def prepare_micro_batch(index: int, batch: dict, *, adapter: ModelAdapter,

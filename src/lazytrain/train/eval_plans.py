@@ -17,7 +17,8 @@ from lazytrain.config import RunConfig
 from lazytrain.data import stop_token_ids
 from lazytrain.evaluation.streamed_lm import StreamedLM
 from lazytrain.planner.build import hardware_from_config, rank_problem_of
-from lazytrain.planner.inference_plans import FILES, KINDS, InferencePlan, make_inference_plans
+from lazytrain.planner.inference_plans import (EVAL_ROWS, FILES, KINDS, InferencePlan,
+                                               make_inference_plans)
 from lazytrain.planner.plan_checks import PlanValidationError
 from lazytrain.profile.calibrate import costed_problem
 from lazytrain.spec.model import ModelSpec, read_hf_config
@@ -42,7 +43,17 @@ def make_eval_plans(cfg: RunConfig, *, config_source=None,
     problem = rank_problem_of(cfg, costed_problem(cfg, measure=None, log=log))
     return make_inference_plans(
         problem, model=ModelSpec.from_hf_config(hf_config), hf_config=hf_config,
-        hbm_bytes_per_s=hardware_from_config(cfg).hbm_bandwidth_bytes_per_s)
+        hbm_bytes_per_s=hardware_from_config(cfg).hbm_bandwidth_bytes_per_s,
+        batch=eval_rows(cfg))
+
+
+def eval_rows(cfg: RunConfig) -> int | None:
+    """Rows of the run's forward and decode plans: a GRPO step's rollouts (prompts_per_step x
+    n: all of a step's generation in one batch, as far as HBM allows; `make_inference_plans`
+    halves them until they fit), else None (the default, `inference_plans.EVAL_ROWS`)."""
+    if cfg.train.method == "grpo":
+        return cfg.grpo.prompts_per_step * cfg.grpo.n
+    return None
 
 
 def start_eval_plans(cfg: RunConfig, *, config_source=None, show: bool,
@@ -103,7 +114,8 @@ def eval_weights_mode(plans: dict[str, InferencePlan], *, is_cuda: bool,
 def heldout_lm(adapter, tokenizer, engine, plans: dict[str, InferencePlan]) -> StreamedLM:
     """The trainer's evaluation model: `adapter`'s host masters on the engine's device API and
     weight slots (idle between steps), in its compute dtype, stopping at eos and the chat
-    template's end-of-turn token (`data.stop_token_ids`). No second copy of the model.
+    template's end-of-turn token (`data.stop_token_ids`), in batches of the decode plan's rows
+    (EVAL_ROWS without one). No second copy of the model.
 
     The weight mode is `eval_weights_mode`'s, except that resident weights on CUDA need the
     decode plan's peak beside what the engine holds between steps (the ledger's HBM bytes
@@ -117,5 +129,6 @@ def heldout_lm(adapter, tokenizer, engine, plans: dict[str, InferencePlan]) -> S
                                > decode.hbm_budget_bytes):
         mode = "streamed"
     return StreamedLM(adapter, tokenizer, device=dev, compute_dtype=engine.dtype, weights=mode,
+                      batch_size=decode.batch if decode else EVAL_ROWS,
                       eos_token_ids=set(stop_token_ids(tokenizer)), slots=engine.weights,
                       hbm_limit_bytes=decode.hbm_budget_bytes if decode else None)

@@ -12,13 +12,17 @@ Per rollout batch (every `grpo.updates_per_rollout` steps; module `grpo_loss` ha
 4. old log-probs: a forward-only pass of the same weights over prompt + completion
    (`StreamedLM.token_logprobs`); with `grpo.kl_coef` > 0, reference log-probs from a frozen
    copy of the initial weights in the compute dtype in host DRAM (`ReferenceModel`);
-5. micro-batches of `train.micro_batch` rows: prompt + completion cut at `data.seq_len`,
-   labels on the completion only, right-padded, with `advantages` [B], `old_logp` [B, S] (and
-   `ref_logp`) aligned with the shifted targets.
+5. `train.grad_accum` micro-batches of at most `train.micro_batch` rows: prompt + completion
+   cut at `data.seq_len`, labels on the completion only, right-padded to the micro-batch's
+   longest row, with `advantages` [B], `old_logp` [B, W] (and `ref_logp`) aligned with the
+   shifted targets. With `grpo.skip_flat_groups` (and no KL term) the rollouts of a group
+   whose rewards are all equal are left out: their advantage is 0, so their gradient is 0,
+   and training them would only cost time (`micro_batches`).
 
 Knows nothing about plans or windows; the trainer hands the batches to `Engine.step`.
 
-Legend: B = rows of a micro-batch, S = `data.seq_len`, P = prompts per step, n = group size.
+Legend: B = rows of a micro-batch, S = `data.seq_len`, W <= S its width, P = prompts per step,
+n = group size.
 """
 
 from __future__ import annotations
@@ -104,7 +108,8 @@ class Rollouts:
     batches: list[dict]
     """`train.grad_accum` micro-batches (module docstring, step 5)."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """reward_mean, reward_std, rollout_exact_match, completion_tokens (mean per rollout)."""
+    """reward_mean, reward_std, rollout_exact_match, completion_tokens (mean per rollout),
+    trained_rows (rollouts the step trains on: `grpo.skip_flat_groups`)."""
 
 
 class GrpoRun:
@@ -149,16 +154,15 @@ class GrpoRun:
     def batches(self, step: int) -> Rollouts:
         """The micro-batches of optimizer step `step` (0-based): new rollouts every
         `grpo.updates_per_rollout` steps, else the last ones again (their old log-probs are
-        still the rollout policy's). Runs with one torch thread and leaves the global RNG as
-        it was (generation draws from its own seeded generator)."""
+        still the rollout policy's). Leaves the global RNG as it was (generation draws from
+        its own seeded generator). Generation runs in batches of the decode plan's rows (a
+        step's rollouts when they fit) on every torch thread: at 64 rows two threads decode
+        1.4x faster than one on 2 CPU cores."""
         if self._current is None or step % self.g.updates_per_rollout == 0:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)  # decode: thousands of tiny ops (train/evaluate.py)
             try:
                 with torch.random.fork_rng(devices=[]):
                     self._current = self._rollout(step)
             finally:
-                torch.set_num_threads(threads)
                 self.lm.refresh()
         return self._current
 
@@ -191,13 +195,15 @@ class GrpoRun:
         rows = [_row(seq, len(p), seq_len=seq_len, pad_id=self.lm.pad_id, old=o,
                      ref=None if ref is None else ref[i])
                 for i, (seq, p, o) in enumerate(zip(sequences, rows_prompt, old))]
-        mb = self.cfg.train.micro_batch
-        batches = [_stack(rows[i:i + mb], advantages[i:i + mb])
-                   for i in range(0, len(rows), mb)]
+        trained = [i for i in range(len(rows))
+                   if not (g.skip_flat_groups and g.kl_coef == 0 and advantages[i] == 0)]
+        batches = micro_batches([rows[i] for i in trained], advantages[trained],
+                                count=self.cfg.train.grad_accum, pad_id=self.lm.pad_id)
         hits = [exact_match(t, prompt="", answer=a) for t, a in zip(texts, answers)]
         metrics = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                    "rollout_exact_match": sum(hits) / len(hits),
-                   "completion_tokens": sum(map(len, completions)) / len(completions)}
+                   "completion_tokens": sum(map(len, completions)) / len(completions),
+                   "trained_rows": float(len(trained))}
         return Rollouts(batches=batches, metrics=metrics)
 
     def step_metrics(self) -> dict[str, float]:
@@ -237,10 +243,47 @@ def _row(seq: list[int], prompt_len: int, *, seq_len: int, pad_id: int, old: tor
     return row
 
 
+def micro_batches(rows: list[dict], advantages: torch.Tensor, *, count: int,
+                  pad_id: int) -> list[dict]:
+    """`count` micro-batches (`train.grad_accum`; the engine runs exactly that many) over
+    `rows` (`_row`, each padded to S) with their advantages [R].
+
+    Rows are sorted by length and split into `count` runs of near-equal size, each cut to its
+    longest row (padding costs compute and trains nothing). With fewer rows than `count`,
+    the rest are filler micro-batches of one 2-token row without labels: no loss, no gradient
+    and no completion token in the step's normaliser. Each micro-batch holds at most
+    ceil(R / count) rows, so at most `train.micro_batch` when R <= micro_batch x grad_accum.
+    """
+    order = sorted(range(len(rows)), key=lambda i: int(rows[i]["attention_mask"].sum()))
+    size, extra = divmod(len(order), count)
+    out, start = [], 0
+    for m in range(count):
+        part = order[start:start + size + (m < extra)]
+        start += len(part)
+        out.append(_stack([rows[i] for i in part], advantages[part]) if part
+                   else _filler(rows[0] if rows else None, pad_id=pad_id))
+    return out
+
+
 def _stack(rows: list[dict], advantages: torch.Tensor) -> dict:
-    """Rows -> one micro-batch dict of [B, S] tensors plus `advantages` [B]."""
-    batch = {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+    """Rows -> one micro-batch dict of [B, W] tensors plus `advantages` [B]; W: the longest
+    row's tokens (at least 2: one target)."""
+    width = max(2, max(int(r["attention_mask"].sum()) for r in rows))
+    batch = {k: torch.stack([r[k][:width] for r in rows]) for k in rows[0]}
     batch["advantages"] = advantages.clone()
+    return batch
+
+
+def _filler(like: dict | None, *, pad_id: int) -> dict:
+    """A micro-batch that trains nothing: one row of 2 pad tokens, every label IGNORE_INDEX,
+    advantage 0, log-probs 0 (the keys of `like`, a row, when given)."""
+    keys = like.keys() if like is not None else ("input_ids", "labels", "attention_mask",
+                                                  "old_logp")
+    row = {"input_ids": torch.full((1, 2), pad_id, dtype=torch.long),
+           "labels": torch.full((1, 2), IGNORE_INDEX, dtype=torch.long),
+           "attention_mask": torch.ones((1, 2), dtype=torch.long)}
+    batch = {k: row.get(k, torch.zeros((1, 2), dtype=torch.float32)) for k in keys}
+    batch["advantages"] = torch.zeros(1)
     return batch
 
 
