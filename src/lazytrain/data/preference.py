@@ -9,6 +9,10 @@ Record formats (auto-detected per record; every text rendered with the chat temp
 | LlamaFactory ranking, sharegpt | `conversations` (from/value turns), `chosen`, `rejected` (a from/value turn or text), `system` optional | LlamaFactory `data/README.md` |
 | LlamaFactory ranking, alpaca | `instruction`, `input` optional, `chosen`, `rejected` (text), `system` optional | LlamaFactory `data/README.md` |
 
+An entry of a LlamaFactory `dataset_info.json` registry with `"ranking": true` is read by
+`read_registry_pairs`: `registry.read_ranking_records` maps its columns and tags to the
+explicit-prompt layout, and `parse_pair` reads each record as it reads a file's.
+
 `chosen` and `rejected` may be text (one assistant turn), one message (role/content or
 from/value) or a list of messages; their assistant turns are trained (their tokens get labels),
 the prompt's are not. A record that cannot be read is one error naming the record and the
@@ -34,6 +38,7 @@ import torch
 
 from lazytrain.data.batching import DataCounts, pad_batch
 from lazytrain.data.formats import Example, Message, extract_final_answer, normalize_answer
+from lazytrain.data.registry import read_ranking_records
 from lazytrain.data.sources import load_table
 from lazytrain.data.synthetic import arithmetic_problem
 from lazytrain.data.tokenize import Encoded, encode
@@ -154,6 +159,21 @@ def read_pairs(path: str, *, subset: str = "", split: str = "train") -> list[Pre
     return [parse_pair(row, where=f"data: {path} record {k}") for k, row in enumerate(table)]
 
 
+def read_registry_pairs(registry_path: str, name: str, *,
+                        dataset_dir: str | None = None) -> list[PreferencePair]:
+    """Every record of the `"ranking": true` entry `name` of a LlamaFactory registry (its first
+    `num_samples`) as a pair: `registry.read_ranking_records`, then `parse_pair`.
+
+    Raises:
+        ValueError: as `registry.read_ranking_records` (an entry without ranking, a record
+            whose columns do not convert) and `parse_pair` (naming the entry and the record).
+        FileNotFoundError, ConnectionError: as `sources.load_table`.
+    """
+    records = read_ranking_records(registry_path, name, dataset_dir=dataset_dir)
+    return [parse_pair(row, where=f"data.path: registry entry {name!r} record {k}")
+            for k, row in enumerate(records)]
+
+
 _LINE = re.compile(r"^(-?\d+) ([+-]) (\d+) = (-?\d+)\.$")
 
 
@@ -202,6 +222,19 @@ def encode_pair(tokenizer: Any, pair: PreferencePair, *, seq_len: int, overlong:
     chosen = encode(tokenizer, pair.example("chosen"), seq_len=seq_len, overlong=overlong)
     rejected = encode(tokenizer, pair.example("rejected"), seq_len=seq_len, overlong=overlong)
     return None if chosen is None or rejected is None else (chosen, rejected)
+
+
+def encode_pairs(tokenizer: Any, pairs: list[PreferencePair], *, seq_len: int, overlong: str
+                 ) -> tuple[list[tuple[Encoded, Encoded] | None], DataCounts]:
+    """`encode_pair` of each of `pairs`, in order (None where the pair is dropped), and the
+    counts: drawn (every pair), truncated (either response cut), skipped (dropped)."""
+    counts, out = DataCounts(drawn=len(pairs)), []
+    for pair in pairs:
+        enc = encode_pair(tokenizer, pair, seq_len=seq_len, overlong=overlong)
+        counts.skipped += int(enc is None)
+        counts.truncated += int(enc is not None and any(e.truncated for e in enc))
+        out.append(enc)
+    return out, counts
 
 
 def pair_batch(pairs: list[tuple[Encoded, Encoded]], *, seq_len: int, pad_id: int,

@@ -3,10 +3,11 @@ and metrics. `trainer.py` calls `preference_data` in place of `data.build_data`,
 `planning_config` (2 rows per pair), and `start_dpo` once the engine exists.
 
 Data: `data.path` holds preference records (`data.preference`: prompt/chosen/rejected as text
-or messages, LlamaFactory ranking records), or `embedded:arithmetic` (the embedded problems,
-the worked answer against one with a wrong step); held out as for SFT (`data.eval_path` /
-`data.eval_split`, else the last `data.num_eval` pairs). No packing, no `data.mix`, no
-registry entry (give the file as `data.path`).
+or messages, LlamaFactory ranking records), names a `"ranking": true` entry of the
+`data.registry_path` registry (`preference.read_registry_pairs`), or is `embedded:arithmetic`
+(the embedded problems, the worked answer against one with a wrong step); held out as for SFT
+(`data.eval_path` / `data.eval_split` (not with a registry), else the last `data.num_eval`
+pairs). No packing, no `data.mix`.
 
 Reference: computed before the first step with the initial weights through the trainer's
 evaluation model (`train.reference`), cached in the run directory; a resume reads the table
@@ -25,10 +26,10 @@ import torch
 
 from lazytrain.config.dpo import planning_config  # the trainer plans through it
 from lazytrain.data import EMBEDDED_PREFIX, _resolver, corpus_texts
-from lazytrain.data.batching import DataCounts
 from lazytrain.data.formats import Example
 from lazytrain.data.preference import (PreferencePair, PreferenceStream, arithmetic_pairs,
-                                       encode_pair, pairs_fingerprint, read_pairs)
+                                       encode_pair, encode_pairs, pairs_fingerprint, read_pairs,
+                                       read_registry_pairs)
 from lazytrain.data.templates import template_of, use_template
 from lazytrain.train import eval_plans
 from lazytrain.train.dpo import DPOObjective, pair_loss, summarize
@@ -58,19 +59,34 @@ class PreferenceData:
     notes: tuple[str, ...] = ()
 
 
-def _read(cfg, resolve, *, seed: int) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """(train, held-out) pairs of the data config."""
-    if cfg.mix or cfg.registry_path:
-        key = "data.mix" if cfg.mix else "data.registry_path"
-        raise ValueError(f"{key}: not read with train.method: dpo; give the preference file "
-                         f"(or Hub id) as data.path")
-    if cfg.path.startswith(EMBEDDED_PREFIX):
+def read_configured_pairs(cfg, *, seed: int, base_dir=None
+                          ) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train, held-out) pairs of a `DataConfig` (module docstring), relative paths resolved
+    against `base_dir` (default: the cwd): what `preference_data` encodes and `lazytrain data`
+    previews.
+
+    Raises:
+        ValueError: `data.mix` set, an unknown embedded name, a record that is not a preference
+            pair, a registry entry without `"ranking": true`, too few pairs for
+            `data.num_eval`.
+        FileNotFoundError, ConnectionError: as `sources.load_table`.
+    """
+    resolve = _resolver(base_dir)
+    if cfg.mix:
+        raise ValueError("data.mix: not read with train.method: dpo; give the preference file "
+                         "(or Hub id, or registry entry) as data.path")
+    if cfg.path.startswith(EMBEDDED_PREFIX) and not cfg.registry_path:
         if cfg.path != f"{EMBEDDED_PREFIX}arithmetic":
             raise ValueError(f"data.path: unknown embedded dataset {cfg.path!r}; the embedded "
                              f"one is embedded:arithmetic")
         return arithmetic_pairs(num_train=EMBEDDED_PAIRS, num_eval=cfg.num_eval, seed=seed)
-    train = read_pairs(resolve(cfg.path), subset=cfg.subset, split=cfg.split)
-    if cfg.eval_path or cfg.eval_split:
+    if cfg.registry_path:
+        train = read_registry_pairs(resolve(cfg.registry_path), cfg.path,
+                                    dataset_dir=resolve(cfg.dataset_dir) if cfg.dataset_dir
+                                    else None)
+    else:
+        train = read_pairs(resolve(cfg.path), subset=cfg.subset, split=cfg.split)
+    if cfg.eval_path or (cfg.eval_split and not cfg.registry_path):
         held = read_pairs(resolve(cfg.eval_path or cfg.path), subset=cfg.subset,
                           split=cfg.eval_split or "train")[: cfg.num_eval]
         return train, held
@@ -86,8 +102,24 @@ def training_corpus(cfg, *, seed: int, base_dir=None) -> list[str]:
     else `data.corpus_texts`. Errors as `preference_data` / `corpus_texts`."""
     if cfg.train.method != "dpo":
         return corpus_texts(cfg.data, seed=seed, base_dir=base_dir)
-    train, held = _read(cfg.data, _resolver(base_dir), seed=seed)
+    train, held = read_configured_pairs(cfg.data, seed=seed, base_dir=base_dir)
     return [m.content for p in [*train, *held] for m in (*p.prompt, *p.chosen, *p.rejected)]
+
+
+def templated_pairs(cfg, tokenizer, *, seed: int, base_dir=None
+                    ) -> tuple[list[PreferencePair], list[PreferencePair], str | None]:
+    """(train pairs, held-out pairs, the template note or None) of a `DataConfig`, with the
+    tokenizer's chat template set as `data.chat_template` says (`templates.use_template`).
+
+    Raises:
+        ValueError: `data.packing` on; as `read_configured_pairs`.
+        FileNotFoundError, ConnectionError: as `sources.load_table`.
+    """
+    if cfg.packing:
+        raise ValueError("data.packing: DPO pads each pair's two rows (chosen, rejected) to "
+                         "data.seq_len; set data.packing: false")
+    train, held = read_configured_pairs(cfg, seed=seed, base_dir=base_dir)
+    return train, held, use_template(tokenizer, cfg.chat_template, base_dir=base_dir)
 
 
 def preference_data(cfg, tokenizer, *, micro_batch: int, seed: int, base_dir=None
@@ -100,27 +132,15 @@ def preference_data(cfg, tokenizer, *, micro_batch: int, seed: int, base_dir=Non
             says, `templates.use_template`).
 
     Raises:
-        ValueError: `data.packing` on, `data.mix` or `data.registry_path` set, a record that
-            is not a preference pair (naming the record and field), no pair that fits
+        ValueError: `data.packing` on, as `read_configured_pairs`, no pair that fits
             `data.seq_len`.
         FileNotFoundError, ConnectionError: as `sources.load_table`.
     """
-    if cfg.packing:
-        raise ValueError("data.packing: DPO pads each pair's two rows (chosen, rejected) to "
-                         "data.seq_len; set data.packing: false")
-    train, held = _read(cfg, _resolver(base_dir), seed=seed)
-    note = use_template(tokenizer, cfg.chat_template, base_dir=base_dir)
+    train, held, note = templated_pairs(cfg, tokenizer, seed=seed, base_dir=base_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
-    counts = DataCounts(drawn=len(train))
-    encoded = []
-    for pair in train:
-        enc = encode_pair(tokenizer, pair, seq_len=cfg.seq_len, overlong=cfg.overlong)
-        if enc is None:
-            counts.skipped += 1
-            continue
-        counts.truncated += any(e.truncated for e in enc)
-        encoded.append(enc)
+    per_pair, counts = encode_pairs(tokenizer, train, seq_len=cfg.seq_len, overlong=cfg.overlong)
+    encoded = [enc for enc in per_pair if enc is not None]
     held_enc = [(p, e) for p in held if (e := encode_pair(tokenizer, p, seq_len=cfg.seq_len,
                                                           overlong="truncate")) is not None]
     stream = PreferenceStream(pairs=encoded, micro_batch=micro_batch, seq_len=cfg.seq_len,
