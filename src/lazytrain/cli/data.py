@@ -3,8 +3,11 @@
 Reads the data as `lazytrain train` does (source, format, chat template, `data.seq_len`,
 `data.overlong`), prints a few training samples as rendered text with the trained tokens between
 [[ and ]], then the counts: samples, held-out examples, and how many samples fit whole, are
-truncated or skipped at `data.seq_len`, and the trained tokens they keep. Loads the model's
-tokenizer, never its weights. Exit codes: 0 ok; 2 bad config or data.
+truncated or skipped at `data.seq_len`, and the trained tokens they keep. With
+`train.method: dpo`, preference pairs as the DPO trainer reads them: the rendered prompt, the
+chosen and the rejected response (trained tokens between [[ and ]]) with their token counts
+against `data.seq_len`, and the pairs dropped. Loads the model's tokenizer, never its weights.
+Exit codes: 0 ok; 2 bad config or data.
 """
 
 from __future__ import annotations
