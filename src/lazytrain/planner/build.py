@@ -42,8 +42,11 @@ DRAM (the planner's row: DRAM-tier checkpoints + staging + states <= `dram_bytes
              (OPTIMIZER_SCRATCH_BYTES_PER_PARAM, 8 B x the largest group: weights and gradient
              of the group being stepped; pageable, not pinned).
              PlanningProblem has one constant-DRAM field, `nvme_staging_bytes`; all of them go
-             there (their split is in `provenance["memory"]`). `dram_bytes` stays the
-             hardware's DRAM.
+             there (their split is in `provenance["memory"]`).
+  `dram_bytes` = the hardware's DRAM less, with `train.method: grpo` and `grpo.kl_coef` > 0, the
+             KL reference copy of the weights in the compute dtype (params x 2 or 4 B,
+             `grpo_phase.reference_bytes`; `reference_bytes` in `provenance["memory"]`), which
+             the run holds beside the plan.
 
 Seed scenario numbers (Qwen3.5-27B, h800-paper, seq 1024 x 72, bf16; tests/planner/
 test_build.py): 26.90e9 params x 12 B = 322.8 GB of states + ~8 GB staging fits 360 GB with
@@ -140,9 +143,7 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         copies_overlap_compute=hw.copies_overlap_compute,
         hbm_bytes=mem["hbm_budget_bytes"], fixed_hbm_bytes=mem["fixed_hbm_bytes"],
         # GRPO with a KL term holds a reference copy of the weights in DRAM beside the plan
-        dram_bytes=hw.dram_bytes - reference_bytes(model.total_params, method=t.method,
-                                                   kl_coef=cfg.grpo.kl_coef,
-                                                   compute_dtype=t.compute_dtype),
+        dram_bytes=hw.dram_bytes - mem.get("reference_bytes", 0),
         nvme_bytes=hw.nvme_bytes,
         nvme_staging_bytes=mem["staging_bytes"], nvme_bounce_bytes=mem["nvme_bounce_bytes"],
         host_scratch_bytes=mem["optimizer_scratch_bytes"],
@@ -201,8 +202,9 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
         grad_buffers_bytes, ends_bytes, the larger of block_workspace_bytes and
         head_workspace_bytes, block_inputs_bytes),
         states_bytes, staging_bytes and its parts (weight_pool_bytes, grad_landing_bytes,
-        nvme_bounce_bytes), dram_free_for_checkpoints_bytes (may be negative: states alone do
-        not fit).
+        nvme_bounce_bytes), with a GRPO KL reference copy its reference_bytes (the key is
+        absent without one), dram_free_for_checkpoints_bytes (hardware DRAM less the copy,
+        the states and staging; may be negative: states alone do not fit).
     """
     hw = costs.hardware
     max_p = max(c.weight_bytes for c in costs.blocks)
@@ -232,6 +234,8 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
     }
     states = int(HOST_BYTES_PER_PARAM[cfg.train.master_dtype] * model.total_params)
     staging_bytes = sum(staging.values())
+    reference = reference_bytes(model.total_params, method=cfg.train.method,
+                                kl_coef=cfg.grpo.kl_coef, compute_dtype=cfg.train.compute_dtype)
     return {
         "hbm_budget_bytes": int(hw.hbm_bytes * (1 - cfg.hardware.hbm_reserve_fraction)),
         # the block and head workspaces are never live together (module docstring)
@@ -241,7 +245,8 @@ def memory_budget(model: ModelSpec, costs: ModelCosts, cfg: RunConfig) -> dict:
         "states_bytes": states,
         "staging_bytes": staging_bytes,
         **staging,
-        "dram_free_for_checkpoints_bytes": hw.dram_bytes - states - staging_bytes,
+        **({"reference_bytes": reference} if reference else {}),  # a plan JSON without: none
+        "dram_free_for_checkpoints_bytes": hw.dram_bytes - reference - states - staging_bytes,
     }
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from lazytrain.contract import HOST_BYTES_PER_PARAM
 from lazytrain.errors import JobFailure
 from lazytrain.planner.evaluate import evaluate
+from lazytrain.planner.memory_model import memory_model_of
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.units import GB
@@ -115,10 +116,19 @@ def shortfall_error(problem: PlanningProblem, plan: Plan, *, proven: bool
 
 def shortfall_fix(budget: str, problem: PlanningProblem) -> str:
     """What to change for `budget` ("HBM" | "DRAM" | "NVMe"), leaving out what `problem` already
-    does (bf16 masters, 8-bit states offered, an NVMe budget set)."""
+    does (bf16 masters, 8-bit states offered, an NVMe budget set). A DRAM budget that a GRPO KL
+    reference copy shrinks (`provenance.memory.reference_bytes`) names `grpo.kl_coef` first,
+    and `train.compute_dtype: bf16` (half the copy) when compute is fp32."""
     if budget != "DRAM":
         return SHORTFALL_FIX[budget]
     options = ["raise hardware.dram_gb"]
+    reference = memory_model_of(problem.provenance).reference_bytes
+    if reference:
+        options.insert(0, f"set grpo.kl_coef: 0 (its KL reference copy of the weights holds "
+                          f"{reference / GB:.2f} GB of hardware.dram_gb)")
+        if problem.provenance.get("dtype") == "fp32":
+            options.append("use train.compute_dtype: bf16 (a reference copy of 2 B/param "
+                           "instead of 4)")
     master = problem.provenance.get("master_dtype")
     if master == "fp32" or (master is None
                             and problem.host_bytes_per_param > HOST_BYTES_PER_PARAM["bf16"]):

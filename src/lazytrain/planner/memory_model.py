@@ -3,8 +3,9 @@
 
 Owns the names, units and meaning of that split and the one way to read it back
 (`memory_model_of`), which every reader uses: the runtime's budgets (`planner/budgets.py`), the
-training preflight (`train/trainer.py`) and `lazytrain report` (`report/tables.py`). The Plan
-JSON is unchanged: the same keys in `provenance["memory"]`, every value an int of bytes. A plan
+training preflight (`train/plan_preflight.py`), `lazytrain report` (`report/tables.py`) and the
+plan table's host DRAM line. The Plan JSON is unchanged: the same keys in `provenance["memory"]`
+(`reference_bytes` only with a GRPO KL reference copy), every value an int of bytes. A plan
 written without a memory model (a hand-made problem, an older plan) reads as `MemoryModel()`:
 every figure None, meaning unknown, and each reader says what it does then.
 
@@ -52,8 +53,11 @@ class MemoryModel:
         grad_landing_bytes: the pinned gradient landing buffers.
         nvme_bounce_bytes: the NVMe bounce buffers (aligned to 4 KiB).
         optimizer_scratch_bytes: bf16 masters' fp32 AdamW scratch (pageable; 0 for fp32).
-        dram_free_for_checkpoints_bytes: hardware DRAM - states - staging, what is left for
-            DRAM-tier checkpoints; negative when the states alone do not fit.
+        reference_bytes: with `train.method: grpo` and `grpo.kl_coef` > 0, the KL reference
+            copy of the weights in the compute dtype, held in pageable host DRAM beside the
+            plan (`grpo_phase.reference_bytes`); None: no copy.
+        dram_free_for_checkpoints_bytes: hardware DRAM - reference - states - staging, what is
+            left for DRAM-tier checkpoints; negative when the states alone do not fit.
     """
 
     hbm_budget_bytes: int | None = None
@@ -71,6 +75,7 @@ class MemoryModel:
     grad_landing_bytes: int | None = None
     nvme_bounce_bytes: int | None = None
     optimizer_scratch_bytes: int | None = None
+    reference_bytes: int | None = None
     dram_free_for_checkpoints_bytes: int | None = None
 
     @classmethod
@@ -113,8 +118,9 @@ class MemoryModel:
 
     @property
     def dram_budget_bytes(self) -> int | None:
-        """The DRAM budget the plan was made to fit (the hardware's DRAM): states + staging +
-        what is free for checkpoints; None when any of the three is unknown."""
+        """The DRAM budget the plan was made to fit (the hardware's DRAM less a GRPO KL
+        reference copy, `reference_bytes`): states + staging + what is free for checkpoints;
+        None when any of the three is unknown."""
         parts = (self.states_bytes, self.staging_bytes, self.dram_free_for_checkpoints_bytes)
         return None if None in parts else sum(parts)
 

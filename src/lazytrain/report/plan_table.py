@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import asdict
 
 from lazytrain.planner.heuristics import best_fixed_k_plan, k_of, megatrain_plan
+from lazytrain.planner.memory_model import memory_model_of
 from lazytrain.planner.path_choice import choose_weight_paths
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.policy import PlannerOptions
@@ -296,10 +297,13 @@ def format_plan_table(problem: PlanningProblem, plan: Plan, report: dict, *,
     lines.append(f"8-bit Adam states ({len(plan.q8_blocks)} blocks, {100 * frac:.2f}% of "
                  f"parameters): {ranges(plan.q8_blocks)}")
     if plan.predicted:
+        reference = memory_model_of(problem.provenance).reference_bytes
         lines.append(f"host DRAM: {plan.predicted.dram_bytes / GB:.2f} of "
                      f"{problem.dram_bytes / GB:.2f} GB (optimizer states, staging, DRAM "
                      f"checkpoints); page-locked at the peak {plan.predicted.pinned_bytes / GB:.2f}"
-                     f" GB")
+                     f" GB" + (f"; the budget is hardware.dram_gb less the GRPO KL reference "
+                               f"copy of the weights (grpo.kl_coef), {reference / GB:.2f} GB"
+                               if reference else ""))
     lines.append("")
     lines += _perf_table(report)
     lines += _check_lines(report)
