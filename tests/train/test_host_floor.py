@@ -48,7 +48,7 @@ def test_enough_host_memory_passes_the_floor(arithmetic_model_dir, tiny_plan, tm
         seen.append(kwargs)
         return real(**kwargs)
 
-    monkeypatch.setattr("lazytrain.train.trainer.preflight_host_floor", floor)
+    monkeypatch.setattr("lazytrain.train.plan_preflight.preflight_host_floor", floor)
     train(tiny_config(arithmetic_model_dir, tmp_path / "run", "train.steps=1",
                       "train.master_dtype=bf16", "data.num_eval=0"),
           plan=tiny_plan, progress=False)

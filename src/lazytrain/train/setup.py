@@ -1,5 +1,6 @@
 """Run set-up: the plan a job trains with, and the calibration it measures on a cache miss.
 
+`plan_for_run` is the plan a run trains with (given, its own plan.json on resume, or new);
 `make_plan` plans through the one planning entry with the costs of
 `profile.calibrate.costed_problem`; `measure_config_profile` measures the configured model's
 profile on a cut of it (the calibration's `Measure`, and `lazytrain profile`); `plan_summary`
@@ -52,6 +53,39 @@ def make_plan(cfg: Any, *, calibrate: bool = True, run_dir: Path | None = None,
     measure = functools.partial(measure_calibration, run_dir=run_dir) if calibrate else None
     problem = rank_problem_of(cfg, costed_problem(cfg, measure=measure, log=log or to_stderr))
     return policy.plan(problem, policy.planner_options(cfg.planner))
+
+
+def plan_for_run(cfg: Any, run_dir: Path, *, plan: Plan | None, resuming: bool,
+                 log: Callable[[str], None] | None = None) -> Plan:
+    """The plan a run trains with: `plan` when given, the run's own plan.json when resuming
+    (unless it was planned for another number of nodes or ranks per node: then planned again,
+    said through `log`), else `make_plan(cfg, run_dir=run_dir)`.
+
+    Args:
+        cfg: the run config (`dpo_run.planning_config` of it).
+        run_dir: the run directory (its plan.json; where a calibration times NVMe).
+        plan: a plan to use instead (`--plan`), or None.
+        resuming: the run continues from a checkpoint.
+        log: the line saying why a resume plans again (default: stderr).
+
+    Raises:
+        PlanInfeasibleError: as `make_plan`.
+        PlanValidationError: the plan was made for another data.seq_len or train.micro_batch
+            (`Plan.check_matches`).
+    """
+    if plan is None and resuming and (run_dir / "plan.json").is_file():
+        plan = Plan.load(run_dir / "plan.json")
+        dist = plan.provenance.get("dist") or {}
+        planned = (dist.get("nproc_per_node", 1), dist.get("nnodes", 1))
+        if planned != (cfg.dist.nproc_per_node, cfg.dist.nnodes):  # another share of a node
+            (log or to_stderr)(f"note: {run_dir / 'plan.json'} was planned for {planned[1]} "
+                               f"node(s) x {planned[0]} ranks; this job has {cfg.dist.nnodes} "
+                               f"x {cfg.dist.nproc_per_node}: planning again")
+            plan = None
+    if plan is None:
+        plan = make_plan(cfg, run_dir=run_dir)
+    plan.check_matches(seq_len=cfg.data.seq_len, micro_batch=cfg.train.micro_batch)
+    return plan
 
 
 def measure_config_profile(cfg: Any, device: str, *, quick: bool = False, repeats: int = 5,

@@ -19,32 +19,29 @@ import json
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from lazytrain.atomic import append_jsonl, read_jsonl, write_text_atomic
 from lazytrain.config import RunConfig, apply_overrides, save_config
-from lazytrain.contract import HOST_BYTES_PER_PARAM
 from lazytrain.data import build_data, real_token_count
 from lazytrain.data.batching import steps_for_epochs
 from lazytrain.models.families import text_model_config
 from lazytrain.models.host_params import MASTER_DTYPES
 from lazytrain.planner.build import rank_problem_from_config
-from lazytrain.planner.memory_model import memory_model_of
 from lazytrain.planner.plan import Plan
 from lazytrain.planner.policy import planner_options
 from lazytrain.profile.calibrate import config_for_plan
 from lazytrain.runtime.build import device_type, engine_from_config, resolve_device
 from lazytrain.runtime.instrument import write_windows_jsonl
 from lazytrain.runtime.optim import lr_at, refit_note
-from lazytrain.spec.model import ModelSpec, read_hf_config
+from lazytrain.spec.model import ModelSpec
 from lazytrain.train import checkpoint as ckpt
 from lazytrain.train import checks, dpo_run, eval_plans, locks, model_source, setup
 from lazytrain.train.dpo_run import DPORun, pairs_line, planning_config, preference_data
 from lazytrain.train.evaluate import eval_line, evaluate_shared
 from lazytrain.train.grpo import start_grpo
-from lazytrain.train.preflight import preflight, preflight_host_floor
+from lazytrain.train.plan_preflight import host_floor, run_preflight
 from lazytrain.train.rank import RankContext
 from lazytrain.train.replan import OnlineReplanner, resolve
 from lazytrain.train.rundir import clear_run_dir, run_state_bytes
@@ -82,55 +79,10 @@ def resolve_epochs(cfg: RunConfig, stream, *, world_size: int, log) -> RunConfig
     return apply_overrides(cfg, [f"train.steps={steps}"])
 
 
-
 def stderr_log(msg: str) -> None:
     """The default `log` of a run: one line on stderr, flushed. The run's notes and results go
     through `log` (a caller may collect them); stdout carries the plan table only."""
     print(msg, file=sys.stderr, flush=True)
-
-
-def _get_plan(cfg: RunConfig, run_dir: Path, *, plan: Plan | None, resuming: bool,
-              log: Callable[[str], None] = stderr_log) -> Plan:
-    """The given plan, the run's own plan.json when resuming, or a new plan from the config;
-    `log` says why a resume plans again."""
-    if plan is None and resuming and (run_dir / "plan.json").is_file():
-        plan = Plan.load(run_dir / "plan.json")
-        dist = plan.provenance.get("dist") or {}
-        planned = (dist.get("nproc_per_node", 1), dist.get("nnodes", 1))
-        if planned != (cfg.dist.nproc_per_node, cfg.dist.nnodes):  # another share of a node
-            log(f"note: {run_dir / 'plan.json'} was planned for {planned[1]} node(s) x "
-                f"{planned[0]} ranks; this job has {cfg.dist.nnodes} x "
-                f"{cfg.dist.nproc_per_node}: planning again")
-            plan = None
-    if plan is None:
-        plan = setup.make_plan(cfg, run_dir=run_dir)
-    plan.check_matches(seq_len=cfg.data.seq_len, micro_batch=cfg.train.micro_batch)
-    return plan
-
-
-def _run_preflight(cfg: RunConfig, plan: Plan, *, device: str, nvme_dir: Path, run_dir: Path,
-                   num_params: int, freed_bytes: int = 0, saves: int | None = None) -> None:
-    """`preflight.preflight` on the plan's figures; `freed_bytes`: what `--overwrite` deletes
-    in the run directory before the first save (counted as free there); `saves`: the most
-    checkpoints the run can write (None: unknown)."""
-    pred = plan.predicted
-    fp32_states = int(HOST_BYTES_PER_PARAM["fp32"] * num_params)
-    dram = int(pred.dram_bytes) if pred else fp32_states
-    # dram-tier checkpoints + staging pools: the plan's DRAM less the host states (which depend
-    # on train.master_dtype: 16 or 12 B/param) and the optimizer's pageable scratch
-    pinned = memory_model_of(plan.provenance).pinned_bytes_of(dram)
-    if pinned is None:  # no memory model: fp32 masters' states (the larger), no scratch
-        pinned = dram - fp32_states
-    pinned = max(0, pinned)
-    preflight(device=device, host_bytes=dram,
-              hbm_bytes=int(pred.peak_hbm_bytes) if pred else 0, pinned_bytes=pinned,
-              nvme_bytes=int(pred.nvme_bytes) if pred else 0, nvme_dir=nvme_dir,
-              checkpoint_bytes=num_params * ckpt.checkpoint_bytes_per_param(
-                  export_bytes=MASTER_DTYPES[cfg.model.dtype].itemsize,
-                  master_bytes=MASTER_DTYPES[cfg.train.master_dtype].itemsize),
-              checkpoints_kept=cfg.train.keep_checkpoints, checkpoints_written=saves,
-              run_dir=run_dir,
-              freed_bytes=freed_bytes)
 
 
 def _truncate_metrics(path: Path, *, last_step: int) -> None:
@@ -138,7 +90,6 @@ def _truncate_metrics(path: Path, *, last_step: int) -> None:
     if path.is_file():  # a crash mid-append may have torn the last line: read_jsonl skips it
         keep = [r for r in read_jsonl(path) if r["step"] <= last_step]
         write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
-
 
 
 class Trainer:
@@ -175,7 +126,8 @@ class Trainer:
         saved_state = self._check_resume(resume, verify=verify_checkpoint)
         checks.check_data_paths(cfg.data)
         locks.check_nvme_dir(cfg.runtime.nvme_dir)  # before a calibration times NVMe there
-        self._preflight_host_floor()  # before a calibration builds the model
+        # the host states fit, before a calibration builds the model (`plan_preflight`)
+        host_floor(cfg, resumed_from=self.resumed_from.path if self.resumed_from else None)
         self.plan = self._agreed_plan(plan)
         if self.resumed_from is not None:
             source = model_source.ModelSource(directory=self.resumed_from.path, has_weights=True)
@@ -265,53 +217,33 @@ class Trainer:
                 f"{self.resumed_from.path} (their error names the file); no rank trains")
         return own
 
-    def _preflight_host_floor(self) -> None:
-        """`preflight.preflight_host_floor` on the model's parameter count (the resumed
-        checkpoint's config.json, else `model.config_path`): a machine that cannot hold the
-        host states is refused before planning, whose calibration builds the whole model.
-        A model whose config cannot be read here is left to planning to name. A data.seq_len
-        past the model's positions is refused here too (`checks.check_seq_len`).
-
-        Raises:
-            PreflightError: the host states exceed MemAvailable.
-            ValueError: data.seq_len exceeds max_position_embeddings.
-        """
-        cfg = self.cfg
-        source = (self.resumed_from.path / "config.json" if self.resumed_from is not None
-                  else cfg.model.config_path)
-        try:
-            params = ModelSpec.from_hf_config(source).total_params
-        except (OSError, ValueError, KeyError):
-            return
-        checks.check_seq_len(cfg.data.seq_len, read_hf_config(source))
-        preflight_host_floor(
-            states_bytes=int(HOST_BYTES_PER_PARAM[cfg.train.master_dtype] * params))
-
     def _agreed_plan(self, plan: Plan | None) -> Plan:
-        """The main rank's plan (`_get_plan`) on every rank: every rank runs one plan, even
-        where a time-limited MILP would not be repeatable."""
+        """The main rank's plan (`setup.plan_for_run`) on every rank: every rank runs one plan,
+        even where a time-limited MILP would not be repeatable."""
         mine = None
         if self.ctx.is_main:
-            mine = _get_plan(planning_config(self.cfg), self.run_dir, plan=plan,
-                             resuming=self.resumed_from is not None, log=self.log).to_dict()
+            mine = setup.plan_for_run(planning_config(self.cfg), self.run_dir, plan=plan,
+                                      resuming=self.resumed_from is not None,
+                                      log=self.log).to_dict()
         agreed = Plan.from_dict(self.ctx.broadcast_object(mine))
         self.ctx.barrier()
         return agreed
 
     def _load_data(self, source, saved_state: dict | None, *, overwrite: bool) -> None:
-        """Preflight (with `overwrite`, the previous run's bytes count as free in the run
-        directory), then the tokenizer and the data (read, templated; on resume its saved
-        position, which refuses other data or another seed); `train.epochs` becomes
-        `train.steps` here (the same on every resume). Writes nothing and loads no weight."""
+        """Preflight (`plan_preflight.run_preflight`; with `overwrite`, the previous run's
+        bytes count as free in the run directory), then the tokenizer and the data (read,
+        templated; on resume its saved position, which refuses other data or another seed);
+        `train.epochs` becomes `train.steps` here (the same on every resume). Writes nothing
+        and loads no weight."""
         cfg, tc = self.cfg, self.cfg.train
         hf_config = text_model_config(model_source.load_hf_config(source))  # a VLM trains its text
         spec = ModelSpec.from_hf_config(hf_config.to_dict())
         self.flops_params = spec.model_flops_params  # N of 6 * N * tokens
-        _run_preflight(cfg, self.plan, device=self.device, nvme_dir=self.nvme_dir,
-                       run_dir=self.run_dir, num_params=spec.total_params,
-                       freed_bytes=run_state_bytes(self.run_dir) if overwrite else 0,
-                       saves=None if tc.epochs else tc.steps - (
-                           self.resumed_from.step if self.resumed_from is not None else 0))
+        run_preflight(cfg, self.plan, device=self.device, nvme_dir=self.nvme_dir,
+                      run_dir=self.run_dir, num_params=spec.total_params,
+                      freed_bytes=run_state_bytes(self.run_dir) if overwrite else 0,
+                      saves=None if tc.epochs else tc.steps - (
+                          self.resumed_from.step if self.resumed_from is not None else 0))
         self.tokenizer = model_source.load_tokenizer(
             source, vocab_size=hf_config.vocab_size,
             corpus=lambda: dpo_run.training_corpus(cfg, seed=tc.seed))
