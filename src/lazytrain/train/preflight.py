@@ -3,8 +3,8 @@
 Three checks, each comparing bytes the run will need with bytes available:
 
 - host memory: `MemAvailable` of /proc/meminfo >= the plan's DRAM bytes (host states at
-  16 B/param, dram-tier checkpoints, NVMe staging) + the evaluation model copy + (on CPU, where
-  "HBM" is host memory too) the plan's peak HBM bytes;
+  16 B/param, dram-tier checkpoints, NVMe staging) + the GRPO KL reference copy (with
+  `grpo.kl_coef` > 0) + (on CPU, where "HBM" is host memory too) the plan's peak HBM bytes;
 - pinned memory (CUDA only): the page-locked host bytes (dram-tier checkpoints, staging
   pools) fit in `MemAvailable` and in the cgroup's `memory.max` less its `memory.current`.
   `cudaHostAlloc` is not governed by RLIMIT_MEMLOCK (`ulimit -l`): the driver pins the pages
@@ -14,6 +14,10 @@ Three checks, each comparing bytes the run will need with bytes available:
 
 Runs before any weight is loaded, so the numbers are the machine's, not ours. A failed check
 raises `PreflightError` whose message is one line with the numbers; the CLI exits 1 with it.
+
+`preflight_reference_budget` compares the plan's DRAM plus the GRPO KL reference copy with the
+configured DRAM (`hardware.dram_gb`): the planner leaves the copy out of the DRAM it plans in,
+but a plan given to the run, or one a rule-based policy returns over its budget, may not.
 
 `preflight_host_floor` runs earlier still, before planning: a calibration on a cache miss
 builds the model on this machine, and one too small for the model's host states (which every
@@ -41,7 +45,7 @@ class Check:
     """One preflight comparison."""
 
     name: str
-    """"host memory", "pinned memory", "nvme space" or "checkpoint space"."""
+    """"host memory", "pinned memory", "nvme space", "checkpoint space" or "DRAM budget"."""
     need_bytes: int
     have_bytes: int | None
     """None: unknown on this system (the check passes with a note)."""
@@ -119,7 +123,8 @@ def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: in
                nvme_bytes: int, nvme_dir: str | Path, checkpoint_bytes: int,
                checkpoints_kept: int = 1, checkpoints_written: int | None = None,
                run_dir: str | Path, meminfo: str | Path = "/proc/meminfo",
-               cgroup_dir: str | Path = "/sys/fs/cgroup", freed_bytes: int = 0) -> list[Check]:
+               cgroup_dir: str | Path = "/sys/fs/cgroup", freed_bytes: int = 0,
+               reference_bytes: int = 0) -> list[Check]:
     """All preflight comparisons (none raises).
 
     Args:
@@ -141,8 +146,10 @@ def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: in
         cgroup_dir: the cgroup v2 directory holding memory.max / memory.current (tests: fake).
         freed_bytes: bytes in `run_dir` that `--overwrite` deletes before the first save (the
             previous run's files, `rundir.run_state_bytes`), counted as free there.
+        reference_bytes: the GRPO KL reference copy (`planner.grpo_phase.reference_bytes`;
+            pageable host memory beside the plan's), bytes; 0 without one.
     """
-    host_need = host_bytes + (hbm_bytes if device == "cpu" else 0)
+    host_need = host_bytes + reference_bytes + (hbm_bytes if device == "cpu" else 0)
     checks = [Check(name="host memory", need_bytes=host_need,
                     have_bytes=mem_available_bytes(meminfo), where="MemAvailable")]
     if device == "cuda":
@@ -162,12 +169,14 @@ def run_checks(*, device: str, host_bytes: int, hbm_bytes: int, pinned_bytes: in
     return checks
 
 
-def preflight(**kwargs) -> list[Check]:
-    """`run_checks(**kwargs)`, raising on the first failure.
+def preflight(*, compute_dtype: str = "fp32", **kwargs) -> list[Check]:
+    """`run_checks(**kwargs)`, raising on the first failure; `compute_dtype`
+    (`train.compute_dtype`) picks the fixes offered for a GRPO KL reference copy.
 
     Raises:
         PreflightError: one line, e.g. "preflight: host memory: need 9.10 GB, have 3.20 GB
-            (MemAvailable); lower train.micro_batch or data.seq_len, or free memory".
+            (MemAvailable); lower train.micro_batch or data.seq_len, or free memory"; with
+            `reference_bytes` the host-memory line names the copy and `grpo.kl_coef`.
     """
     checks = run_checks(**kwargs)
     hints = {"host memory": "lower train.micro_batch or data.seq_len, plan more boundaries to "
@@ -178,10 +187,55 @@ def preflight(**kwargs) -> list[Check]:
              "checkpoint space": "free space or choose another --run-dir"}
     if kwargs.get("checkpoints_kept", 1) > 1:
         hints["checkpoint space"] += ", or lower train.keep_checkpoints"
+    if kwargs.get("reference_bytes", 0) > 0:
+        hints["host memory"] = (f"the GRPO KL reference copy of the weights holds "
+                                f"{amount(kwargs['reference_bytes'])} of it: "
+                                f"{reference_fix(compute_dtype, budget=False)}, "
+                                f"{hints['host memory']}")
     for check in checks:
         if not check.ok:
             raise PreflightError(f"preflight: {check.describe()}; {hints[check.name]}")
     return checks
+
+
+def reference_fix(compute_dtype: str, *, budget: bool) -> str:
+    """The fixes for a GRPO KL reference copy that does not fit: "set grpo.kl_coef: 0", with
+    `budget` (the configured DRAM) "raise hardware.dram_gb", and for fp32 compute "use
+    train.compute_dtype: bf16" (a copy of 2 B/param instead of 4)."""
+    options = ["set grpo.kl_coef: 0 (no reference copy)"]
+    if budget:
+        options.append("raise hardware.dram_gb")
+    if compute_dtype == "fp32":
+        options.append("use train.compute_dtype: bf16 (a copy of 2 B/param instead of 4)")
+    return ", ".join(options[:-1]) + (" or " if len(options) > 1 else "") + options[-1]
+
+
+def preflight_reference_budget(*, plan_dram_bytes: int, reference_bytes: int, dram_bytes: int,
+                               compute_dtype: str) -> Check:
+    """The DRAM budget with the GRPO KL reference copy: the plan's DRAM plus the copy fit the
+    configured DRAM. With `grpo.kl_coef` > 0 the run holds a frozen copy of the initial weights
+    in the compute dtype in host DRAM for the whole run, beside everything the plan counts.
+
+    Args:
+        plan_dram_bytes: the plan's predicted DRAM (host states, staging, DRAM-tier
+            checkpoints), bytes.
+        reference_bytes: the copy (`planner.grpo_phase.reference_bytes`), bytes.
+        dram_bytes: the machine's DRAM as configured (`hardware.dram_gb`, or its preset's),
+            bytes.
+        compute_dtype: `train.compute_dtype` ("fp32" or "bf16"; picks the fixes).
+
+    Raises:
+        PreflightError: the sum exceeds `dram_bytes`; one line with the three numbers, naming
+            `grpo.kl_coef` and the fixes (`reference_fix`).
+    """
+    check = Check(name="DRAM budget", need_bytes=plan_dram_bytes + reference_bytes,
+                  have_bytes=dram_bytes, where="hardware.dram_gb")
+    if not check.ok:
+        raise PreflightError(f"preflight: {check.describe()}: the plan's "
+                             f"{amount(plan_dram_bytes)} and the GRPO KL reference copy of the "
+                             f"weights (grpo.kl_coef > 0) {amount(reference_bytes)}; "
+                             f"{reference_fix(compute_dtype, budget=True)}")
+    return check
 
 
 def preflight_host_floor(*, states_bytes: int, meminfo: str | Path = "/proc/meminfo") -> Check:
