@@ -61,6 +61,7 @@ class _PassedPreflight(Exception):
     """Raised by the stubbed tokenizer load, the step right after the preflight."""
 
 
+@pytest.mark.slow
 def test_a_run_whose_dram_fits_only_without_the_copy_is_refused_naming_kl_coef(
         arithmetic_model_dir, tiny_plan, tmp_path, monkeypatch):
     params = ModelSpec.from_hf_config(arithmetic_model_dir / "config.json").total_params
