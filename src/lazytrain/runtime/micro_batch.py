@@ -56,6 +56,12 @@ class MicroBatch:
     start of the next window."""
 
 
+FILLER = "filler"
+"""Batch key, a host bool: True marks a micro-batch that only fills `train.grad_accum` (GRPO's
+filler, all labels IGNORE_INDEX). It adds no loss term at all: not even the MoE router aux
+loss, which HF adds for every forward (its pad tokens would otherwise train the routers)."""
+
+
 def label_tokens(batch: dict) -> int:
     """Label tokens of a host batch (next-token targets that are not IGNORE_INDEX), counted
     on the host before its H2D (on the device the count would be a sync per micro-batch)."""
@@ -81,9 +87,10 @@ def check_planned_shape(m: int, batch: dict, provenance: dict) -> None:
 def prepare_micro_batch(index: int, batch: dict, *, adapter: ModelAdapter,
                         dev: Device, extra_keys=()) -> MicroBatch:
     """`batch` ("input_ids" and "labels" [B, S], optional "attention_mask" / "position_ids"
-    [B, S], host tensors) moved to `dev` (`Device.batch_to_device`), with shifted labels and the adapter's router
-    statistics; whether it pads and packs is read on the host first. `extra_keys`: batch keys
-    of the objective's extra tensors, moved with it (`MicroBatch.extras`).
+    [B, S], host tensors) moved to `dev` (`Device.batch_to_device`), with shifted labels and
+    the adapter's router statistics (none for a `FILLER` batch: no router aux loss); whether it
+    pads and packs is read on the host first. `extra_keys`: batch keys of the objective's extra
+    tensors, moved with it (`MicroBatch.extras`).
 
     Raises:
         ValueError: packed rows on a model with linear-attention layers
@@ -102,6 +109,7 @@ def prepare_micro_batch(index: int, batch: dict, *, adapter: ModelAdapter,
     return MicroBatch(index=index, input_ids=dev.batch_to_device(batch["input_ids"]),
                       mask_inputs={**moved, "padded": padded, "packed": packed},
                       targets=dev.batch_to_device(shift_labels(batch["labels"])),
-                      aux=adapter.new_router_aux(moved["attention_mask"]),
+                      aux=(None if batch.get(FILLER)
+                           else adapter.new_router_aux(moved["attention_mask"])),
                       extras={k: dev.batch_to_device(batch[k]) for k in extra_keys})
 

@@ -39,6 +39,7 @@ from lazytrain.evaluation.streamed_lm import StreamedLM
 from lazytrain.models.adapter import ModelAdapter
 from lazytrain.models.host_params import HostParams
 from lazytrain.planner.grpo_phase import grpo_summary_lines
+from lazytrain.runtime.micro_batch import FILLER
 from lazytrain.train import eval_plans
 from lazytrain.train.grpo_loss import GRPOObjective, group_advantages
 from lazytrain.train.rewards import exact_match, load_reward, score
@@ -266,17 +267,19 @@ def micro_batches(rows: list[dict], advantages: torch.Tensor, *, count: int,
 
 
 def _stack(rows: list[dict], advantages: torch.Tensor) -> dict:
-    """Rows -> one micro-batch dict of [B, W] tensors plus `advantages` [B]; W: the longest
-    row's tokens (at least 2: one target)."""
+    """Rows -> one micro-batch dict of [B, W] tensors plus `advantages` [B] and `FILLER`
+    False; W: the longest row's tokens (at least 2: one target)."""
     width = max(2, max(int(r["attention_mask"].sum()) for r in rows))
     batch = {k: torch.stack([r[k][:width] for r in rows]) for k in rows[0]}
     batch["advantages"] = advantages.clone()
+    batch[FILLER] = False
     return batch
 
 
 def _filler(like: dict | None, *, pad_id: int) -> dict:
     """A micro-batch that trains nothing: one row of 2 pad tokens, every label IGNORE_INDEX,
-    advantage 0, log-probs 0 (the keys of `like`, a row, when given)."""
+    advantage 0, log-probs 0 (the keys of `like`, a row, when given), marked
+    `micro_batch.FILLER` so that an MoE model adds no router aux loss for it either."""
     keys = like.keys() if like is not None else ("input_ids", "labels", "attention_mask",
                                                   "old_logp")
     row = {"input_ids": torch.full((1, 2), pad_id, dtype=torch.long),
@@ -284,6 +287,7 @@ def _filler(like: dict | None, *, pad_id: int) -> dict:
            "attention_mask": torch.ones((1, 2), dtype=torch.long)}
     batch = {k: row.get(k, torch.zeros((1, 2), dtype=torch.float32)) for k in keys}
     batch["advantages"] = torch.zeros(1)
+    batch[FILLER] = True
     return batch
 
 

@@ -1,0 +1,123 @@
+"""GRPO's cut micro-batches (fewer rows, narrower than the plan's [micro_batch, seq_len]) and
+its filler micro-batches (one row of 2 tokens, no label) under every plan feature: save levels
+L1/L2 in the hbm and dram tiers with internal transfers split over windows, NVMe boundaries,
+recompute segments, kept blocks, resident weights, 8-bit blocks, the pinned_copy / gpu_cast
+weight paths, on `cpu`, `cpu-checked` and `cpu-threaded`.
+
+Reference: plain HF autograd on an independent copy of the same tiny model
+(`engine_helpers.reference_grads`, loss normalised by the step's label tokens), never the
+engine's own output.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from engine_helpers import (SEQ, VOCAB, model_pair, reference_grads,  # noqa: E402
+                            tiny_config)
+from levels_helpers import engine_grads  # noqa: E402
+from test_engine_grads import _assert_grads_match  # noqa: E402
+from test_save_levels_adversarial import MIXED, _plan  # noqa: E402
+
+from lazytrain.data import IGNORE_INDEX  # noqa: E402
+
+H, R, D, N = "hbm", "recompute", "dram", "nvme"
+PLANS = {  # name -> (tiers, levels, saved tiers, other choices)
+    **MIXED,
+    "L1_hbm": ([H, R, H, D, H], ["L1"] * 4, [H] * 4, {}),
+    "L1_dram": ([H, R, H, D, H], ["L1"] * 4, [D, D, D, H], {}),
+    "L2_dram_kept": ([H, R, H, N, H], ["L2", "L1", "L0", "L2"], [D, D, "none", H],
+                     dict(keep=(2,))),
+}
+BACKENDS = ["cpu", "cpu-checked", "cpu-threaded"]
+
+
+def _rows(rows: int, width: int, *, seed: int, pad: int = 0) -> dict:
+    """[rows, width] tokens, labels past a 3-token prompt, the last row right-padded by pad."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (rows, width), generator=g)
+    labels = ids.clone()
+    labels[:, :3] = IGNORE_INDEX
+    mask = torch.ones(rows, width, dtype=torch.long)
+    if pad:
+        ids[-1, -pad:] = 0
+        labels[-1, -pad:] = IGNORE_INDEX
+        mask[-1, -pad:] = 0
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def _filler() -> dict:
+    return {"input_ids": torch.zeros(1, 2, dtype=torch.long),
+            "labels": torch.full((1, 2), IGNORE_INDEX, dtype=torch.long),
+            "attention_mask": torch.ones(1, 2, dtype=torch.long)}
+
+
+def cut_batches() -> list[dict]:
+    """4 micro-batches under the plan's [2, SEQ]: full, 1 row x 7, a filler, 2 rows x 9 with
+    the second padded."""
+    return [_rows(2, SEQ, seed=1), _rows(1, 7, seed=2), _filler(), _rows(2, 9, seed=3, pad=3)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(PLANS))
+def test_cut_rows_and_a_filler_equal_autograd(case, backend, tmp_path):
+    ref, adapter = model_pair(tiny_config("llama"))
+    tiers, levels, saved_tiers, other = PLANS[case]
+    plan = _plan(adapter, tiers, levels, saved_tiers, grad_accum=4, **other)
+    batches = cut_batches()
+    loss, grads = engine_grads(adapter, plan, backend, tmp_path, batches)
+    torch.manual_seed(123)
+    ref_loss, ref_grads = reference_grads(ref, batches)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    _assert_grads_match(grads, ref_grads)
+
+
+def _moe_pair():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+    from test_families import family_config
+    config = family_config("qwen3_moe")
+    config.output_router_logits, config.router_aux_loss_coef = True, 0.5
+    return model_pair(config)
+
+
+def _grpo_filler() -> dict:
+    """`grpo._filler` on a pad id that is not the embedding's padding_idx (many tokenizers pad
+    with eos): its hidden states are not 0, so a router aux loss of it would have a gradient."""
+    from lazytrain.train.grpo import _filler as filler
+    batch = filler(None, pad_id=5)
+    return {k: v for k, v in batch.items() if k != "old_logp"}
+
+
+@pytest.mark.parametrize("case", ["L1_dram", "L2_dram_kept"])
+def test_moe_router_aux_of_a_filler_is_left_out(case, tmp_path):
+    # HF adds coef * aux for every forward; GRPO's filler trains nothing, router included, so
+    # the step equals HF autograd over the micro-batches that are not fillers (before: the
+    # filler's aux of its 2 pad tokens, ~1.0 each with coef 0.5, added to loss and gradient)
+    ref, adapter = _moe_pair()
+    tiers, levels, saved_tiers, other = PLANS[case]
+    plan = _plan(adapter, tiers, levels, saved_tiers, grad_accum=4, **other)
+    batches = cut_batches()
+    batches[2] = _grpo_filler()
+    loss, grads = engine_grads(adapter, plan, "cpu-checked", tmp_path, batches)
+    torch.manual_seed(123)
+    ref_loss, ref_grads = reference_grads(ref, [b for i, b in enumerate(batches) if i != 2])
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    _assert_grads_match(grads, ref_grads)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_a_step_of_fillers_only_has_loss_and_gradient_zero(family, tmp_path):
+    # every group flat: the trainer's step is grad_accum fillers; loss 0, gradient exactly 0,
+    # nothing NaN (before: an MoE model's loss was 4 x coef x aux ~ 4.1 and its gradient not 0)
+    _, adapter = _moe_pair() if family == "qwen3_moe" else model_pair(tiny_config("llama"))
+    plan = _plan(adapter, *PLANS["L1_dram"][:3], grad_accum=4)
+    loss, grads = engine_grads(adapter, plan, "cpu-checked", tmp_path,
+                               [_grpo_filler() for _ in range(4)])
+    assert loss == 0.0
+    for name, g in grads.items():
+        assert torch.equal(g, torch.zeros_like(g)), name
