@@ -83,7 +83,7 @@ def roofline_ms(problem: PlanningProblem) -> float:
         comp = sum(min(g, f + r) for f, g, r in zip(p.fwd_ms, p.fwd_grad_ms, p.reforward))
     else:
         comp = sum(p.fwd_ms) + sum(p.reforward)
-    comp += sum(p.bwd_ms) + p.head_ms
+    comp += sum(p.bwd_ms) + p.turn_head_ms
     h2d = float(sum(p.weight_bytes[1:]))
     if not p.allow_keep:
         h2d += float(sum(p.weight_bytes))
@@ -162,7 +162,7 @@ def memory_bound_ms(problem: PlanningProblem) -> float | None:
     P, A = p.weight_bytes, p.boundary_bytes
     blocks = range(L) if p.allow_keep else ()  # keep and residency are offered together
     items = _hull_increments([_saving_options(p, j) for j in range(L)])
-    full = sum(p.fwd_ms) + sum(p.reforward) + sum(p.bwd_ms) + p.head_ms
+    full = sum(p.fwd_ms) + sum(p.reforward) + sum(p.bwd_ms) + p.turn_head_ms
     comp = lambda moved: full - _fractional_knapsack(  # noqa: E731
         [v for v, _ in items], [w for _, w in items], room + moved)
     back = [float(min(A[i], P[i - 1])) for i in range(1, L)]  # m[i]: A back or P[i-1] again

@@ -66,6 +66,7 @@ from lazytrain.contract import (
     OPTIMIZER_SCRATCH_BYTES_PER_PARAM, WEIGHT_STAGING_BUFFERS, align_up,
 )
 from lazytrain.planner.grpo_phase import reference_bytes
+from lazytrain.planner.inference_plans import HEAD_FORWARD_SHARE
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.topology import Topology, rank_problem
 from lazytrain.spec.costs import DTYPE_BYTES, ModelCosts, analytic_costs, profile_costs
@@ -92,6 +93,8 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         The `PlanningProblem`, with provenance: model, model_config_sha256, hardware,
         hardware_spec, seq_len, micro_batch, grad_accum, dtype, master_dtype, created_by,
         config (the resolved run config), horizons, costs_source, memory (the budget split).
+        `head_turn_factor` is `head_turn_factor(cfg.train.method)`; a plan of a problem where
+        it is not 1 records it (`planner/evaluate.py` `head_terms_of`).
     """
     t, p = cfg.train, cfg.planner
     if costs is None:
@@ -117,6 +120,7 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         "costs_source": costs.source,
         "memory": mem,
     }
+    turn_factor = head_turn_factor(t.method)
     return PlanningProblem(
         name=f"{provenance['model']} @ {hw.name}",
         fwd_ms=tuple(c.fwd_ms for c in blocks),
@@ -130,7 +134,8 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         boundary_bytes=costs.boundary_bytes,
         params_per_block=tuple(b.params for b in model.blocks),
         ends_params=model.ends_params,
-        embed_ms=costs.embed_ms, head_ms=costs.head_ms, const_ms=costs.step_const_ms,
+        embed_ms=costs.embed_ms, head_ms=costs.head_ms, head_turn_factor=turn_factor,
+        const_ms=costs.step_const_ms,
         **({} if costs.q8_update_ms_per_gparam is None  # measured, else the problem's default
            else {"q8_update_ms_per_gparam": costs.q8_update_ms_per_gparam}),
         window_overhead_ms=costs.window_overhead_ms,
@@ -156,10 +161,35 @@ def build_problem(model: ModelSpec, hardware: HardwareSpec, cfg: RunConfig, *,
         allow_q8=p.allow_q8, grad_accum=t.grad_accum, tokens_per_micro_batch=costs.tokens,
         model_flops_per_micro_batch=model.model_flops_per_token * costs.tokens,
         hardware_flops_per_micro_batch_base=sum(c.fwd_flops + c.bwd_flops for c in blocks)
-        + costs.head_flops,
+        + costs.head_flops * turn_factor,  # DPO: its second head forward runs too
         block_fwd_flops=tuple(c.fwd_flops for c in blocks),
         provenance=provenance,
     )
+
+
+def head_turn_factor(method: str) -> float:
+    """The problem's `head_turn_factor` for `train.method`: the head compute in `turn` per
+    micro-batch in units of `head_ms` (one forward and one backward of the head and loss).
+
+    sft and grpo are chunk-local (a sum of per-token terms): each chunk of the head runs its
+    forward and backward once, 1. dpo is nonlinear in per-sequence sums, so the head runs a
+    forward without gradient for the log-probs [B, S] first, then each chunk's forward again
+    with its backward (`runtime/objectives.py`): 1 + HEAD_FORWARD_SHARE (the forward's share
+    of `head_ms`, backward ~ 2 x forward: `planner/inference_plans.py`), 4/3.
+
+    `head_ms` itself, measured or analytic, stays the one-pass figure, whatever the method:
+    the profiler times the head with the SFT cross entropy (`profile/bench_blocks.py`
+    `BlockBench.head`), so a calibration serves every method, and a refit of measured turn
+    windows divides this factor out again (`planner/refit.py`).
+
+    Raises:
+        ValueError: an unknown method (names train.method and the accepted ones).
+    """
+    if method in ("sft", "grpo"):
+        return 1.0
+    if method == "dpo":
+        return 1.0 + HEAD_FORWARD_SHARE
+    raise ValueError(f"train.method must be one of sft, dpo, grpo; got {method!r}")
 
 
 def save_level_fields(blocks, *, enabled: bool) -> dict:

@@ -435,6 +435,14 @@ def step_terms_of(problem: PlanningProblem) -> dict:
             "embed_ms": problem.embed_ms}
 
 
+def head_terms_of(problem: PlanningProblem) -> dict:
+    """What `turn` priced for the head per micro-batch, as stored in plan provenance["head"]
+    (only where `head_turn_factor` is not 1, e.g. DPO's second head pass):
+    {"head_ms" (one forward + backward, ms), "turn_factor", "turn_head_ms" (ms)}."""
+    return {"head_ms": problem.head_ms, "turn_factor": problem.head_turn_factor,
+            "turn_head_ms": problem.turn_head_ms}
+
+
 def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveRecord,
                bounds: Bounds | None = None) -> Plan:
     """Evaluate `decisions`, assemble the Plan (windows, predicted, provenance) and validate it.
@@ -442,7 +450,8 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
     The plan's save levels are `levels_of(problem, decisions)` (every block L0 when the
     decisions leave them None and the problem has re-forward data; none when they give ()).
     Provenance is `problem.provenance` plus `horizons`, `k_max`, `step_terms` (`step_terms_of`),
-    `host` (`host_bound.host_record`: assumed host rates, host-bound windows), `saved_bytes`
+    `host` (`host_bound.host_record`: assumed host rates, host-bound windows), `head`
+    (`head_terms_of`) when the head's turn compute is not one pass, `saved_bytes`
     (the problem's [S1, S2] per block) when the plan moves saved internals, and, when a capacity
     is violated, `violations` (the plan is still returned; callers decide whether to raise).
 
@@ -466,6 +475,8 @@ def build_plan(problem: PlanningProblem, decisions: Decisions, *, solver: SolveR
     prov["k_max"] = problem.k_max
     prov["step_terms"] = step_terms_of(problem)
     prov["host"] = host_record(problem, ev.windows, ev.host_ms_by_window, ev.binding_by_window)
+    if problem.head_turn_factor != 1.0:  # DPO; a one-pass head's plan JSON as before
+        prov["head"] = head_terms_of(problem)
     if decisions.internal_transfers:  # what they move: `lazytrain report` predicts its bytes
         prov["saved_bytes"] = [list(pair) for pair in problem.saved_bytes]
     if ev.violations:

@@ -31,7 +31,7 @@ Parameters (units inside the model: ms and GB; converted once in `scale_inputs`)
     P[j], G[j], I[j], A[i] weights, gradients, internals, boundary bytes, GB
     bw_h2d, bw_d2h, bw_x, bw_nr, bw_nw   bandwidths, GB/ms (bw_x: H2D + D2H duplex cap)
     host_conv, host_acc    host conversion / accumulation rates, GB/ms (0: not modelled)
-    embed, head            embedding (also re-embed) and head compute, ms
+    embed, head            embedding (also re-embed) and head compute in turn, ms
     M_hbm = hbm - fixed_hbm; M_dram = dram - staging pools - host states (all 16/12 B/param;
     the pools less the NVMe bounce buffers, counted per window: Ab[i] = align_up(A[i]), GB);
     M_nvme, GB;  Q[j] = params[j] * (bpp - bpp_q8) / 1e9 (8-bit saving), GB

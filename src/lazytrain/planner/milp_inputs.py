@@ -58,6 +58,7 @@ class Scaled:
     """Host accumulation rate, GB of drained gradients per ms (0: not modelled)."""
     embed: float
     head: float
+    """The head's compute in `turn`, ms (`PlanningProblem.turn_head_ms`)."""
     overlap: bool
     grad_accum: int
     step_const_ms: float
@@ -90,7 +91,7 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
     gb = lambda xs: tuple(x / GB for x in xs)  # noqa: E731
     per_ms = lambda bps: bps / GB / 1e3  # noqa: E731
     states = p.host_bytes_per_param * (sum(p.params_per_block) + p.ends_params)
-    compute = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.head_ms
+    compute = sum(p.fwd_ms) + sum(p.fwd_grad_ms) + sum(p.bwd_ms) + p.turn_head_ms
     ref_ms = max(compute, 1e-3)
     return Scaled(
         L=L, F=tuple(p.fwd_ms), Fg=tuple(p.fwd_grad_ms), Fr=tuple(p.reforward),
@@ -103,7 +104,7 @@ def scale_inputs(problem: PlanningProblem) -> Scaled:
         bw_x=per_ms(p.duplex_bytes_per_s), bw_nr=per_ms(p.nvme_read_bytes_per_s),
         bw_nw=per_ms(p.nvme_write_bytes_per_s), host_conv=per_ms(p.host_convert_bytes_per_s),
         host_acc=per_ms(p.host_accumulate_bytes_per_s) if p.accumulates_on_host else 0.0,
-        embed=p.embed_ms, head=p.head_ms,
+        embed=p.embed_ms, head=p.turn_head_ms,
         overlap=p.copies_overlap_compute, grad_accum=p.grad_accum,
         step_const_ms=ends_step_ms(p) + p.grad_accum * (2 * L + 1) * p.window_overhead_ms
         + p.const_ms,

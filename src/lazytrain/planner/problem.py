@@ -73,7 +73,15 @@ class PlanningProblem(Bandwidths):
     embed_ms: float = 0.0
     """Embedding forward (also the cost of re-embedding boundary 0 in backward), ms."""
     head_ms: float = 0.0
-    """Final norm + LM head + loss, forward and backward (the `turn` window's compute), ms."""
+    """Final norm + LM head + loss, one forward and one backward of a chunk-local objective
+    (SFT's cross entropy, as the profiler times it), ms. The `turn` window computes
+    `turn_head_ms`; forward-only passes price their head from this figure."""
+    head_turn_factor: float = 1.0
+    """The `turn` window's head compute in units of `head_ms`, >= 1: 1 for a chunk-local
+    objective (SFT, GRPO: each chunk's forward and backward once); 1 + the forward share of
+    `head_ms` for DPO, whose head first runs a forward without gradient for the log-probs
+    [B, S], then recomputes each chunk's forward with its backward (`planner/build.py`
+    `head_turn_factor`)."""
     const_ms: float = 0.0
     """Per optimizer step constant (exposed optimizer tail, bookkeeping), ms."""
     ends_grad_bytes: int = 0
@@ -212,6 +220,9 @@ class PlanningProblem(Bandwidths):
         if not self.q8_update_ms_per_gparam >= 0:
             raise ValueError(f"q8_update_ms_per_gparam must be >= 0 (the 8-bit update's extra "
                              f"time; 0: not charged); got {self.q8_update_ms_per_gparam}")
+        if not self.head_turn_factor >= 1:
+            raise ValueError(f"head_turn_factor must be >= 1 (the turn runs the head's forward "
+                             f"and backward at least once); got {self.head_turn_factor}")
         if not self.window_overhead_ms >= 0:
             raise ValueError(f"window_overhead_ms must be >= 0 (0: not modelled); "
                              f"got {self.window_overhead_ms}")
@@ -255,6 +266,12 @@ class PlanningProblem(Bandwidths):
                 raise ValueError(f"reforward_l1_ms[{j}] must lie in [0, reforward_ms[{j}] = "
                                  f"{reforward[j]}] (the L1 re-forward is part of the L0 one); "
                                  f"got {ms}")
+
+    @property
+    def turn_head_ms(self) -> float:
+        """The head's compute in `turn`, ms: `head_ms` x `head_turn_factor` (what the
+        evaluator, the MILP, the bounds and the event simulator charge there)."""
+        return self.head_ms * self.head_turn_factor
 
     @property
     def save_levels_available(self) -> bool:

@@ -11,8 +11,12 @@ Compute (least squares, one row per measured window): the plan fixes what every 
 (docs/execution_model.md, "Per-window work"), so the measured compute of window w is linear in
 the unknowns x = (F_k, Fg_k, B_k for every block kind k; head_ms; embed_ms):
 
-    f{j}: F_k(j)  (Fg_k(j) when j keeps its internals)        turn: head_ms
+    f{j}: F_k(j)  (Fg_k(j) when j keeps its internals)        turn: c_h head_ms
     b{j}: B_k(j) + Fg_k(j) (unless kept) + sum_{m=s..e-2} F_k(m) (+ embed_ms)   when j = e-1
+
+where c_h is the plan's head turn factor (provenance "head" "turn_factor": 4/3 for DPO, whose
+head runs a second forward; 1 when absent), so the fitted head_ms stays the one-pass figure
+that profiles hold and `planner/build.py` multiplies for DPO again.
 
 One plan rarely separates every unknown (without kept blocks B and Fg only appear as B + Fg), so
 the fit is ridge-regularised towards a prior x0 (the profile the plan was made with):
@@ -70,7 +74,8 @@ class ComputeFit:
     kinds: dict
     """kind -> {"fwd_ms", "fwd_grad_ms", "bwd_ms"}, ms per micro-batch."""
     head_ms: float
-    """Head + loss forward and backward (turn window), ms."""
+    """Head + loss, one forward and backward (the turn window's compute / the plan's head turn
+    factor), ms."""
     embed_ms: float
     """Embedding forward, ms (prior unless some window re-embeds)."""
     rms_ms: float
@@ -111,7 +116,8 @@ def design_rows(plan: Plan, block_kinds: Sequence[str]) -> tuple[list[tuple], di
         if j not in keep:
             add(row, ("fwd_grad_ms", k))
         rows[backward_window(j)] = row
-    rows[TURN_WINDOW] = {("head_ms",): 1.0}
+    rows[TURN_WINDOW] = {("head_ms",): float((plan.provenance.get("head") or {})
+                                             .get("turn_factor", 1.0))}
     for s, e in segments_of(plan.tiers):
         row = rows[backward_window(e - 1)]
         for m in range(s, e - 1):

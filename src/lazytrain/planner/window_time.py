@@ -203,7 +203,7 @@ def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_wei
                 save_levels=None) -> tuple[list[float], list[float], list[float]]:
     """Per-window compute (ms), H2D and D2H bytes before activation transfers, by ord.
 
-    f{j}: F[j] (Fg[j] if kept or at L1/L2); H2D P[j+1].  turn: head_ms; H2D P[L-1] unless
+    f{j}: F[j] (Fg[j] if kept or at L1/L2); H2D P[j+1].  turn: turn_head_ms; H2D P[L-1] unless
     resident.  b{j}: B[j] + (the re-forward by level, `reforward_by_level_ms`, unless kept) +
     segment recompute sum F[s..e-2] (+ embed_ms when s == 0
     is recompute) when j = e-1; H2D P[j-1] unless resident + sum P[s..e-2]; D2H G[j+1].
@@ -228,7 +228,7 @@ def fixed_loads(problem: PlanningProblem, tiers, keep_internals=(), resident_wei
         o = 2 * L - j
         comp[o] = p.bwd_ms[j] + (0.0 if j in keep else reforward[j])
         d2h[o] = p.drain_bytes[j + 1] if j + 1 <= L - 1 else 0.0
-    comp[L] = p.head_ms
+    comp[L] = p.turn_head_ms
     for s, e in segments_of(tiers):
         o = 2 * L - (e - 1)
         comp[o] += sum(p.fwd_ms[s:e - 1])

@@ -300,7 +300,7 @@ def _turn(b: _Builder, fwd_load: dict[int, int]) -> dict[int, int]:
     b.transfers(TURN_WINDOW)
     loads = {L - 1: fwd_load[L - 1] if L - 1 in resident else b.load(L - 1, TURN_WINDOW, "bwd")}
     b.internal_transfers(TURN_WINDOW, "h2d")
-    b.compute("head", TURN_WINDOW, p.head_ms, load=None,
+    b.compute("head", TURN_WINDOW, p.turn_head_ms, load=None,
               deps=[(b.produced[L], "boundary produced")], kind="head", block=None)
     return loads
 
