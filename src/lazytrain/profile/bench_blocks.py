@@ -151,6 +151,14 @@ class BlockBench:
         hundreds, most softmax entries underflow to denormals and the backward matmuls run
         ~20x slower than on the engine's input.
 
+        One pass with the SFT cross entropy, whatever `train.method`: the profile (and the
+        calibration cache) is the same for every method. DPO's head runs a second forward
+        (a pass without gradient for the log-probs [B, S] before the chunks' forward and
+        backward); the planner charges it as the forward share of this time
+        (`planner/build.py` `head_turn_factor`, 4/3) rather than the profiler timing a DPO
+        head: the objective's own arithmetic on [B, S] log-probs is small beside the head's
+        [tokens, H] x [H, V] matmuls, and one figure then serves every method's plan.
+
         Returns:
             the mean loss of the micro-batch (one host sync, as the engine's).
         """

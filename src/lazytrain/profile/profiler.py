@@ -106,7 +106,8 @@ def measure_profile(adapter: ModelAdapter, kinds: Sequence[str], *, micro_batch:
 
     Returns:
         the profile: version, model_config_sha256, seq_len, micro_batch, compute_dtype, device,
-        block_kinds, ends (embed_ms, head_ms), bandwidths (GB/s; effective under contention
+        block_kinds, ends (embed_ms, head_ms: one SFT head pass, `BlockBench.head`; the
+        planner prices DPO's second pass on it), bandwidths (GB/s; effective under contention
         on a CPU), step_const_ms (exposed optimizer + ends load + gradient norm + the
         twins' per-step overhead, ms, of the whole model), host (`host_rates`), window_overhead_ms
         (`window_overhead_ms`; absent when the family has no twin), measurements (raw rates
