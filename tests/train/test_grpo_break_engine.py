@@ -20,11 +20,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from engine_helpers import (SEQ, VOCAB, model_pair, reference_grads,  # noqa: E402
                             tiny_config)
-from levels_helpers import engine_grads  # noqa: E402
+from ledger_helpers import real_problem  # noqa: E402
+from levels_helpers import engine_grads, levels_plan  # noqa: E402
 from test_engine_grads import _assert_grads_match  # noqa: E402
 from test_save_levels_adversarial import MIXED, _plan  # noqa: E402
 
 from lazytrain.data import IGNORE_INDEX  # noqa: E402
+from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate  # noqa: E402
+from lazytrain.planner.plan import SolveRecord  # noqa: E402
+from lazytrain.runtime.backends import make_device  # noqa: E402
+from lazytrain.runtime.build import make_engine  # noqa: E402
 
 H, R, D, N = "hbm", "recompute", "dram", "nvme"
 PLANS = {  # name -> (tiers, levels, saved tiers, other choices)
@@ -121,3 +126,45 @@ def test_a_step_of_fillers_only_has_loss_and_gradient_zero(family, tmp_path):
     assert loss == 0.0
     for name, g in grads.items():
         assert torch.equal(g, torch.zeros_like(g)), name
+
+
+# --- budgets: micro-batch shapes that change from micro-batch to micro-batch -------------------
+
+def _budget_plan(adapter, case):
+    """A plan of the planner's real memory model (`ledger_helpers.real_problem`) and its
+    problem: dram boundaries, or L2 save levels in the dram tier."""
+    problem = real_problem(adapter, grad_accum=4)
+    if case == "dram_boundaries":
+        decisions = decisions_from_tiers(problem, (D, D, D, D, H), ())
+        return build_plan(problem, decisions, solver=SolveRecord(backend="manual")), problem
+    return levels_plan(problem, [H, R, H, D, H], ["L2"] * 4, [D, D, D, H]), problem
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["dram_boundaries", "L2_dram"])
+def test_cut_shapes_stay_within_the_plans_pinned_and_hbm_bytes(case, backend, tmp_path):
+    """Pinned budget = the plan's predicted pinned bytes (a plan that fills the DRAM row):
+    GRPO steps whose micro-batches have other widths each time (each under the planned
+    [2, SEQ]) run, the pinned peak within that budget and every window's HBM within the
+    evaluator's. Before, the host pools kept the buffers of every earlier width: the first
+    step failed with HostBudgetExceeded (a checkpoint host buffer) and, without the limit,
+    the pinned peak grew step by step (to 2.3x the plan's after 5 steps at L2 in DRAM)."""
+    _, adapter = model_pair(tiny_config("llama"))
+    plan, problem = _budget_plan(adapter, case)
+    limit = int(plan.predicted.pinned_bytes)
+    hbm = dict(zip((w.name for w in plan.windows), evaluate(problem, plan).hbm_by_window))
+    engine = make_engine(adapter, plan, device=make_device(backend, seed=3),
+                         nvme_dir=tmp_path / "nvme", grad_accum=4, instrument=True,
+                         budgets=True, model_config_sha256=plan.provenance["model_config_sha256"])
+    engine.ledger.set_limits(hbm_limits=engine.ledger.hbm_limits, pinned_limit_bytes=limit)
+    widths = [(12, 8, 5, 10), (7, 12, 3, 9), (11, 4, 12, 6)]
+    try:
+        for step, ws in enumerate(widths):
+            batches = [_rows(2, w, seed=10 * step + i) for i, w in enumerate(ws)]
+            for rec in engine.step(batches, lr=1e-3).windows:
+                assert rec["ledger_peak"]["pinned_bytes"] <= limit
+                for w in rec["windows"]:
+                    if w["name"] in hbm:
+                        assert w["ledger"]["hbm_bytes"] <= hbm[w["name"]], w["name"]
+    finally:
+        engine.close()

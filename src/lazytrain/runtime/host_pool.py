@@ -10,11 +10,18 @@ windows: the store (`runtime/activations.py`) says which buffer is free after wh
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
 
 from lazytrain.runtime.device import Device
+from lazytrain.runtime.errors import HostBudgetExceeded
+
+
+_POOLS: weakref.WeakSet = weakref.WeakSet()
+"""Every live pool: the pools of one device (the activation store's and the saved-internals
+store's) share its pinned budget, so a refused pin drops the idle buffers of all of them."""
 
 
 class HostBufferPool:
@@ -50,13 +57,20 @@ class HostBufferPool:
         self._wait_io = wait_io or (lambda futures, owner: device.wait_futures(futures))
         self._free: dict[int, list[torch.Tensor]] = {}
         self._pending: list[tuple] = []  # (buffer, events, futures, owner)
+        _POOLS.add(self)
 
     def acquire(self, nbytes: int) -> torch.Tensor:
         """An aligned ``uint8`` buffer [nbytes] (contents undefined).
 
+        A buffer of a new size is pinned through the device API; where that would pass the
+        ledger's pinned budget, every idle buffer (free, or pending once its copies finished)
+        of every pool on the device is dropped first and the pin is tried once more.
+
         Raises:
             MemoryError: allocating would exceed ``capacity_bytes`` even after waiting for every
                 pending buffer and dropping every cached one.
+            HostBudgetExceeded: the pin passes the ledger's pinned budget even without the
+                pool's idle buffers.
             NvmeTimeoutError (from ``wait_io``): the pending buffer it waited for is held by
                 NVMe requests that do not finish (the buffer is abandoned).
         """
@@ -77,7 +91,21 @@ class HostBufferPool:
                     f"host buffer pool: {nbytes} more bytes would exceed its cap of "
                     f"{self.capacity_bytes} bytes ({self.allocated_bytes} in use)"
                 )
-        buffer = self.device.pinned_empty(nbytes, name=f"{self.owner} of {nbytes} bytes")
+        name = f"{self.owner} of {nbytes} bytes"
+        try:
+            buffer = self.device.pinned_empty(nbytes, name=name)
+        except HostBudgetExceeded:
+            # idle buffers of sizes an earlier micro-batch asked for (GRPO cuts its rows to
+            # their longest, so its sizes change from micro-batch to micro-batch), in this pool
+            # or another on the device (one pinned budget), must not fail a request that fits
+            # without them: drop them after their copies, retry once
+            pools = [p for p in _POOLS if p.device is self.device]
+            if not any(p._free or p._pending for p in pools):
+                raise
+            for pool in pools:
+                pool.reclaim(block=True)
+                pool._drop_cached()
+            buffer = self.device.pinned_empty(nbytes, name=name)
         self.allocated_bytes += nbytes  # after: a refused pin (HostBudgetExceeded) adds nothing
         return buffer
 
