@@ -123,6 +123,9 @@ class GrpoRun:
         adapter: the policy's model (its masters are the engine's).
         lm_factory: () -> the `StreamedLM` over the live engine (`eval_plans.heldout_lm`),
             called once, at the first rollout.
+        wait_updates: () -> None, called before each rollout batch: waits for the optimizer
+            updates still queued on the engine's worker (`Engine.named_masters`), whose
+            masters the rollouts and old log-probs read. None: nothing queued (tests).
         device, compute_dtype: the engine's (for the reference pass).
 
     Raises:
@@ -130,7 +133,8 @@ class GrpoRun:
     """
 
     def __init__(self, cfg: RunConfig, *, examples: list[Example], tokenizer,
-                 adapter: ModelAdapter, lm_factory, device, compute_dtype: torch.dtype) -> None:
+                 adapter: ModelAdapter, lm_factory, device, compute_dtype: torch.dtype,
+                 wait_updates=None) -> None:
         self.cfg, self.g = cfg, cfg.grpo
         self.tokenizer, self.examples = tokenizer, list(examples)
         if not self.examples:
@@ -140,6 +144,7 @@ class GrpoRun:
         self.order = list(range(len(self.examples)))
         random.Random(f"lazytrain-grpo-prompts-{cfg.train.seed}").shuffle(self.order)
         self._lm_factory, self._lm = lm_factory, None
+        self._wait_updates = wait_updates
         self.reference = (ReferenceModel(adapter, tokenizer, device=device,
                                          compute_dtype=compute_dtype,
                                          batch_size=cfg.train.micro_batch)
@@ -160,6 +165,8 @@ class GrpoRun:
         step's rollouts when they fit) on every torch thread: at 64 rows two threads decode
         1.4x faster than one on 2 CPU cores."""
         if self._current is None or step % self.g.updates_per_rollout == 0:
+            if self._wait_updates is not None:  # the last step's updates run on the worker
+                self._wait_updates()
             try:
                 with torch.random.fork_rng(devices=[]):
                     self._current = self._rollout(step)
@@ -309,7 +316,8 @@ def start_grpo(trainer) -> GrpoRun:
 
     run = GrpoRun(trainer.cfg, examples=list(trainer.data.train.examples),
                   tokenizer=trainer.tokenizer, adapter=trainer.adapter, lm_factory=lm,
-                  device=trainer.engine.dev, compute_dtype=trainer.engine.dtype)
+                  device=trainer.engine.dev, compute_dtype=trainer.engine.dtype,
+                  wait_updates=trainer.engine.named_masters)
     trainer.engine.ends.objective = run.objective
     g = trainer.cfg.grpo
     if trainer.is_main:  # the plan summary's GRPO lines, under the inference plans' lines
