@@ -52,7 +52,7 @@ def test_every_group_flat(arithmetic_model_dir, tiny_plan, tmp_path, kl_coef):
         assert records[0]["grpo/kl"] == pytest.approx(0.0, abs=1e-6)
 
 
-@pytest.mark.parametrize("stop_at,mu", [(2, 1)], ids=["between_rollouts"])
+@pytest.mark.parametrize("stop_at,mu", [(2, 1), (1, 2)], ids=["between_rollouts", "mid_rollouts"])
 def test_resume_mid_run_equals_an_uninterrupted_run(arithmetic_model_dir, tiny_plan, tmp_path,
                                                     monkeypatch, stop_at, mu):
     (tmp_path / "grpo_break_rewards.py").write_text(REWARD)

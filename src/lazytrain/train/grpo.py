@@ -174,6 +174,21 @@ class GrpoRun:
                 self.lm.refresh()
         return self._current
 
+    def state_dict(self, step: int) -> dict:
+        """What a checkpoint after `step` optimizer steps needs to resume bit for bit: inside a
+        rollout batch (`step` not a multiple of `grpo.updates_per_rollout`) the rollouts the
+        next steps reuse, {"batches": [micro-batch dicts], "metrics": {...}}; they came from
+        weights the checkpoint no longer has, so they cannot be generated again. Else {}."""
+        if self._current is None or step % self.g.updates_per_rollout == 0:
+            return {}
+        return {"batches": self._current.batches, "metrics": self._current.metrics}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take the rollouts of a checkpoint's `state_dict` ({}: the next step rolls out)."""
+        if state:
+            self._current = Rollouts(batches=list(state["batches"]),
+                                     metrics=dict(state["metrics"]))
+
     def prompts_of(self, step: int) -> list[Example]:
         """The `grpo.prompts_per_step` examples of step `step` (the shuffled order, walked by
         rollout batch and wrapped around)."""

@@ -315,6 +315,8 @@ class Trainer:
         own, self._own_state = self._own_state, None  # loaded and agreed on by `_check_resume`
         self.engine.load_state_dict(own["engine"])  # the data's position: `_load_data`
         self.step = int(state["step"])
+        if self.grpo is not None:
+            self.grpo.load_state_dict(state.get("grpo") or {})
         if self.is_main:
             _truncate_metrics(self.run_dir / "metrics.jsonl", last_step=self.step)
         _truncate_metrics(self.windows_path, last_step=self.step)
@@ -389,6 +391,8 @@ class Trainer:
         """Checkpoint the current step (weights after every queued update); every rank."""
         state = {"data": self.data.train.state_dict(), "step": self.step,
                  "config": self.cfg.to_dict()}
+        if self.grpo is not None:  # mid rollout batch: the rollouts the next steps reuse
+            state["grpo"] = self.grpo.state_dict(self.step)
         with self._collective():
             saved = ckpt.save_checkpoint(
                 self.run_dir, step=self.step, weights=self.engine.named_masters(),
