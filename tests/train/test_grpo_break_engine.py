@@ -168,3 +168,16 @@ def test_cut_shapes_stay_within_the_plans_pinned_and_hbm_bytes(case, backend, tm
                         assert w["ledger"]["hbm_bytes"] <= hbm[w["name"]], w["name"]
     finally:
         engine.close()
+
+
+def test_flat_groups_are_left_out_whole_and_spread_groups_kept_whole():
+    # n = 3; group 0: rewards 1, 0.5, 0 -> mean 0.5: the middle rollout's advantage is exactly
+    # 0 but its group has a spread (config: only groups whose rewards are all equal are left
+    # out); group 1 flat; group 2 spread. Before, every row with advantage 0 was dropped, so
+    # row 1 left the step's completion-token normaliser
+    from lazytrain.train.grpo import kept_rows
+    from lazytrain.train.grpo_loss import group_advantages
+    rewards = torch.tensor([1.0, 0.5, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    assert group_advantages(rewards, n=3, eps=1e-4)[1] == 0
+    assert kept_rows(rewards, n=3, skip_flat=True) == [0, 1, 2, 6, 7, 8]
+    assert kept_rows(rewards, n=3, skip_flat=False) == list(range(9))

@@ -218,8 +218,7 @@ class GrpoRun:
         rows = [_row(seq, len(p), seq_len=seq_len, pad_id=self.lm.pad_id, old=o,
                      ref=None if ref is None else ref[i])
                 for i, (seq, p, o) in enumerate(zip(sequences, rows_prompt, old))]
-        trained = [i for i in range(len(rows))
-                   if not (g.skip_flat_groups and g.kl_coef == 0 and advantages[i] == 0)]
+        trained = kept_rows(rewards, n=g.n, skip_flat=g.skip_flat_groups and g.kl_coef == 0)
         batches = micro_batches([rows[i] for i in trained], advantages[trained],
                                 count=self.cfg.train.grad_accum, pad_id=self.lm.pad_id)
         hits = [exact_match(t, prompt="", answer=a) for t, a in zip(texts, answers)]
@@ -239,6 +238,19 @@ class GrpoRun:
     def close(self) -> None:
         if self.reference is not None:
             self.reference.close()
+
+
+def kept_rows(rewards: torch.Tensor, *, n: int, skip_flat: bool) -> list[int]:
+    """Indices of the rollouts the training phase trains, of [P * n] rewards grouped by prompt:
+    all, or with `skip_flat` (`grpo.skip_flat_groups` without a KL term) those of the groups
+    whose rewards are not all equal. A group is left out whole or kept whole: a kept group's
+    rollout whose advantage is 0 (its reward the group's mean) stays in the step's completion
+    tokens, as in a run without skipping."""
+    if not skip_flat:
+        return list(range(rewards.numel()))
+    groups = rewards.view(-1, n)
+    spread = (groups != groups[:, :1]).any(dim=1)
+    return [i for i in range(rewards.numel()) if bool(spread[i // n])]
 
 
 def _row(seq: list[int], prompt_len: int, *, seq_len: int, pad_id: int, old: torch.Tensor,
