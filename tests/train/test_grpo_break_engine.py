@@ -181,3 +181,31 @@ def test_flat_groups_are_left_out_whole_and_spread_groups_kept_whole():
     assert group_advantages(rewards, n=3, eps=1e-4)[1] == 0
     assert kept_rows(rewards, n=3, skip_flat=True) == [0, 1, 2, 6, 7, 8]
     assert kept_rows(rewards, n=3, skip_flat=False) == list(range(9))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_device_memory_held_between_steps_does_not_grow_with_new_widths(family, tmp_path):
+    # unpadded micro-batches of a new width every step (a GRPO micro-batch of one rollout, or
+    # of rollouts of one length): the HBM the ledger sees held after a step stays at most what
+    # the first, widest step left. Before, the masks and rotary tables of every earlier shape
+    # stayed on the device ("workspace": 6032 -> 17040 bytes over 5 steps on gemma2, whose
+    # eager attention keeps a [B, 1, S, S] mask per shape)
+    if family == "gemma2":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+        from test_families import family_config
+        _, adapter = model_pair(family_config("gemma2"))
+    else:
+        _, adapter = model_pair(tiny_config("llama"))
+    L = adapter.num_blocks
+    plan = _plan(adapter, [H] * (L + 1), [], [], grad_accum=2)
+    engine = make_engine(adapter, plan, device="cpu", nvme_dir=tmp_path / "nvme", grad_accum=2,
+                         instrument=True)
+    held = []
+    try:
+        for step in range(4):
+            w = SEQ - 2 * step
+            engine.step([_rows(1, w, seed=step), _rows(2, w - 1, seed=step + 50)], lr=1e-3)
+            held.append(engine.ledger.held_bytes("hbm"))
+    finally:
+        engine.close()
+    assert max(held) == held[0], held

@@ -123,7 +123,8 @@ class ModelAdapter:
         # family allows it; benchmarks turn it off to measure the full re-forward beside it
         self.truncated_reforward = layout.full_reforward_reason is None
         self._tails = [tail_stand_ins(b) for b in self.blocks]
-        self._per_shape: dict[tuple, dict] = {}  # (B, S, dtype, device) -> masks and ropes
+        self._per_shape: dict[tuple, dict] = {}  # (B, S, dtype, device) -> masks, ropes
+        # of the last unpadded shape only (`block_kwargs`)
         self._rotaries: dict[torch.device, nn.Module] = {}  # device -> rotary copy there
         model.train()  # dropout active: the engine trains
 
@@ -169,8 +170,9 @@ class ModelAdapter:
                 `attention_mask` masks any token, and whether `position_ids` step by other than
                 1 inside a row (HF's packed-sequence test; the caller ran `check_packing`).
                 Without padding, position ids and cache, the masks and the rotary tables depend
-                on the shape only: built on the device once per shape and reused; with padding,
-                the masks skip HF's "all ones?" test.
+                on the shape only: built on the device once and reused while the shape stays
+                (those of the last shape only are kept); with padding, the masks skip HF's
+                "all ones?" test.
 
         Returns:
             one dict per block: `position_embeddings` (the rotary module's output: (cos, sin),
@@ -192,8 +194,13 @@ class ModelAdapter:
             if cache is None and packed is None:
                 self.check_packing(position_ids)
             mask_positions = None if packed is False else position_ids
-        shared = self._per_shape.setdefault((B, S, hidden.dtype, hidden.device), {}) \
-            if shape_only else {}
+        shape = (B, S, hidden.dtype, hidden.device)
+        if shape_only and shape not in self._per_shape:
+            # one shape's tables only: a GRPO micro-batch is cut to its longest row, so the
+            # shapes change all run long and a cache of each would grow in device memory past
+            # the plan's one micro-batch of block inputs (a micro-batch in flight keeps its own)
+            self._per_shape.clear()
+        shared = self._per_shape.setdefault(shape, {}) if shape_only else {}
         masks = shared.setdefault("masks", {})
         ropes = shared.setdefault("ropes", {})
         out = []
