@@ -24,6 +24,7 @@ from ledger_helpers import real_problem  # noqa: E402
 from levels_helpers import engine_grads, levels_plan  # noqa: E402
 from test_engine_grads import _assert_grads_match  # noqa: E402
 from test_save_levels_adversarial import MIXED, _plan  # noqa: E402
+from test_recalibrate import SLOW, cached, calibrated_plan, run_records  # noqa: E402,F401
 
 from lazytrain.data import IGNORE_INDEX  # noqa: E402
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers, evaluate  # noqa: E402
@@ -209,3 +210,21 @@ def test_device_memory_held_between_steps_does_not_grow_with_new_widths(family, 
     finally:
         engine.close()
     assert max(held) == held[0], held
+
+
+def test_a_grpo_run_leaves_the_cached_calibration_alone(cached):
+    # a GRPO run's windows are of cut micro-batches (here: 1/4 of the planned work), which an
+    # SFT run's refit takes for a machine 4x faster and writes into the cache every later run
+    # plans with. The same windows under train.method grpo leave the cache as it was
+    import dataclasses
+    import json
+    from lazytrain.train.recalibrate import recalibrate_from_run
+    cfg, path = cached
+    plan, problem = calibrated_plan(cfg)
+    records = run_records(plan, problem, 1 / SLOW)
+    grpo = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method="grpo"))
+    before, log = path.read_text(), []
+    assert recalibrate_from_run(grpo, plan, records, log=log.append) is None
+    assert path.read_text() == before and "GRPO" in log[0]
+    assert recalibrate_from_run(cfg, plan, records) is not None  # SFT: replaced
+    assert json.loads(path.read_text()) != json.loads(before)

@@ -31,7 +31,9 @@ a rate of ~0 GB/s that every later run would plan with.
 
 Left alone: a plan whose costs were not this machine's cache (an explicit
 `hardware.profile_path` is the user's file), a cache entry measured again since the plan was
-made (its `measured_at` differs), and windows of another plan (a re-plan switched plans).
+made (its `measured_at` differs), windows of another plan (a re-plan switched plans), and a
+GRPO run (`train.method: grpo`: its micro-batches hold fewer rows and tokens than the plan's
+shape, so its windows would refit the cache too fast; one `note:` line says so).
 """
 
 from __future__ import annotations
@@ -145,6 +147,11 @@ def recalibrate_from_run(cfg: RunConfig, plan: Plan, records: list[dict], *,
     costs = plan.provenance.get("costs") or {}
     path = Path(costs.get("file") or "")
     if costs.get("source") != "calibrated" or cfg.hardware.profile_path or not path.is_file():
+        return None
+    if cfg.train.method == "grpo":
+        log("note: calibration: a GRPO run's micro-batches are cut to their rollouts (fewer "
+            "rows, shorter than data.seq_len), so its windows measure less work than planned; "
+            "the cached calibration is left as it is")
         return None
     try:
         cached = json.loads(path.read_text(encoding="utf-8"))
