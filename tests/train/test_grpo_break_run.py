@@ -91,3 +91,16 @@ def test_rollouts_wait_for_the_queued_updates_under_the_checker(arithmetic_model
                 "runtime.device=cpu-checked", "grpo.rewards=[format]")
     summary = train(cfg, plan=tiny_plan, progress=False, log=lambda msg: None)
     assert summary["steps_completed"] == 2
+
+
+def test_online_replanning_is_refused_for_grpo():
+    # the re-planner compares measured windows with the plan's full [micro_batch, seq_len];
+    # a GRPO run's are of cut micro-batches, so it would re-plan for a faster machine
+    from lazytrain.config import load_config
+    from lazytrain.train.grpo import check_grpo_config
+    cfg = load_config(None, ["train.method=grpo", "grpo.prompts_per_step=1", "grpo.n=2",
+                             "train.micro_batch=2", "planner.replan_every_steps=5"])
+    with pytest.raises(ValueError, match="set planner.replan_every_steps: 0"):
+        check_grpo_config(cfg)
+    check_grpo_config(load_config(None, ["train.method=grpo", "grpo.prompts_per_step=1",
+                                         "grpo.n=2", "train.micro_batch=2"]))

@@ -53,7 +53,9 @@ def check_grpo_config(cfg: RunConfig, *, world_size: int = 1) -> None:
 
     Raises:
         ValueError: prompts_per_step x n != micro_batch x grad_accum, several ranks, packing
-            on, or a reward name that does not resolve (`rewards.load_reward`).
+            on, online re-planning on (`planner.replan_every_steps`: the cut micro-batches'
+            windows hold less work than the plan's shape, so the re-planner would fit a
+            faster machine), or a reward name that does not resolve (`rewards.load_reward`).
     """
     g = cfg.grpo
     for name in g.rewards:
@@ -63,6 +65,11 @@ def check_grpo_config(cfg: RunConfig, *, world_size: int = 1) -> None:
         raise ValueError("train.method: grpo runs in one process; launch it without torchrun")
     if cfg.data.packing:
         raise ValueError("data.packing: a GRPO row is one rollout; set data.packing: false")
+    if cfg.planner.replan_every_steps:
+        raise ValueError("planner.replan_every_steps: a GRPO run's micro-batches are cut to "
+                         "their rollouts, so its measured windows hold less work than the "
+                         "plan's shape and would re-plan for a faster machine; set "
+                         "planner.replan_every_steps: 0")
 
 
 class ReferenceModel:
