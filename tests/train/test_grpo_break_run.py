@@ -52,12 +52,13 @@ def test_every_group_flat(arithmetic_model_dir, tiny_plan, tmp_path, kl_coef):
         assert records[0]["grpo/kl"] == pytest.approx(0.0, abs=1e-6)
 
 
-@pytest.mark.parametrize("stop_at,mu", [(2, 1), (1, 2)], ids=["between_rollouts", "mid_rollouts"])
+@pytest.mark.parametrize("stop_at,mu,kl", [(2, 1, 0.0), (1, 2, 0.0), (2, 1, 0.1)],
+                         ids=["between_rollouts", "mid_rollouts", "kl_reference"])
 def test_resume_mid_run_equals_an_uninterrupted_run(arithmetic_model_dir, tiny_plan, tmp_path,
-                                                    monkeypatch, stop_at, mu):
+                                                    monkeypatch, stop_at, mu, kl):
     (tmp_path / "grpo_break_rewards.py").write_text(REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
-    extra = ("train.steps=4", f"grpo.updates_per_rollout={mu}",
+    extra = ("train.steps=4", f"grpo.updates_per_rollout={mu}", f"grpo.kl_coef={kl}",
              "grpo.rewards=[exact_match, grpo_break_rewards:length]")
     train(_grpo(arithmetic_model_dir, tmp_path / "a", *extra), plan=tiny_plan, progress=False,
           log=lambda msg: None)
@@ -72,7 +73,7 @@ def test_resume_mid_run_equals_an_uninterrupted_run(arithmetic_model_dir, tiny_p
     assert first["stopped_by"] == "SIGTERM" and first["steps_completed"] == stop_at
     train(cfg, resume=True, progress=False, log=lambda msg: None)
     a, b = _records(tmp_path / "a"), _records(tmp_path / "b")
-    keys = ("loss", "grpo/reward_mean", "grpo/trained_rows", "grpo/clip_fraction")
+    keys = ("loss", "grpo/reward_mean", "grpo/trained_rows", "grpo/clip_fraction", "grpo/kl")
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
     wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

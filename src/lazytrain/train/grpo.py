@@ -83,8 +83,8 @@ class ReferenceModel:
     """
 
     def __init__(self, policy: ModelAdapter, tokenizer, *, device, compute_dtype: torch.dtype,
-                 batch_size: int) -> None:
-        src = policy.params
+                 batch_size: int, initial: HostParams | None = None) -> None:
+        src = initial if initial is not None else policy.params
         params = HostParams([{s.name: s.shape for s in g.slots} for g in src.blocks],
                             [g.prefix for g in src.blocks],
                             {s.name: s.shape for s in src.ends.slots},
@@ -130,6 +130,8 @@ class GrpoRun:
         adapter: the policy's model (its masters are the engine's).
         lm_factory: () -> the `StreamedLM` over the live engine (`eval_plans.heldout_lm`),
             called once, at the first rollout.
+        initial: the run's initial weights, which the KL reference copies (`initial_params`:
+            a resumed run's adapter holds the checkpoint's); None: the adapter's masters.
         wait_updates: () -> None, called before each rollout batch: waits for the optimizer
             updates still queued on the engine's worker (`Engine.named_masters`), whose
             masters the rollouts and old log-probs read. None: nothing queued (tests).
@@ -141,7 +143,7 @@ class GrpoRun:
 
     def __init__(self, cfg: RunConfig, *, examples: list[Example], tokenizer,
                  adapter: ModelAdapter, lm_factory, device, compute_dtype: torch.dtype,
-                 wait_updates=None) -> None:
+                 wait_updates=None, initial: HostParams | None = None) -> None:
         self.cfg, self.g = cfg, cfg.grpo
         self.tokenizer, self.examples = tokenizer, list(examples)
         if not self.examples:
@@ -154,7 +156,7 @@ class GrpoRun:
         self._wait_updates = wait_updates
         self.reference = (ReferenceModel(adapter, tokenizer, device=device,
                                          compute_dtype=compute_dtype,
-                                         batch_size=cfg.train.micro_batch)
+                                         batch_size=cfg.train.micro_batch, initial=initial)
                           if self.g.kl_coef > 0 else None)
         self._current: Rollouts | None = None
 
@@ -332,6 +334,22 @@ def _filler(like: dict | None, *, pad_id: int) -> dict:
     return batch
 
 
+def initial_params(cfg: RunConfig) -> HostParams:
+    """The run's initial weights as a fresh run loads them (`model.config_path`: its weights,
+    or the random init seeded by `train.seed`), in `train.master_dtype`: a resumed run's KL
+    reference is the initial policy, not the checkpoint's. Holds one more copy of the masters
+    in host memory until the reference has copied them (on resume only).
+
+    Raises:
+        FileNotFoundError, ValueError: the model source is gone (`resolve_model_source`).
+    """
+    from lazytrain.train import model_source  # its transformers imports: only on resume
+    tc = cfg.train
+    source = model_source.resolve_model_source(cfg.model.config_path, weights=True)
+    return model_source.load_adapter(source, compute_dtype=tc.compute_dtype,
+                                     master_dtype=tc.master_dtype, seed=tc.seed).params
+
+
 def start_grpo(trainer) -> GrpoRun:
     """The `GrpoRun` of a `train.Trainer` with `train.method: grpo`: checks the config
     (`check_grpo_config`), sets the engine head's objective, and rolls out through the
@@ -348,10 +366,13 @@ def start_grpo(trainer) -> GrpoRun:
                                                     trainer.engine, trainer.eval_plans)
         return trainer.eval_lm
 
+    resumed = getattr(trainer, "resumed_from", None) is not None
+    initial = initial_params(trainer.cfg) if resumed and trainer.cfg.grpo.kl_coef > 0 else None
     run = GrpoRun(trainer.cfg, examples=list(trainer.data.train.examples),
                   tokenizer=trainer.tokenizer, adapter=trainer.adapter, lm_factory=lm,
                   device=trainer.engine.dev, compute_dtype=trainer.engine.dtype,
-                  wait_updates=trainer.engine.named_masters)
+                  wait_updates=trainer.engine.named_masters, initial=initial)
+    del initial  # the reference holds its copy
     trainer.engine.ends.objective = run.objective
     g = trainer.cfg.grpo
     if trainer.is_main:  # the plan summary's GRPO lines, under the inference plans' lines
