@@ -84,12 +84,14 @@ def _weights(run_dir) -> dict:
     return weights(run_dir)
 
 
+@pytest.mark.parametrize("backend", ["cpu-checked", "cpu-threaded"])
 def test_rollouts_wait_for_the_queued_updates_under_the_checker(arithmetic_model_dir,
-                                                                tiny_plan, tmp_path):
+                                                                tiny_plan, tmp_path, backend):
     # the ordering checker: the rollouts of step 2 read the masters that step 1's updates
-    # (queued on the optimizer worker during its backward) write
+    # (queued on the optimizer worker during its backward) write; cpu-threaded: the same run
+    # with the device's copies on their own threads
     cfg = _grpo(arithmetic_model_dir, tmp_path / "run", "train.steps=2",
-                "runtime.device=cpu-checked", "grpo.rewards=[format]")
+                f"runtime.device={backend}", "grpo.rewards=[format]")
     summary = train(cfg, plan=tiny_plan, progress=False, log=lambda msg: None)
     assert summary["steps_completed"] == 2
 
