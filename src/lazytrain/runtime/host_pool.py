@@ -99,7 +99,7 @@ class HostBufferPool:
             # their longest, so its sizes change from micro-batch to micro-batch), in this pool
             # or another on the device (one pinned budget), must not fail a request that fits
             # without them: drop them after their copies, retry once
-            pools = [p for p in _POOLS if p.device is self.device]
+            pools = [p for p in list(_POOLS) if p.device is self.device]
             if not any(p._free or p._pending for p in pools):
                 raise
             for pool in pools:
