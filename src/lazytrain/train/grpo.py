@@ -40,7 +40,7 @@ from lazytrain.models.adapter import ModelAdapter
 from lazytrain.models.host_params import HostParams
 from lazytrain.planner.grpo_phase import grpo_summary_lines
 from lazytrain.runtime.micro_batch import FILLER
-from lazytrain.train import eval_plans
+from lazytrain.train import eval_plans, model_source
 from lazytrain.train.grpo_loss import GRPOObjective, group_advantages
 from lazytrain.train.rewards import exact_match, load_reward, score
 
@@ -343,7 +343,6 @@ def initial_params(cfg: RunConfig) -> HostParams:
     Raises:
         FileNotFoundError, ValueError: the model source is gone (`resolve_model_source`).
     """
-    from lazytrain.train import model_source  # its transformers imports: only on resume
     tc = cfg.train
     source = model_source.resolve_model_source(cfg.model.config_path, weights=True)
     return model_source.load_adapter(source, compute_dtype=tc.compute_dtype,
