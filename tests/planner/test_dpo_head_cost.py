@@ -29,6 +29,7 @@ from lazytrain.planner.plan import Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.planner.refit import fit_compute
 from lazytrain.sim import simulate
+from milp_steps import all_hbm_and_optimum
 
 U = 10**7  # byte unit: 1 u = 1e7 bytes
 ALL_HBM = ("hbm", "hbm", "hbm")
@@ -106,21 +107,10 @@ def test_the_event_simulator_charges_the_same(case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_milp_prices_the_same_step(case):
     pytest.importorskip("highspy")
-    from lazytrain.planner.extract import extract_plan, start_from_plan
-    from lazytrain.planner.gaps import solve_record
-    from lazytrain.planner.milp import build_milp
-    from lazytrain.planner.solvers import solve
-
     gpu, _ts, _td, _ss, step = CASES[case]
-    p = _problem(dpo=True, gpu=gpu)
-    milp = build_milp(p, tie_breakers=False)
-    x = start_from_plan(milp, build_plan(p, Decisions(tiers=ALL_HBM),
-                                         solver=SolveRecord(backend="manual")))
-    assert milp.step_ms(x) == pytest.approx(step)
-    res = solve(milp.model, backend="highs", gap=1e-9, time_limit_s=30)
-    plan = extract_plan(milp, res.values, solver=solve_record(milp, res))
-    assert milp.step_ms(res.values) == pytest.approx(plan.predicted.step_ms, rel=1e-6)
-    assert plan.predicted.step_ms == pytest.approx(step, rel=1e-6)  # all-HBM is optimal here
+    milp, start, best = all_hbm_and_optimum(_problem(dpo=True, gpu=gpu), ALL_HBM)
+    assert start == pytest.approx(step)
+    assert milp.step_ms(best) == pytest.approx(step, rel=1e-6)  # all-HBM is optimal here
 
 
 def test_the_plan_records_what_turn_priced_only_for_dpo():

@@ -11,6 +11,7 @@ from lazytrain.planner.window_time import post_ms, pre_ms
 from lazytrain.planner.plan import Plan, SolveRecord
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.sim import simulate
+from milp_steps import all_hbm_and_optimum
 
 U = 10**7  # byte unit: 1 u = 1e7 bytes
 O_MS = 3.0  # the window overhead of these tests, ms
@@ -76,25 +77,17 @@ def test_the_event_simulator_adds_the_same_overhead(case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_milp_objective_carries_the_overhead_of_every_window(case):
     pytest.importorskip("highspy")
-    from lazytrain.planner.extract import start_from_plan
-    from lazytrain.planner.gaps import solve_record
     from lazytrain.planner.milp import build_milp
     from lazytrain.planner.solvers import solve
-    from lazytrain.planner.extract import extract_plan
 
     gpu, _times, _pre, _post, step = CASES[case]
-    p = _problem(window_overhead_ms=O_MS, copies_overlap_compute=gpu)
-    milp = build_milp(p, tie_breakers=False)
-    x = start_from_plan(milp, build_plan(p, Decisions(tiers=ALL_HBM),
-                                         solver=SolveRecord(backend="manual")))
-    assert milp.step_ms(x) == pytest.approx(step)
-    res = solve(milp.model, backend="highs", gap=1e-9, time_limit_s=30)
-    plan = extract_plan(milp, res.values, solver=solve_record(milp, res))
-    assert milp.step_ms(res.values) == pytest.approx(plan.predicted.step_ms, rel=1e-6)
+    milp, start, best = all_hbm_and_optimum(
+        _problem(window_overhead_ms=O_MS, copies_overlap_compute=gpu), ALL_HBM)
+    assert start == pytest.approx(step)
     base = build_milp(_problem(copies_overlap_compute=gpu), tie_breakers=False)
     res0 = solve(base.model, backend="highs", gap=1e-9, time_limit_s=30)
     # a constant per window: the optimum moves by exactly 7 o, the plan does not change
-    assert milp.step_ms(res.values) - base.step_ms(res0.values) == pytest.approx(7 * O_MS,
+    assert milp.step_ms(best) - base.step_ms(res0.values) == pytest.approx(7 * O_MS,
                                                                                 rel=1e-6)
 
 
