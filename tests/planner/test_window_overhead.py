@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from lazytrain.planner.evaluate import Decisions, build_plan, evaluate
+from lazytrain.planner.evaluate import Decisions, evaluate
 from lazytrain.planner.window_time import post_ms, pre_ms
-from lazytrain.planner.plan import Plan, SolveRecord
+from lazytrain.planner.plan import Plan
 from lazytrain.planner.problem import PlanningProblem
 from lazytrain.sim import simulate
 from milp_steps import all_hbm_and_optimum
