@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
+from engine_helpers import reference_grads
+from test_engine_grads import _assert_grads_match
 
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
 from lazytrain.planner.plan import InternalTransfer, SolveRecord
@@ -67,3 +70,14 @@ def engine_grads(adapter, plan, backend, tmp_path, batches, **engine_kw):
     if getattr(dev, "violations", None):
         raise dev.violations[0]
     return loss, grads
+
+
+def assert_engine_equals_autograd(ref, adapter, plan, backend, tmp_path, batches) -> None:
+    """One engine step of `plan` over `batches` (`engine_grads`) against plain HF autograd of
+    the reference model `ref` on the same batches, seeded alike: loss within 1e-6 relative,
+    every gradient within `test_engine_grads._assert_grads_match`'s tolerance."""
+    loss, grads = engine_grads(adapter, plan, backend, tmp_path, batches)
+    torch.manual_seed(123)
+    ref_loss, ref_grads = reference_grads(ref, batches)
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    _assert_grads_match(grads, ref_grads)

@@ -25,7 +25,8 @@ import torch
 from engine_helpers import (BATCH, HIDDEN, SEQ, micro_batches, model_pair, problem_for,
                             reference_grads, tiny_config)
 from ledger_helpers import real_problem
-from levels_helpers import engine_grads, internal_moves, levels_plan
+from levels_helpers import (assert_engine_equals_autograd, internal_moves,
+                            levels_plan)
 from lazytrain.planner.evaluate import build_plan, decisions_from_tiers
 from lazytrain.planner.plan import SolveRecord
 from lazytrain.runtime.activations import ActivationStore
@@ -75,12 +76,7 @@ def test_mixed_plans_equal_autograd(case, backend, tmp_path):
     ref, adapter = model_pair(tiny_config("llama"))
     tiers, levels, saved_tiers, other = MIXED[case]
     plan = _plan(adapter, tiers, levels, saved_tiers, **other)
-    batches = micro_batches(2)
-    loss, grads = engine_grads(adapter, plan, backend, tmp_path, batches)
-    torch.manual_seed(123)
-    ref_loss, ref_grads = reference_grads(ref, batches)
-    assert loss == pytest.approx(ref_loss, rel=1e-6)
-    _assert_grads_match(grads, ref_grads)
+    assert_engine_equals_autograd(ref, adapter, plan, backend, tmp_path, micro_batches(2))
 
 
 # --- a failed step, then a normal one ----------------------------------------------------------

@@ -27,7 +27,7 @@ import torch
 from engine_helpers import (BATCH, HIDDEN, SEQ, micro_batches, model_pair, problem_for,
                             reference_grads, tiny_config)
 from ledger_helpers import real_problem
-from levels_helpers import engine_grads, levels_plan
+from levels_helpers import assert_engine_equals_autograd, engine_grads, levels_plan
 from lazytrain.planner.evaluate import evaluate
 from lazytrain.runtime.backends import make_device
 from lazytrain.runtime.build import make_engine
@@ -71,12 +71,7 @@ def _check(family, case, backend, tmp_path):
     levels, saved_tiers, keep = LEVELS[case]
     plan = levels_plan(_problem(adapter), TIERS, levels, saved_tiers, keep)
     assert plan.save_levels == tuple(levels)
-    batches = micro_batches(2)
-    loss, grads = engine_grads(adapter, plan, backend, tmp_path, batches)
-    torch.manual_seed(123)
-    ref_loss, ref_grads = reference_grads(ref, batches)
-    assert loss == pytest.approx(ref_loss, rel=1e-6)
-    _assert_grads_match(grads, ref_grads)
+    assert_engine_equals_autograd(ref, adapter, plan, backend, tmp_path, micro_batches(2))
 
 
 @pytest.mark.parametrize("case", list(LEVELS))
